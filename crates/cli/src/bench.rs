@@ -1,0 +1,199 @@
+//! `fixpoint bench`: fixpoint against the hand-written SQL on the same DuckDB
+//! file, alternating, each side in its own process (wall time, in-process
+//! time and peak RSS from wait4).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use fixpoint_core::{Error, RunDate};
+use fixpoint_duckdb::DuckDb;
+use serde_json::json;
+
+use crate::output::Output;
+use crate::Common;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Rows in silver.orders (spread evenly over --days days).
+    #[arg(long, default_value_t = 20_000_000)]
+    rows: u64,
+    /// Days in the table; the benchmark replaces the second one.
+    #[arg(long, default_value_t = 4)]
+    days: u64,
+    /// Alternating rounds (each runs both sides once).
+    #[arg(long, default_value_t = 5)]
+    rounds: u32,
+    /// Where the benchmark database lives (reused when its size matches).
+    #[arg(long, default_value = "bench-data")]
+    dir: PathBuf,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Args)]
+pub struct BenchSqlArgs {
+    /// The DuckDB file.
+    #[arg(long)]
+    file: PathBuf,
+    /// The day to replace.
+    #[arg(long)]
+    date: String,
+}
+
+const SOURCE: &str = "SELECT order_id, customer_id, order_total, currency, updated_at, dt FROM bronze.orders WHERE dt = ";
+
+fn db_err(context: &str) -> impl FnOnce(duckdb::Error) -> Error + '_ {
+    move |e| Error::Database { engine: "duckdb", context: context.to_owned(), message: e.to_string() }
+}
+
+/// The hand-written SQL: BEGIN; DELETE the day; INSERT … SELECT the day; COMMIT.
+pub fn run_sql(args: BenchSqlArgs) -> Result<(), Error> {
+    let d = RunDate::parse(&args.date)?;
+    let db = DuckDb::open(&args.file, Duration::from_secs(60))?;
+    let conn = db.connection();
+    let start = Instant::now();
+    conn.execute_batch("BEGIN").map_err(db_err("BEGIN"))?;
+    conn.execute("DELETE FROM silver.orders WHERE dt = CAST($1 AS DATE)", [d.to_string()]).map_err(db_err("DELETE"))?;
+    let n = conn
+        .execute(&format!("INSERT INTO silver.orders {SOURCE} CAST($1 AS DATE)"), [d.to_string()])
+        .map_err(db_err("INSERT"))?;
+    conn.execute_batch("COMMIT").map_err(db_err("COMMIT"))?;
+    println!("{}", json!({"elapsed_ms": start.elapsed().as_secs_f64() * 1000.0, "rows_inserted": n}));
+    Ok(())
+}
+
+struct Sample {
+    wall: f64,
+    inner: f64,
+    rss_mb: f64,
+}
+
+fn measure(cmd: &mut Command) -> Result<(Sample, serde_json::Value), Error> {
+    let start = Instant::now();
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
+    let pid = child.id() as libc::pid_t;
+    let mut stdout = child.stdout.expect("piped");
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut text).map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value, and wait4 writes it for our own child.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let wall = start.elapsed().as_secs_f64();
+    if r != pid || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        return Err(Error::Internal(format!("benchmark child failed (status {status}): {text}")));
+    }
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Internal(format!("bad child output {text:?}: {e}")))?;
+    let inner = v["elapsed_ms"].as_f64().unwrap_or(f64::NAN) / 1000.0;
+    Ok((Sample { wall, inner, rss_mb: usage.ru_maxrss as f64 / 1024.0 }, v))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
+fn setup(file: &Path, rows: u64, days: u64) -> Result<(), Error> {
+    let marker = file.with_extension("rows");
+    let want = format!("{rows} {days}");
+    if file.exists() && std::fs::read_to_string(&marker).ok().as_deref() == Some(want.as_str()) {
+        return Ok(());
+    }
+    for p in [file.to_owned(), file.with_extension("duckdb.wal")] {
+        let _ = std::fs::remove_file(p);
+    }
+    eprintln!("bench: building {} ({rows} rows over {days} days)…", file.display());
+    let db = DuckDb::open(file, Duration::from_secs(10))?;
+    db.connection()
+        .execute_batch(&format!(
+            "CREATE SCHEMA bronze; CREATE SCHEMA silver;
+             CREATE TABLE bronze.orders AS
+             SELECT i AS order_id, (i * 7) % 100003 AS customer_id,
+                    CAST(((i * 7919) % 1000000) / 100.0 AS DECIMAL(12,2)) AS order_total,
+                    ['EUR', 'USD', 'GBP'][(i % 3) + 1] AS currency,
+                    CAST(DATE '2026-10-19' + CAST(i // {per_day} AS INTEGER) AS TIMESTAMP) + to_seconds((i * 37) % 86400) AS updated_at,
+                    DATE '2026-10-19' + CAST(i // {per_day} AS INTEGER) AS dt
+             FROM range(0, {rows}) AS t(i);
+             CREATE TABLE silver.orders AS SELECT * FROM bronze.orders;
+             CHECKPOINT;",
+            per_day = rows / days
+        ))
+        .map_err(db_err("building the benchmark tables"))?;
+    std::fs::write(&marker, want).map_err(|source| Error::Io { path: marker.clone(), source })?;
+    Ok(())
+}
+
+pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
+    std::fs::create_dir_all(&args.dir).map_err(|source| Error::Io { path: args.dir.clone(), source })?;
+    let file = args.dir.join("bench.duckdb");
+    setup(&file, args.rows, args.days)?;
+    let job = args.dir.join("bench_orders.toml");
+    std::fs::write(
+        &job,
+        format!(
+            "name = \"bench_orders\"\ntarget = \"silver.orders\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\nmin_rows = 1\n\n[source]\nsql = \"{SOURCE}:run_date\"\n"
+        ),
+    )
+    .map_err(|source| Error::Io { path: job.clone(), source })?;
+    let date = "2026-10-20";
+    let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
+    let url = format!("duckdb:{}", file.display());
+    let fixpoint = |extra: &[&str]| {
+        let mut c = Command::new(&exe);
+        c.args(["run", &job.display().to_string(), "--date", date, "--db", &url, "--output", "json"]).args(extra);
+        c
+    };
+    let hand = || {
+        let mut c = Command::new(&exe);
+        c.args(["bench-sql", "--file", &file.display().to_string(), "--date", date]);
+        c
+    };
+    // Warm-up: one of each (creates the ledger, warms the page cache).
+    measure(&mut fixpoint(&["--force"]))?;
+    measure(&mut hand())?;
+    let (mut fx, mut hw, mut skip) = (Vec::new(), Vec::new(), Vec::new());
+    let mut rows = 0;
+    for round in 0..args.rounds {
+        eprintln!("bench: round {}/{}", round + 1, args.rounds);
+        if round % 2 == 0 {
+            let (s, v) = measure(&mut fixpoint(&["--force"]))?;
+            rows = v["rows_inserted"].as_u64().unwrap_or(0);
+            fx.push(s);
+            hw.push(measure(&mut hand())?.0);
+        } else {
+            hw.push(measure(&mut hand())?.0);
+            fx.push(measure(&mut fixpoint(&["--force"]))?.0);
+        }
+        skip.push(measure(&mut fixpoint(&[]))?.0);
+    }
+    let med = |v: &[Sample], f: fn(&Sample) -> f64| median(v.iter().map(f).collect());
+    let (fx_in, hw_in, sk_in) = (med(&fx, |s| s.inner), med(&hw, |s| s.inner), med(&skip, |s| s.inner));
+    let (fx_wall, hw_wall, sk_wall) = (med(&fx, |s| s.wall), med(&hw, |s| s.wall), med(&skip, |s| s.wall));
+    let rss = |v: &[Sample]| v.iter().map(|s| s.rss_mb).fold(0.0, f64::max);
+    let result = json!({
+        "rows_in_table": args.rows, "rows_replaced": rows, "rounds": args.rounds,
+        "fixpoint_run_s": fx_in, "hand_written_s": hw_in, "ratio": fx_in / hw_in,
+        "fixpoint_process_s": fx_wall, "hand_written_process_s": hw_wall, "process_ratio": fx_wall / hw_wall,
+        "skip_run_s": sk_in, "skip_process_s": sk_wall,
+        "fixpoint_peak_rss_mb": rss(&fx), "hand_written_peak_rss_mb": rss(&hw), "skip_peak_rss_mb": rss(&skip),
+    });
+    if out.is_json() {
+        out.json(&result);
+    } else {
+        println!("replace one {rows}-row day of a {}-row table, median of {} alternating rounds", args.rows, args.rounds);
+        println!("| side | load (s) | process (s) | peak RSS (MiB) |");
+        println!("|---|---|---|---|");
+        println!("| hand-written BEGIN; DELETE; INSERT … SELECT; COMMIT | {hw_in:.3} | {hw_wall:.3} | {:.0} |", rss(&hw));
+        println!("| fixpoint run --force (guards, fingerprints, ledger) | {fx_in:.3} | {fx_wall:.3} | {:.0} |", rss(&fx));
+        println!("| fixpoint run, retry skipped (same input, same output) | {sk_in:.3} | {sk_wall:.3} | {:.0} |", rss(&skip));
+        println!("ratio fixpoint / hand-written: {:.3} (load), {:.3} (whole process)", fx_in / hw_in, fx_wall / hw_wall);
+    }
+    Ok(())
+}

@@ -1,0 +1,203 @@
+//! The `fixpoint` binary as an orchestrator sees it: exit codes, stdout
+//! (data) and stderr (messages).
+
+use std::path::Path;
+use std::process::Command;
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn fixpoint(dir: &Path, args: &[&str]) -> Out {
+    let o = Command::new(env!("CARGO_BIN_EXE_fixpoint"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("FIXPOINT_DB")
+        .env_remove("FIXPOINT_FAIL_AT")
+        .output()
+        .expect("runs");
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+const JOB: &str = r#"name = "silver_orders"
+target = "silver.orders"
+strategy = "replace_partition"
+partition = "dt"
+min_rows = 1
+
+[source]
+sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date AND note <> 'it''s'"
+"#;
+
+fn setup(dir: &Path) {
+    std::fs::write(dir.join("job.toml"), JOB).unwrap();
+    let db = duckdb::Connection::open(dir.join("w.duckdb")).unwrap();
+    db.execute_batch(
+        "CREATE SCHEMA bronze;
+         CREATE TABLE bronze.orders (order_id BIGINT, order_total DECIMAL(12,2), note VARCHAR, dt DATE);
+         INSERT INTO bronze.orders VALUES (1, 1.50, 'a', DATE '2026-10-19'), (2, 2.50, 'b', DATE '2026-10-20'),
+                                          (3, 3.50, 'c', DATE '2026-10-20'), (4, 9.99, 'it''s', DATE '2026-10-20');",
+    )
+    .unwrap();
+}
+
+fn normalize(dir: &Path, s: &str) -> String {
+    s.replace(&dir.display().to_string(), "[DIR]")
+}
+
+#[test]
+fn run_prints_the_report_as_json_and_exits_0() {
+    let tmp = tempfile::tempdir().unwrap();
+    setup(tmp.path());
+    let out = fixpoint(tmp.path(), &["run", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(v["run_date"], "2026-10-20");
+    assert_eq!(v["rows_deleted"], 0);
+    assert_eq!(v["rows_inserted"], 2, "the row with a quote in its note is filtered by the literal");
+    assert_eq!(v["output_rows"], 2);
+    assert_eq!(v["run_key"].as_str().unwrap().len(), 32);
+    assert_eq!(v["output_checksum"].as_str().unwrap().len(), 32);
+    // The fingerprint command agrees with the run's output fingerprint.
+    let fp = fixpoint(
+        tmp.path(),
+        &["fingerprint", "silver.orders", "--where", "dt = DATE '2026-10-20'", "--db", "duckdb:w.duckdb", "--output", "json"],
+    );
+    assert_eq!(fp.code, 0, "{}", fp.stderr);
+    let f: serde_json::Value = serde_json::from_str(&fp.stdout).unwrap();
+    assert_eq!(f["rows"], 2);
+    assert_eq!(f["checksum"], v["output_checksum"]);
+    // Again: same run key, skipped; text output says so.
+    let again = fixpoint(tmp.path(), &["run", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb"]);
+    assert_eq!(again.code, 0);
+    assert!(again.stdout.contains("skipped"), "{}", again.stdout);
+    assert!(again.stdout.contains(v["run_key"].as_str().unwrap()));
+    assert!(again.stdout.contains(v["output_checksum"].as_str().unwrap()));
+}
+
+#[test]
+fn fingerprint_env_db_and_exclude() {
+    let tmp = tempfile::tempdir().unwrap();
+    setup(tmp.path());
+    let o = Command::new(env!("CARGO_BIN_EXE_fixpoint"))
+        .args(["fingerprint", "bronze.orders", "--exclude", "note", "--output", "json"])
+        .current_dir(tmp.path())
+        .env("FIXPOINT_DB", "duckdb:w.duckdb")
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let f: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(f["rows"], 4);
+    let portable = fixpoint(tmp.path(), &["fingerprint", "bronze.orders", "--portable", "--db", "duckdb:w.duckdb", "--output", "json"]);
+    let p: serde_json::Value = serde_json::from_str(&portable.stdout).unwrap();
+    assert_eq!(p["kind"], "portable-v1");
+    assert_ne!(p["checksum"], f["checksum"]);
+    let bad = fixpoint(tmp.path(), &["fingerprint", "bronze.orders", "--exclude", "nope", "--db", "duckdb:w.duckdb"]);
+    assert_eq!(bad.code, 2);
+    assert!(bad.stderr.contains("--exclude nope: bronze.orders has no such column"), "{}", bad.stderr);
+    let inj = fixpoint(tmp.path(), &["fingerprint", "bronze.orders", "--where", "1=1; DROP TABLE bronze.orders", "--db", "duckdb:w.duckdb"]);
+    assert_eq!(inj.code, 2);
+    assert!(inj.stderr.contains("--where: is not a single condition"), "{}", inj.stderr);
+}
+
+#[test]
+fn input_errors_exit_2_with_a_hint() {
+    let tmp = tempfile::tempdir().unwrap();
+    setup(tmp.path());
+    let cases: &[(&[&str], &str)] = &[
+        (&["run", "job.toml", "--db", "duckdb:w.duckdb"], "no_date"),
+        (&["run", "job.toml", "--date", "2026-10-20'; DROP TABLE silver.orders; --", "--db", "duckdb:w.duckdb"], "injection"),
+        (&["run", "missing.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb"], "missing_job"),
+        (&["run", "job.toml", "--date", "2026-10-20", "--db", "mysql://u:secret@h/db"], "bad_url"),
+        (&["run", "job.toml", "--date", "2026-10-20", "--db", "postgres://u:secret@h/db"], "postgres_not_yet"),
+    ];
+    for (args, name) in cases {
+        let out = fixpoint(tmp.path(), args);
+        assert_eq!(out.code, 2, "{name}: {}", out.stderr);
+        assert!(out.stdout.is_empty(), "{name}: nothing on stdout");
+        assert!(!out.stderr.contains("secret"), "{name}: passwords are never printed");
+        insta::assert_snapshot!(*name, normalize(tmp.path(), &out.stderr));
+    }
+    std::fs::write(tmp.path().join("bad.toml"), JOB.replace("min_rows = 1", "min_rows = \"one\"")).unwrap();
+    let out = fixpoint(tmp.path(), &["run", "bad.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json"]);
+    assert_eq!(out.code, 2);
+    insta::assert_snapshot!("bad_job_file", normalize(tmp.path(), &out.stderr));
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(v["error"]["class"], "input");
+    assert_eq!(v["error"]["exit_code"], 2);
+}
+
+#[test]
+fn refused_data_exits_3_and_changes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    setup(tmp.path());
+    std::fs::write(tmp.path().join("wide.toml"), JOB.replace("WHERE dt = :run_date", "WHERE dt <= :run_date")).unwrap();
+    let out = fixpoint(tmp.path(), &["run", "wide.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json"]);
+    assert_eq!(out.code, 3, "{}", out.stderr);
+    insta::assert_snapshot!("out_of_partition", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(v["error"]["rows"], 1);
+    assert_eq!(v["error"]["sample"]["order_id"], "1");
+    let db = duckdb::Connection::open(tmp.path().join("w.duckdb")).unwrap();
+    let n: i64 = db.query_row("SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'silver'", [], |r| r.get(0)).unwrap();
+    assert_eq!(n, 0, "no target was created");
+}
+
+#[test]
+fn a_locked_database_waits_then_exits_5() {
+    let tmp = tempfile::tempdir().unwrap();
+    setup(tmp.path());
+    let holder = duckdb::Connection::open(tmp.path().join("w.duckdb")).unwrap();
+    // A second process cannot open the file while this one holds it.
+    let out = fixpoint(tmp.path(), &["run", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--wait", "1"]);
+    drop(holder);
+    assert_eq!(out.code, 5, "{}", out.stderr);
+    assert!(out.stderr.contains("is locked by another process"), "{}", out.stderr);
+    assert!(out.stderr.contains("waited 1s"), "{}", out.stderr);
+    let ok = fixpoint(tmp.path(), &["run", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb"]);
+    assert_eq!(ok.code, 0, "{}", ok.stderr);
+}
+
+#[test]
+fn a_killed_run_leaves_nothing_and_the_retry_converges() {
+    let tmp = tempfile::tempdir().unwrap();
+    setup(tmp.path());
+    let first = fixpoint(tmp.path(), &["run", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json"]);
+    assert_eq!(first.code, 0);
+    let clean: serde_json::Value = serde_json::from_str(&first.stdout).unwrap();
+    for point in ["after_delete", "mid_insert", "before_commit"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_fixpoint"))
+            .args(["run", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--force"])
+            .current_dir(tmp.path())
+            .env("FIXPOINT_FAIL_AT", point)
+            .env("FIXPOINT_FAIL_MODE", "abort")
+            .output()
+            .unwrap();
+        assert!(!o.status.success() && o.status.code().is_none(), "{point}: killed by a signal");
+        let fp = fixpoint(tmp.path(), &["fingerprint", "silver.orders", "--where", "dt = DATE '2026-10-20'", "--db", "duckdb:w.duckdb", "--output", "json"]);
+        let f: serde_json::Value = serde_json::from_str(&fp.stdout).unwrap();
+        assert_eq!((f["rows"].clone(), f["checksum"].clone()), (clean["output_rows"].clone(), clean["output_checksum"].clone()), "{point}");
+    }
+    let retry = fixpoint(tmp.path(), &["run", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json"]);
+    let r: serde_json::Value = serde_json::from_str(&retry.stdout).unwrap();
+    assert_eq!(r["output_checksum"], clean["output_checksum"]);
+    assert_eq!(r["outcome"], "skipped");
+}
+
+#[test]
+fn demo_runs_and_checks_itself() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = fixpoint(tmp.path(), &["demo", "--rows", "5000", "--dir", "d"]);
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("Verdict: every rerun left the same row count and checksum; the diff is empty."), "{}", out.stdout);
+    assert!(out.stdout.contains("orders of 2026-10-20 whose output changed: 1 (order 12)"), "{}", out.stdout);
+    assert!(out.stdout.contains("partition 2026-10-21 now: 0 rows; ledger entries for it: 0"), "{}", out.stdout);
+    assert!(tmp.path().join("d/silver_orders.toml").exists());
+    assert!(tmp.path().join("d/demo.duckdb").exists());
+}

@@ -1,0 +1,188 @@
+//! The small trait every engine implements. fixpoint's plans are written once
+//! against it; an engine overrides a defaulted capability only where it can
+//! do better (or says, with a typed error, that it cannot).
+
+use crate::error::{Error, Result};
+use crate::fingerprint::{Fingerprint, Method, PORTABLE_KIND};
+use crate::ident::{quote_ident, TableName};
+use chrono::NaiveDate;
+
+use crate::sql::{RunParams, SourceTemplate, Sql, Value};
+
+/// A column: name and the engine's type name.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Column {
+    /// The column name.
+    pub name: String,
+    /// The engine's type, as it would be written in `CREATE TABLE`.
+    pub ty: String,
+}
+
+/// Rows read back from an engine, with their column names.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Rows {
+    /// Column names.
+    pub columns: Vec<String>,
+    /// Values, row by row.
+    pub rows: Vec<Vec<Value>>,
+}
+
+/// A connection to a database that can run fixpoint's plans.
+pub trait Engine {
+    /// A short name for messages (`duckdb`, `postgres`).
+    fn name(&self) -> &'static str;
+
+    /// The engine and its version, e.g. `duckdb v1.4.1`.
+    fn version(&mut self) -> Result<String>;
+
+    /// Runs a statement; returns the rows it changed.
+    fn execute(&mut self, sql: &Sql) -> Result<u64>;
+
+    /// Runs a query and reads every row.
+    fn query(&mut self, sql: &Sql) -> Result<Rows>;
+
+    /// Starts a transaction.
+    fn begin(&mut self) -> Result<()> {
+        self.execute(&Sql::raw("BEGIN")).map(|_| ())
+    }
+
+    /// Commits the transaction.
+    fn commit(&mut self) -> Result<()> {
+        self.execute(&Sql::raw("COMMIT")).map(|_| ())
+    }
+
+    /// Rolls the transaction back.
+    fn rollback(&mut self) -> Result<()> {
+        self.execute(&Sql::raw("ROLLBACK")).map(|_| ())
+    }
+
+    /// The columns a query returns, without running it to completion.
+    fn describe(&mut self, query: &Sql) -> Result<Vec<Column>>;
+
+    /// A table's columns, or `None` when it does not exist.
+    fn table_columns(&mut self, table: &TableName) -> Result<Option<Vec<Column>>>;
+
+    /// An expression hashing one row of `alias` over `columns` to a 64-bit
+    /// integer, natively; `None` when the engine has no such hash.
+    fn native_row_hash(&self, alias: &str, columns: &[Column]) -> Option<String>;
+
+    /// The canonical text of one value for portable fingerprints, and the
+    /// type class that goes into the signature.
+    fn portable_value(&self, expr: &str, column: &Column) -> (String, &'static str);
+
+    /// An expression hashing a canonical row text to a 64-bit integer (the
+    /// first 64 bits of its MD5, as an unsigned number).
+    fn portable_row_hash(&self, text_expr: &str) -> String;
+
+    /// Reads a sum from a query result into an i128.
+    fn read_sum(&self, v: &Value) -> Result<i128> {
+        v.as_i128().ok_or_else(|| Error::Internal(format!("{}: a checksum sum came back as {v:?}", self.name())))
+    }
+}
+
+/// The fingerprint kind of `method` on `engine`.
+pub fn fingerprint_kind(engine: &mut dyn Engine, method: Method) -> Result<String> {
+    Ok(match method {
+        Method::Native => format!("native-v1/{}", engine.version()?),
+        Method::Portable => PORTABLE_KIND.to_owned(),
+    })
+}
+
+/// The pieces of a fingerprint query over rows of `alias`: the select list
+/// `count(*), sum(<row hash>)` and the signature.
+pub fn fingerprint_select(
+    engine: &mut dyn Engine,
+    method: Method,
+    alias: &str,
+    columns: &[Column],
+) -> Result<(String, String, Vec<String>)> {
+    let kind = fingerprint_kind(engine, method)?;
+    let (hash, signature) = match method {
+        Method::Native => {
+            let hash = engine.native_row_hash(alias, columns).ok_or_else(|| Error::Unsupported {
+                engine: engine.name(),
+                capability: "a native row hash (use --portable)".into(),
+            })?;
+            (hash, columns.iter().map(|c| format!("{} {}", c.name, c.ty)).collect())
+        }
+        Method::Portable => {
+            let mut parts = Vec::new();
+            let mut signature = Vec::new();
+            for c in columns {
+                let (text, class) = engine.portable_value(&format!("{alias}.{}", quote_ident(&c.name)), c);
+                parts.push(text);
+                signature.push(format!("{} {class}", c.name));
+            }
+            let row = if parts.is_empty() { "''".to_owned() } else { parts.join(" || ") };
+            (engine.portable_row_hash(&row), signature)
+        }
+    };
+    let select = if columns.is_empty() { "count(*), 0".to_owned() } else { format!("count(*), sum({hash})") };
+    Ok((select, kind, signature))
+}
+
+/// Rows to fingerprint or scan: a table or the job's source query.
+pub enum Scope<'a> {
+    /// A table, optionally filtered.
+    Table {
+        /// The table.
+        table: &'a TableName,
+        /// Only rows where this holds.
+        filter: Option<Filter<'a>>,
+    },
+    /// The job's source query for one run.
+    Source {
+        /// The query.
+        template: &'a SourceTemplate,
+        /// The run's parameter values.
+        params: &'a RunParams,
+    },
+}
+
+/// A row filter.
+pub enum Filter<'a> {
+    /// `column = <date>`, with the date bound as a parameter.
+    DateEquals(&'a str, NaiveDate),
+    /// A user's condition, already checked by [`crate::sql::check_predicate`].
+    Predicate(&'a str),
+}
+
+impl Scope<'_> {
+    /// Appends `<from> AS alias [WHERE …]` to `sql`, binding parameters in order.
+    pub fn write_from(&self, sql: &mut Sql, alias: &str) {
+        match self {
+            Scope::Table { table, filter } => {
+                sql.push(&table.quoted()).push(" AS ").push(alias);
+                match filter {
+                    None => {}
+                    Some(Filter::DateEquals(col, d)) => {
+                        sql.push(" WHERE ").push(alias).push(".").ident(col).push(" = ");
+                        sql.typed_param(Value::Date(*d), "DATE");
+                    }
+                    Some(Filter::Predicate(p)) => {
+                        sql.push(" WHERE (").push(p).push(")");
+                    }
+                }
+            }
+            Scope::Source { template, params } => {
+                sql.push("(");
+                template.render_into(sql, params);
+                sql.push("\n) AS ").push(alias);
+            }
+        }
+    }
+}
+
+/// Fingerprints the rows of `scope` over `columns`.
+pub fn fingerprint(engine: &mut dyn Engine, method: Method, scope: &Scope<'_>, columns: &[Column]) -> Result<Fingerprint> {
+    let alias = "fp";
+    let (select, kind, signature) = fingerprint_select(engine, method, alias, columns)?;
+    let mut sql = Sql::new();
+    sql.push("SELECT ").push(&select).push(" FROM ");
+    scope.write_from(&mut sql, alias);
+    let rows = engine.query(&sql)?;
+    let row = rows.rows.first().ok_or_else(|| Error::Internal("a fingerprint query returned no row".into()))?;
+    let count = row[0].as_u64().ok_or_else(|| Error::Internal(format!("bad count {:?}", row[0])))?;
+    let sum = engine.read_sum(&row[1])?;
+    Ok(Fingerprint::from_sum(&kind, &signature, count, sum))
+}

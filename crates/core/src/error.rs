@@ -1,0 +1,246 @@
+//! Errors for people: each names the problem, where it is, and (when a fix is
+//! known) a `hint`. The class decides the process exit code in the CLI.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// What kind of failure this is; the CLI maps each class to one exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The job file, an argument or a SQL text is wrong: fix the input.
+    Input,
+    /// The source data was refused by a guard (rows outside the partition,
+    /// too few rows, NULL keys): nothing was changed.
+    Data,
+    /// Another run holds the lock on the same target.
+    Busy,
+    /// The database or the file system failed at run time; a retry may work.
+    Runtime,
+    /// A fault injected on purpose (tests, `prove --crash`, the demo).
+    Injected,
+    /// The engine lacks a capability the job needs.
+    Unsupported,
+    /// A bug in fixpoint.
+    Internal,
+}
+
+/// Where a failure was injected on purpose, at a step boundary of a plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailPoint {
+    /// After the source was described and the guards passed.
+    AfterGuards,
+    /// After the partition's old rows were deleted.
+    AfterDelete,
+    /// After part of the new rows were inserted.
+    MidInsert,
+    /// After all new rows were inserted, before the ledger row.
+    AfterInsert,
+    /// After the ledger row was written, before COMMIT.
+    BeforeCommit,
+}
+
+impl FailPoint {
+    /// Every fail point, in plan order.
+    pub const ALL: [FailPoint; 5] = [
+        FailPoint::AfterGuards,
+        FailPoint::AfterDelete,
+        FailPoint::MidInsert,
+        FailPoint::AfterInsert,
+        FailPoint::BeforeCommit,
+    ];
+
+    /// The name used on the command line and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            FailPoint::AfterGuards => "after_guards",
+            FailPoint::AfterDelete => "after_delete",
+            FailPoint::MidInsert => "mid_insert",
+            FailPoint::AfterInsert => "after_insert",
+            FailPoint::BeforeCommit => "before_commit",
+        }
+    }
+
+    /// Parses a name given by [`FailPoint::name`].
+    pub fn parse(s: &str) -> Option<FailPoint> {
+        FailPoint::ALL.into_iter().find(|p| p.name() == s)
+    }
+}
+
+impl fmt::Display for FailPoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A sample row shown in an error: column names and display values.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SampleRow(pub Vec<(String, String)>);
+
+impl fmt::Display for SampleRow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("{")?;
+        for (i, (k, v)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{k}: {v}")?;
+        }
+        f.write_str("}")
+    }
+}
+
+/// Every error fixpoint's libraries return.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The job file is wrong.
+    #[error("{file}: {key}: {message}")]
+    Spec {
+        /// The job file.
+        file: PathBuf,
+        /// The key (or `line N`) that is wrong.
+        key: String,
+        /// What is wrong and what was expected.
+        message: String,
+        /// How to fix it, when known.
+        hint: Option<String>,
+    },
+    /// An argument is wrong.
+    #[error("{message}")]
+    Argument {
+        /// What is wrong and what was expected.
+        message: String,
+        /// How to fix it, when known.
+        hint: Option<String>,
+    },
+    /// A SQL text given by the user cannot be used.
+    #[error("{what}: {message}")]
+    Sql {
+        /// Which SQL (e.g. `source.sql`, `--where`).
+        what: String,
+        /// What is wrong, with line and column when known.
+        message: String,
+        /// How to fix it, when known.
+        hint: Option<String>,
+    },
+    /// Source rows carry a partition value other than the run date.
+    #[error("{rows} source row(s) have {column} other than the run date {run_date}; nothing was changed. One of them: {sample}")]
+    OutOfPartition {
+        /// How many rows.
+        rows: u64,
+        /// The partition column.
+        column: String,
+        /// The run date.
+        run_date: String,
+        /// One offending row.
+        sample: SampleRow,
+    },
+    /// The source has fewer rows than the job's `min_rows`.
+    #[error("the source has {rows} row(s) for {run_date}, fewer than min_rows = {min_rows}; nothing was changed")]
+    TooFewRows {
+        /// Rows the source returned.
+        rows: u64,
+        /// The job's minimum.
+        min_rows: u64,
+        /// The run date.
+        run_date: String,
+    },
+    /// Source data refused for another reason (NULL keys, ties, …).
+    #[error("{message}; nothing was changed")]
+    DataRefused {
+        /// What is wrong, with counts and an example.
+        message: String,
+        /// How to fix it, when known.
+        hint: Option<String>,
+    },
+    /// The source and the target do not fit together.
+    #[error("{message}")]
+    Schema {
+        /// What does not fit.
+        message: String,
+        /// How to fix it, when known.
+        hint: Option<String>,
+    },
+    /// Another process holds the database or the run's lock.
+    #[error("{message}")]
+    Busy {
+        /// Who holds what, and for how long we waited.
+        message: String,
+    },
+    /// The database failed.
+    #[error("{engine}: {context}: {message}")]
+    Database {
+        /// Engine name.
+        engine: &'static str,
+        /// What fixpoint was doing.
+        context: String,
+        /// The database's message.
+        message: String,
+    },
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A failure injected on purpose.
+    #[error("injected failure at {0}")]
+    Injected(FailPoint),
+    /// The engine cannot do what the job asks.
+    #[error("{engine} does not support {capability}")]
+    Unsupported {
+        /// Engine name.
+        engine: &'static str,
+        /// What is missing.
+        capability: String,
+    },
+    /// A bug.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// The class of this error (decides the exit code).
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::Spec { .. } | Error::Argument { .. } | Error::Sql { .. } | Error::Schema { .. } => {
+                ErrorClass::Input
+            }
+            Error::OutOfPartition { .. } | Error::TooFewRows { .. } | Error::DataRefused { .. } => ErrorClass::Data,
+            Error::Busy { .. } => ErrorClass::Busy,
+            Error::Database { .. } | Error::Io { .. } => ErrorClass::Runtime,
+            Error::Injected(_) => ErrorClass::Injected,
+            Error::Unsupported { .. } => ErrorClass::Unsupported,
+            Error::Internal(_) => ErrorClass::Internal,
+        }
+    }
+
+    /// A known fix, printed as `hint:` under the error.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            Error::Spec { hint, .. }
+            | Error::Argument { hint, .. }
+            | Error::Sql { hint, .. }
+            | Error::DataRefused { hint, .. }
+            | Error::Schema { hint, .. } => hint.clone(),
+            Error::OutOfPartition { column, .. } => Some(format!(
+                "filter the source to the run's day (e.g. `WHERE {column} = :run_date`); a row written outside the run's partition would never be replaced by a rerun"
+            )),
+            Error::TooFewRows { .. } => Some(
+                "an empty or short upstream must not wipe a day: check the upstream delivery, or lower min_rows in the job file".into(),
+            ),
+            Error::Busy { .. } => Some("wait for the other run to finish, or raise --wait".into()),
+            _ => None,
+        }
+    }
+
+    /// Shorthand for an argument error.
+    pub fn argument(message: impl Into<String>, hint: Option<&str>) -> Error {
+        Error::Argument { message: message.into(), hint: hint.map(str::to_owned) }
+    }
+}
+
+/// Result with fixpoint's error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

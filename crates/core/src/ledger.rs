@@ -1,0 +1,217 @@
+//! The run ledger: `fixpoint.runs` in the target database, written in the same
+//! transaction as the data, so a committed run and its ledger row exist
+//! together or not at all.
+
+use chrono::NaiveDateTime;
+use serde::Serialize;
+
+use crate::date::RunDate;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::sql::{Sql, Value};
+
+/// The ledger's schema.
+pub const SCHEMA: &str = "fixpoint";
+/// The ledger's table.
+pub const TABLE: &str = "runs";
+
+const COLUMNS: &[(&str, &str)] = &[
+    ("run_key", "VARCHAR NOT NULL"),
+    ("job", "VARCHAR NOT NULL"),
+    ("job_hash", "VARCHAR NOT NULL"),
+    ("strategy", "VARCHAR NOT NULL"),
+    ("target", "VARCHAR NOT NULL"),
+    ("run_date", "DATE NOT NULL"),
+    ("outcome", "VARCHAR NOT NULL"),
+    ("fingerprint_kind", "VARCHAR NOT NULL"),
+    ("input_rows", "BIGINT NOT NULL"),
+    ("input_checksum", "VARCHAR NOT NULL"),
+    ("output_rows", "BIGINT NOT NULL"),
+    ("output_checksum", "VARCHAR NOT NULL"),
+    ("rows_deleted", "BIGINT NOT NULL"),
+    ("rows_inserted", "BIGINT NOT NULL"),
+    ("rows_updated", "BIGINT NOT NULL"),
+    ("rows_unchanged", "BIGINT NOT NULL"),
+    ("duplicates_collapsed", "BIGINT NOT NULL"),
+    ("started_at", "TIMESTAMP NOT NULL"),
+    ("finished_at", "TIMESTAMP NOT NULL"),
+    ("fixpoint_version", "VARCHAR NOT NULL"),
+];
+
+/// One ledger row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Entry {
+    /// The run's deterministic key.
+    pub run_key: String,
+    /// Job name.
+    pub job: String,
+    /// Hash of the job's definition.
+    pub job_hash: String,
+    /// Strategy name.
+    pub strategy: String,
+    /// Target table.
+    pub target: String,
+    /// Logical run date.
+    pub run_date: String,
+    /// `committed` (the target was rewritten) or `skipped` (it already held
+    /// this run's output).
+    pub outcome: String,
+    /// How the fingerprints were made.
+    pub fingerprint_kind: String,
+    /// Source rows.
+    pub input_rows: u64,
+    /// Source checksum.
+    pub input_checksum: String,
+    /// Rows in the run's scope of the target after the run.
+    pub output_rows: u64,
+    /// Checksum of the run's scope of the target after the run.
+    pub output_checksum: String,
+    /// Rows deleted.
+    pub rows_deleted: u64,
+    /// Rows inserted.
+    pub rows_inserted: u64,
+    /// Rows updated.
+    pub rows_updated: u64,
+    /// Rows left alone (version guard, or a skipped run).
+    pub rows_unchanged: u64,
+    /// Source duplicates collapsed before writing.
+    pub duplicates_collapsed: u64,
+    /// When the attempt started (metadata only).
+    #[serde(serialize_with = "ser_ts")]
+    pub started_at: NaiveDateTime,
+    /// When it committed (metadata only).
+    #[serde(serialize_with = "ser_ts")]
+    pub finished_at: NaiveDateTime,
+    /// fixpoint's version.
+    pub fixpoint_version: String,
+}
+
+fn ser_ts<S: serde::Serializer>(t: &NaiveDateTime, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(&t.format("%Y-%m-%dT%H:%M:%S%.6f").to_string())
+}
+
+fn table() -> String {
+    format!("{}.{}", crate::ident::quote_ident(SCHEMA), crate::ident::quote_ident(TABLE))
+}
+
+/// Creates the ledger if it is missing (inside the caller's transaction).
+pub fn ensure(engine: &mut dyn Engine) -> Result<()> {
+    engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", crate::ident::quote_ident(SCHEMA))))?;
+    let cols: Vec<String> = COLUMNS.iter().map(|(n, t)| format!("{} {t}", crate::ident::quote_ident(n))).collect();
+    engine.execute(&Sql::raw(format!("CREATE TABLE IF NOT EXISTS {} ({})", table(), cols.join(", "))))?;
+    Ok(())
+}
+
+/// Whether the ledger table exists.
+pub fn exists(engine: &mut dyn Engine) -> Result<bool> {
+    let t = crate::ident::TableName { schema: SCHEMA.into(), table: TABLE.into() };
+    Ok(engine.table_columns(&t)?.is_some())
+}
+
+/// Appends one entry.
+pub fn record(engine: &mut dyn Engine, e: &Entry) -> Result<()> {
+    let mut sql = Sql::new();
+    sql.push("INSERT INTO ").push(&table()).push(" (");
+    sql.push(&COLUMNS.iter().map(|(n, _)| crate::ident::quote_ident(n)).collect::<Vec<_>>().join(", "));
+    sql.push(") VALUES (");
+    let text = |s: &str| Value::Text(s.to_owned());
+    let int = |n: u64| Value::Int(n as i64);
+    let values = vec![
+        (text(&e.run_key), "VARCHAR"),
+        (text(&e.job), "VARCHAR"),
+        (text(&e.job_hash), "VARCHAR"),
+        (text(&e.strategy), "VARCHAR"),
+        (text(&e.target), "VARCHAR"),
+        (Value::Date(RunDate::parse(&e.run_date)?.date()), "DATE"),
+        (text(&e.outcome), "VARCHAR"),
+        (text(&e.fingerprint_kind), "VARCHAR"),
+        (int(e.input_rows), "BIGINT"),
+        (text(&e.input_checksum), "VARCHAR"),
+        (int(e.output_rows), "BIGINT"),
+        (text(&e.output_checksum), "VARCHAR"),
+        (int(e.rows_deleted), "BIGINT"),
+        (int(e.rows_inserted), "BIGINT"),
+        (int(e.rows_updated), "BIGINT"),
+        (int(e.rows_unchanged), "BIGINT"),
+        (int(e.duplicates_collapsed), "BIGINT"),
+        (Value::Timestamp(e.started_at), "TIMESTAMP"),
+        (Value::Timestamp(e.finished_at), "TIMESTAMP"),
+        (text(&e.fixpoint_version), "VARCHAR"),
+    ];
+    for (i, (v, ty)) in values.into_iter().enumerate() {
+        if i > 0 {
+            sql.push(", ");
+        }
+        sql.typed_param(v, ty);
+    }
+    sql.push(")");
+    engine.execute(&sql)?;
+    Ok(())
+}
+
+/// Ledger entries, newest first, optionally for one job and one date.
+pub fn entries(engine: &mut dyn Engine, job: Option<&str>, run_date: Option<RunDate>, limit: Option<u64>) -> Result<Vec<Entry>> {
+    if !exists(engine)? {
+        return Ok(Vec::new());
+    }
+    let mut sql = Sql::new();
+    sql.push("SELECT ");
+    sql.push(
+        &COLUMNS
+            .iter()
+            .map(|(n, _)| match *n {
+                "run_date" => "CAST(\"run_date\" AS VARCHAR)".to_owned(),
+                "started_at" | "finished_at" => crate::ident::quote_ident(n),
+                _ => crate::ident::quote_ident(n),
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
+    sql.push(" FROM ").push(&table()).push(" WHERE 1 = 1");
+    if let Some(j) = job {
+        sql.push(" AND \"job\" = ").typed_param(Value::Text(j.to_owned()), "VARCHAR");
+    }
+    if let Some(d) = run_date {
+        sql.push(" AND \"run_date\" = ").typed_param(Value::Date(d.date()), "DATE");
+    }
+    sql.push(" ORDER BY \"finished_at\" DESC, \"started_at\" DESC, \"run_key\" DESC");
+    if let Some(n) = limit {
+        sql.push(" LIMIT ").typed_param(Value::Int(n as i64), "BIGINT");
+    }
+    let rows = engine.query(&sql)?;
+    rows.rows.iter().map(|r| entry_from_row(r)).collect()
+}
+
+fn entry_from_row(r: &[Value]) -> Result<Entry> {
+    let bad = |i: usize| Error::Internal(format!("ledger column {} holds {:?}", COLUMNS[i].0, r[i]));
+    let s = |i: usize| -> Result<String> { r[i].as_str().map(str::to_owned).ok_or_else(|| bad(i)) };
+    let n = |i: usize| -> Result<u64> { r[i].as_u64().ok_or_else(|| bad(i)) };
+    let ts = |i: usize| -> Result<NaiveDateTime> {
+        match &r[i] {
+            Value::Timestamp(t) => Ok(*t),
+            _ => Err(bad(i)),
+        }
+    };
+    Ok(Entry {
+        run_key: s(0)?,
+        job: s(1)?,
+        job_hash: s(2)?,
+        strategy: s(3)?,
+        target: s(4)?,
+        run_date: s(5)?,
+        outcome: s(6)?,
+        fingerprint_kind: s(7)?,
+        input_rows: n(8)?,
+        input_checksum: s(9)?,
+        output_rows: n(10)?,
+        output_checksum: s(11)?,
+        rows_deleted: n(12)?,
+        rows_inserted: n(13)?,
+        rows_updated: n(14)?,
+        rows_unchanged: n(15)?,
+        duplicates_collapsed: n(16)?,
+        started_at: ts(17)?,
+        finished_at: ts(18)?,
+        fixpoint_version: s(19)?,
+    })
+}

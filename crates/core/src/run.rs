@@ -1,0 +1,363 @@
+//! Running a job: the plan (describe, guard, lock, change, record, commit),
+//! written once against [`Engine`].
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::date::RunDate;
+use crate::engine::{fingerprint, fingerprint_select, Column, Engine, Filter, Scope};
+use crate::error::{Error, FailPoint, Result, SampleRow};
+use crate::fingerprint::{Fingerprint, Method};
+use crate::ident::quote_ident;
+use crate::ledger;
+use crate::runkey::run_key;
+use crate::spec::{Job, Strategy};
+use crate::sql::{RunParams, Sql, Value};
+
+/// What to do at a fail point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultAction {
+    /// Return [`Error::Injected`]; the plan rolls back.
+    Error,
+    /// Abort the process on the spot, like `kill -9`.
+    Abort,
+}
+
+/// Options of one run.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Rewrite even when the target already holds this run's output.
+    pub force: bool,
+    /// Fail on purpose at a step boundary (tests, proofs, the demo).
+    pub fault: Option<(FailPoint, FaultAction)>,
+}
+
+impl RunOptions {
+    fn step(&self, at: FailPoint) -> Result<()> {
+        match self.fault {
+            Some((p, FaultAction::Error)) if p == at => Err(Error::Injected(at)),
+            Some((p, FaultAction::Abort)) if p == at => std::process::abort(),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// What a run did, with the evidence.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunReport {
+    /// Job name.
+    pub job: String,
+    /// Target table.
+    pub target: String,
+    /// Strategy name.
+    pub strategy: String,
+    /// Logical run date.
+    pub run_date: String,
+    /// Deterministic run key.
+    pub run_key: String,
+    /// `committed` or `skipped`.
+    pub outcome: String,
+    /// Why the run was skipped, when it was.
+    pub skip_reason: Option<String>,
+    /// Rows deleted.
+    pub rows_deleted: u64,
+    /// Rows inserted.
+    pub rows_inserted: u64,
+    /// Rows updated.
+    pub rows_updated: u64,
+    /// Rows left unchanged.
+    pub rows_unchanged: u64,
+    /// Source duplicates collapsed.
+    pub duplicates_collapsed: u64,
+    /// Source rows.
+    pub input_rows: u64,
+    /// Source checksum.
+    pub input_checksum: String,
+    /// Rows of the run's scope after the run.
+    pub output_rows: u64,
+    /// Checksum of the run's scope after the run.
+    pub output_checksum: String,
+    /// How the fingerprints were made.
+    pub fingerprint_kind: String,
+    /// Whether the run created the target table.
+    pub created_target: bool,
+    /// Wall time in milliseconds.
+    pub elapsed_ms: u64,
+}
+
+impl RunReport {
+    /// The output fingerprint.
+    pub fn output(&self) -> Fingerprint {
+        Fingerprint { kind: self.fingerprint_kind.clone(), rows: self.output_rows, checksum: self.output_checksum.clone() }
+    }
+}
+
+impl Job {
+    /// Runs the job for one logical date: the seed's `load_daily_orders(run_date, conn)`
+    /// made general. Safe to call any number of times.
+    pub fn load(&self, run_date: RunDate, engine: &mut dyn Engine) -> Result<RunReport> {
+        self.load_with(run_date, engine, &RunOptions::default())
+    }
+
+    /// [`Job::load`] with options.
+    pub fn load_with(&self, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
+        match self.strategy {
+            Strategy::ReplacePartition => replace_partition(self, run_date, engine, opts),
+            Strategy::Merge | Strategy::ReplaceTable => Err(Error::Unsupported {
+                engine: engine.name(),
+                capability: format!("strategy = \"{}\" yet", self.strategy.name()),
+            }),
+        }
+    }
+}
+
+/// Runs `body` inside a transaction: commit on success, roll back on error.
+fn in_transaction<T>(engine: &mut dyn Engine, body: impl FnOnce(&mut dyn Engine) -> Result<T>) -> Result<T> {
+    engine.begin()?;
+    match body(engine) {
+        Ok(v) => {
+            engine.commit()?;
+            Ok(v)
+        }
+        Err(e) => {
+            // The original error is what the user needs; a failed rollback
+            // (connection gone) leaves nothing committed either way.
+            let _ = engine.rollback();
+            Err(e)
+        }
+    }
+}
+
+/// Source columns, described with the run key left empty.
+fn describe_source(job: &Job, engine: &mut dyn Engine, params: &RunParams) -> Result<Vec<Column>> {
+    let sql = job.source.template().render(params);
+    engine.describe(&sql).map_err(|e| match e {
+        Error::Database { engine, message, .. } => Error::Database {
+            engine,
+            context: format!("the source query of job {} does not run", job.name),
+            message,
+        },
+        other => other,
+    })
+}
+
+fn fingerprinted<'c>(columns: &'c [Column], metadata: &[String]) -> Vec<Column> {
+    columns.iter().filter(|c| !metadata.contains(&c.name)).cloned().collect()
+}
+
+fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
+    let started = Instant::now();
+    let started_at = chrono::Utc::now().naive_utc();
+    let partition = job.partition.as_deref().ok_or_else(|| Error::Internal("replace_partition without partition".into()))?;
+    let mut params = RunParams { run_date: run_date.date(), run_key: String::new() };
+
+    // 1. Describe the source and check it fits the target.
+    let source_cols = describe_source(job, engine, &params)?;
+    if !source_cols.iter().any(|c| c.name == partition) {
+        return Err(Error::Schema {
+            message: format!("the source query of job {} has no column {partition:?} (the job's partition column)", job.name),
+            hint: Some(format!("select the run's date as {partition}, e.g. `SELECT …, :run_date AS {partition}`")),
+        });
+    }
+    let mut seen = std::collections::HashSet::new();
+    if let Some(dup) = source_cols.iter().find(|c| !seen.insert(c.name.as_str())) {
+        return Err(Error::Schema {
+            message: format!("the source query returns the column {:?} twice", dup.name),
+            hint: Some("give each output column its own name with AS".into()),
+        });
+    }
+    let target_cols = engine.table_columns(&job.target)?;
+    if let Some(cols) = &target_cols {
+        let missing: Vec<&str> =
+            source_cols.iter().filter(|s| !cols.iter().any(|t| t.name == s.name)).map(|s| s.name.as_str()).collect();
+        if !missing.is_empty() {
+            return Err(Error::Schema {
+                message: format!("the target {} has no column(s) {} that the source returns", job.target, missing.join(", ")),
+                hint: Some(format!("add them to {} (ALTER TABLE … ADD COLUMN) or drop them from the source", job.target)),
+            });
+        }
+    }
+    let input_cols = fingerprinted(&source_cols, &job.metadata);
+    let output_cols = match &target_cols {
+        Some(cols) => fingerprinted(cols, &job.metadata),
+        None => input_cols.clone(),
+    };
+
+    in_transaction(engine, |engine| {
+        ledger::ensure(engine)?;
+
+        // 2. Guards and input fingerprint in one scan of the source.
+        let (select, kind, signature) = fingerprint_select(engine, Method::Native, "s", &input_cols)?;
+        let mut sql = Sql::new();
+        sql.push("SELECT ").push(&select).push(", count(*) FILTER (WHERE s.").ident(partition);
+        sql.push(" IS DISTINCT FROM ");
+        sql.typed_param(Value::Date(run_date.date()), "DATE").push(") FROM ");
+        Scope::Source { template: job.source.template(), params: &params }.write_from(&mut sql, "s");
+        let row = engine.query(&sql)?.rows.into_iter().next().ok_or_else(|| Error::Internal("guard scan returned no row".into()))?;
+        let input_rows = row[0].as_u64().ok_or_else(|| Error::Internal("bad count".into()))?;
+        let sum = engine.read_sum(&row[1])?;
+        let outside = row[2].as_u64().ok_or_else(|| Error::Internal("bad count".into()))?;
+        if outside > 0 {
+            let mut sql = Sql::new();
+            sql.push("SELECT * FROM ");
+            Scope::Source { template: job.source.template(), params: &params }.write_from(&mut sql, "s");
+            sql.push(" WHERE s.").ident(partition).push(" IS DISTINCT FROM ");
+            sql.typed_param(Value::Date(run_date.date()), "DATE").push(" LIMIT 1");
+            return Err(Error::OutOfPartition {
+                rows: outside,
+                column: partition.to_owned(),
+                run_date: run_date.to_string(),
+                sample: first_row(engine, &sql)?,
+            });
+        }
+        if let Some(min) = job.min_rows {
+            if input_rows < min {
+                return Err(Error::TooFewRows { rows: input_rows, min_rows: min, run_date: run_date.to_string() });
+            }
+        }
+        let input = Fingerprint::from_sum(&kind, &signature, input_rows, sum);
+        let job_hash = job.definition_hash();
+        let key = run_key(&job_hash, run_date, &input);
+        params.run_key = key.clone();
+        let scope = Scope::Table { table: &job.target, filter: Some(Filter::DateEquals(partition, run_date.date())) };
+
+        // 3. A retry over the same input, with the target still holding the
+        //    recorded output, has nothing to do.
+        if !opts.force && target_cols.is_some() {
+            let last = ledger::entries(engine, Some(&job.name), Some(run_date), Some(1))?;
+            if let Some(last) = last.first().filter(|l| l.run_key == key && l.fingerprint_kind == input.kind) {
+                let now = fingerprint(engine, Method::Native, &scope, &output_cols)?;
+                if now.rows == last.output_rows && now.checksum == last.output_checksum {
+                    let report = RunReport {
+                        job: job.name.clone(),
+                        target: job.target.to_string(),
+                        strategy: job.strategy.name().into(),
+                        run_date: run_date.to_string(),
+                        run_key: key,
+                        outcome: "skipped".into(),
+                        skip_reason: Some("the partition already holds this run's output (same run key, same output fingerprint); use --force to rewrite it".into()),
+                        rows_deleted: 0,
+                        rows_inserted: 0,
+                        rows_updated: 0,
+                        rows_unchanged: now.rows,
+                        duplicates_collapsed: 0,
+                        input_rows,
+                        input_checksum: input.checksum.clone(),
+                        output_rows: now.rows,
+                        output_checksum: now.checksum,
+                        fingerprint_kind: input.kind.clone(),
+                        created_target: false,
+                        elapsed_ms: started.elapsed().as_millis() as u64,
+                    };
+                    ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
+                    return Ok(report);
+                }
+            }
+        }
+        opts.step(FailPoint::AfterGuards)?;
+
+        // 4. Create the target from the source's columns when missing.
+        let created_target = target_cols.is_none();
+        if created_target {
+            engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&job.target.schema))))?;
+            let cols: Vec<String> = source_cols.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
+            engine.execute(&Sql::raw(format!("CREATE TABLE {} ({})", job.target.quoted(), cols.join(", "))))?;
+        }
+
+        // 5. Delete the partition, insert the source's rows.
+        let mut sql = Sql::new();
+        sql.push("DELETE FROM ").push(&job.target.quoted()).push(" WHERE ").ident(partition).push(" = ");
+        sql.typed_param(Value::Date(run_date.date()), "DATE");
+        let rows_deleted = engine.execute(&sql)?;
+        opts.step(FailPoint::AfterDelete)?;
+
+        let col_list = source_cols.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", ");
+        let insert = |limit: Option<u64>| {
+            let mut sql = Sql::new();
+            sql.push("INSERT INTO ").push(&job.target.quoted()).push(" (").push(&col_list).push(") SELECT ");
+            sql.push(&source_cols.iter().map(|c| format!("s.{}", quote_ident(&c.name))).collect::<Vec<_>>().join(", "));
+            sql.push(" FROM ");
+            Scope::Source { template: job.source.template(), params: &params }.write_from(&mut sql, "s");
+            if let Some(n) = limit {
+                sql.push(" LIMIT ").typed_param(Value::Int(n as i64), "BIGINT");
+            }
+            sql
+        };
+        if matches!(opts.fault, Some((FailPoint::MidInsert, _))) {
+            engine.execute(&insert(Some(input_rows / 2)))?;
+            opts.step(FailPoint::MidInsert)?;
+        }
+        let rows_inserted = engine.execute(&insert(None))?;
+        opts.step(FailPoint::AfterInsert)?;
+
+        // 6. Fingerprint what was written, check it, record it.
+        let output = fingerprint(engine, Method::Native, &scope, &output_cols)?;
+        if rows_inserted != input_rows || output.rows != input_rows {
+            return Err(Error::Internal(format!(
+                "the source gave {input_rows} rows but {rows_inserted} were inserted and the partition holds {}; rolled back",
+                output.rows
+            )));
+        }
+        let report = RunReport {
+            job: job.name.clone(),
+            target: job.target.to_string(),
+            strategy: job.strategy.name().into(),
+            run_date: run_date.to_string(),
+            run_key: key,
+            outcome: "committed".into(),
+            skip_reason: None,
+            rows_deleted,
+            rows_inserted,
+            rows_updated: 0,
+            rows_unchanged: 0,
+            duplicates_collapsed: 0,
+            input_rows,
+            input_checksum: input.checksum,
+            output_rows: output.rows,
+            output_checksum: output.checksum,
+            fingerprint_kind: input.kind,
+            created_target,
+            elapsed_ms: 0,
+        };
+        ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
+        opts.step(FailPoint::BeforeCommit)?;
+        Ok(report)
+    })
+    .map(|mut r| {
+        r.elapsed_ms = started.elapsed().as_millis() as u64;
+        r
+    })
+}
+
+fn entry(job: &Job, job_hash: &str, r: &RunReport, started_at: chrono::NaiveDateTime) -> ledger::Entry {
+    ledger::Entry {
+        run_key: r.run_key.clone(),
+        job: job.name.clone(),
+        job_hash: job_hash.to_owned(),
+        strategy: r.strategy.clone(),
+        target: r.target.clone(),
+        run_date: r.run_date.clone(),
+        outcome: r.outcome.clone(),
+        fingerprint_kind: r.fingerprint_kind.clone(),
+        input_rows: r.input_rows,
+        input_checksum: r.input_checksum.clone(),
+        output_rows: r.output_rows,
+        output_checksum: r.output_checksum.clone(),
+        rows_deleted: r.rows_deleted,
+        rows_inserted: r.rows_inserted,
+        rows_updated: r.rows_updated,
+        rows_unchanged: r.rows_unchanged,
+        duplicates_collapsed: r.duplicates_collapsed,
+        started_at,
+        finished_at: chrono::Utc::now().naive_utc(),
+        fixpoint_version: env!("CARGO_PKG_VERSION").to_owned(),
+    }
+}
+
+/// The first row of a query, for error samples.
+pub fn first_row(engine: &mut dyn Engine, sql: &Sql) -> Result<SampleRow> {
+    let rows = engine.query(sql)?;
+    let values = rows.rows.into_iter().next().unwrap_or_default();
+    Ok(SampleRow(rows.columns.into_iter().zip(values.iter().map(Value::display)).collect()))
+}

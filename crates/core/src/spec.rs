@@ -1,0 +1,342 @@
+//! The job file (TOML): what a job loads, where, and how.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::ident::{is_plain_ident, TableName};
+use crate::sql::{RunParam, SourceTemplate};
+
+/// How a job changes its target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    /// Replace the run date's partition: delete + insert in one transaction.
+    ReplacePartition,
+    /// Merge on a natural key; the newest version wins.
+    Merge,
+    /// Replace the whole table with a snapshot.
+    ReplaceTable,
+}
+
+impl Strategy {
+    /// The name in job files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::ReplacePartition => "replace_partition",
+            Strategy::Merge => "merge",
+            Strategy::ReplaceTable => "replace_table",
+        }
+    }
+}
+
+/// What to do with two different source rows of one key and one version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTie {
+    /// Fail the run, naming the key and both rows.
+    #[default]
+    Error,
+    /// Pick the winner by a total order over the row's values.
+    Deterministic,
+}
+
+/// The merge strategy's keys.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MergeSpec {
+    /// The natural business key.
+    pub key: Vec<String>,
+    /// The orderable version column; the newest wins.
+    pub version: String,
+    /// A SQL predicate marking tombstones.
+    pub deleted: Option<String>,
+    /// Tie handling.
+    pub on_tie: OnTie,
+}
+
+/// Where a job's rows come from.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Source {
+    /// The query, as written in the job file.
+    pub sql: String,
+    #[serde(skip)]
+    template: SourceTemplate,
+}
+
+impl Source {
+    /// The query with its run parameters located.
+    pub fn template(&self) -> &SourceTemplate {
+        &self.template
+    }
+}
+
+/// A validated job.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Job {
+    /// The job's name (also its key in the ledger).
+    pub name: String,
+    /// The table the job writes.
+    pub target: TableName,
+    /// How the target is changed.
+    pub strategy: Strategy,
+    /// The target column holding the run's date.
+    pub partition: Option<String>,
+    /// The source query.
+    pub source: Source,
+    /// Columns excluded from fingerprints (e.g. `loaded_at`).
+    pub metadata: Vec<String>,
+    /// A source with fewer rows is refused.
+    pub min_rows: Option<u64>,
+    /// Merge keys, for `strategy = "merge"`.
+    pub merge: Option<MergeSpec>,
+    /// The file the job was read from.
+    #[serde(skip)]
+    pub path: Option<PathBuf>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJob {
+    name: Option<String>,
+    description: Option<String>,
+    target: Option<String>,
+    strategy: Option<String>,
+    partition: Option<String>,
+    source: Option<RawSource>,
+    metadata: Option<Vec<String>>,
+    min_rows: Option<i64>,
+    key: Option<Vec<String>>,
+    version: Option<String>,
+    deleted: Option<String>,
+    on_tie: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSource {
+    sql: Option<String>,
+}
+
+impl Job {
+    /// Reads and validates a job file.
+    pub fn from_file(path: &Path) -> Result<Job> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Spec {
+            file: path.to_owned(),
+            key: "(file)".into(),
+            message: format!("cannot read the job file: {e}"),
+            hint: Some("pass the path of a job's TOML file".into()),
+        })?;
+        let mut job = Job::from_toml(&text, path)?;
+        job.path = Some(path.to_owned());
+        Ok(job)
+    }
+
+    /// Validates a job file's text; `path` names it in errors.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Job> {
+        let spec_err = |key: &str, message: String, hint: Option<&str>| Error::Spec {
+            file: path.to_owned(),
+            key: key.to_owned(),
+            message,
+            hint: hint.map(str::to_owned),
+        };
+        let raw: RawJob = toml::from_str(text).map_err(|e| {
+            let key = e.span().map(|s| key_at(text, s.start)).unwrap_or_else(|| "(file)".into());
+            let line = e.span().map(|s| text[..s.start].matches('\n').count() + 1);
+            let message = match line {
+                Some(l) => format!("{} (line {l})", e.message().trim()),
+                None => e.message().trim().to_owned(),
+            };
+            spec_err(&key, message, Some("see the README's job file section for every key and its type"))
+        })?;
+        let _ = raw.description;
+
+        let name = raw.name.ok_or_else(|| spec_err("name", "missing: expected the job's name, e.g. name = \"silver_orders\"".into(), None))?;
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) {
+            return Err(spec_err("name", format!("{name:?}: expected letters, digits, '_', '-' or '.'"), None));
+        }
+        let target_text = raw
+            .target
+            .ok_or_else(|| spec_err("target", "missing: expected the target table as schema.table, e.g. target = \"silver.orders\"".into(), None))?;
+        let target = TableName::parse(&target_text).map_err(|e| spec_err("target", e.to_string(), None))?;
+        let strategy = match raw.strategy.as_deref() {
+            Some("replace_partition") => Strategy::ReplacePartition,
+            Some("merge") => Strategy::Merge,
+            Some("replace_table") => Strategy::ReplaceTable,
+            Some(other) => {
+                return Err(spec_err(
+                    "strategy",
+                    format!("{other:?}: expected one of \"replace_partition\", \"merge\", \"replace_table\""),
+                    None,
+                ))
+            }
+            None => {
+                return Err(spec_err(
+                    "strategy",
+                    "missing: expected one of \"replace_partition\", \"merge\", \"replace_table\"".into(),
+                    None,
+                ))
+            }
+        };
+        let column = |key: &str, v: &str| -> Result<String> {
+            if is_plain_ident(v) {
+                Ok(v.to_owned())
+            } else {
+                Err(spec_err(key, format!("{v:?}: expected a column name (letters, digits and _)"), None))
+            }
+        };
+        let partition = raw.partition.as_deref().map(|p| column("partition", p)).transpose()?;
+        let sql = raw
+            .source
+            .and_then(|s| s.sql)
+            .ok_or_else(|| spec_err("source.sql", "missing: expected the source query under [source], e.g. sql = \"SELECT … WHERE dt = :run_date\"".into(), None))?;
+        let template = SourceTemplate::parse("source.sql", &sql).map_err(|e| match e {
+            Error::Sql { message, hint, .. } => Error::Spec { file: path.to_owned(), key: "source.sql".into(), message, hint },
+            other => other,
+        })?;
+        let metadata =
+            raw.metadata.unwrap_or_default().iter().map(|m| column("metadata", m)).collect::<Result<Vec<_>>>()?;
+        let min_rows = match raw.min_rows {
+            None => None,
+            Some(n) if n >= 0 => Some(n as u64),
+            Some(n) => return Err(spec_err("min_rows", format!("{n}: expected a whole number ≥ 0"), None)),
+        };
+
+        let merge = match strategy {
+            Strategy::ReplacePartition => {
+                let Some(p) = &partition else {
+                    return Err(spec_err(
+                        "partition",
+                        "missing: replace_partition needs the target column that holds the run's date, e.g. partition = \"dt\"".into(),
+                        None,
+                    ));
+                };
+                if metadata.contains(p) {
+                    return Err(spec_err("metadata", format!("{p:?} is the partition column; it cannot be metadata"), None));
+                }
+                if !template.uses_any(&[RunParam::RunDate, RunParam::RunStart, RunParam::RunEnd]) {
+                    return Err(spec_err(
+                        "source.sql",
+                        "never uses :run_date, :run_start or :run_end, so every run would read every day".into(),
+                        Some("filter the source to the run's day, e.g. WHERE dt = :run_date"),
+                    ));
+                }
+                for (k, present) in [("key", raw.key.is_some()), ("version", raw.version.is_some()), ("deleted", raw.deleted.is_some()), ("on_tie", raw.on_tie.is_some())] {
+                    if present {
+                        return Err(spec_err(k, "only applies to strategy = \"merge\"".into(), None));
+                    }
+                }
+                None
+            }
+            Strategy::Merge => {
+                let key = raw.key.unwrap_or_default();
+                if key.is_empty() {
+                    return Err(spec_err("key", "missing: merge needs the natural business key, e.g. key = [\"order_id\"]".into(), None));
+                }
+                let key = key.iter().map(|k| column("key", k)).collect::<Result<Vec<_>>>()?;
+                let version = raw.version.ok_or_else(|| {
+                    spec_err("version", "missing: merge needs an orderable version column, e.g. version = \"updated_at\"".into(), Some("without a version an older replay would overwrite a newer row"))
+                })?;
+                let version = column("version", &version)?;
+                let on_tie = match raw.on_tie.as_deref() {
+                    None | Some("error") => OnTie::Error,
+                    Some("deterministic") => OnTie::Deterministic,
+                    Some(o) => return Err(spec_err("on_tie", format!("{o:?}: expected \"error\" or \"deterministic\""), None)),
+                };
+                Some(MergeSpec { key, version, deleted: raw.deleted, on_tie })
+            }
+            Strategy::ReplaceTable => None,
+        };
+
+        Ok(Job {
+            name,
+            target,
+            strategy,
+            partition,
+            source: Source { sql, template },
+            metadata,
+            min_rows,
+            merge,
+            path: None,
+        })
+    }
+
+    /// A hash of the job's definition (everything that decides what it writes).
+    pub fn definition_hash(&self) -> String {
+        let canonical = serde_json::to_string(self).expect("job serializes");
+        crate::runkey::hash_hex(&["fixpoint-job-v1", &canonical])
+    }
+}
+
+/// The dotted key at byte `pos` of a TOML text (best effort, for messages).
+fn key_at(text: &str, pos: usize) -> String {
+    let before = &text[..pos.min(text.len())];
+    let line_start = before.rfind('\n').map(|i| i + 1).unwrap_or(0);
+    let line_end = text[line_start..].find('\n').map(|i| line_start + i).unwrap_or(text.len());
+    let line = &text[line_start..line_end];
+    let section = before[..line_start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('[') && l.ends_with(']'))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_owned());
+    let key = line.split('=').next().unwrap_or("").trim().trim_matches('"').to_owned();
+    match (section, key.is_empty() || key.starts_with('[')) {
+        (_, true) => format!("line {}", before.matches('\n').count() + 1),
+        (Some(s), false) => format!("{s}.{key}"),
+        (None, false) => key,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+name = "silver_orders"
+target = "silver.orders"
+strategy = "replace_partition"
+partition = "dt"
+metadata = ["loaded_at"]
+min_rows = 1
+
+[source]
+sql = "SELECT *, now() AS loaded_at FROM bronze.orders WHERE dt = :run_date"
+"#;
+
+    fn parse(text: &str) -> Result<Job> {
+        Job::from_toml(text, Path::new("jobs/x.toml"))
+    }
+
+    #[test]
+    fn reads_a_good_job() {
+        let job = parse(GOOD).unwrap();
+        assert_eq!(job.target.to_string(), "silver.orders");
+        assert_eq!(job.partition.as_deref(), Some("dt"));
+        assert_eq!(job.min_rows, Some(1));
+        assert_eq!(job.definition_hash(), parse(GOOD).unwrap().definition_hash());
+        let changed = parse(&GOOD.replace("min_rows = 1", "min_rows = 2")).unwrap();
+        assert_ne!(job.definition_hash(), changed.definition_hash());
+    }
+
+    #[test]
+    fn bad_jobs_name_file_key_and_expectation() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("min_rows = 1", "min_rows = \"ten\"", "jobs/x.toml: min_rows: invalid type: string \"ten\", expected i64 (line 7)"),
+            ("min_rows = 1", "min_rows = -1", "jobs/x.toml: min_rows: -1: expected a whole number"),
+            ("strategy = \"replace_partition\"", "strategy = \"upsert\"", "jobs/x.toml: strategy: \"upsert\": expected one of"),
+            ("target = \"silver.orders\"", "target = \"orders\"", "jobs/x.toml: target: \"orders\" is not a table name"),
+            ("partition = \"dt\"\n", "", "jobs/x.toml: partition: missing"),
+            ("min_rows = 1", "min_rowz = 1", "jobs/x.toml: min_rowz: unknown field `min_rowz`"),
+            ("sql = ", "sq = ", "jobs/x.toml: source.sq: unknown field `sq`"),
+            ("WHERE dt = :run_date", "", "jobs/x.toml: source.sql: never uses :run_date"),
+            ("WHERE dt = :run_date", "WHERE dt = :rundate", "jobs/x.toml: source.sql: uses the unknown parameter `:rundate`"),
+            ("name = \"silver_orders\"\n", "", "jobs/x.toml: name: missing"),
+        ];
+        for (from, to, expected) in cases {
+            let text = GOOD.replacen(from, to, 1);
+            let e = parse(&text).unwrap_err().to_string();
+            assert!(e.starts_with(expected), "{to}:\n got {e}\nwant {expected}");
+        }
+    }
+}

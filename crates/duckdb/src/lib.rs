@@ -1,0 +1,315 @@
+//! The embedded DuckDB engine.
+//!
+//! One connection per run. DuckDB allows one writing process per database
+//! file: opening a file another process holds waits, bounded, and then says
+//! who holds it.
+#![deny(missing_docs)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use duckdb::types::{TimeUnit, Value as DValue};
+use fixpoint_core::engine::{Column, Engine, Rows};
+use fixpoint_core::ident::{quote_ident, TableName};
+use fixpoint_core::sql::{Sql, Value};
+use fixpoint_core::{Error, Result};
+
+/// A DuckDB database, embedded in this process.
+pub struct DuckDb {
+    conn: duckdb::Connection,
+    path: Option<PathBuf>,
+    version: Option<String>,
+}
+
+fn db_err(context: impl Into<String>) -> impl FnOnce(duckdb::Error) -> Error {
+    let context = context.into();
+    move |e| Error::Database { engine: "duckdb", context, message: e.to_string() }
+}
+
+impl DuckDb {
+    /// Opens (or creates) a database file, waiting up to `wait` while another
+    /// process holds its lock.
+    pub fn open(path: &Path, wait: Duration) -> Result<DuckDb> {
+        let deadline = Instant::now() + wait;
+        let mut announced = false;
+        loop {
+            match duckdb::Connection::open(path) {
+                Ok(conn) => return Ok(DuckDb { conn, path: Some(path.to_owned()), version: None }),
+                Err(e) => {
+                    let msg = e.to_string();
+                    if !msg.to_ascii_lowercase().contains("lock") {
+                        return Err(Error::Database {
+                            engine: "duckdb",
+                            context: format!("opening {}", path.display()),
+                            message: msg,
+                        });
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(Error::Busy {
+                            message: format!(
+                                "{} is locked by another process (DuckDB allows one writer per file); waited {}s: {msg}",
+                                path.display(),
+                                wait.as_secs()
+                            ),
+                        });
+                    }
+                    if !announced {
+                        eprintln!("fixpoint: {} is locked by another process; waiting up to {}s", path.display(), wait.as_secs());
+                        announced = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        }
+    }
+
+    /// An in-memory database (tests).
+    pub fn open_in_memory() -> Result<DuckDb> {
+        let conn = duckdb::Connection::open_in_memory().map_err(db_err("opening an in-memory database"))?;
+        Ok(DuckDb { conn, path: None, version: None })
+    }
+
+    /// The file, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// The underlying connection, for setup code and benchmarks.
+    pub fn connection(&self) -> &duckdb::Connection {
+        &self.conn
+    }
+
+    fn prepare(&self, sql: &Sql) -> Result<duckdb::Statement<'_>> {
+        self.conn.prepare(&sql.text).map_err(db_err(context_of(&sql.text)))
+    }
+}
+
+/// A short description of a statement for error context.
+fn context_of(sql: &str) -> String {
+    let one_line: String = sql.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one_line.chars().count() > 120 {
+        format!("running `{}…`", one_line.chars().take(120).collect::<String>())
+    } else {
+        format!("running `{one_line}`")
+    }
+}
+
+fn to_duck(v: &Value) -> DValue {
+    match v {
+        Value::Null => DValue::Null,
+        Value::Bool(b) => DValue::Boolean(*b),
+        Value::Int(i) => DValue::BigInt(*i),
+        Value::HugeInt(i) => DValue::HugeInt(*i),
+        Value::Float(f) => DValue::Double(*f),
+        Value::Text(s) => DValue::Text(s.clone()),
+        Value::Date(d) => {
+            let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).expect("epoch");
+            DValue::Date32((*d - epoch).num_days() as i32)
+        }
+        Value::Timestamp(t) => DValue::Timestamp(TimeUnit::Microsecond, t.and_utc().timestamp_micros()),
+    }
+}
+
+fn from_duck(v: DValue) -> Value {
+    match v {
+        DValue::Null => Value::Null,
+        DValue::Boolean(b) => Value::Bool(b),
+        DValue::TinyInt(i) => Value::Int(i.into()),
+        DValue::SmallInt(i) => Value::Int(i.into()),
+        DValue::Int(i) => Value::Int(i.into()),
+        DValue::BigInt(i) => Value::Int(i),
+        DValue::UTinyInt(i) => Value::Int(i.into()),
+        DValue::USmallInt(i) => Value::Int(i.into()),
+        DValue::UInt(i) => Value::Int(i.into()),
+        DValue::UBigInt(i) => Value::HugeInt(i.into()),
+        DValue::HugeInt(i) => Value::HugeInt(i),
+        DValue::UHugeInt(i) => match i128::try_from(i) {
+            Ok(i) => Value::HugeInt(i),
+            Err(_) => Value::Text(i.to_string()),
+        },
+        DValue::Float(f) => Value::Float(f.into()),
+        DValue::Double(f) => Value::Float(f),
+        DValue::Decimal(d) => Value::Text(d.to_string()),
+        DValue::Timestamp(unit, n) => {
+            let micros = match unit {
+                TimeUnit::Second => n.saturating_mul(1_000_000),
+                TimeUnit::Millisecond => n.saturating_mul(1_000),
+                TimeUnit::Microsecond => n,
+                TimeUnit::Nanosecond => n / 1_000,
+            };
+            match chrono::DateTime::from_timestamp_micros(micros) {
+                Some(t) => Value::Timestamp(t.naive_utc()),
+                None => Value::Text(format!("timestamp {micros}µs")),
+            }
+        }
+        DValue::Text(s) => Value::Text(s),
+        DValue::Enum(s) => Value::Text(s),
+        DValue::Date32(days) => {
+            let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).expect("epoch");
+            match epoch.checked_add_signed(chrono::Duration::days(days.into())) {
+                Some(d) => Value::Date(d),
+                None => Value::Text(format!("date {days}")),
+            }
+        }
+        DValue::Blob(b) => Value::Text(b.iter().map(|x| format!("{x:02x}")).collect()),
+        other => Value::Text(format!("{other:?}")),
+    }
+}
+
+impl Engine for DuckDb {
+    fn name(&self) -> &'static str {
+        "duckdb"
+    }
+
+    fn version(&mut self) -> Result<String> {
+        if let Some(v) = &self.version {
+            return Ok(v.clone());
+        }
+        let v: String = self
+            .conn
+            .query_row("SELECT library_version FROM pragma_version()", [], |r| r.get(0))
+            .map_err(db_err("reading the DuckDB version"))?;
+        let v = format!("duckdb {v}");
+        self.version = Some(v.clone());
+        Ok(v)
+    }
+
+    fn execute(&mut self, sql: &Sql) -> Result<u64> {
+        let mut stmt = self.prepare(sql)?;
+        let n = stmt
+            .execute(duckdb::params_from_iter(sql.params.iter().map(to_duck)))
+            .map_err(db_err(context_of(&sql.text)))?;
+        Ok(n as u64)
+    }
+
+    fn query(&mut self, sql: &Sql) -> Result<Rows> {
+        let mut stmt = self.prepare(sql)?;
+        let mut rows = stmt
+            .query(duckdb::params_from_iter(sql.params.iter().map(to_duck)))
+            .map_err(db_err(context_of(&sql.text)))?;
+        let columns = rows.as_ref().map(|s| s.column_names()).unwrap_or_default();
+        let n = columns.len();
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().map_err(db_err(context_of(&sql.text)))? {
+            let mut values = Vec::with_capacity(n);
+            for i in 0..n {
+                let v: DValue = row.get(i).map_err(db_err(context_of(&sql.text)))?;
+                values.push(from_duck(v));
+            }
+            out.push(values);
+        }
+        Ok(Rows { columns, rows: out })
+    }
+
+    fn describe(&mut self, query: &Sql) -> Result<Vec<Column>> {
+        // A zero-row temporary table gives DuckDB's exact column types.
+        let probe = "__fixpoint_describe";
+        let mut sql = Sql::new();
+        sql.push(&format!("CREATE OR REPLACE TEMPORARY TABLE {} AS SELECT * FROM (", quote_ident(probe)));
+        sql.text.push_str(&query.text);
+        sql.params = query.params.clone();
+        sql.push("\n) AS s LIMIT 0");
+        self.execute(&sql)?;
+        let cols = self.columns_of("temp", "main", probe);
+        self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS temp.main.{}", quote_ident(probe))))?;
+        cols
+    }
+
+    fn table_columns(&mut self, table: &TableName) -> Result<Option<Vec<Column>>> {
+        let mut sql = Sql::new();
+        sql.push("SELECT database_name FROM duckdb_tables() WHERE schema_name = ")
+            .typed_param(Value::Text(table.schema.clone()), "VARCHAR")
+            .push(" AND table_name = ")
+            .typed_param(Value::Text(table.table.clone()), "VARCHAR")
+            .push(" AND NOT temporary AND database_name = current_database()");
+        let found = self.query(&sql)?;
+        let Some(db) = found.rows.first().and_then(|r| r[0].as_str().map(str::to_owned)) else {
+            return Ok(None);
+        };
+        self.columns_of(&db, &table.schema, &table.table).map(Some)
+    }
+
+    fn native_row_hash(&self, alias: &str, columns: &[Column]) -> Option<String> {
+        let cols: Vec<String> = columns.iter().map(|c| format!("{alias}.{}", quote_ident(&c.name))).collect();
+        Some(format!("hash({})", cols.join(", ")))
+    }
+
+    fn portable_value(&self, expr: &str, column: &Column) -> (String, &'static str) {
+        let ty = column.ty.to_ascii_uppercase();
+        let (class, text) = if ["TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT", "UHUGEINT"].contains(&ty.as_str()) {
+            ("int", format!("CAST({expr} AS VARCHAR)"))
+        } else if ty.starts_with("DECIMAL") {
+            ("decimal", format!("CAST({expr} AS VARCHAR)"))
+        } else if ty == "FLOAT" || ty == "DOUBLE" {
+            ("float", format!("CAST(CAST({expr} AS DOUBLE) AS VARCHAR)"))
+        } else if ty == "VARCHAR" || ty.starts_with("VARCHAR(") {
+            ("text", expr.to_owned())
+        } else if ty == "DATE" {
+            ("date", format!("strftime({expr}, '%Y-%m-%d')"))
+        } else if ty == "TIMESTAMP" || ty == "TIMESTAMP_S" || ty == "TIMESTAMP_MS" || ty == "TIMESTAMP_NS" {
+            ("timestamp", format!("strftime(CAST({expr} AS TIMESTAMP), '%Y-%m-%d %H:%M:%S.%f')"))
+        } else if ty == "TIMESTAMP WITH TIME ZONE" {
+            ("timestamptz", format!("CAST(epoch_us({expr}) AS VARCHAR)"))
+        } else if ty == "BOOLEAN" {
+            ("bool", format!("CASE WHEN {expr} THEN 't' ELSE 'f' END"))
+        } else if ty == "BLOB" {
+            ("bytes", format!("hex({expr})"))
+        } else {
+            ("other", format!("CAST({expr} AS VARCHAR)"))
+        };
+        // tag, length, ':', text — or tag '-' for NULL — so no two values
+        // of one row encode alike, and NULL differs from ''.
+        let tag = &class[..1];
+        (
+            format!("coalesce('{tag}' || CAST(length({text}) AS VARCHAR) || ':' || {text}, '{tag}-')"),
+            class,
+        )
+    }
+
+    fn portable_row_hash(&self, text_expr: &str) -> String {
+        format!("CAST(md5_number({text_expr}) >> 64 AS UBIGINT)")
+    }
+}
+
+impl DuckDb {
+    fn columns_of(&mut self, database: &str, schema: &str, table: &str) -> Result<Vec<Column>> {
+        let mut sql = Sql::new();
+        sql.push("SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = ")
+            .typed_param(Value::Text(database.to_owned()), "VARCHAR")
+            .push(" AND schema_name = ")
+            .typed_param(Value::Text(schema.to_owned()), "VARCHAR")
+            .push(" AND table_name = ")
+            .typed_param(Value::Text(table.to_owned()), "VARCHAR")
+            .push(" ORDER BY column_index");
+        let rows = self.query(&sql)?;
+        rows.rows
+            .into_iter()
+            .map(|r| match (&r[0], &r[1]) {
+                (Value::Text(n), Value::Text(t)) => Ok(Column { name: n.clone(), ty: t.clone() }),
+                _ => Err(Error::Internal(format!("duckdb_columns() returned {r:?}"))),
+            })
+            .collect()
+    }
+}
+
+/// Parses a `duckdb:PATH` URL (also `duckdb://PATH`, and `duckdb::memory:`).
+pub fn parse_url(url: &str) -> Option<DuckTarget> {
+    let rest = url.strip_prefix("duckdb:")?;
+    let rest = rest.strip_prefix("//").unwrap_or(rest);
+    if rest == ":memory:" {
+        return Some(DuckTarget::Memory);
+    }
+    if rest.is_empty() {
+        return None;
+    }
+    Some(DuckTarget::File(PathBuf::from(rest)))
+}
+
+/// Where a DuckDB URL points.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DuckTarget {
+    /// A database file.
+    File(PathBuf),
+    /// An in-memory database.
+    Memory,
+}

@@ -1,0 +1,222 @@
+//! replace_partition scenarios, run on every engine.
+
+use fixpoint_core::{ledger, Error, FailPoint, FaultAction, RunOptions};
+use fixpoint_scenarios::*;
+
+fn force() -> RunOptions {
+    RunOptions { force: true, ..Default::default() }
+}
+
+fn five_runs_equal_one_run(e: &dyn EngineUnderTest) {
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    exec(db, BRONZE);
+    let job = job(SILVER_JOB);
+    let first19 = job.load(d("2026-10-19"), db).unwrap();
+    let rows19 = rows(db, "SELECT order_id, order_total, updated_at FROM silver.orders WHERE dt = DATE '2026-10-19'");
+    let first = job.load(d("2026-10-20"), db).unwrap();
+    assert_eq!(first.outcome, "committed");
+    assert!(first.created_target == false, "the 19th's run created the table");
+    assert_eq!((first.input_rows, first.rows_inserted, first.output_rows), (4, 4, 4), "orders 3, 4 (newest), 5 (once), 6 (late)");
+    let once = day_fp(db, "silver.orders", "2026-10-20", &["load_id"]);
+    assert_eq!(once.rows, 4);
+    assert_eq!(once.checksum, first.output_checksum);
+    for i in 0..4 {
+        let r = job.load_with(d("2026-10-20"), db, &force()).unwrap();
+        assert_eq!(r.outcome, "committed", "forced run {i}");
+        assert_eq!((r.rows_deleted, r.rows_inserted), (4, 4));
+        assert_eq!(r.run_key, first.run_key);
+        assert_eq!(day_fp(db, "silver.orders", "2026-10-20", &["load_id"]), once, "after run {}", i + 2);
+    }
+    // A plain retry has nothing to do and says so.
+    let retry = job.load(d("2026-10-20"), db).unwrap();
+    assert_eq!((retry.outcome.as_str(), retry.rows_deleted, retry.rows_inserted), ("skipped", 0, 0));
+    assert_eq!(retry.output(), first.output());
+    // The newest version of order 4 won; order 5 is there once.
+    assert_eq!(
+        rows(db, "SELECT order_id, order_total FROM silver.orders WHERE dt = DATE '2026-10-20'"),
+        vec![vec!["3", "\"5.25\""], vec!["4", "\"45.00\""], vec!["5", "\"7.00\""], vec!["6", "\"18.40\""]]
+    );
+    // The 19th was never touched.
+    assert_eq!(rows(db, "SELECT order_id, order_total, updated_at FROM silver.orders WHERE dt = DATE '2026-10-19'"), rows19);
+    assert_eq!(day_fp(db, "silver.orders", "2026-10-19", &["load_id"]).checksum, first19.output_checksum);
+    assert_eq!(count(db, "SELECT count(*) FROM silver.orders"), 6);
+    // Ledger: one row per run, the same run key for all runs of the 20th.
+    let entries = ledger::entries(db, Some("silver_orders"), Some(d("2026-10-20")), None).unwrap();
+    assert_eq!(entries.len(), 6);
+    assert!(entries.iter().all(|e| e.run_key == first.run_key && e.output_checksum == first.output_checksum));
+    assert_eq!(entries.iter().filter(|e| e.outcome == "skipped").count(), 1);
+}
+
+fn failure_at_any_step_keeps_previous_contents(e: &dyn EngineUnderTest) {
+    for point in FailPoint::ALL {
+        let mut db = e.fresh();
+        let db = db.as_mut();
+        exec(db, BRONZE);
+        let job = job(SILVER_JOB);
+        let before = job.load(d("2026-10-20"), db).unwrap();
+        let before_rows = rows(db, "SELECT * FROM silver.orders");
+        // New input for the day: one order changes, one arrives.
+        exec(db, "UPDATE bronze.orders SET order_total = 6.00 WHERE order_id = 3;\nINSERT INTO bronze.orders VALUES (8, 16, 1.00, 'EUR', TIMESTAMP '2026-10-20 13:00:00', DATE '2026-10-20')");
+        let opts = RunOptions { force: false, fault: Some((point, FaultAction::Error)) };
+        let err = job.load_with(d("2026-10-20"), db, &opts).unwrap_err();
+        assert!(matches!(err, Error::Injected(p) if p == point), "{point}: {err}");
+        assert_eq!(rows(db, "SELECT * FROM silver.orders"), before_rows, "{point}: previous contents survive");
+        assert_eq!(day_fp(db, "silver.orders", "2026-10-20", &["load_id"]), before.output(), "{point}");
+        let entries = ledger::entries(db, Some("silver_orders"), None, None).unwrap();
+        assert_eq!(entries.len(), 1, "{point}: no committed ledger row for the failed attempt");
+        // The retry reaches the clean state: that of one run on a fresh database.
+        let retry = job.load(d("2026-10-20"), db).unwrap();
+        let mut clean = e.fresh();
+        exec(clean.as_mut(), BRONZE);
+        exec(clean.as_mut(), "UPDATE bronze.orders SET order_total = 6.00 WHERE order_id = 3;\nINSERT INTO bronze.orders VALUES (8, 16, 1.00, 'EUR', TIMESTAMP '2026-10-20 13:00:00', DATE '2026-10-20')");
+        let clean_run = job.load(d("2026-10-20"), clean.as_mut()).unwrap();
+        assert_eq!(retry.output(), clean_run.output(), "{point}");
+        assert_eq!(retry.run_key, clean_run.run_key, "{point}");
+        assert_eq!(retry.output_rows, 5);
+    }
+}
+
+fn rows_outside_the_partition_are_refused(e: &dyn EngineUnderTest) {
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    exec(db, BRONZE);
+    let good = job(SILVER_JOB);
+    good.load(d("2026-10-20"), db).unwrap();
+    let before = rows(db, "SELECT * FROM silver.orders");
+    let bad = job(&SILVER_JOB.replace("WHERE dt = :run_date", "WHERE dt >= :run_date"));
+    let err = bad.load(d("2026-10-20"), db).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::OutOfPartition { rows: 1, .. }), "{msg}");
+    assert!(msg.contains("1 source row(s) have dt other than the run date 2026-10-20; nothing was changed"), "{msg}");
+    assert!(msg.contains("order_id: 7"), "the sample shows the row: {msg}");
+    assert!(err.hint().unwrap().contains("WHERE dt = :run_date"));
+    assert_eq!(rows(db, "SELECT * FROM silver.orders"), before);
+    // On a database without the target, nothing is created either.
+    let mut fresh = e.fresh();
+    exec(fresh.as_mut(), BRONZE);
+    assert!(bad.load(d("2026-10-20"), fresh.as_mut()).is_err());
+    let t = fixpoint_core::TableName::parse("silver.orders").unwrap();
+    assert!(fresh.table_columns(&t).unwrap().is_none());
+    // A NULL partition value is outside too.
+    exec(db, "INSERT INTO bronze.orders VALUES (9, 1, 1.00, 'EUR', TIMESTAMP '2026-10-20 01:00:00', NULL)");
+    let nulls = job(&SILVER_JOB.replace("WHERE dt = :run_date", "WHERE dt = :run_date OR dt IS NULL"));
+    assert!(matches!(nulls.load(d("2026-10-20"), db).unwrap_err(), Error::OutOfPartition { rows: 1, .. }));
+}
+
+fn too_few_rows_are_refused(e: &dyn EngineUnderTest) {
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    exec(db, BRONZE);
+    let job1 = job(&SILVER_JOB.replace("metadata = [\"load_id\"]", "metadata = [\"load_id\"]\nmin_rows = 1"));
+    job1.load(d("2026-10-20"), db).unwrap();
+    let before = rows(db, "SELECT * FROM silver.orders");
+    exec(db, "DELETE FROM bronze.orders WHERE dt = DATE '2026-10-20'");
+    let err = job1.load(d("2026-10-20"), db).unwrap_err();
+    assert_eq!(err.to_string(), "the source has 0 row(s) for 2026-10-20, fewer than min_rows = 1; nothing was changed");
+    assert_eq!(rows(db, "SELECT * FROM silver.orders"), before);
+}
+
+fn run_key_follows_the_input(e: &dyn EngineUnderTest) {
+    let job = job(SILVER_JOB);
+    let mut a = e.fresh();
+    let mut b = e.fresh();
+    exec(a.as_mut(), BRONZE);
+    exec(b.as_mut(), BRONZE);
+    let ka = job.load(d("2026-10-20"), a.as_mut()).unwrap();
+    let kb = job.load(d("2026-10-20"), b.as_mut()).unwrap();
+    assert_eq!(ka.run_key, kb.run_key, "same input, same run date: same key on any database");
+    assert_eq!(ka.output(), kb.output());
+    // A change on another day leaves the key alone.
+    exec(b.as_mut(), "UPDATE bronze.orders SET order_total = 1 WHERE order_id = 1");
+    assert_eq!(job.load_with(d("2026-10-20"), b.as_mut(), &force()).unwrap().run_key, ka.run_key);
+    // One changed input row of the day gives another key, and changes one output row.
+    exec(b.as_mut(), "UPDATE bronze.orders SET currency = 'CHF' WHERE order_id = 3");
+    let changed = job.load(d("2026-10-20"), b.as_mut()).unwrap();
+    assert_ne!(changed.run_key, ka.run_key);
+    assert_ne!(changed.output_checksum, ka.output_checksum);
+    let diff = count(
+        b.as_mut(),
+        "SELECT count(*) FROM (SELECT order_id, customer_id, order_total, currency, updated_at, dt FROM silver.orders EXCEPT SELECT order_id, customer_id, order_total, currency, updated_at, dt FROM bronze.orders WHERE order_id <> 3) AS x",
+    );
+    assert_eq!(diff, 1);
+    // The :run_key column holds the key of the run that wrote the row.
+    assert_eq!(rows(b.as_mut(), "SELECT DISTINCT load_id FROM silver.orders WHERE dt = DATE '2026-10-20'"), vec![vec![format!("{:?}", changed.run_key)]]);
+}
+
+fn target_is_created_and_checked(e: &dyn EngineUnderTest) {
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    exec(db, BRONZE);
+    let r = job(SILVER_JOB).load(d("2026-10-19"), db).unwrap();
+    assert!(r.created_target);
+    let t = fixpoint_core::TableName::parse("silver.orders").unwrap();
+    let cols: Vec<String> = db.table_columns(&t).unwrap().unwrap().into_iter().map(|c| c.name).collect();
+    assert_eq!(cols, ["order_id", "customer_id", "order_total", "currency", "updated_at", "dt", "load_id"]);
+    // A source column the target lacks is a clear error, nothing changes.
+    let wider = job(&SILVER_JOB.replace(":run_key AS load_id", ":run_key AS load_id, 1 AS extra"));
+    let err = wider.load(d("2026-10-20"), db).unwrap_err();
+    assert_eq!(err.to_string(), "the target silver.orders has no column(s) extra that the source returns");
+    assert_eq!(count(db, "SELECT count(*) FROM silver.orders"), 2);
+    // A source without the partition column is refused before anything runs.
+    let no_dt = job(&SILVER_JOB.replace("updated_at, dt, :run_key", "updated_at, :run_key"));
+    let err = no_dt.load(d("2026-10-20"), db).unwrap_err();
+    assert!(err.to_string().contains("has no column \"dt\""), "{err}");
+    // A source that does not run names the job.
+    let broken = job(&SILVER_JOB.replace("FROM bronze.orders", "FROM bronze.missing"));
+    let err = broken.load(d("2026-10-20"), db).unwrap_err();
+    assert!(err.to_string().contains("the source query of job silver_orders does not run"), "{err}");
+}
+
+fn fingerprints_are_order_independent_and_collision_resistant(e: &dyn EngineUnderTest) {
+    use fixpoint_core::engine::{fingerprint, Scope};
+    use fixpoint_core::{Method, TableName};
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    exec(
+        db,
+        "CREATE SCHEMA t;
+CREATE TABLE t.a (x VARCHAR, y VARCHAR, n INTEGER, s VARCHAR);
+CREATE TABLE t.b (x VARCHAR, y VARCHAR, n INTEGER, s VARCHAR);
+INSERT INTO t.a VALUES ('p', 'q', 1, '1'), ('r', NULL, 2, ''), ('u', 'v', 3, 'w');
+INSERT INTO t.b VALUES ('u', 'v', 3, 'w'), ('p', 'q', 1, '1'), ('r', NULL, 2, '')",
+    );
+    for method in [Method::Native, Method::Portable] {
+        let fp = |db: &mut dyn fixpoint_core::Engine, table: &str, cols: Option<&[&str]>| {
+            let t = TableName::parse(table).unwrap();
+            let all = db.table_columns(&t).unwrap().unwrap();
+            let cols: Vec<_> = match cols {
+                Some(names) => names.iter().map(|n| all.iter().find(|c| c.name == *n).unwrap().clone()).collect(),
+                None => all,
+            };
+            fingerprint(db, method, &Scope::Table { table: &t, filter: None }, &cols).unwrap()
+        };
+        let a = fp(db, "t.a", None);
+        assert_eq!(a.rows, 3);
+        assert_eq!(a, fp(db, "t.b", None), "{method:?}: same rows in another order");
+        exec(db, "INSERT INTO t.b VALUES ('p', 'q', 1, '1')");
+        let dup = fp(db, "t.b", None);
+        assert_ne!(dup.checksum, a.checksum, "{method:?}: a duplicated row changes the checksum");
+        exec(db, "DELETE FROM t.b;\nINSERT INTO t.b VALUES ('u', 'v', 3, 'w'), ('p', 'q', 1, '1'), ('r', '', 2, '')");
+        assert_ne!(fp(db, "t.b", None).checksum, a.checksum, "{method:?}: NULL differs from ''");
+        exec(db, "DELETE FROM t.b;\nINSERT INTO t.b VALUES ('u', 'v', 3, 'w'), ('q', 'p', 1, '1'), ('r', NULL, 2, '')");
+        assert_ne!(fp(db, "t.b", None).checksum, a.checksum, "{method:?}: swapped values differ");
+        // 1 (INTEGER) vs '1' (VARCHAR): same text, different types.
+        let n = fp(db, "t.a", Some(&["x", "n"]));
+        exec(db, "CREATE TABLE t.c AS SELECT x, s AS n FROM t.a");
+        assert_eq!(rows(db, "SELECT n FROM t.c WHERE x = 'p'"), vec![vec!["\"1\""]]);
+        let c = fp(db, "t.c", None);
+        assert_ne!(n.checksum, c.checksum, "{method:?}: 1 differs from '1'");
+        exec(db, "DROP TABLE t.c;\nDELETE FROM t.b;\nINSERT INTO t.b SELECT * FROM t.a");
+    }
+}
+
+scenarios!(
+    five_runs_equal_one_run,
+    failure_at_any_step_keeps_previous_contents,
+    rows_outside_the_partition_are_refused,
+    too_few_rows_are_refused,
+    run_key_follows_the_input,
+    target_is_created_and_checked,
+    fingerprints_are_order_independent_and_collision_resistant,
+);
