@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use fixpoint_core::engine::{fingerprint, Engine, Filter, Scope};
-use fixpoint_core::{ledger, Error, Fingerprint, Job, Method, RunDate, RunOptions, TableName};
+use fixpoint_core::{ledger, Error, Fingerprint, Job, Method, RunDate, RunOptions};
 use fixpoint_duckdb::DuckDb;
 use serde_json::json;
 
@@ -178,8 +178,9 @@ pub fn run(rows: u64, dir: &Path, out: &Output) -> Result<(), Error> {
     log(format!("   run again:       {}", show(&again.output())));
     check(retry.output() == again.output(), "the retry converges")?;
     log(format!(
-        "   (a job that appended on retry would now hold about {} rows for 2026-10-21, half of them twice)",
-        n(retry.output_rows + retry.output_rows / 2)
+        "   (a job that appended on retry would now hold about {} rows for 2026-10-21, {} of them twice)",
+        n(retry.output_rows + retry.output_rows / 2),
+        n(retry.output_rows / 2)
     ));
 
     log("4. One input row changes: order 12 of 2026-10-20 gets a new total".into());
