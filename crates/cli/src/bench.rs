@@ -53,13 +53,24 @@ pub fn run_sql(args: BenchSqlArgs) -> Result<(), Error> {
     let d = RunDate::parse(&args.date)?;
     let db = DuckDb::open(&args.file, Duration::from_secs(60))?;
     let conn = db.connection();
+    let trace = std::env::var_os("FIXPOINT_TRACE").is_some();
     let start = Instant::now();
+    let mut last = start;
+    let mut step = |what: &str| {
+        if trace {
+            eprintln!("bench-sql: {what:<10} {:>8.1} ms", last.elapsed().as_secs_f64() * 1000.0);
+            last = Instant::now();
+        }
+    };
     conn.execute_batch("BEGIN").map_err(db_err("BEGIN"))?;
     conn.execute("DELETE FROM silver.orders WHERE dt = CAST($1 AS DATE)", [d.to_string()]).map_err(db_err("DELETE"))?;
+    step("delete");
     let n = conn
         .execute(&format!("INSERT INTO silver.orders {SOURCE} CAST($1 AS DATE)"), [d.to_string()])
         .map_err(db_err("INSERT"))?;
+    step("insert");
     conn.execute_batch("COMMIT").map_err(db_err("COMMIT"))?;
+    step("commit");
     println!("{}", json!({"elapsed_ms": start.elapsed().as_secs_f64() * 1000.0, "rows_inserted": n}));
     Ok(())
 }

@@ -6,14 +6,14 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::date::RunDate;
-use crate::engine::{fingerprint, fingerprint_select, Column, Engine, Filter, Scope};
+use crate::engine::{fingerprint, fingerprint_kind, fingerprint_select, Column, Engine, Filter, Scope};
 use crate::error::{Error, FailPoint, Result, SampleRow};
 use crate::fingerprint::{Fingerprint, Method};
 use crate::ident::quote_ident;
 use crate::ledger;
 use crate::runkey::run_key;
 use crate::spec::{Job, Strategy};
-use crate::sql::{RunParams, Sql, Value};
+use crate::sql::{RunParam, RunParams, Sql, Value};
 
 /// What to do at a fail point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,6 +112,26 @@ impl Job {
     }
 }
 
+/// Step timings on stderr when `FIXPOINT_TRACE` is set (for profiling).
+struct Trace {
+    on: bool,
+    last: Instant,
+}
+
+impl Trace {
+    fn new() -> Trace {
+        Trace { on: std::env::var_os("FIXPOINT_TRACE").is_some(), last: Instant::now() }
+    }
+
+    fn step(&mut self, what: &str) {
+        if self.on {
+            let now = Instant::now();
+            eprintln!("fixpoint: {what:<24} {:>8.1} ms", (now - self.last).as_secs_f64() * 1000.0);
+            self.last = now;
+        }
+    }
+}
+
 /// Runs `body` inside a transaction: commit on success, roll back on error.
 fn in_transaction<T>(engine: &mut dyn Engine, body: impl FnOnce(&mut dyn Engine) -> Result<T>) -> Result<T> {
     engine.begin()?;
@@ -148,12 +168,14 @@ fn fingerprinted<'c>(columns: &'c [Column], metadata: &[String]) -> Vec<Column> 
 
 fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
     let started = Instant::now();
+    let mut trace = Trace::new();
     let started_at = chrono::Utc::now().naive_utc();
     let partition = job.partition.as_deref().ok_or_else(|| Error::Internal("replace_partition without partition".into()))?;
     let mut params = RunParams { run_date: run_date.date(), run_key: String::new() };
 
     // 1. Describe the source and check it fits the target.
     let source_cols = describe_source(job, engine, &params)?;
+    trace.step("describe source");
     if !source_cols.iter().any(|c| c.name == partition) {
         return Err(Error::Schema {
             message: format!("the source query of job {} has no column {partition:?} (the job's partition column)", job.name),
@@ -178,6 +200,7 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
             });
         }
     }
+    trace.step("describe");
     let input_cols = fingerprinted(&source_cols, &job.metadata);
     let output_cols = match &target_cols {
         Some(cols) => fingerprinted(cols, &job.metadata),
@@ -186,9 +209,30 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
 
     in_transaction(engine, |engine| {
         ledger::ensure(engine)?;
+        trace.step("begin, ledger");
 
         // 2. Guards and input fingerprint in one scan of the source.
-        let (select, kind, signature) = fingerprint_select(engine, Method::Native, "s", &input_cols)?;
+        let job_hash = job.definition_hash();
+        let scope = Scope::Table { table: &job.target, filter: Some(Filter::DateEquals(partition, run_date.date())) };
+        let last = if !opts.force && target_cols.is_some() {
+            ledger::entries(engine, Some(&job.name), Some(run_date), Some(1))?.into_iter().next()
+        } else {
+            None
+        };
+        trace.step("ledger lookup");
+
+        // 2. Guards before anything is deleted, in one scan of the source.
+        //    The input fingerprint is taken in the same scan when it is
+        //    needed before writing: to decide a skip, to bind :run_key, or
+        //    because the target's columns differ from the source's. Otherwise
+        //    the guards only count (cheap), and the fingerprint is taken once,
+        //    of the partition as written, in the same transaction.
+        let before_writing = last.is_some() || job.source.template().uses_any(&[RunParam::RunKey]) || output_cols != input_cols;
+        let (select, kind, signature) = if before_writing {
+            fingerprint_select(engine, Method::Native, "s", &input_cols)?
+        } else {
+            ("count(*), 0".to_owned(), fingerprint_kind(engine, Method::Native)?, Vec::new())
+        };
         let mut sql = Sql::new();
         sql.push("SELECT ").push(&select).push(", count(*) FILTER (WHERE s.").ident(partition);
         sql.push(" IS DISTINCT FROM ");
@@ -216,25 +260,25 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
                 return Err(Error::TooFewRows { rows: input_rows, min_rows: min, run_date: run_date.to_string() });
             }
         }
-        let input = Fingerprint::from_sum(&kind, &signature, input_rows, sum);
-        let job_hash = job.definition_hash();
-        let key = run_key(&job_hash, run_date, &input);
-        params.run_key = key.clone();
-        let scope = Scope::Table { table: &job.target, filter: Some(Filter::DateEquals(partition, run_date.date())) };
+        trace.step("guards");
+        let early_input = before_writing.then(|| Fingerprint::from_sum(&kind, &signature, input_rows, sum));
+        if let Some(input) = &early_input {
+            params.run_key = run_key(&job_hash, run_date, input);
+        }
 
         // 3. A retry over the same input, with the target still holding the
         //    recorded output, has nothing to do.
-        if !opts.force && target_cols.is_some() {
-            let last = ledger::entries(engine, Some(&job.name), Some(run_date), Some(1))?;
-            if let Some(last) = last.first().filter(|l| l.run_key == key && l.fingerprint_kind == input.kind) {
+        if let (Some(last), Some(input)) = (&last, &early_input) {
+            if last.run_key == params.run_key && last.fingerprint_kind == input.kind {
                 let now = fingerprint(engine, Method::Native, &scope, &output_cols)?;
+                trace.step("target fp");
                 if now.rows == last.output_rows && now.checksum == last.output_checksum {
                     let report = RunReport {
                         job: job.name.clone(),
                         target: job.target.to_string(),
                         strategy: job.strategy.name().into(),
                         run_date: run_date.to_string(),
-                        run_key: key,
+                        run_key: params.run_key.clone(),
                         outcome: "skipped".into(),
                         skip_reason: Some("the partition already holds this run's output (same run key, same output fingerprint); use --force to rewrite it".into()),
                         rows_deleted: 0,
@@ -270,6 +314,7 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
         sql.push("DELETE FROM ").push(&job.target.quoted()).push(" WHERE ").ident(partition).push(" = ");
         sql.typed_param(Value::Date(run_date.date()), "DATE");
         let rows_deleted = engine.execute(&sql)?;
+        trace.step("delete");
         opts.step(FailPoint::AfterDelete)?;
 
         let col_list = source_cols.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", ");
@@ -289,10 +334,23 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
             opts.step(FailPoint::MidInsert)?;
         }
         let rows_inserted = engine.execute(&insert(None))?;
+        trace.step("insert");
         opts.step(FailPoint::AfterInsert)?;
 
         // 6. Fingerprint what was written, check it, record it.
-        let output = fingerprint(engine, Method::Native, &scope, &output_cols)?;
+        // The partition now holds exactly the source rows (the guard proved
+        // every one belongs to it, the delete removed every other). When the
+        // input was fingerprinted before writing and the target's
+        // fingerprinted columns are the source's (same names, types, order),
+        // that scan (same transaction, same snapshot) is the output's
+        // fingerprint; otherwise scan the partition as written.
+        let output = match &early_input {
+            Some(input) if output_cols == input_cols => input.clone(),
+            _ => fingerprint(engine, Method::Native, &scope, &output_cols)?,
+        };
+        let input = early_input.unwrap_or_else(|| output.clone());
+        let key = run_key(&job_hash, run_date, &input);
+        trace.step("output fp");
         if rows_inserted != input_rows || output.rows != input_rows {
             return Err(Error::Internal(format!(
                 "the source gave {input_rows} rows but {rows_inserted} were inserted and the partition holds {}; rolled back",
@@ -313,18 +371,20 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
             rows_unchanged: 0,
             duplicates_collapsed: 0,
             input_rows,
-            input_checksum: input.checksum,
+            input_checksum: input.checksum.clone(),
             output_rows: output.rows,
             output_checksum: output.checksum,
-            fingerprint_kind: input.kind,
+            fingerprint_kind: input.kind.clone(),
             created_target,
             elapsed_ms: 0,
         };
         ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
         opts.step(FailPoint::BeforeCommit)?;
+        trace.step("ledger row");
         Ok(report)
     })
     .map(|mut r| {
+        trace.step("commit");
         r.elapsed_ms = started.elapsed().as_millis() as u64;
         r
     })
