@@ -9,6 +9,7 @@ pub mod error;
 pub mod fingerprint;
 pub mod ident;
 pub mod ledger;
+mod merge;
 pub mod run;
 pub mod runkey;
 pub mod spec;

@@ -34,7 +34,7 @@ pub struct RunOptions {
 }
 
 impl RunOptions {
-    fn step(&self, at: FailPoint) -> Result<()> {
+    pub(crate) fn step(&self, at: FailPoint) -> Result<()> {
         match self.fault {
             Some((p, FaultAction::Error)) if p == at => Err(Error::Injected(at)),
             Some((p, FaultAction::Abort)) if p == at => std::process::abort(),
@@ -104,7 +104,8 @@ impl Job {
     pub fn load_with(&self, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
         match self.strategy {
             Strategy::ReplacePartition => replace_partition(self, run_date, engine, opts),
-            Strategy::Merge | Strategy::ReplaceTable => Err(Error::Unsupported {
+            Strategy::Merge => crate::merge::merge(self, run_date, engine, opts),
+            Strategy::ReplaceTable => Err(Error::Unsupported {
                 engine: engine.name(),
                 capability: format!("strategy = \"{}\" yet", self.strategy.name()),
             }),
@@ -133,7 +134,7 @@ impl Trace {
 }
 
 /// Runs `body` inside a transaction: commit on success, roll back on error.
-fn in_transaction<T>(engine: &mut dyn Engine, body: impl FnOnce(&mut dyn Engine) -> Result<T>) -> Result<T> {
+pub(crate) fn in_transaction<T>(engine: &mut dyn Engine, body: impl FnOnce(&mut dyn Engine) -> Result<T>) -> Result<T> {
     engine.begin()?;
     match body(engine) {
         Ok(v) => {
@@ -150,7 +151,7 @@ fn in_transaction<T>(engine: &mut dyn Engine, body: impl FnOnce(&mut dyn Engine)
 }
 
 /// Source columns, described with the run key left empty.
-fn describe_source(job: &Job, engine: &mut dyn Engine, params: &RunParams) -> Result<Vec<Column>> {
+pub(crate) fn describe_source(job: &Job, engine: &mut dyn Engine, params: &RunParams) -> Result<Vec<Column>> {
     let sql = job.source.template().render(params);
     engine.describe(&sql).map_err(|e| match e {
         Error::Database { engine, message, .. } => Error::Database {
@@ -390,7 +391,7 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
     })
 }
 
-fn entry(job: &Job, job_hash: &str, r: &RunReport, started_at: chrono::NaiveDateTime) -> ledger::Entry {
+pub(crate) fn entry(job: &Job, job_hash: &str, r: &RunReport, started_at: chrono::NaiveDateTime) -> ledger::Entry {
     ledger::Entry {
         run_key: r.run_key.clone(),
         job: job.name.clone(),

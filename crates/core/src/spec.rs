@@ -243,6 +243,12 @@ impl Job {
                     Some("deterministic") => OnTie::Deterministic,
                     Some(o) => return Err(spec_err("on_tie", format!("{o:?}: expected \"error\" or \"deterministic\""), None)),
                 };
+                if let Some(pred) = &raw.deleted {
+                    crate::sql::check_predicate("deleted", pred).map_err(|e| spec_err("deleted", e.to_string(), Some("a SQL condition on source rows, e.g. deleted = \"op = 'D'\"")))?;
+                }
+                if key.contains(&version) {
+                    return Err(spec_err("version", format!("{version:?} is part of the key; the version must be another column"), None));
+                }
                 Some(MergeSpec { key, version, deleted: raw.deleted, on_tie })
             }
             Strategy::ReplaceTable => None,

@@ -1,0 +1,410 @@
+//! The merge strategy: upsert on the natural key, newest version wins, the
+//! source deduplicated first, tombstones remembered, pruned to the
+//! partitions the batch touches.
+//!
+//! The contract (also in the README): for each key, the target holds the
+//! winner among every row ever delivered for it, whatever the order and the
+//! number of runs. Rows are ranked by version (higher wins); at equal
+//! version a tombstone beats an upsert; between different upserts at equal
+//! version, `on_tie = "error"` refuses the run and `"deterministic"` picks
+//! the row whose values sort first (column by column in source order,
+//! ascending, NULLs first; metadata columns are ignored). If the winner is a
+//! tombstone the key is absent. Tombstones are kept in
+//! `fixpoint."tombstones__<schema>__<table>"` (key and version), so an older
+//! upsert replayed after a delete never resurrects the key.
+
+use std::time::Instant;
+
+use crate::date::RunDate;
+use crate::engine::{fingerprint_select, Column, Engine, Scope};
+use crate::error::{Error, FailPoint, Result, SampleRow};
+use crate::fingerprint::{Fingerprint, Method};
+use crate::ident::{quote_ident, TableName};
+use crate::ledger;
+use crate::run::{entry, first_row, in_transaction, RunOptions, RunReport};
+use crate::runkey::run_key;
+use crate::spec::{Job, MergeSpec, OnTie};
+use crate::sql::{RunParams, Sql, Value};
+
+const STAGE: &str = "\"__fixpoint_stage\"";
+const BATCH: &str = "\"__fixpoint_batch\"";
+const DELETED: &str = "__fixpoint_deleted";
+/// Above this many touched partitions the prune filter is a subquery.
+const MAX_PRUNE_LIST: usize = 1000;
+
+fn q(alias: &str, col: &str) -> String {
+    format!("{alias}.{}", quote_ident(col))
+}
+
+fn keys_match(a: &str, b: &str, keys: &[String]) -> String {
+    keys.iter().map(|k| format!("{} = {}", q(a, k), q(b, k))).collect::<Vec<_>>().join(" AND ")
+}
+
+/// `a` sorts strictly before `b` over `cols` (ascending, NULLs first).
+fn sorts_before(a: &str, b: &str, cols: &[String]) -> String {
+    if cols.is_empty() {
+        return "false".into();
+    }
+    let mut s = String::from("CASE");
+    for c in cols {
+        let (x, y) = (q(a, c), q(b, c));
+        s.push_str(&format!(" WHEN {x} IS DISTINCT FROM {y} THEN ({x} IS NULL OR ({y} IS NOT NULL AND {x} < {y}))"));
+    }
+    s.push_str(" ELSE false END");
+    s
+}
+
+fn rows_differ(a: &str, b: &str, cols: &[String]) -> String {
+    if cols.is_empty() {
+        return "false".into();
+    }
+    cols.iter().map(|c| format!("{} IS DISTINCT FROM {}", q(a, c), q(b, c))).collect::<Vec<_>>().join(" OR ")
+}
+
+fn tombstone_table(target: &TableName) -> TableName {
+    TableName { schema: ledger::SCHEMA.into(), table: format!("tombstones__{}__{}", target.schema, target.table) }
+}
+
+fn count(engine: &mut dyn Engine, sql: &Sql) -> Result<Vec<u64>> {
+    let rows = engine.query(sql)?;
+    let row = rows.rows.into_iter().next().ok_or_else(|| Error::Internal("a count returned no row".into()))?;
+    row.iter().map(|v| v.as_u64().ok_or_else(|| Error::Internal(format!("bad count {v:?}")))).collect()
+}
+
+fn sample_rows(engine: &mut dyn Engine, sql: &Sql) -> Result<Vec<SampleRow>> {
+    let rows = engine.query(sql)?;
+    Ok(rows
+        .rows
+        .iter()
+        .map(|r| SampleRow(rows.columns.iter().cloned().zip(r.iter().map(Value::display)).collect()))
+        .collect())
+}
+
+pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
+    let started = Instant::now();
+    let started_at = chrono::Utc::now().naive_utc();
+    let spec: &MergeSpec = job.merge.as_ref().ok_or_else(|| Error::Internal("merge without merge keys".into()))?;
+    let params = RunParams { run_date: run_date.date(), run_key: String::new() };
+    let source_cols = crate::run::describe_source(job, engine, &params)?;
+    let has = |cols: &[Column], name: &str| cols.iter().any(|c| c.name == name);
+    for (what, col) in spec.key.iter().map(|k| ("key", k)).chain([("version", &spec.version)]) {
+        if !has(&source_cols, col) {
+            return Err(Error::Schema {
+                message: format!("the source query of job {} has no column {col:?} (the job's {what})", job.name),
+                hint: Some(format!("select {col} in the source, or fix `{what}` in the job file")),
+            });
+        }
+    }
+    if has(&source_cols, DELETED) {
+        return Err(Error::Schema { message: format!("the source may not return a column named {DELETED}"), hint: None });
+    }
+    let target_cols = engine.table_columns(&job.target)?;
+    if let Some(cols) = &target_cols {
+        let missing: Vec<&str> = source_cols.iter().filter(|s| !has(cols, &s.name)).map(|s| s.name.as_str()).collect();
+        if !missing.is_empty() {
+            return Err(Error::Schema {
+                message: format!("the target {} has no column(s) {} that the source returns", job.target, missing.join(", ")),
+                hint: Some(format!("add them to {} (ALTER TABLE … ADD COLUMN) or drop them from the source", job.target)),
+            });
+        }
+    }
+    let prune = job.partition.as_deref().filter(|p| has(&source_cols, p) && target_cols.as_ref().is_none_or(|t| has(t, p)));
+    let names: Vec<String> = source_cols.iter().map(|c| c.name.clone()).collect();
+    let is_meta = |c: &String| job.metadata.contains(c);
+    let compared: Vec<String> =
+        names.iter().filter(|c| !spec.key.contains(c) && **c != spec.version && !is_meta(c)).cloned().collect();
+    let meta_cols: Vec<String> = names.iter().filter(|c| is_meta(c)).cloned().collect();
+    let input_cols: Vec<Column> = source_cols.iter().filter(|c| !is_meta(&c.name)).cloned().collect();
+    let version = quote_ident(&spec.version);
+    let source_list = names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
+    let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
+
+    in_transaction(engine, |engine| {
+        ledger::ensure(engine)?;
+        let created_target = target_cols.is_none();
+        if created_target {
+            engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&job.target.schema))))?;
+            let cols: Vec<String> = source_cols.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
+            engine.execute(&Sql::raw(format!("CREATE TABLE {} ({})", job.target.quoted(), cols.join(", "))))?;
+        }
+        let target_cols = engine.table_columns(&job.target)?.unwrap_or_default();
+        let output_cols: Vec<Column> = target_cols.iter().filter(|c| !is_meta(&c.name)).cloned().collect();
+
+        // 1. Stage the source once, with its tombstone flag.
+        engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {STAGE}")))?;
+        engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {BATCH}")))?;
+        let mut sql = Sql::new();
+        sql.push(&format!("CREATE TEMPORARY TABLE {STAGE} AS SELECT s.*, "));
+        match &spec.deleted {
+            Some(pred) => sql.push(&format!("coalesce(({pred}), false)")),
+            None => sql.push("false"),
+        };
+        sql.push(&format!(" AS {} FROM ", quote_ident(DELETED)));
+        Scope::Source { template: job.source.template(), params: &params }.write_from(&mut sql, "s");
+        engine.execute(&sql)?;
+
+        // 2. NULL keys and versions are refused; the input fingerprint is
+        //    taken in the same scan.
+        let null_key = spec.key.iter().map(|k| format!("{} IS NULL", quote_ident(k))).collect::<Vec<_>>().join(" OR ");
+        let (select, kind, signature) = fingerprint_select(engine, Method::Native, "s", &input_cols)?;
+        let mut sql = Sql::new();
+        sql.push(&format!(
+            "SELECT {select}, count(*) FILTER (WHERE {null_key}), count(*) FILTER (WHERE {version} IS NULL) FROM {STAGE} AS s"
+        ));
+        let row = engine.query(&sql)?.rows.into_iter().next().ok_or_else(|| Error::Internal("stage scan".into()))?;
+        let input_rows = row[0].as_u64().unwrap_or(0);
+        let sum = engine.read_sum(&row[1])?;
+        let (null_keys, null_versions) = (row[2].as_u64().unwrap_or(0), row[3].as_u64().unwrap_or(0));
+        for (n, what, cond) in [(null_keys, format!("a NULL in the key ({})", spec.key.join(", ")), null_key.clone()), (null_versions, format!("a NULL version ({})", spec.version), format!("{version} IS NULL"))] {
+            if n > 0 {
+                let sample = first_row(engine, &Sql::raw(format!("SELECT {source_list} FROM {STAGE} WHERE {cond} LIMIT 1")))?;
+                return Err(Error::DataRefused {
+                    message: format!("{n} source row(s) have {what}; one of them: {sample}"),
+                    hint: Some("a merge matches on the key and orders by the version: fix the upstream rows or filter them out in the source".into()),
+                });
+            }
+        }
+        let input = Fingerprint::from_sum(&kind, &signature, input_rows, sum);
+        let job_hash = job.definition_hash();
+        let key = run_key(&job_hash, run_date, &input);
+
+        // 3. Ties inside the batch: two different rows of one key at its
+        //    newest version.
+        if spec.on_tie == OnTie::Error {
+            let distinct_cols: Vec<String> = compared.iter().map(|c| quote_ident(c)).chain([quote_ident(DELETED)]).collect();
+            let sql = Sql::raw(format!(
+                "SELECT {key_list}, {version} FROM (SELECT {key_list}, {version}, count(DISTINCT ({cols})) AS n, \
+                 rank() OVER (PARTITION BY {key_list} ORDER BY {version} DESC) AS r FROM {STAGE} GROUP BY {key_list}, {version}) AS g \
+                 WHERE r = 1 AND n > 1",
+                cols = if distinct_cols.len() == 1 { format!("{}, true", distinct_cols[0]) } else { distinct_cols.join(", ") }
+            ));
+            let ties = engine.query(&sql)?.rows;
+            if !ties.is_empty() {
+                let keys_of = |r: &[Value]| spec.key.iter().zip(r).map(|(k, v)| format!("{k} = {}", v.display())).collect::<Vec<_>>().join(", ");
+                let first = &ties[0];
+                let mut sql = Sql::new();
+                sql.push(&format!("SELECT {source_list} FROM {STAGE} AS s WHERE "));
+                for (i, k) in spec.key.iter().chain([&spec.version]).enumerate() {
+                    if i > 0 {
+                        sql.push(" AND ");
+                    }
+                    sql.push(&q("s", k)).push(" = ");
+                    let ty = &source_cols.iter().find(|c| &c.name == k).expect("described").ty;
+                    sql.typed_param(first[i].clone(), ty);
+                }
+                sql.push(&format!(" ORDER BY {} LIMIT 2", compared.iter().map(|c| format!("{} NULLS FIRST", quote_ident(c))).chain(["1".to_owned()]).collect::<Vec<_>>().join(", ")));
+                let rows = sample_rows(engine, &sql)?;
+                return Err(Error::DataRefused {
+                    message: format!(
+                        "{} key(s) have two different rows at the same version ({}), e.g. {}: {} vs {}",
+                        ties.len(),
+                        spec.version,
+                        keys_of(first),
+                        rows.first().map(|r| r.to_string()).unwrap_or_default(),
+                        rows.get(1).map(|r| r.to_string()).unwrap_or_default()
+                    ),
+                    hint: Some("bump the version upstream, or set on_tie = \"deterministic\" to pick the row whose values sort first".into()),
+                });
+            }
+        }
+
+        // 4. One row per key: newest version, tombstone first at equal
+        //    version, then the values' total order.
+        let order = std::iter::once(format!("{version} DESC"))
+            .chain([format!("{} DESC", quote_ident(DELETED))])
+            .chain(compared.iter().chain(meta_cols.iter()).map(|c| format!("{} ASC NULLS FIRST", quote_ident(c))))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let all = names.iter().map(|c| quote_ident(c)).chain([quote_ident(DELETED)]).collect::<Vec<_>>().join(", ");
+        engine.execute(&Sql::raw(format!(
+            "CREATE TEMPORARY TABLE {BATCH} AS SELECT {all} FROM (SELECT *, row_number() OVER (PARTITION BY {key_list} ORDER BY {order}) AS \"__fixpoint_rank\" FROM {STAGE}) AS r WHERE \"__fixpoint_rank\" = 1"
+        )))?;
+        let batch_rows = count(engine, &Sql::raw(format!("SELECT count(*) FROM {BATCH}")))?[0];
+        let duplicates_collapsed = input_rows - batch_rows;
+
+        // 5. Tombstones: an older (or equal) version of a deleted key is
+        //    already beaten; drop it from the batch.
+        let tomb = tombstone_table(&job.target);
+        if spec.deleted.is_some() || engine.table_columns(&tomb)?.is_some() {
+            let cols: Vec<String> = spec
+                .key
+                .iter()
+                .chain([&spec.version])
+                .map(|k| format!("{} {}", quote_ident(k), source_cols.iter().find(|c| &c.name == k).expect("described").ty))
+                .collect();
+            engine.execute(&Sql::raw(format!("CREATE TABLE IF NOT EXISTS {} ({})", tomb.quoted(), cols.join(", "))))?;
+            engine.execute(&Sql::raw(format!(
+                "DELETE FROM {BATCH} AS b WHERE EXISTS (SELECT 1 FROM {} AS d WHERE {} AND b.{version} <= d.{version})",
+                tomb.quoted(),
+                keys_match("d", "b", &spec.key)
+            )))?;
+        }
+
+        // 6. Pruning: the partitions the batch touches, bound as values so
+        //    the engine can skip the others; a key the target holds in an
+        //    untouched partition would be missed (and duplicated), so it is
+        //    refused.
+        let mut prune_sql = Sql::new();
+        if let Some(p) = prune {
+            let ty = &target_cols.iter().find(|c| c.name == p).expect("checked").ty;
+            let parts = engine.query(&Sql::raw(format!("SELECT DISTINCT {} FROM {BATCH} WHERE {} IS NOT NULL ORDER BY 1", quote_ident(p), quote_ident(p))))?.rows;
+            prune_sql.push(&q("t", p));
+            if parts.is_empty() {
+                prune_sql.push(" IS NULL AND false");
+            } else if parts.len() <= MAX_PRUNE_LIST {
+                prune_sql.push(" IN (");
+                for (i, v) in parts.iter().enumerate() {
+                    if i > 0 {
+                        prune_sql.push(", ");
+                    }
+                    prune_sql.typed_param(v[0].clone(), ty);
+                }
+                prune_sql.push(")");
+            } else {
+                prune_sql.push(&format!(" IN (SELECT {} FROM {BATCH})", quote_ident(p)));
+            }
+            let mut sql = Sql::new();
+            sql.push(&format!("SELECT {}, t.{} AS target_{p}, b.{} AS batch_{p} FROM {} AS t JOIN {BATCH} AS b ON {} WHERE NOT coalesce(",
+                spec.key.iter().map(|k| q("t", k)).collect::<Vec<_>>().join(", "),
+                quote_ident(p), quote_ident(p), job.target.quoted(), keys_match("t", "b", &spec.key)));
+            let start = sql.params.len();
+            debug_assert_eq!(start, 0);
+            sql.text.push_str(&prune_sql.text);
+            sql.params.extend(prune_sql.params.iter().cloned());
+            sql.push(", false) LIMIT 1");
+            let moved = sample_rows(engine, &sql)?;
+            if let Some(m) = moved.first() {
+                return Err(Error::DataRefused {
+                    message: format!(
+                        "a key of the batch is held by the target in a partition the batch does not touch, so a merge pruned to the batch's partitions would duplicate it: {m}"
+                    ),
+                    hint: Some(format!("keep each key in one {p}, or remove `partition` from the job to merge over the whole table")),
+                });
+            }
+        }
+        let on = {
+            let mut on = Sql::raw(keys_match("t", "b", &spec.key));
+            if prune.is_some() {
+                on.push(" AND ");
+                on.text.push_str(&prune_sql.text);
+                on.params.extend(prune_sql.params.iter().cloned());
+            }
+            on
+        };
+
+        // 7. Classify (for the report), check cross-batch ties, then one MERGE.
+        let newer = format!("(b.{version} > t.{version}{})", match spec.on_tie {
+            OnTie::Deterministic => format!(" OR (b.{version} = t.{version} AND {})", sorts_before("b", "t", &compared)),
+            OnTie::Error => String::new(),
+        });
+        let del = format!("b.{}", quote_ident(DELETED));
+        let first_key = q("t", &spec.key[0]);
+        let mut sql = Sql::new();
+        sql.push(&format!(
+            "SELECT count(*) FILTER (WHERE {first_key} IS NULL AND NOT {del}), \
+             count(*) FILTER (WHERE {first_key} IS NOT NULL AND NOT {del} AND {newer}), \
+             count(*) FILTER (WHERE {first_key} IS NOT NULL AND {del} AND b.{version} >= t.{version}), \
+             count(*) FILTER (WHERE {first_key} IS NOT NULL AND NOT {del} AND b.{version} = t.{version} AND ({})) \
+             FROM {BATCH} AS b LEFT JOIN {} AS t ON ",
+            rows_differ("b", "t", &compared),
+            job.target.quoted()
+        ));
+        sql.text.push_str(&on.text);
+        sql.params.extend(on.params.iter().cloned());
+        let c = count(engine, &sql)?;
+        let (inserts, updates, deletes, cross_ties) = (c[0], c[1], c[2], c[3]);
+        if spec.on_tie == OnTie::Error && cross_ties > 0 {
+            let mut sql = Sql::new();
+            sql.push(&format!("SELECT {} FROM {BATCH} AS b JOIN {} AS t ON ",
+                spec.key.iter().map(|k| q("t", k)).chain([format!("t.{version}")]).collect::<Vec<_>>().join(", "), job.target.quoted()));
+            sql.text.push_str(&on.text);
+            sql.params.extend(on.params.iter().cloned());
+            sql.push(&format!(" WHERE NOT {del} AND b.{version} = t.{version} AND ({}) LIMIT 1", rows_differ("b", "t", &compared)));
+            let s = first_row(engine, &sql)?;
+            return Err(Error::DataRefused {
+                message: format!("{cross_ties} key(s) of the batch have a different row in the target at the same version, e.g. {s}"),
+                hint: Some("bump the version upstream, or set on_tie = \"deterministic\" to pick the row whose values sort first".into()),
+            });
+        }
+        opts.step(FailPoint::AfterGuards)?;
+
+        let set = names
+            .iter()
+            .filter(|c| !spec.key.contains(c))
+            .map(|c| format!("{} = b.{}", quote_ident(c), quote_ident(c)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let col_list = names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
+        let values = names.iter().map(|c| q("b", c)).collect::<Vec<_>>().join(", ");
+        let mut sql = Sql::new();
+        sql.push(&format!("MERGE INTO {} AS t USING {BATCH} AS b ON (", job.target.quoted()));
+        sql.text.push_str(&on.text);
+        sql.params.extend(on.params.iter().cloned());
+        sql.push(&format!(") WHEN MATCHED AND {del} AND b.{version} >= t.{version} THEN DELETE "));
+        if !set.is_empty() {
+            sql.push(&format!("WHEN MATCHED AND NOT {del} AND {newer} THEN UPDATE SET {set} "));
+        }
+        sql.push(&format!("WHEN NOT MATCHED AND NOT {del} THEN INSERT ({col_list}) VALUES ({values})"));
+        let changed = engine.execute(&sql)?;
+        opts.step(FailPoint::AfterDelete)?;
+        opts.step(FailPoint::MidInsert)?;
+        if changed != inserts + updates + deletes {
+            return Err(Error::Internal(format!(
+                "the merge changed {changed} rows but {inserts} inserts, {updates} updates and {deletes} deletes were planned; rolled back"
+            )));
+        }
+
+        // 8. Remember this batch's tombstones.
+        if spec.deleted.is_some() {
+            engine.execute(&Sql::raw(format!(
+                "DELETE FROM {} AS d WHERE EXISTS (SELECT 1 FROM {BATCH} AS b WHERE {del} AND {})",
+                tomb.quoted(),
+                keys_match("d", "b", &spec.key)
+            )))?;
+            let kv = spec.key.iter().chain([&spec.version]).map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
+            engine.execute(&Sql::raw(format!("INSERT INTO {} ({kv}) SELECT {kv} FROM {BATCH} WHERE {}", tomb.quoted(), quote_ident(DELETED))))?;
+        }
+        opts.step(FailPoint::AfterInsert)?;
+
+        // 9. The output: the batch's keys as the target now holds them.
+        let (select, okind, osig) = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
+        let mut sql = Sql::new();
+        sql.push(&format!("SELECT {select} FROM {} AS t WHERE EXISTS (SELECT 1 FROM {BATCH} AS b WHERE ", job.target.quoted()));
+        sql.text.push_str(&on.text);
+        sql.params.extend(on.params.iter().cloned());
+        sql.push(")");
+        let row = engine.query(&sql)?.rows.into_iter().next().ok_or_else(|| Error::Internal("output scan".into()))?;
+        let output = Fingerprint::from_sum(&okind, &osig, row[0].as_u64().unwrap_or(0), engine.read_sum(&row[1])?);
+
+        let report = RunReport {
+            job: job.name.clone(),
+            target: job.target.to_string(),
+            strategy: job.strategy.name().into(),
+            run_date: run_date.to_string(),
+            run_key: key,
+            outcome: "committed".into(),
+            skip_reason: None,
+            rows_deleted: deletes,
+            rows_inserted: inserts,
+            rows_updated: updates,
+            rows_unchanged: batch_rows - inserts - updates - deletes,
+            duplicates_collapsed,
+            input_rows,
+            input_checksum: input.checksum.clone(),
+            output_rows: output.rows,
+            output_checksum: output.checksum,
+            fingerprint_kind: input.kind.clone(),
+            created_target,
+            elapsed_ms: 0,
+        };
+        ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
+        opts.step(FailPoint::BeforeCommit)?;
+        engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {STAGE}")))?;
+        engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {BATCH}")))?;
+        Ok(report)
+    })
+    .map(|mut r| {
+        r.elapsed_ms = started.elapsed().as_millis() as u64;
+        r
+    })
+}

@@ -1,0 +1,349 @@
+//! merge scenarios, run on every engine, and a randomized model test.
+
+use fixpoint_core::{ledger, Error, FailPoint, FaultAction, RunOptions, RunReport};
+use fixpoint_scenarios::*;
+
+const CHANGES: &str = "
+CREATE SCHEMA staging;
+CREATE TABLE staging.changes (batch DATE, order_id BIGINT, customer_id BIGINT, order_total DECIMAL(12,2), currency VARCHAR, updated_at TIMESTAMP, dt DATE, op VARCHAR)";
+
+const MERGE_JOB: &str = r#"
+name = "orders_merge"
+target = "silver.orders"
+strategy = "merge"
+key = ["order_id"]
+version = "updated_at"
+partition = "dt"
+deleted = "op = 'D'"
+
+[source]
+sql = "SELECT order_id, customer_id, order_total, currency, updated_at, dt, op FROM staging.changes WHERE batch = :run_date"
+"#;
+
+fn add(db: &mut dyn fixpoint_core::Engine, batch: &str, rows: &[&str]) {
+    let values: Vec<String> = rows.iter().map(|r| format!("(DATE '{batch}', {r})")).collect();
+    exec(db, &format!("INSERT INTO staging.changes VALUES {}", values.join(", ")));
+}
+
+fn target(db: &mut dyn fixpoint_core::Engine) -> Vec<Vec<String>> {
+    rows(db, "SELECT order_id, order_total, updated_at, dt, op FROM silver.orders")
+}
+
+fn counts(r: &RunReport) -> (u64, u64, u64, u64, u64) {
+    (r.rows_inserted, r.rows_updated, r.rows_deleted, r.rows_unchanged, r.duplicates_collapsed)
+}
+
+fn seed(db: &mut dyn fixpoint_core::Engine) {
+    exec(db, CHANGES);
+    // Monday: order 1 created; order 2 delivered twice (two versions); order 3 twice identically.
+    add(db, "2026-10-19", &[
+        "1, 10, 10.00, 'EUR', TIMESTAMP '2026-10-19 08:00:00', DATE '2026-10-19', 'U'",
+        "2, 11, 20.00, 'EUR', TIMESTAMP '2026-10-19 08:00:00', DATE '2026-10-19', 'U'",
+        "2, 11, 21.00, 'EUR', TIMESTAMP '2026-10-19 09:00:00', DATE '2026-10-19', 'U'",
+        "3, 12, 30.00, 'USD', TIMESTAMP '2026-10-19 10:00:00', DATE '2026-10-19', 'U'",
+        "3, 12, 30.00, 'USD', TIMESTAMP '2026-10-19 10:00:00', DATE '2026-10-19', 'U'",
+    ]);
+    // Tuesday: order 1 changes; order 4 arrives.
+    add(db, "2026-10-20", &[
+        "1, 10, 15.00, 'EUR', TIMESTAMP '2026-10-20 08:00:00', DATE '2026-10-19', 'U'",
+        "4, 13, 40.00, 'GBP', TIMESTAMP '2026-10-20 09:00:00', DATE '2026-10-20', 'U'",
+    ]);
+    // Wednesday: order 2 is deleted.
+    add(db, "2026-10-21", &["2, 11, NULL, NULL, TIMESTAMP '2026-10-21 08:00:00', DATE '2026-10-19', 'D'"]);
+    // Thursday: order 2 comes back, newer than its delete.
+    add(db, "2026-10-22", &["2, 11, 22.00, 'EUR', TIMESTAMP '2026-10-22 08:00:00', DATE '2026-10-19', 'U'"]);
+}
+
+fn seed_feed_replays_and_out_of_order(e: &dyn EngineUnderTest) {
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    seed(db);
+    let job = job(MERGE_JOB);
+    let mon = job.load(d("2026-10-19"), db).unwrap();
+    assert_eq!(counts(&mon), (3, 0, 0, 0, 2), "two versions of order 2 and two copies of order 3 collapse");
+    let tue = job.load(d("2026-10-20"), db).unwrap();
+    assert_eq!(counts(&tue), (1, 1, 0, 0, 0));
+    let after_tue = target(db);
+    assert_eq!(after_tue[0], vec!["1", "\"15.00\"", "2026-10-20 08:00:00", "2026-10-19", "\"U\""]);
+    assert_eq!(after_tue[1][1], "\"21.00\"", "the newest of Monday's two versions of order 2");
+    // Monday's batch redelivered after Tuesday's: Tuesday's values stay.
+    let replay = job.load(d("2026-10-19"), db).unwrap();
+    assert_eq!(counts(&replay), (0, 0, 0, 3, 2));
+    assert_eq!(target(db), after_tue);
+    // Tuesday's batch applied twice: nothing the second time.
+    let twice = job.load(d("2026-10-20"), db).unwrap();
+    assert_eq!(counts(&twice), (0, 0, 0, 2, 0));
+    assert_eq!(twice.run_key, tue.run_key);
+    assert_eq!(twice.output(), tue.output());
+    assert_eq!(target(db), after_tue);
+    // Ledger: one row per run, with the report's counts.
+    let entries = ledger::entries(db, Some("orders_merge"), Some(d("2026-10-19")), None).unwrap();
+    assert_eq!(entries.len(), 2);
+    assert!(entries.iter().all(|e| e.duplicates_collapsed == 2 && e.strategy == "merge"));
+}
+
+fn tombstones_delete_and_never_resurrect(e: &dyn EngineUnderTest) {
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    seed(db);
+    let job = job(MERGE_JOB);
+    for day in ["2026-10-19", "2026-10-20"] {
+        job.load(d(day), db).unwrap();
+    }
+    let wed = job.load(d("2026-10-21"), db).unwrap();
+    assert_eq!(counts(&wed), (0, 0, 1, 0, 0));
+    assert_eq!(count(db, "SELECT count(*) FROM silver.orders WHERE order_id = 2"), 0);
+    // Monday's older upserts replayed after the delete: order 2 stays deleted.
+    let replay = job.load(d("2026-10-19"), db).unwrap();
+    assert_eq!(replay.rows_inserted, 0);
+    assert_eq!(count(db, "SELECT count(*) FROM silver.orders WHERE order_id = 2"), 0);
+    // The delete replayed: nothing.
+    assert_eq!(counts(&job.load(d("2026-10-21"), db).unwrap()), (0, 0, 0, 1, 0));
+    // A newer upsert brings it back; replaying the delete then changes nothing.
+    let thu = job.load(d("2026-10-22"), db).unwrap();
+    assert_eq!(counts(&thu), (1, 0, 0, 0, 0));
+    job.load(d("2026-10-21"), db).unwrap();
+    assert_eq!(rows(db, "SELECT order_total FROM silver.orders WHERE order_id = 2"), vec![vec!["\"22.00\""]]);
+    // Whatever the order of the four batches, the same table.
+    let final_state = target(db);
+    let mut other = e.fresh();
+    seed(other.as_mut());
+    for day in ["2026-10-22", "2026-10-21", "2026-10-20", "2026-10-19", "2026-10-21", "2026-10-19"] {
+        job.load(d(day), other.as_mut()).unwrap();
+    }
+    assert_eq!(target(other.as_mut()), final_state);
+}
+
+fn ties_error_or_deterministic(e: &dyn EngineUnderTest) {
+    let tie_rows = [
+        "5, 14, 50.00, 'EUR', TIMESTAMP '2026-10-19 08:00:00', DATE '2026-10-19', 'U'",
+        "5, 14, 55.00, 'EUR', TIMESTAMP '2026-10-19 08:00:00', DATE '2026-10-19', 'U'",
+    ];
+    let mut db = e.fresh();
+    exec(db.as_mut(), CHANGES);
+    add(db.as_mut(), "2026-10-19", &tie_rows);
+    let err = job(MERGE_JOB).load(d("2026-10-19"), db.as_mut()).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::DataRefused { .. }), "{msg}");
+    assert!(msg.contains("1 key(s) have two different rows at the same version (updated_at), e.g. order_id = 5"), "{msg}");
+    assert!(msg.contains("order_total: \"50.00\"") && msg.contains("order_total: \"55.00\""), "both rows are named: {msg}");
+    assert!(db.table_columns(&fixpoint_core::TableName::parse("silver.orders").unwrap()).unwrap().is_none(), "nothing created");
+    // Deterministic: the row whose values sort first wins, whatever the arrival order.
+    let det = job(&MERGE_JOB.replace("deleted = ", "on_tie = \"deterministic\"\ndeleted = "));
+    let r = det.load(d("2026-10-19"), db.as_mut()).unwrap();
+    assert_eq!(r.duplicates_collapsed, 1);
+    let mut rev = e.fresh();
+    exec(rev.as_mut(), CHANGES);
+    add(rev.as_mut(), "2026-10-19", &[tie_rows[1], tie_rows[0]]);
+    det.load(d("2026-10-19"), rev.as_mut()).unwrap();
+    assert_eq!(target(db.as_mut()), target(rev.as_mut()));
+    assert_eq!(target(db.as_mut())[0][1], "\"50.00\"");
+    // Across batches: the same key and version, different row, arriving later.
+    add(db.as_mut(), "2026-10-20", &["5, 14, 45.00, 'EUR', TIMESTAMP '2026-10-19 08:00:00', DATE '2026-10-19', 'U'"]);
+    let err = job(MERGE_JOB).load(d("2026-10-20"), db.as_mut()).unwrap_err();
+    assert!(err.to_string().contains("have a different row in the target at the same version"), "{err}");
+    let r = det.load(d("2026-10-20"), db.as_mut()).unwrap();
+    assert_eq!(r.rows_updated, 1, "45.00 sorts before 50.00");
+    assert_eq!(target(db.as_mut())[0][1], "\"45.00\"");
+    // Exact duplicates are never a tie.
+    add(db.as_mut(), "2026-10-21", &["6, 1, 1.00, 'EUR', TIMESTAMP '2026-10-21 08:00:00', DATE '2026-10-21', 'U'"; 3]);
+    assert_eq!(counts(&job(MERGE_JOB).load(d("2026-10-21"), db.as_mut()).unwrap()), (1, 0, 0, 0, 2));
+}
+
+fn null_keys_and_versions_are_refused(e: &dyn EngineUnderTest) {
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    seed(db);
+    let job = job(MERGE_JOB);
+    job.load(d("2026-10-19"), db).unwrap();
+    let before = target(db);
+    add(db, "2026-10-23", &["NULL, 1, 1.00, 'EUR', TIMESTAMP '2026-10-23 08:00:00', DATE '2026-10-23', 'U'", "7, 1, 1.00, 'EUR', TIMESTAMP '2026-10-23 08:00:00', DATE '2026-10-23', 'U'"]);
+    let err = job.load(d("2026-10-23"), db).unwrap_err().to_string();
+    assert!(err.starts_with("1 source row(s) have a NULL in the key (order_id); one of them: {order_id: NULL"), "{err}");
+    add(db, "2026-10-24", &["8, 1, 1.00, 'EUR', NULL, DATE '2026-10-24', 'U'"]);
+    let err = job.load(d("2026-10-24"), db).unwrap_err().to_string();
+    assert!(err.starts_with("1 source row(s) have a NULL version (updated_at); one of them: {order_id: 8"), "{err}");
+    assert!(err.ends_with("nothing was changed"), "{err}");
+    assert_eq!(target(db), before);
+}
+
+fn pruning_refuses_keys_in_untouched_partitions(e: &dyn EngineUnderTest) {
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    seed(db);
+    let job = job(MERGE_JOB);
+    job.load(d("2026-10-19"), db).unwrap();
+    job.load(d("2026-10-20"), db).unwrap();
+    let before = target(db);
+    // Order 4 lives in 2026-10-20; a batch that moves it to 2026-10-25 only touches 2026-10-25.
+    add(db, "2026-10-25", &["4, 13, 41.00, 'GBP', TIMESTAMP '2026-10-25 09:00:00', DATE '2026-10-25', 'U'"]);
+    let err = job.load(d("2026-10-25"), db).unwrap_err().to_string();
+    assert!(err.contains("held by the target in a partition the batch does not touch"), "{err}");
+    assert!(err.contains("order_id: 4") && err.contains("target_dt: 2026-10-20") && err.contains("batch_dt: 2026-10-25"), "{err}");
+    assert_eq!(target(db), before);
+    // Without `partition` the merge runs over the whole table and moves the row.
+    let unpruned = job_unpruned();
+    let r = unpruned.load(d("2026-10-25"), db).unwrap();
+    assert_eq!(counts(&r), (0, 1, 0, 0, 0));
+    assert_eq!(rows(db, "SELECT dt FROM silver.orders WHERE order_id = 4"), vec![vec!["2026-10-25"]]);
+    assert_eq!(count(db, "SELECT count(*) FROM silver.orders"), 4);
+}
+
+fn job_unpruned() -> fixpoint_core::Job {
+    job(&MERGE_JOB.replace("partition = \"dt\"\n", ""))
+}
+
+fn merge_failure_keeps_previous_contents(e: &dyn EngineUnderTest) {
+    for point in FailPoint::ALL {
+        let mut db = e.fresh();
+        let db = db.as_mut();
+        seed(db);
+        let job = job(MERGE_JOB);
+        job.load(d("2026-10-19"), db).unwrap();
+        let before = target(db);
+        let opts = RunOptions { force: false, fault: Some((point, FaultAction::Error)) };
+        let err = job.load_with(d("2026-10-21"), db, &opts).unwrap_err();
+        assert!(matches!(err, Error::Injected(p) if p == point), "{point}: {err}");
+        assert_eq!(target(db), before, "{point}");
+        assert_eq!(ledger::entries(db, Some("orders_merge"), None, None).unwrap().len(), 1, "{point}");
+        let retry = job.load(d("2026-10-21"), db).unwrap();
+        assert_eq!(retry.rows_deleted, 1, "{point}");
+        // The tombstone was kept only by the committed retry: a replay of Monday does not resurrect.
+        job.load(d("2026-10-19"), db).unwrap();
+        assert_eq!(count(db, "SELECT count(*) FROM silver.orders WHERE order_id = 2"), 0, "{point}");
+    }
+}
+
+scenarios!(
+    seed_feed_replays_and_out_of_order,
+    tombstones_delete_and_never_resurrect,
+    ties_error_or_deterministic,
+    null_keys_and_versions_are_refused,
+    pruning_refuses_keys_in_untouched_partitions,
+    merge_failure_keeps_previous_contents,
+);
+
+/// The randomized model test: random batches (duplicates, redeliveries,
+/// out-of-order versions, tombstones, exact copies), applied in random
+/// orders with repeats; the target must equal a plain-Rust model of "the
+/// winner per key".
+mod model {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    struct Row {
+        k: i64,
+        v: i64,
+        amount: Option<i64>,
+        cur: Option<&'static str>,
+        del: bool,
+    }
+
+    impl Row {
+        fn sql(&self) -> String {
+            format!(
+                "{}, {}, {}, {}, {}, {}",
+                self.k,
+                self.v,
+                self.amount.map_or("NULL".into(), |a| a.to_string()),
+                self.cur.map_or("NULL".into(), |c| format!("'{c}'")),
+                if self.del { "'D'" } else { "'U'" },
+                self.k % 3
+            )
+        }
+    }
+
+    fn row() -> impl Strategy<Value = Row> {
+        (0i64..6, 0i64..5, proptest::option::of(0i64..3), proptest::option::of(prop_oneof![Just("EUR"), Just("USD")]), proptest::bool::weighted(0.2))
+            .prop_map(|(k, v, amount, cur, del)| Row { k, v, amount, cur, del })
+    }
+
+    /// The winner among rows: highest version, then tombstone, then the
+    /// values in ascending order, NULLs first (amount, cur, op, p).
+    fn better(a: &Row, b: &Row) -> bool {
+        if a.v != b.v {
+            return a.v > b.v;
+        }
+        if a.del != b.del {
+            return a.del;
+        }
+        let op = |r: &Row| if r.del { "D" } else { "U" };
+        (a.amount, a.cur, op(a)) < (b.amount, b.cur, op(b))
+    }
+
+    fn model(seen: &[Row]) -> Vec<Vec<String>> {
+        let mut winners: std::collections::BTreeMap<i64, Row> = Default::default();
+        for r in seen {
+            match winners.get(&r.k) {
+                Some(w) if !better(r, w) => {}
+                _ => {
+                    winners.insert(r.k, r.clone());
+                }
+            }
+        }
+        let mut out: Vec<Vec<String>> = winners
+            .values()
+            .filter(|r| !r.del)
+            .map(|r| {
+                vec![
+                    r.k.to_string(),
+                    r.v.to_string(),
+                    r.amount.map_or("NULL".into(), |a| a.to_string()),
+                    r.cur.map_or("NULL".into(), |c| format!("{c:?}")),
+                    (r.k % 3).to_string(),
+                ]
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    const JOB: &str = r#"
+name = "model"
+target = "m.t"
+strategy = "merge"
+key = ["k"]
+version = "v"
+partition = "p"
+deleted = "op = 'D'"
+on_tie = "deterministic"
+
+[source]
+sql = "SELECT k, v, amount, cur, op, p FROM m.changes WHERE batch = :run_date"
+"#;
+
+    fn check(batches: Vec<Vec<Row>>, order: Vec<usize>, engine: &dyn EngineUnderTest) -> Result<(), TestCaseError> {
+        let mut db = engine.fresh();
+        let db = db.as_mut();
+        exec(db, "CREATE SCHEMA m;\nCREATE TABLE m.changes (batch DATE, k BIGINT, v BIGINT, amount BIGINT, cur VARCHAR, op VARCHAR, p BIGINT)");
+        let day = |i: usize| format!("2026-10-{:02}", i + 1);
+        for (i, b) in batches.iter().enumerate() {
+            if !b.is_empty() {
+                let values: Vec<String> = b.iter().map(|r| format!("(DATE '{}', {})", day(i), r.sql())).collect();
+                exec(db, &format!("INSERT INTO m.changes VALUES {}", values.join(", ")));
+            }
+        }
+        let job = job(JOB);
+        let mut seen = Vec::new();
+        for &i in &order {
+            let i = i % batches.len();
+            job.load(d(&day(i)), db).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            seen.extend(batches[i].iter().cloned());
+            let got = rows(db, "SELECT k, v, amount, cur, p FROM m.t");
+            prop_assert_eq!(got, model(&seen), "after batches {:?}", &order);
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+        #[test]
+        fn duckdb_merge_matches_the_model(
+            batches in proptest::collection::vec(proptest::collection::vec(row(), 0..8), 1..5),
+            order in proptest::collection::vec(0usize..5, 1..8),
+        ) {
+            check(batches, order, &DuckDbUnderTest)?;
+        }
+    }
+}
