@@ -14,8 +14,20 @@ use serde_json::json;
 use crate::output::Output;
 use crate::Common;
 
+#[derive(Copy, Clone, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchStrategy {
+    ReplacePartition,
+    Merge,
+}
+
 #[derive(Args)]
 pub struct BenchArgs {
+    /// Which strategy to measure.
+    #[arg(long, value_enum, default_value = "replace-partition")]
+    strategy: BenchStrategy,
+    /// merge: changed rows per batch (1 in 10 keys delivered twice).
+    #[arg(long, default_value_t = 200_000)]
+    changes: u64,
     /// Rows in silver.orders (spread evenly over --days days).
     #[arg(long, default_value_t = 20_000_000)]
     rows: u64,
@@ -40,7 +52,16 @@ pub struct BenchSqlArgs {
     /// The day to replace.
     #[arg(long)]
     date: String,
+    /// Run the hand-written merge instead.
+    #[arg(long)]
+    merge: bool,
 }
+
+const HAND_MERGE: &str = "MERGE INTO silver.orders AS t USING (
+    SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY order_id ORDER BY updated_at DESC) AS rn FROM staging.changes) AS d WHERE rn = 1
+) AS s ON t.order_id = s.order_id
+WHEN MATCHED AND s.updated_at > t.updated_at THEN UPDATE SET customer_id = s.customer_id, order_total = s.order_total, currency = s.currency, updated_at = s.updated_at, dt = s.dt
+WHEN NOT MATCHED THEN INSERT (order_id, customer_id, order_total, currency, updated_at, dt) VALUES (s.order_id, s.customer_id, s.order_total, s.currency, s.updated_at, s.dt)";
 
 const SOURCE: &str = "SELECT order_id, customer_id, order_total, currency, updated_at, dt FROM bronze.orders WHERE dt = ";
 
@@ -53,6 +74,14 @@ pub fn run_sql(args: BenchSqlArgs) -> Result<(), Error> {
     let d = RunDate::parse(&args.date)?;
     let db = DuckDb::open(&args.file, Duration::from_secs(60))?;
     let conn = db.connection();
+    if args.merge {
+        let start = Instant::now();
+        conn.execute_batch("BEGIN").map_err(db_err("BEGIN"))?;
+        let n = conn.execute(HAND_MERGE, []).map_err(db_err("MERGE"))?;
+        conn.execute_batch("COMMIT").map_err(db_err("COMMIT"))?;
+        println!("{}", json!({"elapsed_ms": start.elapsed().as_secs_f64() * 1000.0, "rows_changed": n}));
+        return Ok(());
+    }
     let trace = std::env::var_os("FIXPOINT_TRACE").is_some();
     let start = Instant::now();
     let mut last = start;
@@ -143,6 +172,9 @@ fn setup(file: &Path, rows: u64, days: u64) -> Result<(), Error> {
 
 pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
     std::fs::create_dir_all(&args.dir).map_err(|source| Error::Io { path: args.dir.clone(), source })?;
+    if args.strategy == BenchStrategy::Merge {
+        return run_merge(args, out);
+    }
     let file = args.dir.join("bench.duckdb");
     setup(&file, args.rows, args.days)?;
     let job = args.dir.join("bench_orders.toml");
@@ -205,6 +237,134 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
         println!("| fixpoint run --force (guards, fingerprints, ledger) | {fx_in:.3} | {fx_wall:.3} | {:.0} |", rss(&fx));
         println!("| fixpoint run, retry skipped (same input, same output) | {sk_in:.3} | {sk_wall:.3} | {:.0} |", rss(&skip));
         println!("ratio fixpoint / hand-written: {:.3} (load), {:.3} (whole process)", fx_in / hw_in, fx_wall / hw_wall);
+    }
+    Ok(())
+}
+
+/// A new batch of changes, newer than everything in the target: `changes`
+/// rows over the keys of the table's last tenth, 1 in 10 keys twice (the
+/// second copy an older version).
+fn new_batch(file: &Path, changes: u64) -> Result<(), Error> {
+    let db = DuckDb::open(file, Duration::from_secs(60))?;
+    let distinct = changes * 9 / 10;
+    db.connection()
+        .execute_batch(&format!(
+            "CREATE OR REPLACE TABLE staging.changes AS
+             WITH picked AS (
+                 SELECT * FROM silver.orders
+                 WHERE dt >= (SELECT max(dt) - 9 FROM silver.orders) AND order_id % 10 = 3
+                 ORDER BY order_id LIMIT {distinct})
+             SELECT order_id, customer_id, order_total + 1 AS order_total, currency, updated_at + INTERVAL 1 HOUR AS updated_at, dt FROM picked
+             UNION ALL
+             SELECT order_id, customer_id, order_total + 2, currency, updated_at + INTERVAL 30 MINUTE, dt FROM picked WHERE order_id % 100 = 3
+             ORDER BY order_id;
+             CHECKPOINT;"
+        ))
+        .map_err(db_err("building a batch of changes"))?;
+    Ok(())
+}
+
+fn setup_merge(file: &Path, rows: u64, days: u64) -> Result<(), Error> {
+    let marker = file.with_extension("rows");
+    let want = format!("{rows} {days} merge");
+    if file.exists() && std::fs::read_to_string(&marker).ok().as_deref() == Some(want.as_str()) {
+        return Ok(());
+    }
+    for p in [file.to_owned(), file.with_extension("duckdb.wal")] {
+        let _ = std::fs::remove_file(p);
+    }
+    eprintln!("bench: building {} ({rows} rows over {days} days)…", file.display());
+    let db = DuckDb::open(file, Duration::from_secs(10))?;
+    db.connection()
+        .execute_batch(&format!(
+            "CREATE SCHEMA staging; CREATE SCHEMA silver;
+             CREATE TABLE silver.orders AS
+             SELECT i AS order_id, (i * 7) % 100003 AS customer_id,
+                    CAST(((i * 7919) % 1000000) / 100.0 AS DECIMAL(12,2)) AS order_total,
+                    ['EUR', 'USD', 'GBP'][(i % 3) + 1] AS currency,
+                    CAST(DATE '2026-07-01' + CAST(i // {per_day} AS INTEGER) AS TIMESTAMP) + to_seconds((i * 37) % 86400) AS updated_at,
+                    DATE '2026-07-01' + CAST(i // {per_day} AS INTEGER) AS dt
+             FROM range(0, {rows}) AS t(i);
+             CHECKPOINT;",
+            per_day = rows / days
+        ))
+        .map_err(db_err("building the benchmark tables"))?;
+    std::fs::write(&marker, want).map_err(|source| Error::Io { path: marker.clone(), source })?;
+    Ok(())
+}
+
+fn run_merge(args: BenchArgs, out: &Output) -> Result<(), Error> {
+    let file = args.dir.join("merge.duckdb");
+    let days = if args.days == 4 { 100 } else { args.days };
+    setup_merge(&file, args.rows, days)?;
+    let write_job = |name: &str, partition: bool| -> Result<PathBuf, Error> {
+        let path = args.dir.join(format!("{name}.toml"));
+        let text = format!(
+            "name = \"{name}\"\ntarget = \"silver.orders\"\nstrategy = \"merge\"\nkey = [\"order_id\"]\nversion = \"updated_at\"\n{}\n[source]\nsql = \"SELECT order_id, customer_id, order_total, currency, updated_at, dt FROM staging.changes\"\n",
+            if partition { "partition = \"dt\"\n" } else { "" }
+        );
+        std::fs::write(&path, text).map_err(|source| Error::Io { path: path.clone(), source })?;
+        Ok(path)
+    };
+    let pruned = write_job("bench_merge", true)?;
+    let unpruned = write_job("bench_merge_unpruned", false)?;
+    let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
+    let url = format!("duckdb:{}", file.display());
+    let fixpoint = |job: &Path| {
+        let mut c = Command::new(&exe);
+        c.args(["run", &job.display().to_string(), "--date", "2026-10-20", "--db", &url, "--output", "json"]);
+        c
+    };
+    let hand = || {
+        let mut c = Command::new(&exe);
+        c.args(["bench-sql", "--file", &file.display().to_string(), "--date", "2026-10-20", "--merge"]);
+        c
+    };
+    new_batch(&file, args.changes)?;
+    measure(&mut fixpoint(&pruned))?;
+    let (mut fx, mut hw, mut un, mut fx_replay, mut hw_replay) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut last = serde_json::Value::Null;
+    for round in 0..args.rounds {
+        eprintln!("bench: round {}/{}", round + 1, args.rounds);
+        let sides: [u8; 3] = if round % 2 == 0 { [0, 1, 2] } else { [1, 0, 2] };
+        for side in sides {
+            new_batch(&file, args.changes)?;
+            match side {
+                0 => {
+                    let (s, v) = measure(&mut fixpoint(&pruned))?;
+                    last = v;
+                    fx.push(s);
+                    fx_replay.push(measure(&mut fixpoint(&pruned))?.0);
+                }
+                1 => {
+                    hw.push(measure(&mut hand())?.0);
+                    hw_replay.push(measure(&mut hand())?.0);
+                }
+                _ => un.push(measure(&mut fixpoint(&unpruned))?.0),
+            }
+        }
+    }
+    let med = |v: &[Sample]| median(v.iter().map(|s| s.inner).collect());
+    let rss = |v: &[Sample]| v.iter().map(|s| s.rss_mb).fold(0.0, f64::max);
+    let result = json!({
+        "rows_in_table": args.rows, "partitions": days, "batch_rows": args.changes, "rounds": args.rounds,
+        "last_report": last,
+        "hand_written_s": med(&hw), "fixpoint_s": med(&fx), "fixpoint_unpruned_s": med(&un),
+        "ratio": med(&fx) / med(&hw), "ratio_unpruned": med(&un) / med(&hw),
+        "hand_written_replay_s": med(&hw_replay), "fixpoint_replay_s": med(&fx_replay),
+        "hand_written_peak_rss_mb": rss(&hw), "fixpoint_peak_rss_mb": rss(&fx), "fixpoint_unpruned_peak_rss_mb": rss(&un),
+    });
+    if out.is_json() {
+        out.json(&result);
+    } else {
+        println!("merge {} changed rows (1 in 10 keys twice) into a {}-row table of {days} partitions, median of {} alternating rounds", args.changes, args.rows, args.rounds);
+        println!("| side | merge (s) | replayed batch (s) | peak RSS (MiB) |");
+        println!("|---|---|---|---|");
+        println!("| hand-written ROW_NUMBER dedup + guarded MERGE | {:.3} | {:.3} | {:.0} |", med(&hw), med(&hw_replay), rss(&hw));
+        println!("| fixpoint run, pruned to touched partitions | {:.3} | {:.3} | {:.0} |", med(&fx), med(&fx_replay), rss(&fx));
+        println!("| fixpoint run, unpruned | {:.3} | | {:.0} |", med(&un), rss(&un));
+        println!("ratio fixpoint / hand-written: {:.3} (pruned), {:.3} (unpruned)", med(&fx) / med(&hw), med(&un) / med(&hw));
+        println!("fixpoint's last report: {last}");
     }
     Ok(())
 }

@@ -78,8 +78,20 @@ impl Output {
             self.json(&serde_json::to_value(r).expect("report serializes"));
             return;
         }
-        match r.outcome.as_str() {
-            "skipped" => println!("{} {}: skipped, {}", r.job, r.run_date, r.skip_reason.as_deref().unwrap_or("")),
+        match (r.outcome.as_str(), r.strategy.as_str()) {
+            ("skipped", _) => println!("{} {}: skipped, {}", r.job, r.run_date, r.skip_reason.as_deref().unwrap_or("")),
+            (_, "merge") => println!(
+                "{} {}: merged into {} — {} inserted, {} updated, {} deleted, {} unchanged, {} source duplicates collapsed{}",
+                r.job,
+                r.run_date,
+                r.target,
+                r.rows_inserted,
+                r.rows_updated,
+                r.rows_deleted,
+                r.rows_unchanged,
+                r.duplicates_collapsed,
+                if r.created_target { " (table created)" } else { "" }
+            ),
             _ => println!(
                 "{} {}: replaced partition of {} — {} rows deleted, {} inserted{}",
                 r.job,

@@ -19,6 +19,7 @@ pub struct DuckDb {
     conn: duckdb::Connection,
     path: Option<PathBuf>,
     version: Option<String>,
+    in_transaction: bool,
 }
 
 fn db_err(context: impl Into<String>) -> impl FnOnce(duckdb::Error) -> Error {
@@ -34,7 +35,7 @@ impl DuckDb {
         let mut announced = false;
         loop {
             match duckdb::Connection::open(path) {
-                Ok(conn) => return Ok(DuckDb { conn, path: Some(path.to_owned()), version: None }),
+                Ok(conn) => return Ok(DuckDb { conn, path: Some(path.to_owned()), version: None, in_transaction: false }),
                 Err(e) => {
                     let msg = e.to_string();
                     if !msg.to_ascii_lowercase().contains("lock") {
@@ -66,7 +67,7 @@ impl DuckDb {
     /// An in-memory database (tests).
     pub fn open_in_memory() -> Result<DuckDb> {
         let conn = duckdb::Connection::open_in_memory().map_err(db_err("opening an in-memory database"))?;
-        Ok(DuckDb { conn, path: None, version: None })
+        Ok(DuckDb { conn, path: None, version: None, in_transaction: false })
     }
 
     /// The file, if any.
@@ -216,13 +217,44 @@ impl Engine for DuckDb {
     }
 
     fn table_columns(&mut self, table: &TableName) -> Result<Option<Vec<Column>>> {
-        match self.columns_of(&table.quoted()) {
-            Ok(cols) => Ok(Some(cols)),
-            Err(Error::Database { message, .. }) if message.contains("Catalog Error") && message.contains("does not exist") => {
-                Ok(None)
-            }
-            Err(e) => Err(e),
+        if !self.in_transaction {
+            // Fast: DESCRIBE, a missing table is a catalog error.
+            return match self.columns_of(&table.quoted()) {
+                Ok(cols) => Ok(Some(cols)),
+                Err(Error::Database { message, .. }) if message.contains("Catalog Error") && message.contains("does not exist") => Ok(None),
+                Err(e) => Err(e),
+            };
         }
+        // Inside a transaction a failed statement aborts it: look first.
+        let mut sql = Sql::new();
+        sql.push("SELECT count(*) FROM duckdb_tables() WHERE schema_name = ")
+            .param(Value::Text(table.schema.clone()))
+            .push(" AND table_name = ")
+            .param(Value::Text(table.table.clone()))
+            .push(" AND database_name = current_database()");
+        let found = self.query(&sql)?.rows.first().and_then(|r| r[0].as_u64()).unwrap_or(0);
+        if found == 0 {
+            return Ok(None);
+        }
+        self.columns_of(&table.quoted()).map(Some)
+    }
+
+    fn begin(&mut self) -> Result<()> {
+        self.execute(&Sql::raw("BEGIN TRANSACTION"))?;
+        self.in_transaction = true;
+        Ok(())
+    }
+
+    fn commit(&mut self) -> Result<()> {
+        let r = self.execute(&Sql::raw("COMMIT"));
+        self.in_transaction = false;
+        r.map(|_| ())
+    }
+
+    fn rollback(&mut self) -> Result<()> {
+        let r = self.execute(&Sql::raw("ROLLBACK"));
+        self.in_transaction = false;
+        r.map(|_| ())
     }
 
     fn native_row_hash(&self, alias: &str, columns: &[Column]) -> Option<String> {

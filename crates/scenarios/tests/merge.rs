@@ -214,7 +214,23 @@ fn merge_failure_keeps_previous_contents(e: &dyn EngineUnderTest) {
     }
 }
 
+fn merge_without_tombstones_or_partition(e: &dyn EngineUnderTest) {
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    seed(db);
+    let plain = job(&MERGE_JOB.replace("deleted = \"op = 'D'\"\n", "").replace("partition = \"dt\"\n", ""));
+    assert!(plain.merge.as_ref().unwrap().deleted.is_none());
+    assert_eq!(counts(&plain.load(d("2026-10-19"), db).unwrap()), (3, 0, 0, 0, 2));
+    assert_eq!(counts(&plain.load(d("2026-10-20"), db).unwrap()), (1, 1, 0, 0, 0));
+    // Without `deleted` a 'D' row is an ordinary upsert.
+    assert_eq!(counts(&plain.load(d("2026-10-21"), db).unwrap()), (0, 1, 0, 0, 0));
+    assert_eq!(rows(db, "SELECT op FROM silver.orders WHERE order_id = 2"), vec![vec!["\"D\""]]);
+    let t = fixpoint_core::TableName::parse("fixpoint.tombstones__silver__orders").unwrap();
+    assert!(db.table_columns(&t).unwrap().is_none(), "no tombstone table without `deleted`");
+}
+
 scenarios!(
+    merge_without_tombstones_or_partition,
     seed_feed_replays_and_out_of_order,
     tombstones_delete_and_never_resurrect,
     ties_error_or_deterministic,
