@@ -17,14 +17,14 @@ use std::time::Instant;
 
 use crate::date::RunDate;
 use crate::engine::{fingerprint_select, Column, Engine, Scope};
-use crate::error::{Error, FailPoint, Result, SampleRow};
+use crate::error::{Error, FailPoint, Result};
 use crate::fingerprint::{Fingerprint, Method};
 use crate::ident::{quote_ident, TableName};
 use crate::ledger;
 use crate::run::{entry, first_row, in_transaction, RunOptions, RunReport};
 use crate::runkey::run_key;
 use crate::spec::{Job, MergeSpec, OnTie};
-use crate::sql::{RunParams, Sql, Value};
+use crate::sql::{RunParams, Sql};
 
 const STAGE: &str = "\"__fixpoint_stage\"";
 const BATCH: &str = "\"__fixpoint_batch\"";
@@ -71,18 +71,10 @@ fn count(engine: &mut dyn Engine, sql: &Sql) -> Result<Vec<u64>> {
     row.iter().map(|v| v.as_u64().ok_or_else(|| Error::Internal(format!("bad count {v:?}")))).collect()
 }
 
-fn sample_rows(engine: &mut dyn Engine, sql: &Sql) -> Result<Vec<SampleRow>> {
-    let rows = engine.query(sql)?;
-    Ok(rows
-        .rows
-        .iter()
-        .map(|r| SampleRow(rows.columns.iter().cloned().zip(r.iter().map(Value::display)).collect()))
-        .collect())
-}
-
 pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
     let started = Instant::now();
     let started_at = chrono::Utc::now().naive_utc();
+    let mut trace = crate::run::Trace::new();
     let spec: &MergeSpec = job.merge.as_ref().ok_or_else(|| Error::Internal("merge without merge keys".into()))?;
     let params = RunParams { run_date: run_date.date(), run_key: String::new() };
     let source_cols = crate::run::describe_source(job, engine, &params)?;
@@ -143,6 +135,7 @@ pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts:
         Scope::Source { template: job.source.template(), params: &params }.write_from(&mut sql, "s");
         engine.execute(&sql)?;
 
+        trace.step("stage");
         // 2. NULL keys and versions are refused; the input fingerprint is
         //    taken in the same scan.
         let null_key = spec.key.iter().map(|k| format!("{} IS NULL", quote_ident(k))).collect::<Vec<_>>().join(" OR ");
@@ -168,47 +161,8 @@ pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts:
         let job_hash = job.definition_hash();
         let key = run_key(&job_hash, run_date, &input);
 
-        // 3. Ties inside the batch: two different rows of one key at its
-        //    newest version.
-        if spec.on_tie == OnTie::Error {
-            let distinct_cols: Vec<String> = compared.iter().map(|c| quote_ident(c)).chain([quote_ident(DELETED)]).collect();
-            let sql = Sql::raw(format!(
-                "SELECT {key_list}, {version} FROM (SELECT {key_list}, {version}, count(DISTINCT ({cols})) AS n, \
-                 rank() OVER (PARTITION BY {key_list} ORDER BY {version} DESC) AS r FROM {STAGE} GROUP BY {key_list}, {version}) AS g \
-                 WHERE r = 1 AND n > 1",
-                cols = if distinct_cols.len() == 1 { format!("{}, true", distinct_cols[0]) } else { distinct_cols.join(", ") }
-            ));
-            let ties = engine.query(&sql)?.rows;
-            if !ties.is_empty() {
-                let keys_of = |r: &[Value]| spec.key.iter().zip(r).map(|(k, v)| format!("{k} = {}", v.display())).collect::<Vec<_>>().join(", ");
-                let first = &ties[0];
-                let mut sql = Sql::new();
-                sql.push(&format!("SELECT {source_list} FROM {STAGE} AS s WHERE "));
-                for (i, k) in spec.key.iter().chain([&spec.version]).enumerate() {
-                    if i > 0 {
-                        sql.push(" AND ");
-                    }
-                    sql.push(&q("s", k)).push(" = ");
-                    let ty = &source_cols.iter().find(|c| &c.name == k).expect("described").ty;
-                    sql.typed_param(first[i].clone(), ty);
-                }
-                sql.push(&format!(" ORDER BY {} LIMIT 2", compared.iter().map(|c| format!("{} NULLS FIRST", quote_ident(c))).chain(["1".to_owned()]).collect::<Vec<_>>().join(", ")));
-                let rows = sample_rows(engine, &sql)?;
-                return Err(Error::DataRefused {
-                    message: format!(
-                        "{} key(s) have two different rows at the same version ({}), e.g. {}: {} vs {}",
-                        ties.len(),
-                        spec.version,
-                        keys_of(first),
-                        rows.first().map(|r| r.to_string()).unwrap_or_default(),
-                        rows.get(1).map(|r| r.to_string()).unwrap_or_default()
-                    ),
-                    hint: Some("bump the version upstream, or set on_tie = \"deterministic\" to pick the row whose values sort first".into()),
-                });
-            }
-        }
-
-        // 4. One row per key: newest version, tombstone first at equal
+        trace.step("null check, input fp");
+        // 3. One row per key: newest version, tombstone first at equal
         //    version, then the values' total order.
         let order = std::iter::once(format!("{version} DESC"))
             .chain([format!("{} DESC", quote_ident(DELETED))])
@@ -221,6 +175,27 @@ pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts:
         )))?;
         let batch_rows = count(engine, &Sql::raw(format!("SELECT count(*) FROM {BATCH}")))?[0];
         let duplicates_collapsed = input_rows - batch_rows;
+        trace.step("dedup");
+
+        // 4. Ties inside the batch: another row of a key at its newest
+        //    version that differs from the kept one.
+        let with_flag: Vec<String> = compared.iter().cloned().chain([DELETED.to_owned()]).collect();
+        let tie_cond = format!("{} AND s.{version} = b.{version} AND ({})", keys_match("s", "b", &spec.key), rows_differ("s", "b", &with_flag));
+        if spec.on_tie == OnTie::Error {
+            let ties = count(engine, &Sql::raw(format!("SELECT count(DISTINCT ({key_list_b})) FROM {STAGE} AS s JOIN {BATCH} AS b ON {tie_cond}",
+                key_list_b = spec.key.iter().map(|k| q("b", k)).chain(["true".to_owned()]).collect::<Vec<_>>().join(", "))))?[0];
+            if ties > 0 {
+                let cols = names.iter().map(|c| q("b", c)).collect::<Vec<_>>().join(", ");
+                let kept = first_row(engine, &Sql::raw(format!("SELECT {cols} FROM {STAGE} AS s JOIN {BATCH} AS b ON {tie_cond} ORDER BY {} LIMIT 1", spec.key.iter().map(|k| q("b", k)).collect::<Vec<_>>().join(", "))))?;
+                let other = first_row(engine, &Sql::raw(format!("SELECT {} FROM {STAGE} AS s JOIN {BATCH} AS b ON {tie_cond} ORDER BY {} LIMIT 1", names.iter().map(|c| q("s", c)).collect::<Vec<_>>().join(", "), spec.key.iter().map(|k| q("b", k)).collect::<Vec<_>>().join(", "))))?;
+                let key_desc = spec.key.iter().map(|k| format!("{k} = {}", kept.0.iter().find(|(c, _)| c == k).map(|(_, v)| v.as_str()).unwrap_or("?"))).collect::<Vec<_>>().join(", ");
+                return Err(Error::DataRefused {
+                    message: format!("{ties} key(s) have two different rows at the same version ({}), e.g. {key_desc}: {kept} vs {other}", spec.version),
+                    hint: Some("bump the version upstream, or set on_tie = \"deterministic\" to pick the row whose values sort first".into()),
+                });
+            }
+            trace.step("batch ties");
+        }
 
         // 5. Tombstones: an older (or equal) version of a deleted key is
         //    already beaten; drop it from the batch.
@@ -239,11 +214,10 @@ pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts:
                 keys_match("d", "b", &spec.key)
             )))?;
         }
+        trace.step("tombstones");
 
         // 6. Pruning: the partitions the batch touches, bound as values so
-        //    the engine can skip the others; a key the target holds in an
-        //    untouched partition would be missed (and duplicated), so it is
-        //    refused.
+        //    the engine can skip the others.
         let mut prune_sql = Sql::new();
         if let Some(p) = prune {
             let ty = &target_cols.iter().find(|c| c.name == p).expect("checked").ty;
@@ -263,25 +237,8 @@ pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts:
             } else {
                 prune_sql.push(&format!(" IN (SELECT {} FROM {BATCH})", quote_ident(p)));
             }
-            let mut sql = Sql::new();
-            sql.push(&format!("SELECT {}, t.{} AS target_{p}, b.{} AS batch_{p} FROM {} AS t JOIN {BATCH} AS b ON {} WHERE NOT coalesce(",
-                spec.key.iter().map(|k| q("t", k)).collect::<Vec<_>>().join(", "),
-                quote_ident(p), quote_ident(p), job.target.quoted(), keys_match("t", "b", &spec.key)));
-            let start = sql.params.len();
-            debug_assert_eq!(start, 0);
-            sql.text.push_str(&prune_sql.text);
-            sql.params.extend(prune_sql.params.iter().cloned());
-            sql.push(", false) LIMIT 1");
-            let moved = sample_rows(engine, &sql)?;
-            if let Some(m) = moved.first() {
-                return Err(Error::DataRefused {
-                    message: format!(
-                        "a key of the batch is held by the target in a partition the batch does not touch, so a merge pruned to the batch's partitions would duplicate it: {m}"
-                    ),
-                    hint: Some(format!("keep each key in one {p}, or remove `partition` from the job to merge over the whole table")),
-                });
-            }
         }
+        let in_scope = if prune.is_some() { format!("coalesce({}, false)", prune_sql.text) } else { "true".to_owned() };
         let on = {
             let mut on = Sql::raw(keys_match("t", "b", &spec.key));
             if prune.is_some() {
@@ -292,27 +249,68 @@ pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts:
             on
         };
 
-        // 7. Classify (for the report), check cross-batch ties, then one MERGE.
+        // 7. Classify every batch row against the target in one join over
+        //    the keys (not pruned, so a key the target holds in a partition
+        //    the batch does not touch is seen, and refused: a merge pruned to
+        //    the batch's partitions would insert it twice). The same join
+        //    counts cross-batch ties and, when the target's columns are the
+        //    source's, fingerprints the batch's keys as they will be written.
         let newer = format!("(b.{version} > t.{version}{})", match spec.on_tie {
             OnTie::Deterministic => format!(" OR (b.{version} = t.{version} AND {})", sorts_before("b", "t", &compared)),
             OnTie::Error => String::new(),
         });
         let del = format!("b.{}", quote_ident(DELETED));
         let first_key = q("t", &spec.key[0]);
+        let matched = format!("{first_key} IS NOT NULL");
+        let is_update = format!("{matched} AND NOT {del} AND {newer}");
+        let is_delete = format!("{matched} AND {del} AND b.{version} >= t.{version}");
+        let is_insert = format!("{first_key} IS NULL AND NOT {del}");
+        let by_construction = output_cols == input_cols;
+        let out_fp = if by_construction {
+            let hb = engine.native_row_hash("b", &output_cols).unwrap_or_else(|| "0".into());
+            let ht = engine.native_row_hash("t", &output_cols).unwrap_or_else(|| "0".into());
+            format!(
+                ", count(*) FILTER (WHERE {is_insert} OR {is_update} OR ({matched} AND NOT ({is_delete}))), \
+                 sum(CASE WHEN {is_insert} OR {is_update} THEN {hb} WHEN {matched} AND NOT ({is_delete}) THEN {ht} END)"
+            )
+        } else {
+            String::new()
+        };
         let mut sql = Sql::new();
         sql.push(&format!(
-            "SELECT count(*) FILTER (WHERE {first_key} IS NULL AND NOT {del}), \
-             count(*) FILTER (WHERE {first_key} IS NOT NULL AND NOT {del} AND {newer}), \
-             count(*) FILTER (WHERE {first_key} IS NOT NULL AND {del} AND b.{version} >= t.{version}), \
-             count(*) FILTER (WHERE {first_key} IS NOT NULL AND NOT {del} AND b.{version} = t.{version} AND ({})) \
-             FROM {BATCH} AS b LEFT JOIN {} AS t ON ",
+            "SELECT count(*) FILTER (WHERE {is_insert}), count(*) FILTER (WHERE {is_update}), count(*) FILTER (WHERE {is_delete}), \
+             count(*) FILTER (WHERE {matched} AND NOT {del} AND b.{version} = t.{version} AND ({})), \
+             count(*) FILTER (WHERE {matched} AND NOT ({in_scope})){out_fp} \
+             FROM {BATCH} AS b LEFT JOIN {} AS t ON {}",
             rows_differ("b", "t", &compared),
-            job.target.quoted()
+            job.target.quoted(),
+            keys_match("t", "b", &spec.key)
         ));
-        sql.text.push_str(&on.text);
-        sql.params.extend(on.params.iter().cloned());
-        let c = count(engine, &sql)?;
-        let (inserts, updates, deletes, cross_ties) = (c[0], c[1], c[2], c[3]);
+        sql.params.extend(prune_sql.params.iter().cloned());
+        let row = engine.query(&sql)?.rows.into_iter().next().ok_or_else(|| Error::Internal("classification".into()))?;
+        let n = |i: usize| row[i].as_u64().unwrap_or(0);
+        let (inserts, updates, deletes, cross_ties, moved) = (n(0), n(1), n(2), n(3), n(4));
+        trace.step("classify");
+        if moved > 0 {
+            let p = prune.expect("moved only counted when pruning");
+            let mut sql = Sql::new();
+            sql.push(&format!(
+                "SELECT {}, t.{} AS target_{p}, b.{} AS batch_{p} FROM {BATCH} AS b JOIN {} AS t ON {} WHERE NOT {in_scope} ORDER BY 1 LIMIT 1",
+                spec.key.iter().map(|k| q("t", k)).collect::<Vec<_>>().join(", "),
+                quote_ident(p),
+                quote_ident(p),
+                job.target.quoted(),
+                keys_match("t", "b", &spec.key)
+            ));
+            sql.params.extend(prune_sql.params.iter().cloned());
+            let m = first_row(engine, &sql)?;
+            return Err(Error::DataRefused {
+                message: format!(
+                    "{moved} key(s) of the batch are held by the target in a partition the batch does not touch, so a merge pruned to the batch's partitions would duplicate them, e.g. {m}"
+                ),
+                hint: Some(format!("keep each key in one {p}, or remove `partition` from the job to merge over the whole table")),
+            });
+        }
         if spec.on_tie == OnTie::Error && cross_ties > 0 {
             let mut sql = Sql::new();
             sql.push(&format!("SELECT {} FROM {BATCH} AS b JOIN {} AS t ON ",
@@ -328,6 +326,7 @@ pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts:
         }
         opts.step(FailPoint::AfterGuards)?;
 
+        // 8. One MERGE, pruned.
         let set = names
             .iter()
             .filter(|c| !spec.key.contains(c))
@@ -345,7 +344,8 @@ pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts:
             sql.push(&format!("WHEN MATCHED AND NOT {del} AND {newer} THEN UPDATE SET {set} "));
         }
         sql.push(&format!("WHEN NOT MATCHED AND NOT {del} THEN INSERT ({col_list}) VALUES ({values})"));
-        let changed = engine.execute(&sql)?;
+        let changed = if inserts + updates + deletes > 0 { engine.execute(&sql)? } else { 0 };
+        trace.step("merge");
         opts.step(FailPoint::AfterDelete)?;
         opts.step(FailPoint::MidInsert)?;
         if changed != inserts + updates + deletes {
@@ -354,7 +354,7 @@ pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts:
             )));
         }
 
-        // 8. Remember this batch's tombstones.
+        // 9. Remember this batch's tombstones.
         if spec.deleted.is_some() {
             engine.execute(&Sql::raw(format!(
                 "DELETE FROM {} AS d WHERE EXISTS (SELECT 1 FROM {BATCH} AS b WHERE {del} AND {})",
@@ -366,16 +366,22 @@ pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts:
         }
         opts.step(FailPoint::AfterInsert)?;
 
-        // 9. The output: the batch's keys as the target now holds them.
-        let (select, okind, osig) = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
-        let mut sql = Sql::new();
-        sql.push(&format!("SELECT {select} FROM {} AS t WHERE EXISTS (SELECT 1 FROM {BATCH} AS b WHERE ", job.target.quoted()));
-        sql.text.push_str(&on.text);
-        sql.params.extend(on.params.iter().cloned());
-        sql.push(")");
-        let row = engine.query(&sql)?.rows.into_iter().next().ok_or_else(|| Error::Internal("output scan".into()))?;
-        let output = Fingerprint::from_sum(&okind, &osig, row[0].as_u64().unwrap_or(0), engine.read_sum(&row[1])?);
+        // 10. The output: the batch's keys as the target now holds them.
+        let output = if by_construction {
+            let (_, okind, osig) = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
+            Fingerprint::from_sum(&okind, &osig, n(5), engine.read_sum(&row[6])?)
+        } else {
+            let (select, okind, osig) = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
+            let mut sql = Sql::new();
+            // The batch holds one row per key, so a join is a semi-join.
+            sql.push(&format!("SELECT {select} FROM {} AS t JOIN {BATCH} AS b ON ", job.target.quoted()));
+            sql.text.push_str(&on.text);
+            sql.params.extend(on.params.iter().cloned());
+            let row = engine.query(&sql)?.rows.into_iter().next().ok_or_else(|| Error::Internal("output scan".into()))?;
+            Fingerprint::from_sum(&okind, &osig, row[0].as_u64().unwrap_or(0), engine.read_sum(&row[1])?)
+        };
 
+        trace.step("output fp");
         let report = RunReport {
             job: job.name.clone(),
             target: job.target.to_string(),
@@ -401,9 +407,11 @@ pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts:
         opts.step(FailPoint::BeforeCommit)?;
         engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {STAGE}")))?;
         engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {BATCH}")))?;
+        trace.step("ledger, cleanup");
         Ok(report)
     })
     .map(|mut r| {
+        trace.step("commit");
         r.elapsed_ms = started.elapsed().as_millis() as u64;
         r
     })

@@ -114,17 +114,17 @@ impl Job {
 }
 
 /// Step timings on stderr when `FIXPOINT_TRACE` is set (for profiling).
-struct Trace {
+pub(crate) struct Trace {
     on: bool,
     last: Instant,
 }
 
 impl Trace {
-    fn new() -> Trace {
+    pub(crate) fn new() -> Trace {
         Trace { on: std::env::var_os("FIXPOINT_TRACE").is_some(), last: Instant::now() }
     }
 
-    fn step(&mut self, what: &str) {
+    pub(crate) fn step(&mut self, what: &str) {
         if self.on {
             let now = Instant::now();
             eprintln!("fixpoint: {what:<24} {:>8.1} ms", (now - self.last).as_secs_f64() * 1000.0);

@@ -64,6 +64,14 @@ fn seed_feed_replays_and_out_of_order(e: &dyn EngineUnderTest) {
     let tue = job.load(d("2026-10-20"), db).unwrap();
     assert_eq!(counts(&tue), (1, 1, 0, 0, 0));
     let after_tue = target(db);
+    // The output fingerprint is that of the batch's keys as the target holds them.
+    {
+        use fixpoint_core::engine::{fingerprint, Filter, Scope};
+        let t = fixpoint_core::TableName::parse("silver.orders").unwrap();
+        let cols = db.table_columns(&t).unwrap().unwrap();
+        let scope = Scope::Table { table: &t, filter: Some(Filter::Predicate("order_id IN (1, 4)")) };
+        assert_eq!(fingerprint(db, fixpoint_core::Method::Native, &scope, &cols).unwrap(), tue.output());
+    }
     assert_eq!(after_tue[0], vec!["1", "\"15.00\"", "2026-10-20 08:00:00", "2026-10-19", "\"U\""]);
     assert_eq!(after_tue[1][1], "\"21.00\"", "the newest of Monday's two versions of order 2");
     // Monday's batch redelivered after Tuesday's: Tuesday's values stay.
