@@ -63,6 +63,59 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// Run a job for every date of a range (inclusive), skipping dates already done.
+    Backfill {
+        /// The job file (TOML).
+        job: PathBuf,
+        /// First date, YYYY-MM-DD.
+        #[arg(long)]
+        from: String,
+        /// Last date, YYYY-MM-DD (inclusive).
+        #[arg(long)]
+        to: String,
+        /// Up to N dates at once where the engine allows concurrent writers
+        /// (DuckDB has one writer per file: dates run one at a time).
+        #[arg(long, default_value_t = 1)]
+        parallel: usize,
+        /// Rewrite every date, even those already done.
+        #[arg(long)]
+        force: bool,
+        /// Go on after a failed date (the exit code still says it failed).
+        #[arg(long)]
+        keep_going: bool,
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Per date: loaded or missing, drift, source changed since; a chart of rows per date.
+    Status {
+        /// The job file (TOML).
+        job: PathBuf,
+        /// First date (default: the first date in the ledger).
+        #[arg(long)]
+        from: Option<String>,
+        /// Last date (default: the last date in the ledger).
+        #[arg(long)]
+        to: Option<String>,
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// The ledger's history, newest first.
+    Runs {
+        /// Only this job.
+        #[arg(long)]
+        job: Option<String>,
+        /// At most N runs.
+        #[arg(long, default_value_t = 20)]
+        limit: u64,
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(flatten)]
+        common: Common,
+    },
     /// Print the row count and order-independent checksum of a table.
     Fingerprint {
         /// The table, schema.table.
@@ -103,13 +156,21 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let format = match &cli.command {
-        Command::Run { common, .. } | Command::Fingerprint { common, .. } | Command::Demo { common, .. } => common.output,
+        Command::Run { common, .. }
+        | Command::Fingerprint { common, .. }
+        | Command::Demo { common, .. }
+        | Command::Backfill { common, .. }
+        | Command::Status { common, .. }
+        | Command::Runs { common, .. } => common.output,
         Command::Bench(a) => a.common.output,
         Command::BenchSql(_) => Format::Text,
     };
     let out = Output::new(format == Format::Json);
     match dispatch(cli.command, &out) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if matches!(&e, Error::Internal(m) if m.starts_with(output::REPORTED)) => {
+            ExitCode::from(e.to_string().rsplit(' ').next().and_then(|c| c.parse().ok()).unwrap_or(1))
+        }
         Err(e) => {
             out.error(&e);
             ExitCode::from(exit_code(&e))
@@ -135,8 +196,14 @@ pub(crate) fn open_engine(url: &str, wait: Duration) -> Result<Box<dyn Engine>, 
     ))
 }
 
-fn fault_from_env() -> Result<Option<(FailPoint, FaultAction)>, Error> {
-    let Ok(at) = std::env::var("FIXPOINT_FAIL_AT") else { return Ok(None) };
+/// `FIXPOINT_FAIL_AT=point[@date]` and `FIXPOINT_FAIL_MODE=abort|error`:
+/// fail on purpose at a step boundary (tests, the demo).
+fn fault_from_env() -> Result<(Option<(FailPoint, FaultAction)>, Option<RunDate>), Error> {
+    let Ok(spec) = std::env::var("FIXPOINT_FAIL_AT") else { return Ok((None, None)) };
+    let (at, date) = match spec.split_once('@') {
+        Some((a, d)) => (a.to_owned(), Some(RunDate::parse(d)?)),
+        None => (spec.clone(), None),
+    };
     let point = FailPoint::parse(&at).ok_or_else(|| {
         Error::argument(
             format!("FIXPOINT_FAIL_AT={at:?} is not a fail point"),
@@ -147,7 +214,13 @@ fn fault_from_env() -> Result<Option<(FailPoint, FaultAction)>, Error> {
         Ok("abort") => FaultAction::Abort,
         _ => FaultAction::Error,
     };
-    Ok(Some((point, action)))
+    Ok((Some((point, action)), date))
+}
+
+fn parse_job_and_engine(job: &std::path::Path, db: &DbArgs) -> Result<(Job, Box<dyn Engine>), Error> {
+    let job = Job::from_file(job)?;
+    let engine = open_engine(&db.db, Duration::from_secs(db.wait))?;
+    Ok((job, engine))
 }
 
 fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
@@ -162,7 +235,9 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             let run_date = RunDate::parse(&date)?;
             let job = Job::from_file(&job)?;
             let mut engine = open_engine(&db.db, Duration::from_secs(db.wait))?;
-            let opts = RunOptions { force, fault: fault_from_env()? };
+            let (fault, fault_date) = fault_from_env()?;
+            let fault = if fault_date.is_some_and(|d| d != run_date) { None } else { fault };
+            let opts = RunOptions { force, fault };
             let report = job.load_with(run_date, engine.as_mut(), &opts)?;
             out.run_report(&report);
             Ok(())
@@ -190,6 +265,57 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             let filter = predicate.as_deref().map(Filter::Predicate);
             let fp = fingerprint(engine.as_mut(), method, &Scope::Table { table: &table, filter }, &columns)?;
             out.fingerprint(&table, &fp);
+            Ok(())
+        }
+        Command::Backfill { job, from, to, parallel, force, keep_going, db, .. } => {
+            let (from, to) = (RunDate::parse(&from)?, RunDate::parse(&to)?);
+            if from > to {
+                return Err(Error::argument(format!("--from {from} is after --to {to}"), Some("give the range in date order")));
+            }
+            if parallel == 0 {
+                return Err(Error::argument("--parallel 0: expected at least 1", None));
+            }
+            let (job, mut engine) = parse_job_and_engine(&job, &db)?;
+            if parallel > 1 && engine.name() == "duckdb" {
+                eprintln!("fixpoint: duckdb allows one writer per database file; running the dates one at a time");
+            }
+            let (fault, fault_date) = fault_from_env()?;
+            let opts = fixpoint_core::backfill::BackfillOptions { run: RunOptions { force, fault }, keep_going, fault_date };
+            let dates = RunDate::range(from, to);
+            match out.backfill(&job, &dates, engine.as_mut(), &opts) {
+                0 => Ok(()),
+                code => Err(Error::Internal(format!("{} {code}", output::REPORTED))),
+            }
+        }
+        Command::Status { job, from, to, db, .. } => {
+            let (job, mut engine) = parse_job_and_engine(&job, &db)?;
+            let mut loaded: Vec<RunDate> = fixpoint_core::ledger::entries(engine.as_mut(), Some(&job.name), None, None)?
+                .iter()
+                .filter_map(|e| RunDate::parse(&e.run_date).ok())
+                .collect();
+            loaded.sort();
+            let from = match from {
+                Some(f) => RunDate::parse(&f)?,
+                None => *loaded.first().ok_or_else(|| Error::argument(format!("job {} has no runs in the ledger yet", job.name), Some("give --from and --to")))?,
+            };
+            let to = match to {
+                Some(t) => RunDate::parse(&t)?,
+                None => *loaded.last().unwrap_or(&from),
+            };
+            if from > to {
+                return Err(Error::argument(format!("--from {from} is after --to {to}"), Some("give the range in date order")));
+            }
+            let mut rows = Vec::new();
+            for d in RunDate::range(from, to) {
+                rows.push(fixpoint_core::backfill::status(&job, d, engine.as_mut())?);
+            }
+            out.status(&job.name, &rows);
+            Ok(())
+        }
+        Command::Runs { job, limit, db, .. } => {
+            let mut engine = open_engine(&db.db, Duration::from_secs(db.wait))?;
+            let entries = fixpoint_core::ledger::entries(engine.as_mut(), job.as_deref(), None, Some(limit))?;
+            out.runs(&entries);
             Ok(())
         }
         Command::Demo { rows, dir, .. } => demo::run(rows, &dir, out),

@@ -1,6 +1,13 @@
 //! Output: data on stdout (text or JSON), messages on stderr, exit codes.
 
-use fixpoint_core::{Error, ErrorClass, Fingerprint, RunReport, TableName};
+use std::io::IsTerminal;
+
+use fixpoint_core::backfill::{BackfillOptions, DateOutcome, DateState, DateStatus};
+use fixpoint_core::ledger::Entry;
+use fixpoint_core::{Engine, Error, ErrorClass, Fingerprint, Job, RunDate, RunReport, TableName};
+
+/// Marks an error already reported on stdout; the number after it is the exit code.
+pub const REPORTED: &str = "already reported; exit code";
 use serde_json::json;
 
 /// Exit codes, documented in the README.
@@ -112,6 +119,132 @@ impl Output {
             self.json(&json!({"table": table.to_string(), "rows": fp.rows, "checksum": fp.checksum, "kind": fp.kind}));
         } else {
             println!("{table}: {} rows, checksum {} ({})", fp.rows, fp.checksum, fp.kind);
+        }
+    }
+
+    /// Runs a backfill with a progress bar on stderr (when it is a terminal
+    /// and the output is text), prints the summary, returns the exit code.
+    pub fn backfill(&self, job: &Job, dates: &[RunDate], engine: &mut dyn Engine, opts: &BackfillOptions) -> u8 {
+        let bar = if !self.json && std::io::stderr().is_terminal() {
+            indicatif::ProgressBar::new(dates.len() as u64)
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} dates, {msg} rows written, {elapsed} elapsed, ETA {eta}")
+                .expect("template"),
+        );
+        let mut written = 0u64;
+        bar.set_message("0");
+        let outcomes = fixpoint_core::backfill::backfill(job, dates, engine, opts, |o| {
+            if let DateOutcome::Done(r) = o {
+                written += r.rows_inserted + r.rows_updated;
+                bar.set_message(written.to_string());
+            }
+            bar.inc(1);
+        });
+        bar.finish_and_clear();
+        let count = |f: fn(&DateOutcome) -> bool| outcomes.iter().filter(|o| f(o)).count();
+        let committed = count(|o| matches!(o, DateOutcome::Done(r) if r.outcome == "committed"));
+        let skipped = count(|o| matches!(o, DateOutcome::Done(r) if r.outcome == "skipped"));
+        let failed = count(|o| matches!(o, DateOutcome::Failed(..)));
+        let not_run = count(|o| matches!(o, DateOutcome::NotRun(_)));
+        let code = outcomes
+            .iter()
+            .find_map(|o| match o {
+                DateOutcome::Failed(_, e) => Some(exit_code(e)),
+                _ => None,
+            })
+            .unwrap_or(0);
+        if self.json {
+            let dates: Vec<serde_json::Value> = outcomes
+                .iter()
+                .map(|o| match o {
+                    DateOutcome::Done(r) => json!({"run_date": r.run_date, "outcome": r.outcome, "report": r}),
+                    DateOutcome::Failed(d, e) => json!({"run_date": d.to_string(), "outcome": "failed",
+                        "error": {"class": class_name(e.class()), "message": e.to_string(), "hint": e.hint(), "exit_code": exit_code(e)}}),
+                    DateOutcome::NotRun(d) => json!({"run_date": d.to_string(), "outcome": "not_run"}),
+                })
+                .collect();
+            self.json(&json!({"job": job.name, "dates": dates, "committed": committed, "skipped": skipped, "failed": failed, "not_run": not_run, "rows_written": written, "exit_code": code}));
+        } else {
+            println!("{:<12} {:<10} {:>10} {:>10} {:>10}  run key / error", "date", "outcome", "deleted", "written", "rows");
+            for o in &outcomes {
+                match o {
+                    DateOutcome::Done(r) => println!(
+                        "{:<12} {:<10} {:>10} {:>10} {:>10}  {}",
+                        r.run_date, r.outcome, r.rows_deleted, r.rows_inserted + r.rows_updated, r.output_rows, r.run_key
+                    ),
+                    DateOutcome::Failed(d, e) => println!("{:<12} {:<10} {:>10} {:>10} {:>10}  {e}", d.to_string(), "failed", "", "", ""),
+                    DateOutcome::NotRun(d) => println!("{:<12} {:<10}", d.to_string(), "not run"),
+                }
+            }
+            println!(
+                "backfill {} {} … {}: {committed} committed, {skipped} skipped (already done), {failed} failed, {not_run} not run; {written} rows written",
+                job.name,
+                dates.first().map(|d| d.to_string()).unwrap_or_default(),
+                dates.last().map(|d| d.to_string()).unwrap_or_default()
+            );
+        }
+        for o in &outcomes {
+            if let DateOutcome::Failed(d, e) = o {
+                eprintln!("error: {d}: {e}");
+                if let Some(h) = e.hint() {
+                    eprintln!("hint: {h}");
+                }
+            }
+        }
+        code
+    }
+
+    pub fn status(&self, job: &str, rows: &[DateStatus]) {
+        if self.json {
+            self.json(&json!({"job": job, "dates": rows}));
+            return;
+        }
+        let max = rows.iter().filter_map(|r| r.rows_now.or(r.last_run.as_ref().map(|l| l.output_rows))).max().unwrap_or(0).max(1);
+        println!("{:<12} {:<15} {:>10} {:<20} {:<34} rows", "date", "state", "rows", "last run (UTC)", "run key");
+        for r in rows {
+            let state = match r.state {
+                DateState::Ok => "ok",
+                DateState::Missing => "MISSING",
+                DateState::Drift => "DRIFT",
+                DateState::SourceChanged => "source changed",
+                DateState::JobChanged => "job changed",
+            };
+            let n = r.rows_now.or(r.last_run.as_ref().map(|l| l.output_rows));
+            let bar_len = n.map(|n| ((n as f64 / max as f64) * 30.0).round() as usize).unwrap_or(0);
+            println!(
+                "{:<12} {:<15} {:>10} {:<20} {:<34} {}",
+                r.run_date,
+                state,
+                n.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
+                r.last_run.as_ref().map(|l| l.finished_at.format("%Y-%m-%d %H:%M:%S").to_string()).unwrap_or_else(|| "-".into()),
+                r.last_run.as_ref().map(|l| l.run_key.as_str()).unwrap_or("-"),
+                "█".repeat(bar_len)
+            );
+        }
+        let bad = rows.iter().filter(|r| r.state != DateState::Ok).count();
+        println!("{job}: {} dates, {} need attention", rows.len(), bad);
+    }
+
+    pub fn runs(&self, entries: &[Entry]) {
+        if self.json {
+            self.json(&json!({"runs": entries}));
+            return;
+        }
+        println!("{:<20} {:<16} {:<12} {:<10} {:>10} {:>10}  run key", "finished (UTC)", "job", "date", "outcome", "written", "rows");
+        for e in entries {
+            println!(
+                "{:<20} {:<16} {:<12} {:<10} {:>10} {:>10}  {}",
+                e.finished_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+                e.job,
+                e.run_date,
+                e.outcome,
+                e.rows_inserted + e.rows_updated,
+                e.output_rows,
+                e.run_key
+            );
         }
     }
 

@@ -201,3 +201,65 @@ fn demo_runs_and_checks_itself() {
     assert!(tmp.path().join("d/silver_orders.toml").exists());
     assert!(tmp.path().join("d/demo.duckdb").exists());
 }
+
+fn day_fingerprints(dir: &Path) -> Vec<(i64, String)> {
+    let mut out = Vec::new();
+    for day in ["2026-10-19", "2026-10-20"] {
+        let fp = fixpoint(dir, &["fingerprint", "silver.orders", "--where", &format!("dt = DATE '{day}'"), "--db", "duckdb:w.duckdb", "--output", "json"]);
+        assert_eq!(fp.code, 0, "{}", fp.stderr);
+        let f: serde_json::Value = serde_json::from_str(&fp.stdout).unwrap();
+        out.push((f["rows"].as_i64().unwrap(), f["checksum"].as_str().unwrap().to_owned()));
+    }
+    out
+}
+
+#[test]
+fn a_killed_backfill_resumes_to_the_uninterrupted_state() {
+    let clean = tempfile::tempdir().unwrap();
+    setup(clean.path());
+    let out = fixpoint(clean.path(), &["backfill", "job.toml", "--from", "2026-10-19", "--to", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!((v["committed"].as_u64(), v["skipped"].as_u64(), v["failed"].as_u64()), (Some(2), Some(0), Some(0)));
+    let expected = day_fingerprints(clean.path());
+
+    let tmp = tempfile::tempdir().unwrap();
+    setup(tmp.path());
+    let killed = Command::new(env!("CARGO_BIN_EXE_fixpoint"))
+        .args(["backfill", "job.toml", "--from", "2026-10-19", "--to", "2026-10-20", "--db", "duckdb:w.duckdb"])
+        .current_dir(tmp.path())
+        .env("FIXPOINT_FAIL_AT", "mid_insert@2026-10-20")
+        .env("FIXPOINT_FAIL_MODE", "abort")
+        .output()
+        .unwrap();
+    assert!(killed.status.code().is_none(), "killed by a signal");
+    // A failure (not a kill) on the second date: exit 1, a summary, the first date kept.
+    let failed = Command::new(env!("CARGO_BIN_EXE_fixpoint"))
+        .args(["backfill", "job.toml", "--from", "2026-10-19", "--to", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json"])
+        .current_dir(tmp.path())
+        .env("FIXPOINT_FAIL_AT", "after_delete@2026-10-20")
+        .output()
+        .unwrap();
+    assert_eq!(failed.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&failed.stdout).unwrap();
+    assert_eq!(v["dates"][0]["outcome"], "skipped", "the 19th was done before the kill");
+    assert_eq!(v["dates"][1]["outcome"], "failed");
+    assert_eq!(v["dates"][1]["error"]["message"], "injected failure at after_delete");
+    let resumed = fixpoint(tmp.path(), &["backfill", "job.toml", "--from", "2026-10-19", "--to", "2026-10-20", "--db", "duckdb:w.duckdb"]);
+    assert_eq!(resumed.code, 0, "{}", resumed.stderr);
+    assert!(resumed.stdout.contains("1 committed, 1 skipped (already done), 0 failed"), "{}", resumed.stdout);
+    assert_eq!(day_fingerprints(tmp.path()), expected);
+
+    // status and runs read the ledger.
+    let st = fixpoint(tmp.path(), &["status", "job.toml", "--db", "duckdb:w.duckdb", "--output", "json"]);
+    let s: serde_json::Value = serde_json::from_str(&st.stdout).unwrap();
+    let states: Vec<&str> = s["dates"].as_array().unwrap().iter().map(|d| d["state"].as_str().unwrap()).collect();
+    assert_eq!(states, ["ok", "ok"]);
+    let runs = fixpoint(tmp.path(), &["runs", "--job", "silver_orders", "--db", "duckdb:w.duckdb", "--output", "json"]);
+    let r: serde_json::Value = serde_json::from_str(&runs.stdout).unwrap();
+    let dates: Vec<&str> = r["runs"].as_array().unwrap().iter().map(|e| e["run_date"].as_str().unwrap()).collect();
+    assert_eq!(dates, ["2026-10-20", "2026-10-19", "2026-10-19", "2026-10-19"], "newest first: the resumed run, the two skips, the first load");
+    let bad = fixpoint(tmp.path(), &["backfill", "job.toml", "--from", "2026-10-21", "--to", "2026-10-20", "--db", "duckdb:w.duckdb"]);
+    assert_eq!(bad.code, 2);
+    assert!(bad.stderr.contains("--from 2026-10-21 is after --to 2026-10-20"), "{}", bad.stderr);
+}

@@ -3,6 +3,7 @@
 //! drivers live here.
 #![deny(missing_docs)]
 
+pub mod backfill;
 pub mod date;
 pub mod engine;
 pub mod error;

@@ -237,7 +237,27 @@ fn merge_without_tombstones_or_partition(e: &dyn EngineUnderTest) {
     assert!(db.table_columns(&t).unwrap().is_none(), "no tombstone table without `deleted`");
 }
 
+fn merge_backfills_batch_by_batch(e: &dyn EngineUnderTest) {
+    use fixpoint_core::backfill::{backfill, BackfillOptions, DateOutcome};
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    seed(db);
+    let job = job(MERGE_JOB);
+    let dates = fixpoint_core::RunDate::range(d("2026-10-19"), d("2026-10-22"));
+    let first = backfill(&job, &dates, db, &BackfillOptions::default(), |_| {});
+    assert!(first.iter().all(|o| matches!(o, DateOutcome::Done(_))));
+    let state = target(db);
+    // The whole range again: every batch is a replay, nothing changes.
+    let again = backfill(&job, &dates, db, &BackfillOptions::default(), |_| {});
+    for o in &again {
+        let DateOutcome::Done(r) = o else { panic!("{o:?}") };
+        assert_eq!((r.rows_inserted, r.rows_updated, r.rows_deleted), (0, 0, 0), "{}", r.run_date);
+    }
+    assert_eq!(target(db), state);
+}
+
 scenarios!(
+    merge_backfills_batch_by_batch,
     merge_without_tombstones_or_partition,
     seed_feed_replays_and_out_of_order,
     tombstones_delete_and_never_resurrect,
