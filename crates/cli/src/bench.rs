@@ -18,6 +18,7 @@ use crate::Common;
 pub enum BenchStrategy {
     ReplacePartition,
     Merge,
+    Backfill,
 }
 
 #[derive(Args)]
@@ -174,6 +175,9 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
     std::fs::create_dir_all(&args.dir).map_err(|source| Error::Io { path: args.dir.clone(), source })?;
     if args.strategy == BenchStrategy::Merge {
         return run_merge(args, out);
+    }
+    if args.strategy == BenchStrategy::Backfill {
+        return run_backfill(args, out);
     }
     let file = args.dir.join("bench.duckdb");
     setup(&file, args.rows, args.days)?;
@@ -365,6 +369,81 @@ fn run_merge(args: BenchArgs, out: &Output) -> Result<(), Error> {
         println!("| fixpoint run, unpruned | {:.3} | | {:.0} |", med(&un), rss(&un));
         println!("ratio fixpoint / hand-written: {:.3} (pruned), {:.3} (unpruned)", med(&fx) / med(&hw), med(&un) / med(&hw));
         println!("fixpoint's last report: {last}");
+    }
+    Ok(())
+}
+
+/// A backfill of every day into an empty target, sequential and with
+/// `--parallel 2`; then the same backfill again (every date skipped), against
+/// one day's forced load.
+fn run_backfill(args: BenchArgs, out: &Output) -> Result<(), Error> {
+    let (rows, days) = if args.rows == 20_000_000 && args.days == 4 { (30_000_000, 30) } else { (args.rows, args.days) };
+    let file = args.dir.join("backfill.duckdb");
+    setup(&file, rows, days)?;
+    let job = args.dir.join("bench_backfill.toml");
+    std::fs::write(
+        &job,
+        format!("name = \"bench_backfill\"\ntarget = \"silver.orders\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\nmin_rows = 1\n\n[source]\nsql = \"{SOURCE}:run_date\"\n"),
+    )
+    .map_err(|source| Error::Io { path: job.clone(), source })?;
+    let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
+    let url = format!("duckdb:{}", file.display());
+    let first = RunDate::parse("2026-10-19")?;
+    let last = RunDate::range(first, RunDate::from_naive(first.date() + chrono::Duration::days(days as i64 - 1)));
+    let to = last.last().expect("days > 0").to_string();
+    let empty = || -> Result<(), Error> {
+        let db = DuckDb::open(&file, Duration::from_secs(60))?;
+        db.connection()
+            .execute_batch("DROP TABLE IF EXISTS silver.orders; DROP SCHEMA IF EXISTS fixpoint CASCADE; CHECKPOINT;")
+            .map_err(db_err("emptying the target"))
+    };
+    let timed = |extra: &[&str]| -> Result<Sample, Error> {
+        let start = Instant::now();
+        let mut c = Command::new(&exe);
+        c.args(["backfill", &job.display().to_string(), "--from", "2026-10-19", "--to", &to, "--db", &url, "--output", "json"]).args(extra);
+        let (mut s, _) = measure(&mut c)?;
+        s.inner = start.elapsed().as_secs_f64();
+        Ok(s)
+    };
+    let mut seq = Vec::new();
+    let mut par = Vec::new();
+    let mut rerun = Vec::new();
+    for round in 0..args.rounds {
+        eprintln!("bench: round {}/{}", round + 1, args.rounds);
+        empty()?;
+        seq.push(timed(&[])?);
+        rerun.push(timed(&[])?);
+        empty()?;
+        par.push(timed(&["--parallel", "2"])?);
+    }
+    let mut one = Vec::new();
+    for _ in 0..args.rounds {
+        let mut c = Command::new(&exe);
+        c.args(["run", &job.display().to_string(), "--date", "2026-10-20", "--db", &url, "--force", "--output", "json"]);
+        let start = Instant::now();
+        let (mut s, _) = measure(&mut c)?;
+        s.inner = start.elapsed().as_secs_f64();
+        one.push(s);
+    }
+    let med = |v: &[Sample]| median(v.iter().map(|s| s.inner).collect());
+    let rss = |v: &[Sample]| v.iter().map(|s| s.rss_mb).fold(0.0, f64::max);
+    let result = json!({
+        "rows": rows, "days": days, "rounds": args.rounds,
+        "sequential_s": med(&seq), "parallel_2_s": med(&par), "rerun_all_skipped_s": med(&rerun), "one_day_forced_s": med(&one),
+        "rerun_over_one_day": med(&rerun) / med(&one),
+        "sequential_peak_rss_mb": rss(&seq), "parallel_peak_rss_mb": rss(&par), "rerun_peak_rss_mb": rss(&rerun),
+    });
+    if out.is_json() {
+        out.json(&result);
+    } else {
+        println!("backfill {days} days × {} rows into an empty target, median of {} rounds (whole process)", rows / days, args.rounds);
+        println!("| run | time (s) | peak RSS (MiB) |");
+        println!("|---|---|---|");
+        println!("| backfill, sequential | {:.2} | {:.0} |", med(&seq), rss(&seq));
+        println!("| backfill --parallel 2 (DuckDB: one writer per file, so serialized) | {:.2} | {:.0} |", med(&par), rss(&par));
+        println!("| the same backfill again (every date skipped) | {:.2} | {:.0} |", med(&rerun), rss(&rerun));
+        println!("| one day's load, forced | {:.2} | {:.0} |", med(&one), rss(&one));
+        println!("re-run of a completed backfill / one day's load: {:.2}", med(&rerun) / med(&one));
     }
     Ok(())
 }

@@ -53,8 +53,7 @@ pub struct Entry {
     pub target: String,
     /// Logical run date.
     pub run_date: String,
-    /// `committed` (the target was rewritten) or `skipped` (it already held
-    /// this run's output).
+    /// `committed`. (A skipped run changes nothing and records nothing.)
     pub outcome: String,
     /// How the fingerprints were made.
     pub fingerprint_kind: String,
@@ -154,6 +153,11 @@ pub fn entries(engine: &mut dyn Engine, job: Option<&str>, run_date: Option<RunD
     if !exists(engine)? {
         return Ok(Vec::new());
     }
+    entries_of_existing(engine, job, run_date, limit)
+}
+
+/// [`entries`] when the ledger is known to exist (after [`ensure`]).
+pub fn entries_of_existing(engine: &mut dyn Engine, job: Option<&str>, run_date: Option<RunDate>, limit: Option<u64>) -> Result<Vec<Entry>> {
     let mut sql = Sql::new();
     sql.push("SELECT ");
     sql.push(

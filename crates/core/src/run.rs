@@ -216,7 +216,7 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
         let job_hash = job.definition_hash();
         let scope = Scope::Table { table: &job.target, filter: Some(Filter::DateEquals(partition, run_date.date())) };
         let last = if !opts.force && target_cols.is_some() {
-            ledger::entries(engine, Some(&job.name), Some(run_date), Some(1))?.into_iter().next()
+            ledger::entries_of_existing(engine, Some(&job.name), Some(run_date), Some(1))?.into_iter().next()
         } else {
             None
         };
@@ -295,7 +295,7 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
                         created_target: false,
                         elapsed_ms: started.elapsed().as_millis() as u64,
                     };
-                    ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
+                    // Nothing changed, so nothing is recorded.
                     return Ok(report);
                 }
             }

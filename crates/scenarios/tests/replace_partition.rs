@@ -41,11 +41,11 @@ fn five_runs_equal_one_run(e: &dyn EngineUnderTest) {
     assert_eq!(rows(db, "SELECT order_id, order_total, updated_at FROM silver.orders WHERE dt = DATE '2026-10-19'"), rows19);
     assert_eq!(day_fp(db, "silver.orders", "2026-10-19", &["load_id"]).checksum, first19.output_checksum);
     assert_eq!(count(db, "SELECT count(*) FROM silver.orders"), 6);
-    // Ledger: one row per run, the same run key for all runs of the 20th.
+    // Ledger: one row per committed run, the same run key for all runs of the 20th.
     let entries = ledger::entries(db, Some("silver_orders"), Some(d("2026-10-20")), None).unwrap();
-    assert_eq!(entries.len(), 6);
+    assert_eq!(entries.len(), 5, "one row per committed run; a skip changes nothing and records nothing");
     assert!(entries.iter().all(|e| e.run_key == first.run_key && e.output_checksum == first.output_checksum));
-    assert_eq!(entries.iter().filter(|e| e.outcome == "skipped").count(), 1);
+    assert!(entries.iter().all(|e| e.outcome == "committed"));
 }
 
 fn failure_at_any_step_keeps_previous_contents(e: &dyn EngineUnderTest) {
