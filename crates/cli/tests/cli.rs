@@ -259,6 +259,13 @@ fn a_killed_backfill_resumes_to_the_uninterrupted_state() {
     let r: serde_json::Value = serde_json::from_str(&runs.stdout).unwrap();
     let dates: Vec<&str> = r["runs"].as_array().unwrap().iter().map(|e| e["run_date"].as_str().unwrap()).collect();
     assert_eq!(dates, ["2026-10-20", "2026-10-19"], "newest first: the resumed run, then the first load (skips record nothing)");
+    // --parallel 2 ends in the same state (DuckDB serializes, and says so).
+    let par = tempfile::tempdir().unwrap();
+    setup(par.path());
+    let p = fixpoint(par.path(), &["backfill", "job.toml", "--from", "2026-10-19", "--to", "2026-10-20", "--parallel", "2", "--db", "duckdb:w.duckdb"]);
+    assert_eq!(p.code, 0, "{}", p.stderr);
+    assert!(p.stderr.contains("one writer per database file; running the dates one at a time"), "{}", p.stderr);
+    assert_eq!(day_fingerprints(par.path()), expected);
     let bad = fixpoint(tmp.path(), &["backfill", "job.toml", "--from", "2026-10-21", "--to", "2026-10-20", "--db", "duckdb:w.duckdb"]);
     assert_eq!(bad.code, 2);
     assert!(bad.stderr.contains("--from 2026-10-21 is after --to 2026-10-20"), "{}", bad.stderr);
