@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use fixpoint_core::engine::{fingerprint, Engine, Filter, Scope};
+use fixpoint_core::lint::{lint, Severity, SqlDialect};
 use fixpoint_core::{Error, FailPoint, FaultAction, Job, Method, RunDate, RunOptions, TableName};
 
 use output::{exit_code, Output};
@@ -41,6 +42,12 @@ struct DbArgs {
 }
 
 #[derive(Copy, Clone, PartialEq, Eq, ValueEnum)]
+enum DialectArg {
+    Duckdb,
+    Postgres,
+}
+
+#[derive(Copy, Clone, PartialEq, Eq, ValueEnum)]
 enum Format {
     Text,
     Json,
@@ -60,6 +67,9 @@ enum Command {
         /// Rewrite even when the target already holds this run's output.
         #[arg(long)]
         force: bool,
+        /// Run even when `fixpoint lint` finds errors in the job.
+        #[arg(long)]
+        allow_nondeterministic: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -83,6 +93,9 @@ enum Command {
         /// Go on after a failed date (the exit code still says it failed).
         #[arg(long)]
         keep_going: bool,
+        /// Run even when `fixpoint lint` finds errors in the job.
+        #[arg(long)]
+        allow_nondeterministic: bool,
         #[command(flatten)]
         db: DbArgs,
         #[command(flatten)]
@@ -113,6 +126,20 @@ enum Command {
         limit: u64,
         #[command(flatten)]
         db: DbArgs,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Find what makes a job non-idempotent (clock, randomness, order, scope, keys) before it runs.
+    Lint {
+        /// Job files (TOML).
+        #[arg(required = true)]
+        jobs: Vec<PathBuf>,
+        /// SQL dialect to read the jobs with.
+        #[arg(long, value_enum, default_value = "duckdb")]
+        dialect: DialectArg,
+        /// Fail on warnings too.
+        #[arg(long)]
+        deny_warnings: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -161,7 +188,8 @@ fn main() -> ExitCode {
         | Command::Demo { common, .. }
         | Command::Backfill { common, .. }
         | Command::Status { common, .. }
-        | Command::Runs { common, .. } => common.output,
+        | Command::Runs { common, .. }
+        | Command::Lint { common, .. } => common.output,
         Command::Bench(a) => a.common.output,
         Command::BenchSql(_) => Format::Text,
     };
@@ -223,9 +251,37 @@ fn parse_job_and_engine(job: &std::path::Path, db: &DbArgs) -> Result<(Job, Box<
     Ok((job, engine))
 }
 
+/// `run` and `backfill` refuse a job with lint errors unless allowed.
+fn lint_gate(job: &Job, db_url: &str, allow: bool) -> Result<(), Error> {
+    let dialect = if db_url.starts_with("postgres") { SqlDialect::Postgres } else { SqlDialect::DuckDb };
+    match lint(job, dialect) {
+        Ok(findings) => {
+            let errors: Vec<_> = findings.iter().filter(|f| f.severity == Severity::Error).collect();
+            if errors.is_empty() {
+                return Ok(());
+            }
+            let list = errors.iter().map(|f| format!("  line {}:{}: {}: {}", f.line, f.column, f.rule, f.message)).collect::<Vec<_>>().join("\n");
+            if allow {
+                eprintln!("fixpoint: running despite lint errors (--allow-nondeterministic):\n{list}");
+                return Ok(());
+            }
+            Err(Error::Spec {
+                file: job.path.clone().unwrap_or_default(),
+                key: "source.sql".into(),
+                message: format!("{} lint error(s): reruns of this job would not leave the same table\n{list}", errors.len()),
+                hint: Some("fix them (see `fixpoint lint`), or pass --allow-nondeterministic".into()),
+            })
+        }
+        Err(e) => {
+            eprintln!("fixpoint: not linted: {e}");
+            Ok(())
+        }
+    }
+}
+
 fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
     match command {
-        Command::Run { job, date, db, force, .. } => {
+        Command::Run { job, date, db, force, allow_nondeterministic, .. } => {
             let Some(date) = date else {
                 return Err(Error::argument(
                     "--date is required: a run's date comes from the caller, never from the clock",
@@ -234,6 +290,7 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             };
             let run_date = RunDate::parse(&date)?;
             let job = Job::from_file(&job)?;
+            lint_gate(&job, &db.db, allow_nondeterministic)?;
             let mut engine = open_engine(&db.db, Duration::from_secs(db.wait))?;
             let (fault, fault_date) = fault_from_env()?;
             let fault = if fault_date.is_some_and(|d| d != run_date) { None } else { fault };
@@ -267,7 +324,7 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             out.fingerprint(&table, &fp);
             Ok(())
         }
-        Command::Backfill { job, from, to, parallel, force, keep_going, db, .. } => {
+        Command::Backfill { job, from, to, parallel, force, keep_going, allow_nondeterministic, db, .. } => {
             let (from, to) = (RunDate::parse(&from)?, RunDate::parse(&to)?);
             if from > to {
                 return Err(Error::argument(format!("--from {from} is after --to {to}"), Some("give the range in date order")));
@@ -276,6 +333,7 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
                 return Err(Error::argument("--parallel 0: expected at least 1", None));
             }
             let (job, mut engine) = parse_job_and_engine(&job, &db)?;
+            lint_gate(&job, &db.db, allow_nondeterministic)?;
             if parallel > 1 && engine.name() == "duckdb" {
                 eprintln!("fixpoint: duckdb allows one writer per database file; running the dates one at a time");
             }
@@ -316,6 +374,24 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             let mut engine = open_engine(&db.db, Duration::from_secs(db.wait))?;
             let entries = fixpoint_core::ledger::entries(engine.as_mut(), job.as_deref(), None, Some(limit))?;
             out.runs(&entries);
+            Ok(())
+        }
+        Command::Lint { jobs, dialect, deny_warnings, .. } => {
+            let dialect = match dialect {
+                DialectArg::Duckdb => SqlDialect::DuckDb,
+                DialectArg::Postgres => SqlDialect::Postgres,
+            };
+            let mut all = Vec::new();
+            for path in &jobs {
+                let job = Job::from_file(path)?;
+                all.push((path.display().to_string(), lint(&job, dialect)?));
+            }
+            let errors = all.iter().flat_map(|(_, f)| f).filter(|f| f.severity == Severity::Error).count();
+            let warnings = all.iter().flat_map(|(_, f)| f).filter(|f| f.severity == Severity::Warning).count();
+            out.lint(&all, errors, warnings);
+            if errors > 0 || (deny_warnings && warnings > 0) {
+                return Err(Error::Internal(format!("{} {}", output::REPORTED, output::code::INPUT)));
+            }
             Ok(())
         }
         Command::Demo { rows, dir, .. } => demo::run(rows, &dir, out),

@@ -228,6 +228,25 @@ impl Output {
         println!("{job}: {} dates, {} need attention", rows.len(), bad);
     }
 
+    pub fn lint(&self, all: &[(String, Vec<fixpoint_core::lint::Finding>)], errors: usize, warnings: usize) {
+        if self.json {
+            let files: Vec<serde_json::Value> = all.iter().map(|(f, fs)| json!({"file": f, "findings": fs})).collect();
+            self.json(&json!({"files": files, "errors": errors, "warnings": warnings}));
+            return;
+        }
+        for (file, findings) in all {
+            for f in findings {
+                let sev = match f.severity {
+                    fixpoint_core::lint::Severity::Error => "error",
+                    fixpoint_core::lint::Severity::Warning => "warning",
+                };
+                println!("{file}:{}:{}: {sev}[{}]: {}", f.line, f.column, f.rule, f.message);
+                println!("  (source.sql line {}, column {}) hint: {}", f.sql_line, f.sql_column, f.hint);
+            }
+        }
+        println!("{} file(s): {errors} error(s), {warnings} warning(s)", all.len());
+    }
+
     pub fn runs(&self, entries: &[Entry]) {
         if self.json {
             self.json(&json!({"runs": entries}));

@@ -199,6 +199,8 @@ fn demo_runs_and_checks_itself() {
     assert!(out.stdout.contains("orders of 2026-10-20 whose output changed: 1 (order 12)"), "{}", out.stdout);
     assert!(out.stdout.contains("partition 2026-10-21 now: 0 rows; ledger entries for it: 0"), "{}", out.stdout);
     assert!(tmp.path().join("d/silver_orders.toml").exists());
+    let lint = fixpoint(tmp.path(), &["lint", "d/silver_orders.toml"]);
+    assert_eq!((lint.code, lint.stdout.trim()), (0, "1 file(s): 0 error(s), 0 warning(s)"), "the demo job lints clean");
     assert!(tmp.path().join("d/demo.duckdb").exists());
 }
 
@@ -269,4 +271,31 @@ fn a_killed_backfill_resumes_to_the_uninterrupted_state() {
     let bad = fixpoint(tmp.path(), &["backfill", "job.toml", "--from", "2026-10-21", "--to", "2026-10-20", "--db", "duckdb:w.duckdb"]);
     assert_eq!(bad.code, 2);
     assert!(bad.stderr.contains("--from 2026-10-21 is after --to 2026-10-20"), "{}", bad.stderr);
+}
+
+#[test]
+fn run_refuses_a_job_with_lint_errors_unless_allowed() {
+    let tmp = tempfile::tempdir().unwrap();
+    setup(tmp.path());
+    std::fs::write(tmp.path().join("clock.toml"), JOB.replace("order_total, dt", "order_total, now() AS seen_at, dt")).unwrap();
+    let lint = fixpoint(tmp.path(), &["lint", "clock.toml", "--output", "json"]);
+    assert_eq!(lint.code, 2);
+    let v: serde_json::Value = serde_json::from_str(&lint.stdout).unwrap();
+    assert_eq!(v["errors"], 1);
+    assert_eq!(v["files"][0]["findings"][0]["rule"], "clock");
+    let refused = fixpoint(tmp.path(), &["run", "clock.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb"]);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(refused.stderr.contains("1 lint error(s): reruns of this job would not leave the same table"), "{}", refused.stderr);
+    assert!(refused.stderr.contains("line 8:38: clock: now() derives a value from the wall clock"), "{}", refused.stderr);
+    let allowed = fixpoint(tmp.path(), &["run", "clock.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--allow-nondeterministic"]);
+    assert_eq!(allowed.code, 0, "{}", allowed.stderr);
+    assert!(allowed.stderr.contains("running despite lint errors"), "{}", allowed.stderr);
+    // Warnings do not fail unless --deny-warnings.
+    std::fs::write(
+        tmp.path().join("warn.toml"),
+        JOB.replace("FROM bronze.orders WHERE dt = :run_date", "FROM (SELECT *, row_number() OVER (PARTITION BY order_id ORDER BY order_total) AS rn FROM bronze.orders) AS o WHERE dt = :run_date"),
+    )
+    .unwrap();
+    assert_eq!(fixpoint(tmp.path(), &["lint", "warn.toml"]).code, 0);
+    assert_eq!(fixpoint(tmp.path(), &["lint", "warn.toml", "--deny-warnings"]).code, 2);
 }

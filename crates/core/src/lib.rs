@@ -10,6 +10,7 @@ pub mod error;
 pub mod fingerprint;
 pub mod ident;
 pub mod ledger;
+pub mod lint;
 mod merge;
 pub mod run;
 pub mod runkey;

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::ident::{is_plain_ident, TableName};
-use crate::sql::{RunParam, SourceTemplate};
+use crate::sql::SourceTemplate;
 
 /// How a job changes its target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -62,6 +62,10 @@ pub struct Source {
     pub sql: String,
     #[serde(skip)]
     template: SourceTemplate,
+    /// Where the SQL text starts in the job file: its line, and the column
+    /// offset of its first line (0 when it starts on a line of its own).
+    #[serde(skip)]
+    pub position: (usize, usize),
 }
 
 impl Source {
@@ -115,7 +119,7 @@ struct RawJob {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawSource {
-    sql: Option<String>,
+    sql: Option<toml::Spanned<String>>,
 }
 
 impl Job {
@@ -186,9 +190,10 @@ impl Job {
             }
         };
         let partition = raw.partition.as_deref().map(|p| column("partition", p)).transpose()?;
-        let sql = raw
-            .source
-            .and_then(|s| s.sql)
+        let spanned = raw.source.and_then(|s| s.sql);
+        let sql_position = spanned.as_ref().map(|s| source_position(text, s.span()));
+        let sql = spanned
+            .map(|s| s.into_inner())
             .ok_or_else(|| spec_err("source.sql", "missing: expected the source query under [source], e.g. sql = \"SELECT … WHERE dt = :run_date\"".into(), None))?;
         let template = SourceTemplate::parse("source.sql", &sql).map_err(|e| match e {
             Error::Sql { message, hint, .. } => Error::Spec { file: path.to_owned(), key: "source.sql".into(), message, hint },
@@ -213,13 +218,6 @@ impl Job {
                 };
                 if metadata.contains(p) {
                     return Err(spec_err("metadata", format!("{p:?} is the partition column; it cannot be metadata"), None));
-                }
-                if !template.uses_any(&[RunParam::RunDate, RunParam::RunStart, RunParam::RunEnd]) {
-                    return Err(spec_err(
-                        "source.sql",
-                        "never uses :run_date, :run_start or :run_end, so every run would read every day".into(),
-                        Some("filter the source to the run's day, e.g. WHERE dt = :run_date"),
-                    ));
                 }
                 for (k, present) in [("key", raw.key.is_some()), ("version", raw.version.is_some()), ("deleted", raw.deleted.is_some()), ("on_tie", raw.on_tie.is_some())] {
                     if present {
@@ -259,7 +257,7 @@ impl Job {
             target,
             strategy,
             partition,
-            source: Source { sql, template },
+            source: Source { sql, template, position: sql_position.unwrap_or((1, 0)) },
             metadata,
             min_rows,
             merge,
@@ -271,6 +269,24 @@ impl Job {
     pub fn definition_hash(&self) -> String {
         let canonical = serde_json::to_string(self).expect("job serializes");
         crate::runkey::hash_hex(&["fixpoint-job-v1", &canonical])
+    }
+}
+
+/// Where a TOML string value's text starts: (line, column offset of its
+/// first line). A multi-line string whose opening quotes end the line starts
+/// on the next line.
+fn source_position(text: &str, span: std::ops::Range<usize>) -> (usize, usize) {
+    let start = span.start;
+    let line = text[..start].matches('\n').count() + 1;
+    let col = start - text[..start].rfind('\n').map(|i| i + 1).unwrap_or(0);
+    let value = &text[span];
+    let triple = value.starts_with("\"\"\"") || value.starts_with("'''");
+    if triple && value[3..].starts_with('\n') {
+        (line + 1, 0)
+    } else if triple {
+        (line, col + 3)
+    } else {
+        (line, col + 1)
     }
 }
 
@@ -335,7 +351,6 @@ sql = "SELECT *, now() AS loaded_at FROM bronze.orders WHERE dt = :run_date"
             ("partition = \"dt\"\n", "", "jobs/x.toml: partition: missing"),
             ("min_rows = 1", "min_rowz = 1", "jobs/x.toml: min_rowz: unknown field `min_rowz`"),
             ("sql = ", "sq = ", "jobs/x.toml: source.sq: unknown field `sq`"),
-            ("WHERE dt = :run_date", "", "jobs/x.toml: source.sql: never uses :run_date"),
             ("WHERE dt = :run_date", "WHERE dt = :rundate", "jobs/x.toml: source.sql: uses the unknown parameter `:rundate`"),
             ("name = \"silver_orders\"\n", "", "jobs/x.toml: name: missing"),
         ];

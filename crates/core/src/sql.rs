@@ -318,6 +318,24 @@ impl SourceTemplate {
         }
     }
 
+    /// The query with each `:name` replaced by a same-width `$n`, so a
+    /// parser reads it and every position stays where the user wrote it.
+    pub fn text_for_parsing(&self) -> String {
+        let mut out = String::new();
+        for seg in &self.segments {
+            match seg {
+                Segment::Text(t) => out.push_str(t),
+                Segment::Param(p) => {
+                    let n = RunParam::ALL.iter().position(|q| q == p).expect("known") + 1;
+                    let ph = format!("${n}");
+                    out.push_str(&ph);
+                    out.push_str(&" ".repeat(p.name().len() + 1 - ph.len()));
+                }
+            }
+        }
+        out
+    }
+
     /// The query alone.
     pub fn render(&self, values: &RunParams) -> Sql {
         let mut sql = Sql::new();

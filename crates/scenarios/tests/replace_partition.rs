@@ -211,6 +211,14 @@ INSERT INTO t.b VALUES ('u', 'v', 3, 'w'), ('p', 'q', 1, '1'), ('r', NULL, 2, ''
     }
 }
 
+#[test]
+fn the_seed_jobs_lint_clean() {
+    use fixpoint_core::lint::{lint, SqlDialect};
+    for dialect in [SqlDialect::DuckDb, SqlDialect::Postgres] {
+        assert_eq!(lint(&job(SILVER_JOB), dialect).unwrap(), vec![]);
+    }
+}
+
 scenarios!(
     five_runs_equal_one_run,
     failure_at_any_step_keeps_previous_contents,
