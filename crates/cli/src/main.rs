@@ -140,6 +140,9 @@ enum Command {
         /// Fail on warnings too.
         #[arg(long)]
         deny_warnings: bool,
+        /// Also check the target table in this database (generated merge keys).
+        #[arg(long)]
+        db: Option<String>,
         #[command(flatten)]
         common: Common,
     },
@@ -252,9 +255,13 @@ fn parse_job_and_engine(job: &std::path::Path, db: &DbArgs) -> Result<(Job, Box<
 }
 
 /// `run` and `backfill` refuse a job with lint errors unless allowed.
-fn lint_gate(job: &Job, db_url: &str, allow: bool) -> Result<(), Error> {
+fn lint_gate(job: &Job, db_url: &str, engine: &mut dyn Engine, allow: bool) -> Result<(), Error> {
     let dialect = if db_url.starts_with("postgres") { SqlDialect::Postgres } else { SqlDialect::DuckDb };
-    match lint(job, dialect) {
+    let target = fixpoint_core::lint::lint_target(job, engine)?;
+    match lint(job, dialect).map(|mut f| {
+        f.extend(target);
+        f
+    }) {
         Ok(findings) => {
             let errors: Vec<_> = findings.iter().filter(|f| f.severity == Severity::Error).collect();
             if errors.is_empty() {
@@ -290,8 +297,8 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             };
             let run_date = RunDate::parse(&date)?;
             let job = Job::from_file(&job)?;
-            lint_gate(&job, &db.db, allow_nondeterministic)?;
             let mut engine = open_engine(&db.db, Duration::from_secs(db.wait))?;
+            lint_gate(&job, &db.db, engine.as_mut(), allow_nondeterministic)?;
             let (fault, fault_date) = fault_from_env()?;
             let fault = if fault_date.is_some_and(|d| d != run_date) { None } else { fault };
             let opts = RunOptions { force, fault };
@@ -333,7 +340,7 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
                 return Err(Error::argument("--parallel 0: expected at least 1", None));
             }
             let (job, mut engine) = parse_job_and_engine(&job, &db)?;
-            lint_gate(&job, &db.db, allow_nondeterministic)?;
+            lint_gate(&job, &db.db, engine.as_mut(), allow_nondeterministic)?;
             if parallel > 1 && engine.name() == "duckdb" {
                 eprintln!("fixpoint: duckdb allows one writer per database file; running the dates one at a time");
             }
@@ -376,15 +383,20 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             out.runs(&entries);
             Ok(())
         }
-        Command::Lint { jobs, dialect, deny_warnings, .. } => {
+        Command::Lint { jobs, dialect, deny_warnings, db, .. } => {
             let dialect = match dialect {
                 DialectArg::Duckdb => SqlDialect::DuckDb,
                 DialectArg::Postgres => SqlDialect::Postgres,
             };
+            let mut engine = db.as_deref().map(|url| open_engine(url, Duration::from_secs(60))).transpose()?;
             let mut all = Vec::new();
             for path in &jobs {
                 let job = Job::from_file(path)?;
-                all.push((path.display().to_string(), lint(&job, dialect)?));
+                let mut findings = lint(&job, dialect)?;
+                if let Some(engine) = engine.as_mut() {
+                    findings.extend(fixpoint_core::lint::lint_target(&job, engine.as_mut())?);
+                }
+                all.push((path.display().to_string(), findings));
             }
             let errors = all.iter().flat_map(|(_, f)| f).filter(|f| f.severity == Severity::Error).count();
             let warnings = all.iter().flat_map(|(_, f)| f).filter(|f| f.severity == Severity::Warning).count();

@@ -240,8 +240,13 @@ impl Output {
                     fixpoint_core::lint::Severity::Error => "error",
                     fixpoint_core::lint::Severity::Warning => "warning",
                 };
-                println!("{file}:{}:{}: {sev}[{}]: {}", f.line, f.column, f.rule, f.message);
-                println!("  (source.sql line {}, column {}) hint: {}", f.sql_line, f.sql_column, f.hint);
+                if f.line == 0 {
+                    println!("{file}: {sev}[{}]: {}", f.rule, f.message);
+                    println!("  (the target table) hint: {}", f.hint);
+                } else {
+                    println!("{file}:{}:{}: {sev}[{}]: {}", f.line, f.column, f.rule, f.message);
+                    println!("  (source.sql line {}, column {}) hint: {}", f.sql_line, f.sql_column, f.hint);
+                }
             }
         }
         println!("{} file(s): {errors} error(s), {warnings} warning(s)", all.len());
