@@ -129,6 +129,24 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// Prove a job idempotent for one date: run it N times and compare fingerprints; with --crash, fail it at every step.
+    Prove {
+        /// The job file (TOML).
+        job: PathBuf,
+        /// The logical run date, YYYY-MM-DD.
+        #[arg(long)]
+        date: String,
+        /// How many runs to compare (at least 2).
+        #[arg(long, default_value_t = 2)]
+        runs: usize,
+        /// Also fail the run at every step boundary and check the old state survives and the rerun converges.
+        #[arg(long)]
+        crash: bool,
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(flatten)]
+        common: Common,
+    },
     /// Find what makes a job non-idempotent (clock, randomness, order, scope, keys) before it runs.
     Lint {
         /// Job files (TOML).
@@ -192,7 +210,8 @@ fn main() -> ExitCode {
         | Command::Backfill { common, .. }
         | Command::Status { common, .. }
         | Command::Runs { common, .. }
-        | Command::Lint { common, .. } => common.output,
+        | Command::Lint { common, .. }
+        | Command::Prove { common, .. } => common.output,
         Command::Bench(a) => a.common.output,
         Command::BenchSql(_) => Format::Text,
     };
@@ -382,6 +401,17 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             let entries = fixpoint_core::ledger::entries(engine.as_mut(), job.as_deref(), None, Some(limit))?;
             out.runs(&entries);
             Ok(())
+        }
+        Command::Prove { job, date, runs, crash, db, .. } => {
+            let run_date = RunDate::parse(&date)?;
+            let (job, mut engine) = parse_job_and_engine(&job, &db)?;
+            let proof = fixpoint_core::prove::prove(&job, run_date, engine.as_mut(), &fixpoint_core::prove::ProveOptions { runs, crash })?;
+            out.proof(&proof);
+            if proof.proved {
+                Ok(())
+            } else {
+                Err(Error::Internal(format!("{} {}", output::REPORTED, output::code::PROOF)))
+            }
         }
         Command::Lint { jobs, dialect, deny_warnings, db, .. } => {
             let dialect = match dialect {

@@ -17,7 +17,6 @@ pub mod code {
     /// The source data was refused by a guard; nothing changed.
     pub const DATA: u8 = 3;
     /// A proof failed / differences found.
-    #[allow(dead_code)]
     pub const PROOF: u8 = 4;
     /// Another run holds the lock.
     pub const BUSY: u8 = 5;
@@ -250,6 +249,35 @@ impl Output {
             }
         }
         println!("{} file(s): {errors} error(s), {warnings} warning(s)", all.len());
+    }
+
+    pub fn proof(&self, p: &fixpoint_core::prove::Proof) {
+        if self.json {
+            self.json(&serde_json::to_value(p).expect("proof serializes"));
+            return;
+        }
+        println!("prove {} {} (scope: {})", p.job, p.run_date, p.scope);
+        println!("  before    {} rows, checksum {}", p.before.rows, p.before.checksum);
+        for r in &p.runs {
+            println!("  run {}     {} rows, checksum {}  (run key {})", r.run, r.rows, r.checksum, r.run_key);
+            for d in &r.differs_from_first {
+                println!("            {d}");
+            }
+        }
+        for c in &p.crash {
+            let ok = |b: bool| if b { "yes" } else { "NO" };
+            println!(
+                "  crash at {:<14} previous contents kept: {}, ledger clean: {}, rerun converged: {}",
+                c.point.name(),
+                ok(c.previous_kept),
+                ok(c.ledger_clean),
+                ok(c.converged)
+            );
+        }
+        for f in &p.failures {
+            println!("  FAILED: {f}");
+        }
+        println!("{}", p.verdict);
     }
 
     pub fn runs(&self, entries: &[Entry]) {

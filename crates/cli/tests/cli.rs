@@ -299,3 +299,37 @@ fn run_refuses_a_job_with_lint_errors_unless_allowed() {
     assert_eq!(fixpoint(tmp.path(), &["lint", "warn.toml"]).code, 0);
     assert_eq!(fixpoint(tmp.path(), &["lint", "warn.toml", "--deny-warnings"]).code, 2);
 }
+
+#[test]
+fn prove_passes_an_idempotent_job_and_catches_the_clock_and_randomness() {
+    let tmp = tempfile::tempdir().unwrap();
+    setup(tmp.path());
+    let ok = fixpoint(tmp.path(), &["prove", "job.toml", "--date", "2026-10-20", "--runs", "3", "--crash", "--db", "duckdb:w.duckdb", "--output", "json"]);
+    assert_eq!(ok.code, 0, "{}\n{}", ok.stdout, ok.stderr);
+    let v: serde_json::Value = serde_json::from_str(&ok.stdout).unwrap();
+    assert_eq!(v["proved"], true);
+    assert_eq!(v["runs"].as_array().unwrap().len(), 3);
+    assert_eq!(v["crash"].as_array().unwrap().len(), 5);
+    assert!(v["crash"].as_array().unwrap().iter().all(|c| c["previous_kept"] == true && c["ledger_clean"] == true && c["converged"] == true));
+    let checksums: Vec<&str> = v["runs"].as_array().unwrap().iter().map(|r| r["checksum"].as_str().unwrap()).collect();
+    assert!(checksums.iter().all(|c| *c == checksums[0]));
+    assert!(v["verdict"].as_str().unwrap().ends_with("the diff is empty."), "{}", v["verdict"]);
+    let text = fixpoint(tmp.path(), &["prove", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb"]);
+    assert!(text.stdout.contains("2 runs left the same 2 rows with checksum"), "{}", text.stdout);
+
+    for (name, expr) in [("clock", "now() AS seen_at"), ("random", "random() AS score"), ("uuid", "gen_random_uuid() AS id")] {
+        let job = JOB.replace("silver.orders", &format!("silver.{name}")).replace("order_total, dt", &format!("order_total, {expr}, dt"));
+        std::fs::write(tmp.path().join(format!("{name}.toml")), job).unwrap();
+        let out = fixpoint(tmp.path(), &["prove", &format!("{name}.toml"), "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json"]);
+        assert_eq!(out.code, 4, "{name}: {}\n{}", out.stdout, out.stderr);
+        let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(v["proved"], false, "{name}");
+        assert!(v["verdict"].as_str().unwrap().starts_with("not idempotent: run 2 left 2 rows with checksum"), "{name}: {}", v["verdict"]);
+        let diffs = v["runs"][1]["differs_from_first"].as_array().unwrap();
+        assert_eq!(diffs.len(), 4, "{name}: both rows differ, in both directions: {diffs:?}");
+        assert!(diffs[0].as_str().unwrap().starts_with("only after this run: {order_id: "), "{name}: {diffs:?}");
+    }
+    let bad = fixpoint(tmp.path(), &["prove", "job.toml", "--date", "2026-10-20", "--runs", "1", "--db", "duckdb:w.duckdb"]);
+    assert_eq!(bad.code, 2);
+    assert!(bad.stderr.contains("a proof needs at least 2 runs"), "{}", bad.stderr);
+}

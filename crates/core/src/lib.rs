@@ -12,6 +12,7 @@ pub mod ident;
 pub mod ledger;
 pub mod lint;
 mod merge;
+pub mod prove;
 pub mod run;
 pub mod runkey;
 pub mod spec;

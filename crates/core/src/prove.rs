@@ -1,0 +1,221 @@
+//! `prove`: the seeds' test, said out loud and run. Fingerprint the job's
+//! scope, run the job N times and compare; fail it at every step boundary and
+//! check the old state survives and the rerun converges.
+
+use serde::Serialize;
+
+use crate::date::RunDate;
+use crate::engine::{fingerprint, Column, Engine, Filter, Scope};
+use crate::error::{Error, FailPoint, Result};
+use crate::fingerprint::{Fingerprint, Method};
+use crate::ident::quote_ident;
+use crate::ledger;
+use crate::run::{FaultAction, RunOptions};
+use crate::spec::{Job, Strategy};
+use crate::sql::Sql;
+
+/// What to prove.
+#[derive(Debug, Clone)]
+pub struct ProveOptions {
+    /// How many runs (at least 2).
+    pub runs: usize,
+    /// Also fail the run at every step boundary.
+    pub crash: bool,
+}
+
+/// One run's evidence.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunEvidence {
+    /// 1-based run number.
+    pub run: usize,
+    /// The run key.
+    pub run_key: String,
+    /// Rows in the scope after the run.
+    pub rows: u64,
+    /// Checksum of the scope after the run.
+    pub checksum: String,
+    /// Rows that differ from run 1's result (both directions), as samples.
+    pub differs_from_first: Vec<String>,
+}
+
+/// One crash point's evidence.
+#[derive(Debug, Clone, Serialize)]
+pub struct CrashEvidence {
+    /// The step boundary.
+    pub point: FailPoint,
+    /// The scope kept its previous fingerprint.
+    pub previous_kept: bool,
+    /// The ledger shows no run from the failed attempt.
+    pub ledger_clean: bool,
+    /// The rerun reached the clean fingerprint.
+    pub converged: bool,
+}
+
+/// The proof.
+#[derive(Debug, Clone, Serialize)]
+pub struct Proof {
+    /// Job name.
+    pub job: String,
+    /// Run date.
+    pub run_date: String,
+    /// What the scope is.
+    pub scope: String,
+    /// The scope before the first run.
+    pub before: Fingerprint,
+    /// Every run.
+    pub runs: Vec<RunEvidence>,
+    /// Every crash point (with `crash`).
+    pub crash: Vec<CrashEvidence>,
+    /// Whether everything held.
+    pub proved: bool,
+    /// What failed, one sentence each.
+    pub failures: Vec<String>,
+    /// The verdict in one sentence.
+    pub verdict: String,
+}
+
+const SNAPSHOT: &str = "\"__fixpoint_prove_first\"";
+
+fn scope_of<'a>(job: &'a Job, run_date: RunDate) -> (Scope<'a>, String) {
+    match (job.strategy, job.partition.as_deref()) {
+        (Strategy::ReplacePartition, Some(p)) => (
+            Scope::Table { table: &job.target, filter: Some(Filter::DateEquals(p, run_date.date())) },
+            format!("{} where {p} = {run_date}", job.target),
+        ),
+        _ => (Scope::Table { table: &job.target, filter: None }, format!("all of {}", job.target)),
+    }
+}
+
+fn scope_rows_sql(job: &Job, run_date: RunDate, cols: &[Column]) -> Sql {
+    let (scope, _) = scope_of(job, run_date);
+    let mut sql = Sql::new();
+    sql.push("SELECT ").push(&cols.iter().map(|c| format!("s.{}", quote_ident(&c.name))).collect::<Vec<_>>().join(", ")).push(" FROM ");
+    scope.write_from(&mut sql, "s");
+    sql
+}
+
+fn scope_fp(job: &Job, run_date: RunDate, engine: &mut dyn Engine, cols: &[Column]) -> Result<Fingerprint> {
+    let (scope, _) = scope_of(job, run_date);
+    fingerprint(engine, Method::Native, &scope, cols)
+}
+
+fn compared_cols(job: &Job, engine: &mut dyn Engine) -> Result<Vec<Column>> {
+    Ok(engine.table_columns(&job.target)?.unwrap_or_default().into_iter().filter(|c| !job.metadata.contains(&c.name)).collect())
+}
+
+/// Rows of the scope now that are not in the snapshot, and the other way
+/// round (at most 5 of each), as display strings.
+fn differences(job: &Job, run_date: RunDate, engine: &mut dyn Engine, cols: &[Column]) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for (label, first_is_now) in [("only after this run", true), ("only after run 1", false)] {
+        let now = scope_rows_sql(job, run_date, cols);
+        let mut sql = Sql::new();
+        if first_is_now {
+            sql.push("SELECT * FROM (");
+            sql.text.push_str(&now.text);
+            sql.params.extend(now.params);
+            sql.push(&format!(" EXCEPT ALL SELECT * FROM {SNAPSHOT}) AS d LIMIT 5"));
+        } else {
+            sql.push(&format!("SELECT * FROM (SELECT * FROM {SNAPSHOT} EXCEPT ALL "));
+            sql.text.push_str(&now.text);
+            sql.params.extend(now.params);
+            sql.push(") AS d LIMIT 5");
+        }
+        let rows = engine.query(&sql)?;
+        for r in rows.rows {
+            let row: Vec<String> = rows.columns.iter().zip(&r).map(|(c, v)| format!("{c}: {}", v.display())).collect();
+            out.push(format!("{label}: {{{}}}", row.join(", ")));
+        }
+    }
+    Ok(out)
+}
+
+/// Proves a job idempotent for one date: runs it `runs` times (each a real
+/// rewrite), compares the scope's fingerprint after each, and with `crash`
+/// fails it at every step boundary.
+pub fn prove(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &ProveOptions) -> Result<Proof> {
+    if opts.runs < 2 {
+        return Err(Error::argument(format!("--runs {}: a proof needs at least 2 runs", opts.runs), Some("the default is 2")));
+    }
+    let (_, scope_text) = scope_of(job, run_date);
+    let cols = compared_cols(job, engine)?;
+    let before = if cols.is_empty() {
+        Fingerprint { kind: "none".into(), rows: 0, checksum: "(no table yet)".into() }
+    } else {
+        scope_fp(job, run_date, engine, &cols)?
+    };
+    let force = RunOptions { force: true, fault: None };
+    let mut runs = Vec::new();
+    let mut failures = Vec::new();
+    let mut first: Option<Fingerprint> = None;
+    for i in 1..=opts.runs {
+        let report = job.load_with(run_date, engine, &force)?;
+        let cols = compared_cols(job, engine)?;
+        let fp = scope_fp(job, run_date, engine, &cols)?;
+        let mut differs = Vec::new();
+        match &first {
+            None => {
+                let rows = scope_rows_sql(job, run_date, &cols);
+                engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {SNAPSHOT}")))?;
+                let mut sql = Sql::new();
+                sql.push(&format!("CREATE TEMPORARY TABLE {SNAPSHOT} AS "));
+                sql.text.push_str(&rows.text);
+                sql.params.extend(rows.params);
+                engine.execute(&sql)?;
+                first = Some(fp.clone());
+            }
+            Some(f) if *f != fp => {
+                differs = differences(job, run_date, engine, &cols)?;
+                failures.push(format!(
+                    "run {i} left {} rows with checksum {}, run 1 left {} rows with checksum {}: not idempotent",
+                    fp.rows, fp.checksum, f.rows, f.checksum
+                ));
+            }
+            Some(_) => {}
+        }
+        runs.push(RunEvidence { run: i, run_key: report.run_key, rows: fp.rows, checksum: fp.checksum, differs_from_first: differs });
+    }
+    let clean = first.expect("runs >= 2");
+
+    let mut crash = Vec::new();
+    if opts.crash {
+        let cols = compared_cols(job, engine)?;
+        for point in FailPoint::ALL {
+            let previous = scope_fp(job, run_date, engine, &cols)?;
+            let ledger_before = ledger::entries(engine, Some(&job.name), Some(run_date), None)?.len();
+            let faulty = RunOptions { force: true, fault: Some((point, FaultAction::Error)) };
+            let failed_as_injected = matches!(job.load_with(run_date, engine, &faulty), Err(Error::Injected(p)) if p == point);
+            let previous_kept = failed_as_injected && scope_fp(job, run_date, engine, &cols)? == previous;
+            let ledger_clean = ledger::entries(engine, Some(&job.name), Some(run_date), None)?.len() == ledger_before;
+            job.load_with(run_date, engine, &force)?;
+            let converged = scope_fp(job, run_date, engine, &cols)? == clean;
+            if !(previous_kept && ledger_clean && converged) {
+                failures.push(format!(
+                    "a failure at {point} {}",
+                    if !previous_kept {
+                        "did not leave the previous contents in place"
+                    } else if !ledger_clean {
+                        "left a ledger row"
+                    } else {
+                        "was not repaired by the rerun"
+                    }
+                ));
+            }
+            crash.push(CrashEvidence { point, previous_kept, ledger_clean, converged });
+        }
+    }
+    engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {SNAPSHOT}")))?;
+    let proved = failures.is_empty();
+    let verdict = if proved {
+        format!(
+            "{} runs{} left the same {} rows with checksum {}: the diff is empty.",
+            opts.runs,
+            if opts.crash { format!(" and {} injected failures", crash.len()) } else { String::new() },
+            clean.rows,
+            clean.checksum
+        )
+    } else {
+        format!("not idempotent: {}", failures[0])
+    };
+    Ok(Proof { job: job.name.clone(), run_date: run_date.to_string(), scope: scope_text, before, runs, crash, proved, failures, verdict })
+}
