@@ -141,9 +141,12 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-fn setup(file: &Path, rows: u64, days: u64) -> Result<(), Error> {
+/// Builds (once; a marker file remembers the shape) a DuckDB file with a
+/// `table` of `rows` orders spread over `days` days from `first_day`, then
+/// runs `after`.
+fn build_orders(file: &Path, rows: u64, days: u64, schemas: &str, table: &str, first_day: &str, after: &str) -> Result<(), Error> {
     let marker = file.with_extension("rows");
-    let want = format!("{rows} {days}");
+    let want = format!("{rows} {days} {table}");
     if file.exists() && std::fs::read_to_string(&marker).ok().as_deref() == Some(want.as_str()) {
         return Ok(());
     }
@@ -154,21 +157,25 @@ fn setup(file: &Path, rows: u64, days: u64) -> Result<(), Error> {
     let db = DuckDb::open(file, Duration::from_secs(10))?;
     db.connection()
         .execute_batch(&format!(
-            "CREATE SCHEMA bronze; CREATE SCHEMA silver;
-             CREATE TABLE bronze.orders AS
+            "{schemas}
+             CREATE TABLE {table} AS
              SELECT i AS order_id, (i * 7) % 100003 AS customer_id,
                     CAST(((i * 7919) % 1000000) / 100.0 AS DECIMAL(12,2)) AS order_total,
                     ['EUR', 'USD', 'GBP'][(i % 3) + 1] AS currency,
-                    CAST(DATE '2026-10-19' + CAST(i // {per_day} AS INTEGER) AS TIMESTAMP) + to_seconds((i * 37) % 86400) AS updated_at,
-                    DATE '2026-10-19' + CAST(i // {per_day} AS INTEGER) AS dt
+                    CAST(DATE '{first_day}' + CAST(i // {per_day} AS INTEGER) AS TIMESTAMP) + to_seconds((i * 37) % 86400) AS updated_at,
+                    DATE '{first_day}' + CAST(i // {per_day} AS INTEGER) AS dt
              FROM range(0, {rows}) AS t(i);
-             CREATE TABLE silver.orders AS SELECT * FROM bronze.orders;
+             {after}
              CHECKPOINT;",
             per_day = rows / days
         ))
         .map_err(db_err("building the benchmark tables"))?;
     std::fs::write(&marker, want).map_err(|source| Error::Io { path: marker.clone(), source })?;
     Ok(())
+}
+
+fn setup(file: &Path, rows: u64, days: u64) -> Result<(), Error> {
+    build_orders(file, rows, days, "CREATE SCHEMA bronze; CREATE SCHEMA silver;", "bronze.orders", "2026-10-19", "CREATE TABLE silver.orders AS SELECT * FROM bronze.orders;")
 }
 
 pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
@@ -269,32 +276,7 @@ fn new_batch(file: &Path, changes: u64) -> Result<(), Error> {
 }
 
 fn setup_merge(file: &Path, rows: u64, days: u64) -> Result<(), Error> {
-    let marker = file.with_extension("rows");
-    let want = format!("{rows} {days} merge");
-    if file.exists() && std::fs::read_to_string(&marker).ok().as_deref() == Some(want.as_str()) {
-        return Ok(());
-    }
-    for p in [file.to_owned(), file.with_extension("duckdb.wal")] {
-        let _ = std::fs::remove_file(p);
-    }
-    eprintln!("bench: building {} ({rows} rows over {days} days)…", file.display());
-    let db = DuckDb::open(file, Duration::from_secs(10))?;
-    db.connection()
-        .execute_batch(&format!(
-            "CREATE SCHEMA staging; CREATE SCHEMA silver;
-             CREATE TABLE silver.orders AS
-             SELECT i AS order_id, (i * 7) % 100003 AS customer_id,
-                    CAST(((i * 7919) % 1000000) / 100.0 AS DECIMAL(12,2)) AS order_total,
-                    ['EUR', 'USD', 'GBP'][(i % 3) + 1] AS currency,
-                    CAST(DATE '2026-07-01' + CAST(i // {per_day} AS INTEGER) AS TIMESTAMP) + to_seconds((i * 37) % 86400) AS updated_at,
-                    DATE '2026-07-01' + CAST(i // {per_day} AS INTEGER) AS dt
-             FROM range(0, {rows}) AS t(i);
-             CHECKPOINT;",
-            per_day = rows / days
-        ))
-        .map_err(db_err("building the benchmark tables"))?;
-    std::fs::write(&marker, want).map_err(|source| Error::Io { path: marker.clone(), source })?;
-    Ok(())
+    build_orders(file, rows, days, "CREATE SCHEMA staging; CREATE SCHEMA silver;", "silver.orders", "2026-07-01", "")
 }
 
 fn run_merge(args: BenchArgs, out: &Output) -> Result<(), Error> {

@@ -33,7 +33,7 @@ struct Common {
 
 #[derive(Args, Clone)]
 struct DbArgs {
-    /// Database URL: duckdb:PATH.
+    /// Database URL: duckdb:PATH or postgres://user[:password]@host:port/db.
     #[arg(long, env = "FIXPOINT_DB", default_value = "duckdb:fixpoint.duckdb")]
     db: String,
     /// Seconds to wait while another process holds the database.
@@ -236,13 +236,12 @@ pub(crate) fn open_engine(url: &str, wait: Duration) -> Result<Box<dyn Engine>, 
             fixpoint_duckdb::DuckTarget::Memory => Box::new(fixpoint_duckdb::DuckDb::open_in_memory()?),
         });
     }
-    let shown = output::redact_url(url);
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        return Err(Error::Unsupported { engine: "postgres", capability: format!("connections yet ({shown})") });
+        return Ok(Box::new(fixpoint_postgres::Postgres::connect(url)?));
     }
     Err(Error::argument(
-        format!("{shown:?} is not a database URL"),
-        Some("use duckdb:PATH, e.g. --db duckdb:warehouse.duckdb"),
+        format!("{:?} is not a database URL", output::redact_url(url)),
+        Some("use duckdb:PATH or postgres://user@host:port/db"),
     ))
 }
 

@@ -49,17 +49,7 @@ fn class_name(c: ErrorClass) -> &'static str {
     }
 }
 
-/// Hides the password of a URL (`postgres://u:secret@h/db` → `postgres://u:***@h/db`).
-pub fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else { return url.to_owned() };
-    let rest = &url[scheme_end + 3..];
-    let Some(at) = rest.rfind('@') else { return url.to_owned() };
-    let userinfo = &rest[..at];
-    match userinfo.find(':') {
-        Some(colon) => format!("{}://{}:***{}", &url[..scheme_end], &userinfo[..colon], &rest[at..]),
-        None => url.to_owned(),
-    }
-}
+pub use fixpoint_core::error::redact_url;
 
 /// Where results go.
 pub struct Output {
@@ -318,15 +308,3 @@ impl Output {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::redact_url;
-
-    #[test]
-    fn passwords_are_hidden() {
-        assert_eq!(redact_url("postgres://u:s3cret@localhost:5432/db"), "postgres://u:***@localhost:5432/db");
-        assert_eq!(redact_url("postgres://u@localhost/db"), "postgres://u@localhost/db");
-        assert_eq!(redact_url("duckdb:x.duckdb"), "duckdb:x.duckdb");
-        assert_eq!(redact_url("postgres://u:p@ss@h/db"), "postgres://u:***@h/db");
-    }
-}

@@ -59,15 +59,27 @@ pub trait Engine {
     /// The columns a query returns, without running it to completion.
     fn describe(&mut self, query: &Sql) -> Result<Vec<Column>>;
 
-    /// A table's columns, or `None` when it does not exist.
+    /// A table's columns, or `None` when it does not exist. Must not fail
+    /// for a missing table (inside a transaction a failed statement aborts it).
     fn table_columns(&mut self, table: &TableName) -> Result<Option<Vec<Column>>>;
+
+    /// Creates a temporary table `name` (already quoted) holding `query`'s rows.
+    fn create_temp_table_as(&mut self, name: &str, query: &Sql) -> Result<()> {
+        let mut sql = Sql::new();
+        sql.push(&format!("CREATE TEMPORARY TABLE {name} AS "));
+        sql.text.push_str(&query.text);
+        sql.params = query.params.clone();
+        self.execute(&sql).map(|_| ())
+    }
 
     /// An expression hashing one row of `alias` over `columns` to a 64-bit
     /// integer, natively; `None` when the engine has no such hash.
     fn native_row_hash(&self, alias: &str, columns: &[Column]) -> Option<String>;
 
-    /// The canonical text of one value for portable fingerprints, and the
-    /// type class that goes into the signature.
+    /// The canonical text of one (non-NULL) value for portable fingerprints,
+    /// and its type class (`int`, `decimal`, `float`, `text`, `date`,
+    /// `timestamp`, `timestamptz`, `bool`, `bytes`, `other`), which goes into
+    /// the signature. The framing (tag, length, NULL marker) is added here.
     fn portable_value(&self, expr: &str, column: &Column) -> (String, &'static str);
 
     /// An expression hashing a canonical row text to a 64-bit integer (the
@@ -110,7 +122,10 @@ pub fn fingerprint_select(
             let mut signature = Vec::new();
             for c in columns {
                 let (text, class) = engine.portable_value(&format!("{alias}.{}", quote_ident(&c.name)), c);
-                parts.push(text);
+                // tag, length, ':', text — or tag '-' for NULL — so no two
+                // values of one row encode alike, and NULL differs from ''.
+                let tag = &class[..1];
+                parts.push(format!("coalesce('{tag}' || CAST(length({text}) AS VARCHAR) || ':' || {text}, '{tag}-')"));
                 signature.push(format!("{} {class}", c.name));
             }
             let row = if parts.is_empty() { "''".to_owned() } else { parts.join(" || ") };

@@ -244,3 +244,28 @@ impl Error {
 
 /// Result with fixpoint's error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Hides the password of a URL (`postgres://u:secret@h/db` → `postgres://u:***@h/db`),
+/// so no output, log or error ever shows it.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else { return url.to_owned() };
+    let rest = &url[scheme_end + 3..];
+    let Some(at) = rest.rfind('@') else { return url.to_owned() };
+    match rest[..at].find(':') {
+        Some(colon) => format!("{}://{}:***{}", &url[..scheme_end], &rest[..colon], &rest[at..]),
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_are_hidden() {
+        assert_eq!(redact_url("postgres://u:s3cret@localhost:5432/db"), "postgres://u:***@localhost:5432/db");
+        assert_eq!(redact_url("postgres://u@localhost/db"), "postgres://u@localhost/db");
+        assert_eq!(redact_url("duckdb:x.duckdb"), "duckdb:x.duckdb");
+        assert_eq!(redact_url("postgres://u:p@ss@h/db"), "postgres://u:***@h/db");
+    }
+}

@@ -126,14 +126,14 @@ pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts:
         engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {STAGE}")))?;
         engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {BATCH}")))?;
         let mut sql = Sql::new();
-        sql.push(&format!("CREATE TEMPORARY TABLE {STAGE} AS SELECT s.*, "));
+        sql.push("SELECT s.*, ");
         match &spec.deleted {
             Some(pred) => sql.push(&format!("coalesce(({pred}), false)")),
             None => sql.push("false"),
         };
         sql.push(&format!(" AS {} FROM ", quote_ident(DELETED)));
         Scope::Source { template: job.source.template(), params: &params }.write_from(&mut sql, "s");
-        engine.execute(&sql)?;
+        engine.create_temp_table_as(STAGE, &sql)?;
 
         trace.step("stage");
         // 2. NULL keys and versions are refused; the input fingerprint is
@@ -170,8 +170,8 @@ pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts:
             .collect::<Vec<_>>()
             .join(", ");
         let all = names.iter().map(|c| quote_ident(c)).chain([quote_ident(DELETED)]).collect::<Vec<_>>().join(", ");
-        engine.execute(&Sql::raw(format!(
-            "CREATE TEMPORARY TABLE {BATCH} AS SELECT {all} FROM (SELECT *, row_number() OVER (PARTITION BY {key_list} ORDER BY {order}) AS \"__fixpoint_rank\" FROM {STAGE}) AS r WHERE \"__fixpoint_rank\" = 1"
+        engine.create_temp_table_as(BATCH, &Sql::raw(format!(
+            "SELECT {all} FROM (SELECT *, row_number() OVER (PARTITION BY {key_list} ORDER BY {order}) AS \"__fixpoint_rank\" FROM {STAGE}) AS r WHERE \"__fixpoint_rank\" = 1"
         )))?;
         let batch_rows = count(engine, &Sql::raw(format!("SELECT count(*) FROM {BATCH}")))?[0];
         let duplicates_collapsed = input_rows - batch_rows;
@@ -382,27 +382,13 @@ pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts:
         };
 
         trace.step("output fp");
-        let report = RunReport {
-            job: job.name.clone(),
-            target: job.target.to_string(),
-            strategy: job.strategy.name().into(),
-            run_date: run_date.to_string(),
-            run_key: key,
-            outcome: "committed".into(),
-            skip_reason: None,
-            rows_deleted: deletes,
-            rows_inserted: inserts,
-            rows_updated: updates,
-            rows_unchanged: batch_rows - inserts - updates - deletes,
-            duplicates_collapsed,
-            input_rows,
-            input_checksum: input.checksum.clone(),
-            output_rows: output.rows,
-            output_checksum: output.checksum,
-            fingerprint_kind: input.kind.clone(),
-            created_target,
-            elapsed_ms: 0,
-        };
+        let mut report = RunReport::new(job, run_date, key, "committed", &input, &output);
+        report.rows_deleted = deletes;
+        report.rows_inserted = inserts;
+        report.rows_updated = updates;
+        report.rows_unchanged = batch_rows - inserts - updates - deletes;
+        report.duplicates_collapsed = duplicates_collapsed;
+        report.created_target = created_target;
         ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
         opts.step(FailPoint::BeforeCommit)?;
         engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {STAGE}")))?;

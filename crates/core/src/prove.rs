@@ -157,11 +157,7 @@ pub fn prove(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Prove
             None => {
                 let rows = scope_rows_sql(job, run_date, &cols);
                 engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {SNAPSHOT}")))?;
-                let mut sql = Sql::new();
-                sql.push(&format!("CREATE TEMPORARY TABLE {SNAPSHOT} AS "));
-                sql.text.push_str(&rows.text);
-                sql.params.extend(rows.params);
-                engine.execute(&sql)?;
+                engine.create_temp_table_as(SNAPSHOT, &rows)?;
                 first = Some(fp.clone());
             }
             Some(f) if *f != fp => {

@@ -87,6 +87,31 @@ pub struct RunReport {
 }
 
 impl RunReport {
+    /// A report with every count at zero.
+    pub(crate) fn new(job: &Job, run_date: RunDate, run_key: String, outcome: &str, input: &Fingerprint, output: &Fingerprint) -> RunReport {
+        RunReport {
+            job: job.name.clone(),
+            target: job.target.to_string(),
+            strategy: job.strategy.name().into(),
+            run_date: run_date.to_string(),
+            run_key,
+            outcome: outcome.into(),
+            skip_reason: None,
+            rows_deleted: 0,
+            rows_inserted: 0,
+            rows_updated: 0,
+            rows_unchanged: 0,
+            duplicates_collapsed: 0,
+            input_rows: input.rows,
+            input_checksum: input.checksum.clone(),
+            output_rows: output.rows,
+            output_checksum: output.checksum.clone(),
+            fingerprint_kind: input.kind.clone(),
+            created_target: false,
+            elapsed_ms: 0,
+        }
+    }
+
     /// The output fingerprint.
     pub fn output(&self) -> Fingerprint {
         Fingerprint { kind: self.fingerprint_kind.clone(), rows: self.output_rows, checksum: self.output_checksum.clone() }
@@ -274,27 +299,10 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
                 let now = fingerprint(engine, Method::Native, &scope, &output_cols)?;
                 trace.step("target fp");
                 if now.rows == last.output_rows && now.checksum == last.output_checksum {
-                    let report = RunReport {
-                        job: job.name.clone(),
-                        target: job.target.to_string(),
-                        strategy: job.strategy.name().into(),
-                        run_date: run_date.to_string(),
-                        run_key: params.run_key.clone(),
-                        outcome: "skipped".into(),
-                        skip_reason: Some("the partition already holds this run's output (same run key, same output fingerprint); use --force to rewrite it".into()),
-                        rows_deleted: 0,
-                        rows_inserted: 0,
-                        rows_updated: 0,
-                        rows_unchanged: now.rows,
-                        duplicates_collapsed: 0,
-                        input_rows,
-                        input_checksum: input.checksum.clone(),
-                        output_rows: now.rows,
-                        output_checksum: now.checksum,
-                        fingerprint_kind: input.kind.clone(),
-                        created_target: false,
-                        elapsed_ms: started.elapsed().as_millis() as u64,
-                    };
+                    let mut report = RunReport::new(job, run_date, params.run_key.clone(), "skipped", input, &now);
+                    report.skip_reason = Some("the partition already holds this run's output (same run key, same output fingerprint); use --force to rewrite it".into());
+                    report.rows_unchanged = now.rows;
+                    report.elapsed_ms = started.elapsed().as_millis() as u64;
                     // Nothing changed, so nothing is recorded.
                     return Ok(report);
                 }
@@ -358,27 +366,10 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
                 output.rows
             )));
         }
-        let report = RunReport {
-            job: job.name.clone(),
-            target: job.target.to_string(),
-            strategy: job.strategy.name().into(),
-            run_date: run_date.to_string(),
-            run_key: key,
-            outcome: "committed".into(),
-            skip_reason: None,
-            rows_deleted,
-            rows_inserted,
-            rows_updated: 0,
-            rows_unchanged: 0,
-            duplicates_collapsed: 0,
-            input_rows,
-            input_checksum: input.checksum.clone(),
-            output_rows: output.rows,
-            output_checksum: output.checksum,
-            fingerprint_kind: input.kind.clone(),
-            created_target,
-            elapsed_ms: 0,
-        };
+        let mut report = RunReport::new(job, run_date, key, "committed", &input, &output);
+        report.rows_deleted = rows_deleted;
+        report.rows_inserted = rows_inserted;
+        report.created_target = created_target;
         ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
         opts.step(FailPoint::BeforeCommit)?;
         trace.step("ledger row");

@@ -23,6 +23,45 @@ impl EngineUnderTest for DuckDbUnderTest {
     }
 }
 
+/// PostgreSQL at `FIXPOINT_TEST_PG` (default `postgres://root@127.0.0.1:5432/test`):
+/// each `fresh()` is a new database, dropped when the engine is dropped.
+pub struct PgUnderTest {
+    admin: String,
+}
+
+static PG_COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl PgUnderTest {
+    /// The server's URL for tests.
+    pub fn url() -> String {
+        std::env::var("FIXPOINT_TEST_PG").unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into())
+    }
+
+    /// The server, or `None` (after saying so) when it is unreachable and
+    /// this is not CI. Under `CI=true` an unreachable server fails the test.
+    pub fn get() -> Option<PgUnderTest> {
+        static REACHABLE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+        let url = Self::url();
+        let r = REACHABLE.get_or_init(|| fixpoint_postgres::Postgres::connect(&url).map(|_| ()).map_err(|e| e.to_string()));
+        match r {
+            Ok(()) => Some(PgUnderTest { admin: url }),
+            Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("postgres is unreachable under CI=true: {e}"),
+            Err(e) => {
+                eprintln!("skipped: postgres is unreachable ({e}); set FIXPOINT_TEST_PG or start the server");
+                None
+            }
+        }
+    }
+}
+
+impl EngineUnderTest for PgUnderTest {
+    fn fresh(&self) -> Box<dyn Engine> {
+        let n = PG_COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let name = format!("fixpoint_test_{}_{n}", std::process::id());
+        Box::new(fixpoint_postgres::Postgres::scratch(&self.admin, &name).unwrap_or_else(|e| panic!("{e}")))
+    }
+}
+
 /// Instantiates scenario functions `fn(&dyn EngineUnderTest)` for every engine.
 #[macro_export]
 macro_rules! scenarios {
@@ -32,6 +71,16 @@ macro_rules! scenarios {
                 #[test]
                 fn $name() {
                     super::$name(&$crate::DuckDbUnderTest);
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[test]
+                fn $name() {
+                    if let Some(pg) = $crate::PgUnderTest::get() {
+                        super::$name(&pg);
+                    }
                 }
             )*
         }

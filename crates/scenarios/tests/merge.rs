@@ -405,4 +405,18 @@ sql = "SELECT k, v, amount, cur, op, p FROM m.changes WHERE batch = :run_date"
             check(batches, order, &DuckDbUnderTest)?;
         }
     }
+
+    proptest! {
+        // Each case is a fresh database on the server: fewer cases.
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+        #[test]
+        fn postgres_merge_matches_the_model(
+            batches in proptest::collection::vec(proptest::collection::vec(row(), 0..8), 1..5),
+            order in proptest::collection::vec(0usize..5, 1..8),
+        ) {
+            if let Some(pg) = PgUnderTest::get() {
+                check(batches, order, &pg)?;
+            }
+        }
+    }
 }

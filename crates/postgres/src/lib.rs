@@ -1,0 +1,341 @@
+//! The PostgreSQL engine.
+//!
+//! Parameters are sent as text, declared `text`, and cast to their type in
+//! the SQL fixpoint writes (`CAST($1 AS DATE)`), so no value is ever spliced
+//! into a statement and binding never depends on the client's type mapping.
+//! Session settings that change text encodings (DateStyle, TimeZone,
+//! IntervalStyle, extra_float_digits) are pinned at connect, because the
+//! native fingerprint hashes each row's text form.
+#![deny(missing_docs)]
+
+use std::error::Error as StdError;
+
+use fixpoint_core::engine::{Column, Engine, Rows};
+use fixpoint_core::ident::{quote_ident, TableName};
+use fixpoint_core::sql::{Sql, Value};
+use fixpoint_core::{Error, Result};
+use postgres::types::{FromSql, ToSql, Type};
+use postgres::{Client, NoTls};
+
+/// A PostgreSQL database.
+pub struct Postgres {
+    client: Option<Client>,
+    version: Option<String>,
+    /// A database created for a test, dropped (through `admin`) on drop.
+    scratch: Option<(String, String)>,
+}
+
+use fixpoint_core::error::redact_url as redact;
+
+fn pg_err(context: impl Into<String>) -> impl FnOnce(postgres::Error) -> Error {
+    let context = context.into();
+    move |e| {
+        let message = match e.as_db_error() {
+            Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+            None => match e.source() {
+                Some(s) => format!("{e}: {s}"),
+                None => e.to_string(),
+            },
+        };
+        Error::Database { engine: "postgres", context, message }
+    }
+}
+
+const SESSION: &str = "SET DateStyle = 'ISO, YMD'; SET TimeZone = 'UTC'; SET IntervalStyle = 'postgres'; SET extra_float_digits = 1";
+
+impl Postgres {
+    /// Connects to `postgres://user[:password]@host:port/db`.
+    pub fn connect(url: &str) -> Result<Postgres> {
+        let mut client = Client::connect(url, NoTls).map_err(pg_err(format!("connecting to {}", redact(url))))?;
+        client.batch_execute(SESSION).map_err(pg_err("pinning session settings"))?;
+        Ok(Postgres { client: Some(client), version: None, scratch: None })
+    }
+
+    /// Creates a fresh database `name` through `admin_url` and connects to
+    /// it; the database is dropped when the engine is dropped (tests).
+    pub fn scratch(admin_url: &str, name: &str) -> Result<Postgres> {
+        let mut admin = Client::connect(admin_url, NoTls).map_err(pg_err(format!("connecting to {}", redact(admin_url))))?;
+        // One statement per call: DROP/CREATE DATABASE refuse to run in a transaction block.
+        for stmt in [format!("DROP DATABASE IF EXISTS {}", quote_ident(name)), format!("CREATE DATABASE {}", quote_ident(name))] {
+            admin.batch_execute(&stmt).map_err(pg_err("creating a scratch database"))?;
+        }
+        let url = match admin_url.rfind('/') {
+            Some(i) if i > admin_url.find("://").map_or(0, |s| s + 2) => format!("{}/{name}", &admin_url[..i]),
+            _ => format!("{admin_url}/{name}"),
+        };
+        let mut pg = Postgres::connect(&url)?;
+        pg.scratch = Some((admin_url.to_owned(), name.to_owned()));
+        Ok(pg)
+    }
+
+    fn client(&mut self) -> &mut Client {
+        self.client.as_mut().expect("connected")
+    }
+
+    fn params(sql: &Sql) -> Vec<Option<String>> {
+        sql.params
+            .iter()
+            .map(|v| match v {
+                Value::Null => None,
+                Value::Bool(b) => Some(b.to_string()),
+                Value::Int(i) => Some(i.to_string()),
+                Value::HugeInt(i) => Some(i.to_string()),
+                Value::Float(f) => Some(f.to_string()),
+                Value::Text(s) => Some(s.clone()),
+                Value::Date(d) => Some(d.format("%Y-%m-%d").to_string()),
+                Value::Timestamp(t) => Some(t.format("%Y-%m-%d %H:%M:%S%.6f").to_string()),
+            })
+            .collect()
+    }
+
+    fn prepare(&mut self, sql: &Sql) -> Result<postgres::Statement> {
+        let types = vec![Type::TEXT; sql.params.len()];
+        let text = sql.text.clone();
+        self.client().prepare_typed(&text, &types).map_err(pg_err(context_of(&text)))
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        if let Some((admin, name)) = self.scratch.take() {
+            drop(self.client.take());
+            if let Ok(mut c) = Client::connect(&admin, NoTls) {
+                let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", quote_ident(&name)));
+            }
+        }
+    }
+}
+
+fn context_of(sql: &str) -> String {
+    let one_line: String = sql.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one_line.chars().count() > 120 {
+        format!("running `{}…`", one_line.chars().take(120).collect::<String>())
+    } else {
+        format!("running `{one_line}`")
+    }
+}
+
+/// A value of any type, decoded from PostgreSQL's binary format.
+struct Raw(Value);
+
+fn epoch_2000() -> chrono::NaiveDateTime {
+    chrono::NaiveDate::from_ymd_opt(2000, 1, 1).expect("date").and_hms_opt(0, 0, 0).expect("time")
+}
+
+fn be_i16(b: &[u8], at: usize) -> i16 {
+    i16::from_be_bytes([b[at], b[at + 1]])
+}
+
+/// NUMERIC's binary form: ndigits, weight, sign, dscale, then base-10000 digits.
+fn numeric_text(b: &[u8]) -> String {
+    let ndigits = be_i16(b, 0) as usize;
+    let weight = be_i16(b, 2) as i32;
+    let sign = u16::from_be_bytes([b[4], b[5]]);
+    let dscale = be_i16(b, 6) as usize;
+    if sign == 0xC000 {
+        return "NaN".into();
+    }
+    let digits: Vec<i32> = (0..ndigits).map(|i| be_i16(b, 8 + 2 * i) as i32).collect();
+    let mut int_part = String::new();
+    for w in 0..=weight.max(-1) {
+        let d = digits.get(w as usize).copied().unwrap_or(0);
+        if int_part.is_empty() {
+            if d != 0 {
+                int_part = d.to_string();
+            }
+        } else {
+            int_part.push_str(&format!("{d:04}"));
+        }
+    }
+    if int_part.is_empty() {
+        int_part = "0".into();
+    }
+    let mut frac = String::new();
+    let mut i = weight + 1;
+    while frac.len() < dscale {
+        let d = if i >= 0 { digits.get(i as usize).copied().unwrap_or(0) } else { 0 };
+        frac.push_str(&format!("{d:04}"));
+        i += 1;
+    }
+    frac.truncate(dscale);
+    let neg = if sign == 0x4000 { "-" } else { "" };
+    if dscale > 0 {
+        format!("{neg}{int_part}.{frac}")
+    } else {
+        format!("{neg}{int_part}")
+    }
+}
+
+impl<'a> FromSql<'a> for Raw {
+    fn from_sql(ty: &Type, b: &'a [u8]) -> std::result::Result<Self, Box<dyn StdError + Sync + Send>> {
+        let v = match *ty {
+            Type::BOOL => Value::Bool(b[0] != 0),
+            Type::INT2 => Value::Int(be_i16(b, 0).into()),
+            Type::INT4 => Value::Int(i32::from_be_bytes(b[..4].try_into()?).into()),
+            Type::INT8 => Value::Int(i64::from_be_bytes(b[..8].try_into()?)),
+            Type::OID => Value::Int(u32::from_be_bytes(b[..4].try_into()?).into()),
+            Type::FLOAT4 => Value::Float(f32::from_be_bytes(b[..4].try_into()?).into()),
+            Type::FLOAT8 => Value::Float(f64::from_be_bytes(b[..8].try_into()?)),
+            Type::NUMERIC => Value::Text(numeric_text(b)),
+            Type::DATE => {
+                let days = i32::from_be_bytes(b[..4].try_into()?);
+                Value::Date(epoch_2000().date() + chrono::Duration::days(days.into()))
+            }
+            Type::TIMESTAMP => Value::Timestamp(epoch_2000() + chrono::Duration::microseconds(i64::from_be_bytes(b[..8].try_into()?))),
+            Type::TIMESTAMPTZ => {
+                let t = epoch_2000() + chrono::Duration::microseconds(i64::from_be_bytes(b[..8].try_into()?));
+                Value::Text(format!("{}+00", t.format("%Y-%m-%d %H:%M:%S%.f")))
+            }
+            Type::BYTEA => Value::Text(b.iter().map(|x| format!("{x:02x}")).collect()),
+            _ => match std::str::from_utf8(b) {
+                Ok(s) if matches!(*ty, Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN) || ty.name() == "sql_identifier" || ty.name() == "character_data" => {
+                    Value::Text(s.to_owned())
+                }
+                _ => Value::Text(format!("<{}>", ty.name())),
+            },
+        };
+        Ok(Raw(v))
+    }
+
+    fn from_sql_null(_: &Type) -> std::result::Result<Self, Box<dyn StdError + Sync + Send>> {
+        Ok(Raw(Value::Null))
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+}
+
+impl Engine for Postgres {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn version(&mut self) -> Result<String> {
+        if let Some(v) = &self.version {
+            return Ok(v.clone());
+        }
+        let row = self.client().query_one("SHOW server_version", &[]).map_err(pg_err("reading the server version"))?;
+        let v: String = row.get(0);
+        let v = format!("postgres {}", v.split_whitespace().next().unwrap_or(&v));
+        self.version = Some(v.clone());
+        Ok(v)
+    }
+
+    fn execute(&mut self, sql: &Sql) -> Result<u64> {
+        if sql.params.is_empty() && !sql.text.contains('$') {
+            // Utility statements (BEGIN, CREATE …) cannot be prepared with parameters.
+            let text = sql.text.clone();
+            return self.client().execute(&text, &[]).map_err(pg_err(context_of(&text)));
+        }
+        let stmt = self.prepare(sql)?;
+        let params = Self::params(sql);
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+        self.client().execute(&stmt, &refs).map_err(pg_err(context_of(&sql.text)))
+    }
+
+    fn query(&mut self, sql: &Sql) -> Result<Rows> {
+        let stmt = self.prepare(sql)?;
+        let params = Self::params(sql);
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+        let columns: Vec<String> = stmt.columns().iter().map(|c| c.name().to_owned()).collect();
+        let rows = self.client().query(&stmt, &refs).map_err(pg_err(context_of(&sql.text)))?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            let mut values = Vec::with_capacity(columns.len());
+            for i in 0..columns.len() {
+                let v: Raw = r.try_get(i).map_err(pg_err(context_of(&sql.text)))?;
+                values.push(v.0);
+            }
+            out.push(values);
+        }
+        Ok(Rows { columns, rows: out })
+    }
+
+    fn describe(&mut self, query: &Sql) -> Result<Vec<Column>> {
+        let stmt = self.prepare(query)?;
+        let mut cols = Vec::new();
+        for c in stmt.columns() {
+            let oid = c.type_().oid();
+            let row = self
+                .client()
+                .query_one("SELECT format_type(CAST($1 AS TEXT)::oid, NULL)", &[&oid.to_string()])
+                .map_err(pg_err("naming a column type"))?;
+            cols.push(Column { name: c.name().to_owned(), ty: row.get(0) });
+        }
+        Ok(cols)
+    }
+
+    fn table_columns(&mut self, table: &TableName) -> Result<Option<Vec<Column>>> {
+        let mut sql = Sql::new();
+        sql.push(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+             JOIN pg_class c ON a.attrelid = c.oid JOIN pg_namespace n ON c.relnamespace = n.oid \
+             WHERE n.nspname = ",
+        )
+        .param(Value::Text(table.schema.clone()))
+        .push(" AND c.relname = ")
+        .param(Value::Text(table.table.clone()))
+        .push(" AND c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum");
+        let rows = self.query(&sql)?;
+        if rows.rows.is_empty() {
+            return Ok(None);
+        }
+        rows.rows
+            .into_iter()
+            .map(|r| match (&r[0], &r[1]) {
+                (Value::Text(n), Value::Text(t)) => Ok(Column { name: n.clone(), ty: t.clone() }),
+                _ => Err(Error::Internal(format!("pg_attribute returned {r:?}"))),
+            })
+            .map(|c| c.map(Some))
+            .collect::<Result<Option<Vec<_>>>>()
+    }
+
+    fn create_temp_table_as(&mut self, name: &str, query: &Sql) -> Result<()> {
+        // CREATE TABLE AS cannot take parameters here: create, then insert.
+        let cols = self.describe(query)?;
+        let defs: Vec<String> = cols.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
+        self.execute(&Sql::raw(format!("CREATE TEMPORARY TABLE {name} ({})", defs.join(", "))))?;
+        let mut sql = Sql::new();
+        sql.push(&format!("INSERT INTO {name} "));
+        sql.text.push_str(&query.text);
+        sql.params = query.params.clone();
+        self.execute(&sql)?;
+        Ok(())
+    }
+
+    fn native_row_hash(&self, alias: &str, columns: &[Column]) -> Option<String> {
+        let cols: Vec<String> = columns.iter().map(|c| format!("{alias}.{}", quote_ident(&c.name))).collect();
+        Some(format!("hashtextextended(CAST(ROW({}) AS TEXT), 0)", cols.join(", ")))
+    }
+
+    fn portable_value(&self, expr: &str, column: &Column) -> (String, &'static str) {
+        let ty = column.ty.to_ascii_lowercase();
+        let (class, text) = if ["smallint", "integer", "bigint"].contains(&ty.as_str()) {
+            ("int", format!("CAST({expr} AS TEXT)"))
+        } else if ty.starts_with("numeric") {
+            ("decimal", format!("CAST({expr} AS TEXT)"))
+        } else if ty == "real" || ty == "double precision" {
+            ("float", format!("CAST(CAST({expr} AS DOUBLE PRECISION) AS TEXT)"))
+        } else if ty.starts_with("character varying") || ty == "text" || ty.starts_with("character") {
+            ("text", format!("CAST({expr} AS TEXT)"))
+        } else if ty == "date" {
+            ("date", format!("to_char({expr}, 'YYYY-MM-DD')"))
+        } else if ty.starts_with("timestamp without time zone") {
+            ("timestamp", format!("to_char({expr}, 'YYYY-MM-DD HH24:MI:SS.US')"))
+        } else if ty.starts_with("timestamp with time zone") {
+            ("timestamptz", format!("CAST(CAST(extract(epoch FROM {expr}) * 1000000 AS BIGINT) AS TEXT)"))
+        } else if ty == "boolean" {
+            ("bool", format!("CASE WHEN {expr} THEN 't' ELSE 'f' END"))
+        } else if ty == "bytea" {
+            ("bytes", format!("upper(encode({expr}, 'hex'))"))
+        } else {
+            ("other", format!("CAST({expr} AS TEXT)"))
+        };
+        (text, class)
+    }
+
+    fn portable_row_hash(&self, text_expr: &str) -> String {
+        format!("CAST(('x' || substr(md5({text_expr}), 1, 16))::bit(64)::bigint AS NUMERIC) + CASE WHEN ('x' || substr(md5({text_expr}), 1, 16))::bit(64)::bigint < 0 THEN 18446744073709551616 ELSE 0 END")
+    }
+}
