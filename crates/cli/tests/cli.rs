@@ -337,3 +337,43 @@ fn prove_passes_an_idempotent_job_and_catches_the_clock_and_randomness() {
     assert_eq!(bad.code, 2);
     assert!(bad.stderr.contains("a proof needs at least 2 runs"), "{}", bad.stderr);
 }
+
+#[test]
+fn the_same_job_runs_unchanged_on_postgres() {
+    let admin = std::env::var("FIXPOINT_TEST_PG").unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into());
+    let name = format!("fixpoint_cli_{}", std::process::id());
+    let mut pg = match fixpoint_postgres::Postgres::scratch(&admin, &name) {
+        Ok(pg) => pg,
+        Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("postgres is unreachable under CI=true: {e}"),
+        Err(e) => {
+            eprintln!("skipped: postgres is unreachable ({e})");
+            return;
+        }
+    };
+    use fixpoint_core::Engine;
+    for stmt in [
+        "CREATE SCHEMA bronze",
+        "CREATE TABLE bronze.orders (order_id BIGINT, order_total DECIMAL(12,2), note VARCHAR, dt DATE)",
+        "INSERT INTO bronze.orders VALUES (1, 1.50, 'a', DATE '2026-10-19'), (2, 2.50, 'b', DATE '2026-10-20'), (3, 3.50, 'c', DATE '2026-10-20'), (4, 9.99, 'it''s', DATE '2026-10-20')",
+    ] {
+        pg.execute(&fixpoint_core::Sql::raw(stmt)).unwrap();
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("job.toml"), JOB).unwrap();
+    let url = format!("{}/{name}", &admin[..admin.rfind('/').unwrap()]);
+    let first = fixpoint(tmp.path(), &["run", "job.toml", "--date", "2026-10-20", "--db", &url, "--output", "json"]);
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let v: serde_json::Value = serde_json::from_str(&first.stdout).unwrap();
+    assert_eq!((v["rows_inserted"].as_u64(), v["output_rows"].as_u64()), (Some(2), Some(2)));
+    assert!(v["fingerprint_kind"].as_str().unwrap().starts_with("native-v1/postgres "), "{}", v["fingerprint_kind"]);
+    let again = fixpoint(tmp.path(), &["run", "job.toml", "--date", "2026-10-20", "--db", &url, "--output", "json"]);
+    let a: serde_json::Value = serde_json::from_str(&again.stdout).unwrap();
+    assert_eq!(a["outcome"], "skipped");
+    assert_eq!(a["output_checksum"], v["output_checksum"]);
+    let proof = fixpoint(tmp.path(), &["prove", "job.toml", "--date", "2026-10-20", "--crash", "--db", &url]);
+    assert_eq!(proof.code, 0, "{}\n{}", proof.stdout, proof.stderr);
+    assert!(proof.stdout.contains("the diff is empty"), "{}", proof.stdout);
+    let fp = fixpoint(tmp.path(), &["fingerprint", "silver.orders", "--portable", "--db", &url, "--output", "json"]);
+    assert_eq!(fp.code, 0, "{}", fp.stderr);
+    drop(pg);
+}
