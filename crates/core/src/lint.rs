@@ -203,10 +203,62 @@ fn contains_any(expr: &Expr, names: &[&str]) -> bool {
     hit
 }
 
+/// DuckDB's `USING SAMPLE …` clauses, which the parser does not read: each
+/// is reported (position, whether it has a seed) and blanked out of the text
+/// so the rest parses. Found with the tokenizer, never a regular expression.
+fn using_samples(text: &str) -> (String, Vec<(Span, bool)>) {
+    use sqlparser::tokenizer::{Token, Tokenizer};
+    let dialect = DuckDbDialect {};
+    let Ok(tokens) = Tokenizer::new(&dialect, text).tokenize_with_location() else { return (text.to_owned(), Vec::new()) };
+    let sig: Vec<usize> = (0..tokens.len()).filter(|&i| !matches!(tokens[i].token, Token::Whitespace(_))).collect();
+    let word = |i: usize, w: &str| matches!(&tokens[i].token, Token::Word(x) if x.quote_style.is_none() && x.value.eq_ignore_ascii_case(w));
+    let index = crate::sql::LineIndex::new(text);
+    let mut out = text.to_owned();
+    let mut found = Vec::new();
+    let mut n = 0;
+    while n + 1 < sig.len() {
+        if !(word(sig[n], "USING") && word(sig[n + 1], "SAMPLE")) {
+            n += 1;
+            continue;
+        }
+        let start = tokens[sig[n]].span.start;
+        let (mut depth, mut seeded, mut m) = (0i32, false, n + 2);
+        while m < sig.len() {
+            let t = &tokens[sig[m]].token;
+            let stop = depth == 0
+                && (matches!(t, Token::RParen | Token::SemiColon | Token::EOF)
+                    || ["WHERE", "GROUP", "ORDER", "LIMIT", "HAVING", "QUALIFY", "WINDOW", "UNION", "EXCEPT", "INTERSECT", "JOIN", "LEFT", "RIGHT", "INNER", "FULL", "CROSS"]
+                        .iter()
+                        .any(|w| word(sig[m], w)));
+            if stop {
+                break;
+            }
+            match t {
+                Token::LParen => depth += 1,
+                Token::RParen => depth -= 1,
+                Token::Comma if depth == 1 => seeded = true,
+                _ if word(sig[m], "REPEATABLE") => seeded = true,
+                _ => {}
+            }
+            m += 1;
+        }
+        let end = if m < sig.len() { tokens[sig[m]].span.start } else { tokens[tokens.len() - 1].span.end };
+        let (a, b) = (index.byte(start.line, start.column), index.byte(end.line, end.column).max(index.byte(start.line, start.column)));
+        let blank: String = out[a..b].chars().map(|c| if c == '\n' { '\n' } else { ' ' }).collect();
+        out.replace_range(a..b, &blank);
+        found.push((Span::new(start, end), seeded));
+        n = m;
+    }
+    (out, found)
+}
+
 /// Lints a job's source SQL. A text the parser cannot read is an error
 /// with its position.
 pub fn lint(job: &Job, dialect: SqlDialect) -> Result<Vec<Finding>> {
-    let text = job.source.template().text_for_parsing();
+    let (text, samples) = match dialect {
+        SqlDialect::DuckDb => using_samples(&job.source.template().text_for_parsing()),
+        SqlDialect::Postgres => (job.source.template().text_for_parsing(), Vec::new()),
+    };
     let d: Box<dyn Dialect> = match dialect {
         SqlDialect::DuckDb => Box::new(DuckDbDialect {}),
         SqlDialect::Postgres => Box::new(PostgreSqlDialect {}),
@@ -238,6 +290,11 @@ pub fn lint(job: &Job, dialect: SqlDialect) -> Result<Vec<Finding>> {
         }
     }
     let _ = statements.visit(&mut linter);
+    for (span, seeded) in samples {
+        if !seeded {
+            linter.add(span, "random", Severity::Error, "USING SAMPLE without a seed: every run reads other rows".into(), "add a seed, e.g. USING SAMPLE 10% (bernoulli, 42), or do not sample in a load job");
+        }
+    }
     if job.strategy == Strategy::ReplacePartition && !job.source.template().uses_any(&[RunParam::RunDate, RunParam::RunStart, RunParam::RunEnd]) {
         linter.add(Span::empty(), "scope", Severity::Error, "the source never uses :run_date, :run_start or :run_end, so every run reads every day".into(), "filter the source to the run's day, e.g. WHERE dt = :run_date");
     }

@@ -366,19 +366,19 @@ pub fn check_predicate(what: &str, text: &str) -> Result<()> {
 }
 
 /// Maps the tokenizer's (line, column) to byte offsets.
-struct LineIndex<'a> {
+pub(crate) struct LineIndex<'a> {
     text: &'a str,
     starts: Vec<usize>,
 }
 
 impl<'a> LineIndex<'a> {
-    fn new(text: &'a str) -> Self {
+    pub(crate) fn new(text: &'a str) -> Self {
         let mut starts = vec![0];
         starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
         LineIndex { text, starts }
     }
 
-    fn byte(&self, line: u64, column: u64) -> usize {
+    pub(crate) fn byte(&self, line: u64, column: u64) -> usize {
         let start = self.starts[(line as usize).saturating_sub(1).min(self.starts.len() - 1)];
         let skip = (column as usize).saturating_sub(1);
         self.text[start..].char_indices().nth(skip).map(|(i, _)| start + i).unwrap_or(self.text.len())
