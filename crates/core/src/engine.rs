@@ -201,3 +201,13 @@ pub fn fingerprint(engine: &mut dyn Engine, method: Method, scope: &Scope<'_>, c
     let sum = engine.read_sum(&row[1])?;
     Ok(Fingerprint::from_sum(&kind, &signature, count, sum))
 }
+
+/// A short, one-line description of a statement for error context.
+pub fn statement_context(sql: &str) -> String {
+    let one_line: String = sql.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one_line.chars().count() > 120 {
+        format!("running `{}…`", one_line.chars().take(120).collect::<String>())
+    } else {
+        format!("running `{one_line}`")
+    }
+}

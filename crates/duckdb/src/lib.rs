@@ -85,15 +85,7 @@ impl DuckDb {
     }
 }
 
-/// A short description of a statement for error context.
-fn context_of(sql: &str) -> String {
-    let one_line: String = sql.split_whitespace().collect::<Vec<_>>().join(" ");
-    if one_line.chars().count() > 120 {
-        format!("running `{}…`", one_line.chars().take(120).collect::<String>())
-    } else {
-        format!("running `{one_line}`")
-    }
-}
+use fixpoint_core::engine::statement_context as context_of;
 
 fn to_duck(v: &Value) -> DValue {
     match v {

@@ -106,14 +106,7 @@ impl Drop for Postgres {
     }
 }
 
-fn context_of(sql: &str) -> String {
-    let one_line: String = sql.split_whitespace().collect::<Vec<_>>().join(" ");
-    if one_line.chars().count() > 120 {
-        format!("running `{}…`", one_line.chars().take(120).collect::<String>())
-    } else {
-        format!("running `{one_line}`")
-    }
-}
+use fixpoint_core::engine::statement_context as context_of;
 
 /// A value of any type, decoded from PostgreSQL's binary format.
 struct Raw(Value);
