@@ -70,6 +70,9 @@ enum Command {
         /// Run even when `fixpoint lint` finds errors in the job.
         #[arg(long)]
         allow_nondeterministic: bool,
+        /// When another run of the job holds its lock (PostgreSQL), exit 5 at once instead of waiting.
+        #[arg(long)]
+        no_wait: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -96,6 +99,9 @@ enum Command {
         /// Run even when `fixpoint lint` finds errors in the job.
         #[arg(long)]
         allow_nondeterministic: bool,
+        /// When another run of the job holds its lock (PostgreSQL), exit 5 at once instead of waiting.
+        #[arg(long)]
+        no_wait: bool,
         #[command(flatten)]
         db: DbArgs,
         #[command(flatten)]
@@ -306,7 +312,7 @@ fn lint_gate(job: &Job, db_url: &str, engine: &mut dyn Engine, allow: bool) -> R
 
 fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
     match command {
-        Command::Run { job, date, db, force, allow_nondeterministic, .. } => {
+        Command::Run { job, date, db, force, allow_nondeterministic, no_wait, .. } => {
             let Some(date) = date else {
                 return Err(Error::argument(
                     "--date is required: a run's date comes from the caller, never from the clock",
@@ -319,7 +325,7 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             lint_gate(&job, &db.db, engine.as_mut(), allow_nondeterministic)?;
             let (fault, fault_date) = fault_from_env()?;
             let fault = if fault_date.is_some_and(|d| d != run_date) { None } else { fault };
-            let opts = RunOptions { force, fault };
+            let opts = RunOptions { force, fault, no_wait };
             let report = job.load_with(run_date, engine.as_mut(), &opts)?;
             out.run_report(&report);
             Ok(())
@@ -349,7 +355,7 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             out.fingerprint(&table, &fp);
             Ok(())
         }
-        Command::Backfill { job, from, to, parallel, force, keep_going, allow_nondeterministic, db, .. } => {
+        Command::Backfill { job, from, to, parallel, force, keep_going, allow_nondeterministic, no_wait, db, .. } => {
             let (from, to) = (RunDate::parse(&from)?, RunDate::parse(&to)?);
             if from > to {
                 return Err(Error::argument(format!("--from {from} is after --to {to}"), Some("give the range in date order")));
@@ -363,7 +369,7 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
                 eprintln!("fixpoint: duckdb allows one writer per database file; running the dates one at a time");
             }
             let (fault, fault_date) = fault_from_env()?;
-            let opts = fixpoint_core::backfill::BackfillOptions { run: RunOptions { force, fault }, keep_going, fault_date };
+            let opts = fixpoint_core::backfill::BackfillOptions { run: RunOptions { force, fault, no_wait }, keep_going, fault_date };
             let dates = RunDate::range(from, to);
             match out.backfill(&job, &dates, engine.as_mut(), &opts) {
                 0 => Ok(()),

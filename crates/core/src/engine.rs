@@ -63,6 +63,16 @@ pub trait Engine {
     /// for a missing table (inside a transaction a failed statement aborts it).
     fn table_columns(&mut self, table: &TableName) -> Result<Option<Vec<Column>>>;
 
+    /// Takes a lock on `scope` until the transaction ends, so two runs of one
+    /// job and partition serialize (an orchestrator that fires twice). With
+    /// `wait = false`, returns `false` at once when another run holds it.
+    /// The default does nothing: an engine with one writer (DuckDB) is fenced
+    /// already.
+    fn lock_scope(&mut self, scope: &str, wait: bool) -> Result<bool> {
+        let _ = (scope, wait);
+        Ok(true)
+    }
+
     /// Creates a temporary table `name` (already quoted) holding `query`'s rows.
     fn create_temp_table_as(&mut self, name: &str, query: &Sql) -> Result<()> {
         let mut sql = Sql::new();

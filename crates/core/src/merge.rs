@@ -112,6 +112,8 @@ pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts:
     let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
 
     in_transaction(engine, |engine| {
+        // Keys may move across partitions: a merge fences the whole table.
+        crate::run::fence(engine, job, "all", opts)?;
         ledger::ensure(engine)?;
         let created_target = target_cols.is_none();
         if created_target {

@@ -22,6 +22,9 @@ pub enum FaultAction {
     Error,
     /// Abort the process on the spot, like `kill -9`.
     Abort,
+    /// Sleep this many milliseconds there, then go on (to make concurrent
+    /// runs overlap in tests).
+    Pause(u64),
 }
 
 /// Options of one run.
@@ -31,6 +34,18 @@ pub struct RunOptions {
     pub force: bool,
     /// Fail on purpose at a step boundary (tests, proofs, the demo).
     pub fault: Option<(FailPoint, FaultAction)>,
+    /// When another run holds the job's lock, fail at once (exit 5) instead of waiting.
+    pub no_wait: bool,
+}
+
+/// Takes the run's lock (inside its transaction): one job, one scope at a time.
+pub(crate) fn fence(engine: &mut dyn Engine, job: &Job, scope: &str, opts: &RunOptions) -> Result<()> {
+    let key = format!("fixpoint:{}:{}:{scope}", job.name, job.target);
+    if engine.lock_scope(&key, !opts.no_wait)? {
+        Ok(())
+    } else {
+        Err(Error::Busy { message: format!("another run of job {} holds the lock on {} ({scope}); --no-wait was given", job.name, job.target) })
+    }
 }
 
 impl RunOptions {
@@ -38,6 +53,10 @@ impl RunOptions {
         match self.fault {
             Some((p, FaultAction::Error)) if p == at => Err(Error::Injected(at)),
             Some((p, FaultAction::Abort)) if p == at => std::process::abort(),
+            Some((p, FaultAction::Pause(ms))) if p == at => {
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+                Ok(())
+            }
             _ => Ok(()),
         }
     }
@@ -234,6 +253,7 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
     };
 
     in_transaction(engine, |engine| {
+        fence(engine, job, &run_date.to_string(), opts)?;
         ledger::ensure(engine)?;
         trace.step("begin, ledger");
 

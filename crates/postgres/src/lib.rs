@@ -20,6 +20,7 @@ use postgres::{Client, NoTls};
 /// A PostgreSQL database.
 pub struct Postgres {
     client: Option<Client>,
+    url: String,
     version: Option<String>,
     /// A database created for a test, dropped (through `admin`) on drop.
     scratch: Option<(String, String)>,
@@ -48,7 +49,7 @@ impl Postgres {
     pub fn connect(url: &str) -> Result<Postgres> {
         let mut client = Client::connect(url, NoTls).map_err(pg_err(format!("connecting to {}", redact(url))))?;
         client.batch_execute(SESSION).map_err(pg_err("pinning session settings"))?;
-        Ok(Postgres { client: Some(client), version: None, scratch: None })
+        Ok(Postgres { client: Some(client), url: url.to_owned(), version: None, scratch: None })
     }
 
     /// Creates a fresh database `name` through `admin_url` and connects to
@@ -66,6 +67,11 @@ impl Postgres {
         let mut pg = Postgres::connect(&url)?;
         pg.scratch = Some((admin_url.to_owned(), name.to_owned()));
         Ok(pg)
+    }
+
+    /// The URL this engine connected to (it may hold a password: never print it unredacted).
+    pub fn url(&self) -> &str {
+        &self.url
     }
 
     fn client(&mut self) -> &mut Client {
@@ -282,6 +288,17 @@ impl Engine for Postgres {
             })
             .map(|c| c.map(Some))
             .collect::<Result<Option<Vec<_>>>>()
+    }
+
+    fn lock_scope(&mut self, scope: &str, wait: bool) -> Result<bool> {
+        let mut sql = Sql::new();
+        if wait {
+            sql.push("SELECT count(*) FROM (SELECT pg_advisory_xact_lock(hashtextextended(").typed_param(Value::Text(scope.to_owned()), "TEXT").push(", 0))) AS l");
+        } else {
+            sql.push("SELECT pg_try_advisory_xact_lock(hashtextextended(").typed_param(Value::Text(scope.to_owned()), "TEXT").push(", 0))");
+        }
+        let rows = self.query(&sql)?;
+        Ok(!matches!(rows.rows.first().map(|r| &r[0]), Some(Value::Bool(false))))
     }
 
     fn create_temp_table_as(&mut self, name: &str, query: &Sql) -> Result<()> {

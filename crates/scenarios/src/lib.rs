@@ -54,11 +54,18 @@ impl PgUnderTest {
     }
 }
 
-impl EngineUnderTest for PgUnderTest {
-    fn fresh(&self) -> Box<dyn Engine> {
+impl PgUnderTest {
+    /// A fresh database, as the PostgreSQL engine (its `url()` opens more connections).
+    pub fn fresh_pg(&self) -> fixpoint_postgres::Postgres {
         let n = PG_COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let name = format!("fixpoint_test_{}_{n}", std::process::id());
-        Box::new(fixpoint_postgres::Postgres::scratch(&self.admin, &name).unwrap_or_else(|e| panic!("{e}")))
+        fixpoint_postgres::Postgres::scratch(&self.admin, &name).unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+impl EngineUnderTest for PgUnderTest {
+    fn fresh(&self) -> Box<dyn Engine> {
+        Box::new(self.fresh_pg())
     }
 }
 

@@ -209,7 +209,7 @@ fn merge_failure_keeps_previous_contents(e: &dyn EngineUnderTest) {
         let job = job(MERGE_JOB);
         job.load(d("2026-10-19"), db).unwrap();
         let before = target(db);
-        let opts = RunOptions { force: false, fault: Some((point, FaultAction::Error)) };
+        let opts = RunOptions { force: false, fault: Some((point, FaultAction::Error)), no_wait: false };
         let err = job.load_with(d("2026-10-21"), db, &opts).unwrap_err();
         assert!(matches!(err, Error::Injected(p) if p == point), "{point}: {err}");
         assert_eq!(target(db), before, "{point}");

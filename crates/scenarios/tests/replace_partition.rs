@@ -58,7 +58,7 @@ fn failure_at_any_step_keeps_previous_contents(e: &dyn EngineUnderTest) {
         let before_rows = rows(db, "SELECT * FROM silver.orders");
         // New input for the day: one order changes, one arrives.
         exec(db, "UPDATE bronze.orders SET order_total = 6.00 WHERE order_id = 3;\nINSERT INTO bronze.orders VALUES (8, 16, 1.00, 'EUR', TIMESTAMP '2026-10-20 13:00:00', DATE '2026-10-20')");
-        let opts = RunOptions { force: false, fault: Some((point, FaultAction::Error)) };
+        let opts = RunOptions { force: false, fault: Some((point, FaultAction::Error)), no_wait: false };
         let err = job.load_with(d("2026-10-20"), db, &opts).unwrap_err();
         assert!(matches!(err, Error::Injected(p) if p == point), "{point}: {err}");
         assert_eq!(rows(db, "SELECT * FROM silver.orders"), before_rows, "{point}: previous contents survive");
