@@ -53,3 +53,48 @@ fn no_wait_fails_at_once_while_another_run_holds_the_lock() {
     holder.rollback().unwrap();
     job.load_with(d("2026-10-20"), &mut db, &RunOptions { force: true, fault: None, no_wait: true }).unwrap();
 }
+
+#[test]
+fn a_connection_killed_mid_run_leaves_the_previous_contents() {
+    let Some(pg) = PgUnderTest::get() else { return };
+    let mut db = pg.fresh_pg();
+    exec(&mut db, BRONZE);
+    let job = job(SILVER_JOB);
+    let before = job.load(d("2026-10-20"), &mut db).unwrap();
+    let before_rows = rows(&mut db, "SELECT * FROM silver.orders");
+    exec(&mut db, "UPDATE bronze.orders SET order_total = 6.00 WHERE order_id = 3");
+    let url = db.url().to_owned();
+    let dbname = url.rsplit('/').next().unwrap().to_owned();
+    let runner = {
+        let (url, job) = (url.clone(), job.clone());
+        std::thread::spawn(move || {
+            let mut conn = Postgres::connect(&url).unwrap();
+            // Stops after the insert, inside the open transaction.
+            let slow = RunOptions { force: true, fault: Some((FailPoint::AfterInsert, FaultAction::Pause(3000))), no_wait: false };
+            job.load_with(d("2026-10-20"), &mut conn, &slow)
+        })
+    };
+    // Find the run's backend, idle in its transaction, and kill it.
+    let mut killed = 0;
+    for _ in 0..100 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        killed = count(
+            &mut db,
+            &format!(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = '{dbname}' AND pid <> pg_backend_pid() AND state = 'idle in transaction'"
+            ),
+        );
+        if killed > 0 {
+            break;
+        }
+    }
+    assert_eq!(killed, 1, "the run's connection was found and terminated");
+    let err = runner.join().unwrap().unwrap_err();
+    assert!(matches!(err, Error::Database { .. }), "{err}");
+    assert_eq!(rows(&mut db, "SELECT * FROM silver.orders"), before_rows, "the previous contents survive");
+    assert_eq!(count(&mut db, "SELECT count(*) FROM fixpoint.runs"), 1, "no ledger row from the killed run");
+    let retry = job.load(d("2026-10-20"), &mut db).unwrap();
+    assert_ne!(retry.output(), before.output());
+    assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'"), 4);
+    assert_eq!(rows(&mut db, "SELECT order_total FROM silver.orders WHERE order_id = 3"), vec![vec!["\"6.00\""]]);
+}
