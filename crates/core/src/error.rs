@@ -177,6 +177,17 @@ pub enum Error {
         /// The database's message.
         message: String,
     },
+    /// The database refused the transaction for a reason a retry can fix
+    /// (serialization failure, deadlock); the run was rolled back.
+    #[error("{engine}: {context}: {message}")]
+    Transient {
+        /// Engine name.
+        engine: &'static str,
+        /// What fixpoint was doing.
+        context: String,
+        /// The database's message.
+        message: String,
+    },
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
@@ -210,7 +221,7 @@ impl Error {
             }
             Error::OutOfPartition { .. } | Error::TooFewRows { .. } | Error::DataRefused { .. } => ErrorClass::Data,
             Error::Busy { .. } => ErrorClass::Busy,
-            Error::Database { .. } | Error::Io { .. } => ErrorClass::Runtime,
+            Error::Database { .. } | Error::Transient { .. } | Error::Io { .. } => ErrorClass::Runtime,
             Error::Injected(_) => ErrorClass::Injected,
             Error::Unsupported { .. } => ErrorClass::Unsupported,
             Error::Internal(_) => ErrorClass::Internal,
@@ -232,6 +243,7 @@ impl Error {
                 "an empty or short upstream must not wipe a day: check the upstream delivery, or lower min_rows in the job file".into(),
             ),
             Error::Busy { .. } => Some("wait for the other run to finish, or raise --wait".into()),
+            Error::Transient { .. } => Some("nothing was committed; fixpoint retried the run and gave up; run it again".into()),
             _ => None,
         }
     }

@@ -146,6 +146,23 @@ impl Job {
 
     /// [`Job::load`] with options.
     pub fn load_with(&self, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
+        // A serialization failure or a deadlock rolled the whole run back:
+        // run it again, a few times, with backoff.
+        let mut attempt = 0;
+        loop {
+            match self.load_once(run_date, engine, opts) {
+                Err(Error::Transient { message, .. }) if attempt < 3 => {
+                    attempt += 1;
+                    let wait = std::time::Duration::from_millis(100 * 4u64.pow(attempt - 1));
+                    eprintln!("fixpoint: {} {run_date}: {message}; rolled back, retrying in {} ms", self.name, wait.as_millis());
+                    std::thread::sleep(wait);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn load_once(&self, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
         match self.strategy {
             Strategy::ReplacePartition => replace_partition(self, run_date, engine, opts),
             Strategy::Merge => crate::merge::merge(self, run_date, engine, opts),

@@ -30,15 +30,42 @@ use fixpoint_core::error::redact_url as redact;
 
 fn pg_err(context: impl Into<String>) -> impl FnOnce(postgres::Error) -> Error {
     let context = context.into();
-    move |e| {
-        let message = match e.as_db_error() {
-            Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
-            None => match e.source() {
+    move |e| match e.as_db_error() {
+        Some(db) => classify(db.code().code(), db.message(), context),
+        None => {
+            let message = match e.source() {
                 Some(s) => format!("{e}: {s}"),
                 None => e.to_string(),
-            },
-        };
-        Error::Database { engine: "postgres", context, message }
+            };
+            Error::Database { engine: "postgres", context, message }
+        }
+    }
+}
+
+/// Errors by SQLSTATE: what a person needs to read, and whether a retry is right.
+pub fn classify(code: &str, message: &str, context: String) -> Error {
+    let what = match code {
+        "40001" => "serialization failure",
+        "40P01" => "deadlock detected",
+        "55P03" => "lock not available",
+        "57014" => "statement timeout or cancel",
+        "42P01" => "undefined table",
+        "42703" => "undefined column",
+        "42883" => "undefined function",
+        "42501" => "permission denied",
+        "3D000" => "database does not exist",
+        "28000" | "28P01" => "authentication failed",
+        c if c.starts_with("08") || c.starts_with("57P") => "connection lost",
+        c if c.starts_with("53") => "insufficient resources",
+        c if c.starts_with("22") => "bad data",
+        c if c.starts_with("23") => "constraint violated",
+        _ => "error",
+    };
+    let message = format!("{what}: {message} (SQLSTATE {code})");
+    match code {
+        "40001" | "40P01" => Error::Transient { engine: "postgres", context, message },
+        "55P03" => Error::Busy { message: format!("postgres: {context}: {message}") },
+        _ => Error::Database { engine: "postgres", context, message },
     }
 }
 
@@ -65,6 +92,7 @@ impl Postgres {
             _ => format!("{admin_url}/{name}"),
         };
         let mut pg = Postgres::connect(&url)?;
+
         pg.scratch = Some((admin_url.to_owned(), name.to_owned()));
         Ok(pg)
     }
@@ -347,5 +375,24 @@ impl Engine for Postgres {
 
     fn portable_row_hash(&self, text_expr: &str) -> String {
         format!("CAST(('x' || substr(md5({text_expr}), 1, 16))::bit(64)::bigint AS NUMERIC) + CASE WHEN ('x' || substr(md5({text_expr}), 1, 16))::bit(64)::bigint < 0 THEN 18446744073709551616 ELSE 0 END")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::classify;
+    use fixpoint_core::{Error, ErrorClass};
+
+    #[test]
+    fn sqlstates_are_classified() {
+        let e = classify("40001", "could not serialize access", "running `x`".into());
+        assert!(matches!(e, Error::Transient { .. }));
+        assert_eq!(e.to_string(), "postgres: running `x`: serialization failure: could not serialize access (SQLSTATE 40001)");
+        assert!(matches!(classify("40P01", "deadlock", String::new()), Error::Transient { .. }));
+        assert_eq!(classify("55P03", "lock timeout", "c".into()).class(), ErrorClass::Busy);
+        let e = classify("42P01", "relation \"bronze.x\" does not exist", "c".into());
+        assert_eq!(e.to_string(), "postgres: c: undefined table: relation \"bronze.x\" does not exist (SQLSTATE 42P01)");
+        assert_eq!(classify("42501", "permission denied for table t", "c".into()).class(), ErrorClass::Runtime);
+        assert!(classify("57P01", "terminating connection", "c".into()).to_string().contains("connection lost"));
     }
 }
