@@ -98,3 +98,31 @@ fn a_connection_killed_mid_run_leaves_the_previous_contents() {
     assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'"), 4);
     assert_eq!(rows(&mut db, "SELECT order_total FROM silver.orders WHERE order_id = 3"), vec![vec!["\"6.00\""]]);
 }
+
+#[test]
+fn a_serialization_failure_is_retried_and_converges() {
+    let Some(pg) = PgUnderTest::get() else { return };
+    let mut db = pg.fresh_pg();
+    exec(&mut db, BRONZE);
+    let job = job(SILVER_JOB);
+    job.load(d("2026-10-20"), &mut db).unwrap();
+    let url = db.url().to_owned();
+    let dbname = url.rsplit('/').next().unwrap().to_owned();
+    // Under REPEATABLE READ, a row changed by another transaction after the
+    // run's snapshot makes the run's DELETE fail with SQLSTATE 40001.
+    exec(&mut db, &format!("ALTER DATABASE \"{dbname}\" SET default_transaction_isolation = 'repeatable read'"));
+    let runner = {
+        let (url, job) = (url.clone(), job.clone());
+        std::thread::spawn(move || {
+            let mut conn = Postgres::connect(&url).unwrap();
+            let slow = RunOptions { force: true, fault: Some((FailPoint::AfterGuards, FaultAction::Pause(700))), no_wait: false };
+            job.load_with(d("2026-10-20"), &mut conn, &slow)
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    exec(&mut db, "UPDATE silver.orders SET order_total = 0 WHERE order_id = 3");
+    let report = runner.join().unwrap().expect("retried after the serialization failure");
+    assert_eq!(report.rows_inserted, 4);
+    assert_eq!(rows(&mut db, "SELECT order_total FROM silver.orders WHERE order_id = 3"), vec![vec!["\"5.25\""]], "the rerun replaced the concurrent edit");
+    assert_eq!(count(&mut db, "SELECT count(*) FROM fixpoint.runs"), 2, "one committed run per load: the failed attempt left nothing");
+}
