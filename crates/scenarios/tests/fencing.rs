@@ -5,13 +5,19 @@ use fixpoint_core::{Engine, Error, FailPoint, FaultAction, RunOptions};
 use fixpoint_postgres::Postgres;
 use fixpoint_scenarios::*;
 
-#[test]
-fn double_fired_runs_serialize_and_equal_one_run() {
-    let Some(pg) = PgUnderTest::get() else { return };
-    let mut db = pg.fresh_pg();
+/// A fresh database with the seed fixture and the 20th loaded once, or
+/// `None` when the server is unreachable outside CI.
+fn loaded() -> Option<(Postgres, fixpoint_core::Job, fixpoint_core::RunReport)> {
+    let mut db = PgUnderTest::get()?.fresh_pg();
     exec(&mut db, BRONZE);
     let job = job(SILVER_JOB);
-    let once = job.load(d("2026-10-20"), &mut db).unwrap();
+    let first = job.load(d("2026-10-20"), &mut db).unwrap();
+    Some((db, job, first))
+}
+
+#[test]
+fn double_fired_runs_serialize_and_equal_one_run() {
+    let Some((mut db, job, once)) = loaded() else { return };
     let url = db.url().to_owned();
     let threads: Vec<_> = (0..3)
         .map(|_| {
@@ -37,11 +43,7 @@ fn double_fired_runs_serialize_and_equal_one_run() {
 
 #[test]
 fn no_wait_fails_at_once_while_another_run_holds_the_lock() {
-    let Some(pg) = PgUnderTest::get() else { return };
-    let mut db = pg.fresh_pg();
-    exec(&mut db, BRONZE);
-    let job = job(SILVER_JOB);
-    job.load(d("2026-10-20"), &mut db).unwrap();
+    let Some((mut db, job, _)) = loaded() else { return };
     let mut holder = Postgres::connect(db.url()).unwrap();
     holder.begin().unwrap();
     assert!(holder.lock_scope("fixpoint:silver_orders:silver.orders:2026-10-20", true).unwrap());
@@ -56,11 +58,7 @@ fn no_wait_fails_at_once_while_another_run_holds_the_lock() {
 
 #[test]
 fn a_connection_killed_mid_run_leaves_the_previous_contents() {
-    let Some(pg) = PgUnderTest::get() else { return };
-    let mut db = pg.fresh_pg();
-    exec(&mut db, BRONZE);
-    let job = job(SILVER_JOB);
-    let before = job.load(d("2026-10-20"), &mut db).unwrap();
+    let Some((mut db, job, before)) = loaded() else { return };
     let before_rows = rows(&mut db, "SELECT * FROM silver.orders");
     exec(&mut db, "UPDATE bronze.orders SET order_total = 6.00 WHERE order_id = 3");
     let url = db.url().to_owned();
@@ -101,11 +99,7 @@ fn a_connection_killed_mid_run_leaves_the_previous_contents() {
 
 #[test]
 fn a_serialization_failure_is_retried_and_converges() {
-    let Some(pg) = PgUnderTest::get() else { return };
-    let mut db = pg.fresh_pg();
-    exec(&mut db, BRONZE);
-    let job = job(SILVER_JOB);
-    job.load(d("2026-10-20"), &mut db).unwrap();
+    let Some((mut db, job, _)) = loaded() else { return };
     let url = db.url().to_owned();
     let dbname = url.rsplit('/').next().unwrap().to_owned();
     // Under REPEATABLE READ, a row changed by another transaction after the
