@@ -19,6 +19,13 @@ pub enum BenchStrategy {
     ReplacePartition,
     Merge,
     Backfill,
+    /// PostgreSQL (`--db`): partition exchange, delete + insert and merge
+    /// against the hand-written SQL.
+    Postgres,
+    /// Fingerprint throughput (native, portable) against
+    /// `SELECT count(*), sum(hash(cols))`, and a diff of two tables with one
+    /// differing row.
+    Fingerprint,
 }
 
 #[derive(Args)]
@@ -41,6 +48,9 @@ pub struct BenchArgs {
     /// Where the benchmark database lives (reused when its size matches).
     #[arg(long, default_value = "bench-data")]
     dir: PathBuf,
+    /// postgres: the server (a database `fixpoint_bench` is created there).
+    #[arg(long, default_value = "postgres://root@127.0.0.1:5432/test")]
+    db: String,
     #[command(flatten)]
     pub common: Common,
 }
@@ -56,9 +66,15 @@ pub struct BenchSqlArgs {
     /// Run the hand-written merge instead.
     #[arg(long)]
     merge: bool,
+    /// PostgreSQL instead of the DuckDB file: the database URL.
+    #[arg(long)]
+    pg: Option<String>,
+    /// With --pg: the target table.
+    #[arg(long, default_value = "silver.orders")]
+    table: String,
 }
 
-const HAND_MERGE: &str = "MERGE INTO silver.orders AS t USING (
+pub(crate) const HAND_MERGE: &str = "MERGE INTO silver.orders AS t USING (
     SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY order_id ORDER BY updated_at DESC) AS rn FROM staging.changes) AS d WHERE rn = 1
 ) AS s ON t.order_id = s.order_id
 WHEN MATCHED AND s.updated_at > t.updated_at THEN UPDATE SET customer_id = s.customer_id, order_total = s.order_total, currency = s.currency, updated_at = s.updated_at, dt = s.dt
@@ -73,6 +89,9 @@ fn db_err(context: &str) -> impl FnOnce(duckdb::Error) -> Error + '_ {
 /// The hand-written SQL: BEGIN; DELETE the day; INSERT … SELECT the day; COMMIT.
 pub fn run_sql(args: BenchSqlArgs) -> Result<(), Error> {
     let d = RunDate::parse(&args.date)?;
+    if let Some(url) = &args.pg {
+        return crate::bench_pg::run_sql(url, &args.table, d, args.merge);
+    }
     let db = DuckDb::open(&args.file, Duration::from_secs(60))?;
     let conn = db.connection();
     if args.merge {
@@ -105,13 +124,13 @@ pub fn run_sql(args: BenchSqlArgs) -> Result<(), Error> {
     Ok(())
 }
 
-struct Sample {
-    wall: f64,
-    inner: f64,
-    rss_mb: f64,
+pub(crate) struct Sample {
+    pub(crate) wall: f64,
+    pub(crate) inner: f64,
+    pub(crate) rss_mb: f64,
 }
 
-fn measure(cmd: &mut Command) -> Result<(Sample, serde_json::Value), Error> {
+pub(crate) fn measure(cmd: &mut Command) -> Result<(Sample, serde_json::Value), Error> {
     let start = Instant::now();
     let child = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
     let pid = child.id() as libc::pid_t;
@@ -131,7 +150,7 @@ fn measure(cmd: &mut Command) -> Result<(Sample, serde_json::Value), Error> {
     Ok((Sample { wall, inner, rss_mb: usage.ru_maxrss as f64 / 1024.0 }, v))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
     let m = v.len() / 2;
     if v.len() % 2 == 1 {
@@ -185,6 +204,12 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
     }
     if args.strategy == BenchStrategy::Backfill {
         return run_backfill(args, out);
+    }
+    if args.strategy == BenchStrategy::Fingerprint {
+        return run_fingerprint(args, out);
+    }
+    if args.strategy == BenchStrategy::Postgres {
+        return crate::bench_pg::run(&args.db, args.rows, args.days, args.changes, args.rounds, &args.dir, out);
     }
     let file = args.dir.join("bench.duckdb");
     setup(&file, args.rows, args.days)?;
@@ -426,6 +451,83 @@ fn run_backfill(args: BenchArgs, out: &Output) -> Result<(), Error> {
         println!("| the same backfill again (every date skipped) | {:.2} | {:.0} |", med(&rerun), rss(&rerun));
         println!("| one day's load, forced | {:.2} | {:.0} |", med(&one), rss(&one));
         println!("re-run of a completed backfill / one day's load: {:.2}", med(&rerun) / med(&one));
+    }
+    Ok(())
+}
+
+/// Fingerprints and diff, in process (the engine does the work; the client
+/// holds one row per segment at most).
+fn run_fingerprint(args: BenchArgs, out: &Output) -> Result<(), Error> {
+    use fixpoint_core::diff::{diff, DiffOptions, Sides};
+    use fixpoint_core::engine::{fingerprint, Engine, Scope};
+    use fixpoint_core::{Method, TableName};
+    let file = args.dir.join("bench.duckdb");
+    setup(&file, args.rows, args.days)?;
+    let mut db = DuckDb::open(&file, Duration::from_secs(60))?;
+    db.connection()
+        .execute_batch(
+            "DROP TABLE IF EXISTS silver.orders_copy;
+             CREATE TABLE silver.orders_copy AS SELECT * FROM bronze.orders;
+             UPDATE silver.orders_copy SET order_total = order_total + 1 WHERE order_id = 12345678 % (SELECT count(*) FROM bronze.orders);
+             CHECKPOINT;",
+        )
+        .map_err(db_err("preparing the diff copy"))?;
+    let a = TableName::parse("bronze.orders")?;
+    let b = TableName::parse("silver.orders_copy")?;
+    let cols = db.table_columns(&a)?.ok_or_else(|| Error::Internal("bench table missing".into()))?;
+    let list = cols.iter().map(|c| format!("\"{}\"", c.name)).collect::<Vec<_>>().join(", ");
+    let hand_sql = format!("SELECT count(*), sum(hash({list})) FROM bronze.orders");
+    let time = |f: &mut dyn FnMut() -> Result<(), Error>| -> Result<f64, Error> {
+        let mut v = Vec::new();
+        for _ in 0..args.rounds {
+            let start = Instant::now();
+            f()?;
+            v.push(start.elapsed().as_secs_f64());
+        }
+        Ok(median(v))
+    };
+    let conn = db.connection();
+    let hand = time(&mut || conn.query_row(&hand_sql, [], |_| Ok(())).map_err(db_err("hand-written hash sum")))?;
+    let scope = Scope::Table { table: &a, filter: None };
+    let native = time(&mut || fingerprint(&mut db, Method::Native, &scope, &cols).map(|_| ()))?;
+    let portable = time(&mut || fingerprint(&mut db, Method::Portable, &scope, &cols).map(|_| ()))?;
+    let opts = DiffOptions { key: vec!["order_id".into()], ..Default::default() };
+    let mut report = None;
+    let diff_s = time(&mut || {
+        report = Some(diff(&mut Sides::One(&mut db), &a, &b, &opts)?);
+        Ok(())
+    })?;
+    let report = report.expect("rounds > 0");
+    // SAFETY: getrusage writes the struct for this process.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let rows = args.rows as f64;
+    let result = json!({
+        "rows": args.rows, "rounds": args.rounds,
+        "hand_written_hash_sum_s": hand, "native_fingerprint_s": native, "portable_fingerprint_s": portable,
+        "native_ratio": native / hand, "native_rows_per_s": rows / native, "portable_rows_per_s": rows / portable,
+        "hand_rows_per_s": rows / hand,
+        "diff_one_changed_row_s": diff_s, "diff_changed": report.changed, "diff_segment_queries": report.segment_queries,
+        "diff_rows_transferred": report.rows_transferred, "peak_rss_mb": usage.ru_maxrss as f64 / 1024.0,
+    });
+    if out.is_json() {
+        out.json(&result);
+    } else {
+        println!("fingerprints of a {}-row table, median of {} rounds, in process", args.rows, args.rounds);
+        println!("| what | time (s) | rows/s |");
+        println!("|---|---|---|");
+        println!("| hand-written SELECT count(*), sum(hash(cols)) | {hand:.3} | {:.1}M |", rows / hand / 1e6);
+        println!("| fixpoint native fingerprint | {native:.3} | {:.1}M |", rows / native / 1e6);
+        println!("| fixpoint portable fingerprint | {portable:.3} | {:.1}M |", rows / portable / 1e6);
+        println!("| diff of two {}-row tables, one changed row | {diff_s:.3} | |", args.rows);
+        println!(
+            "native / hand-written: {:.2}; diff found {} changed row with {} segment queries per side and {} rows read; peak RSS {:.0} MiB",
+            native / hand,
+            report.changed,
+            report.segment_queries,
+            report.rows_transferred,
+            usage.ru_maxrss as f64 / 1024.0
+        );
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! prove it.
 
 mod bench;
+mod bench_pg;
 mod demo;
 mod output;
 
@@ -148,6 +149,12 @@ enum Command {
         /// Also fail the run at every step boundary and check the old state survives and the rerun converges.
         #[arg(long)]
         crash: bool,
+        /// Skip the mutation check (change one input row in a sandbox; only its output may change).
+        #[arg(long)]
+        no_mutate: bool,
+        /// The input row the mutation check changes: COLUMN=VALUE conditions on the source's first table.
+        #[arg(long, value_delimiter = ',')]
+        mutate_key: Vec<String>,
         #[command(flatten)]
         db: DbArgs,
         #[command(flatten)]
@@ -188,6 +195,33 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// Compare two tables (in one database or two): rows only in A, only in
+    /// B, and changed. Exit 0 when identical, 4 when they differ.
+    Diff {
+        /// Table A, schema.table (in --db).
+        table_a: String,
+        /// Table B, schema.table (in --db-b, or --db).
+        table_b: String,
+        /// The key columns, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        key: Vec<String>,
+        /// Only rows where this SQL condition holds (on both sides).
+        #[arg(long = "where")]
+        predicate: Option<String>,
+        /// Columns to leave out, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        exclude: Vec<String>,
+        /// At most this many rows listed per kind of difference.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Table B's database, when it is not --db.
+        #[arg(long)]
+        db_b: Option<String>,
+        #[command(flatten)]
+        db: DbArgs,
+        #[command(flatten)]
+        common: Common,
+    },
     /// Build a small DuckDB database and job, and show a job surviving reruns
     /// and a crash.
     Demo {
@@ -217,7 +251,8 @@ fn main() -> ExitCode {
         | Command::Status { common, .. }
         | Command::Runs { common, .. }
         | Command::Lint { common, .. }
-        | Command::Prove { common, .. } => common.output,
+        | Command::Prove { common, .. }
+        | Command::Diff { common, .. } => common.output,
         Command::Bench(a) => a.common.output,
         Command::BenchSql(_) => Format::Text,
     };
@@ -371,7 +406,17 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             let (fault, fault_date) = fault_from_env()?;
             let opts = fixpoint_core::backfill::BackfillOptions { run: RunOptions { force, fault, no_wait }, keep_going, fault_date };
             let dates = RunDate::range(from, to);
-            match out.backfill(&job, &dates, engine.as_mut(), &opts) {
+            let wait = Duration::from_secs(db.wait);
+            let code = if parallel > 1 && engine.name() != "duckdb" {
+                drop(engine);
+                let connect = || open_engine(&db.db, wait);
+                out.backfill(&job, &dates, |progress| {
+                    fixpoint_core::backfill::backfill_parallel(&job, &dates, parallel, &connect, &opts, progress)
+                })
+            } else {
+                out.backfill(&job, &dates, |progress| fixpoint_core::backfill::backfill(&job, &dates, engine.as_mut(), &opts, progress))
+            };
+            match code {
                 0 => Ok(()),
                 code => Err(Error::Internal(format!("{} {code}", output::REPORTED))),
             }
@@ -407,10 +452,22 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             out.runs(&entries);
             Ok(())
         }
-        Command::Prove { job, date, runs, crash, db, .. } => {
+        Command::Prove { job, date, runs, crash, no_mutate, mutate_key, db, .. } => {
             let run_date = RunDate::parse(&date)?;
+            let mutate_key = mutate_key
+                .iter()
+                .map(|kv| {
+                    kv.split_once('=').map(|(k, v)| (k.trim().to_owned(), v.to_owned())).ok_or_else(|| {
+                        Error::argument(format!("--mutate-key {kv:?}: expected COLUMN=VALUE"), Some("e.g. --mutate-key order_id=4"))
+                    })
+                })
+                .collect::<Result<Vec<_>, Error>>()?;
+            if no_mutate && !mutate_key.is_empty() {
+                return Err(Error::argument("--mutate-key with --no-mutate: the mutation check is off", Some("drop one of them")));
+            }
             let (job, mut engine) = parse_job_and_engine(&job, &db)?;
-            let proof = fixpoint_core::prove::prove(&job, run_date, engine.as_mut(), &fixpoint_core::prove::ProveOptions { runs, crash })?;
+            let opts = fixpoint_core::prove::ProveOptions { runs, crash, mutate: !no_mutate, mutate_key };
+            let proof = fixpoint_core::prove::prove(&job, run_date, engine.as_mut(), &opts)?;
             out.proof(&proof);
             if proof.proved {
                 Ok(())
@@ -440,6 +497,27 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
                 return Err(Error::Internal(format!("{} {}", output::REPORTED, output::code::INPUT)));
             }
             Ok(())
+        }
+        Command::Diff { table_a, table_b, key, predicate, exclude, limit, db_b, db, .. } => {
+            let (ta, tb) = (TableName::parse(&table_a)?, TableName::parse(&table_b)?);
+            let wait = Duration::from_secs(db.wait);
+            let mut a = open_engine(&db.db, wait)?;
+            let mut b = match db_b.as_deref() {
+                Some(url) if url != db.db => Some(open_engine(url, wait)?),
+                _ => None,
+            };
+            let mut sides = match b.as_mut() {
+                Some(b) => fixpoint_core::diff::Sides::Two(a.as_mut(), b.as_mut()),
+                None => fixpoint_core::diff::Sides::One(a.as_mut()),
+            };
+            let opts = fixpoint_core::diff::DiffOptions { key, predicate, exclude, segment_rows: 0, max_listed: limit };
+            let report = fixpoint_core::diff::diff(&mut sides, &ta, &tb, &opts)?;
+            out.diff(&report);
+            if report.identical {
+                Ok(())
+            } else {
+                Err(Error::Internal(format!("{} {}", output::REPORTED, output::code::PROOF)))
+            }
         }
         Command::Demo { rows, dir, .. } => demo::run(rows, &dir, out),
         Command::Bench(args) => bench::run(args, out),

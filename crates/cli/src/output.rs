@@ -88,6 +88,15 @@ impl Output {
                 r.duplicates_collapsed,
                 if r.created_target { " (table created)" } else { "" }
             ),
+            (_, _) if r.method == "partition exchange" => println!(
+                "{} {}: swapped in the day's partition of {} (partition exchange) — {} rows detached, {} inserted{}",
+                r.job,
+                r.run_date,
+                r.target,
+                r.rows_deleted,
+                r.rows_inserted,
+                if r.created_target { " (table created)" } else { "" }
+            ),
             _ => println!(
                 "{} {}: replaced partition of {} — {} rows deleted, {} inserted{}",
                 r.job,
@@ -101,6 +110,9 @@ impl Output {
         println!("  run key  {}", r.run_key);
         println!("  input    {} rows, checksum {}", r.input_rows, r.input_checksum);
         println!("  output   {} rows, checksum {}", r.output_rows, r.output_checksum);
+        if let Some(note) = &r.method_note {
+            println!("  note     {note}");
+        }
     }
 
     pub fn fingerprint(&self, table: &TableName, fp: &Fingerprint) {
@@ -113,7 +125,8 @@ impl Output {
 
     /// Runs a backfill with a progress bar on stderr (when it is a terminal
     /// and the output is text), prints the summary, returns the exit code.
-    pub fn backfill(&self, job: &Job, dates: &[RunDate], engine: &mut dyn Engine, opts: &BackfillOptions) -> u8 {
+    /// Runs a backfill through `run` (sequential or parallel), showing progress, and reports it.
+    pub fn backfill(&self, job: &Job, dates: &[RunDate], run: impl FnOnce(&mut dyn FnMut(&DateOutcome)) -> Vec<DateOutcome>) -> u8 {
         let bar = if !self.json && std::io::stderr().is_terminal() {
             indicatif::ProgressBar::new(dates.len() as u64)
         } else {
@@ -125,7 +138,7 @@ impl Output {
         );
         let mut written = 0u64;
         bar.set_message("0");
-        let outcomes = fixpoint_core::backfill::backfill(job, dates, engine, opts, |o| {
+        let outcomes = run(&mut |o: &DateOutcome| {
             if let DateOutcome::Done(r) = o {
                 written += r.rows_inserted + r.rows_updated;
                 bar.set_message(written.to_string());
@@ -241,6 +254,34 @@ impl Output {
         println!("{} file(s): {errors} error(s), {warnings} warning(s)", all.len());
     }
 
+    pub fn diff(&self, d: &fixpoint_core::diff::DiffReport) {
+        if self.json {
+            self.json(&serde_json::to_value(d).expect("diff serializes"));
+            return;
+        }
+        println!("diff {} vs {} on key ({})", d.a, d.b, d.key.join(", "));
+        println!("  A  {}", d.fingerprint_a);
+        println!("  B  {}", d.fingerprint_b);
+        if d.identical {
+            println!("identical: {} rows, no row transferred", d.fingerprint_a.rows);
+            return;
+        }
+        for r in &d.only_in_a_rows {
+            println!("  only in A  {}", r.join(", "));
+        }
+        for r in &d.only_in_b_rows {
+            println!("  only in B  {}", r.join(", "));
+        }
+        for r in &d.changed_rows {
+            let changes: Vec<String> = r.changes.iter().map(|c| format!("{}: {} -> {}", c.column, c.a, c.b)).collect();
+            println!("  changed    {}: {}", r.key.join(", "), changes.join("; "));
+        }
+        println!(
+            "{} only in A, {} only in B, {} changed ({} segment queries per side, {} rows read)",
+            d.only_in_a, d.only_in_b, d.changed, d.segment_queries, d.rows_transferred
+        );
+    }
+
     pub fn proof(&self, p: &fixpoint_core::prove::Proof) {
         if self.json {
             self.json(&serde_json::to_value(p).expect("proof serializes"));
@@ -263,6 +304,21 @@ impl Output {
                 ok(c.ledger_clean),
                 ok(c.converged)
             );
+        }
+        if let Some(o) = &p.order {
+            println!("  order     {}: {}", o.outcome, o.message);
+            for s in &o.sample {
+                println!("            {s}");
+            }
+        }
+        if let Some(m) = &p.mutation {
+            println!("  mutation  {}: {}", m.outcome, m.message);
+            if !m.row.is_empty() {
+                println!("            input row of {}: {{{}}}, changed {}", m.table, m.row.join(", "), m.change);
+            }
+            for s in &m.sample {
+                println!("            {s}");
+            }
         }
         for f in &p.failures {
             println!("  FAILED: {f}");

@@ -96,7 +96,7 @@ fn fingerprint_env_db_and_exclude() {
     assert_eq!(f["rows"], 4);
     let portable = fixpoint(tmp.path(), &["fingerprint", "bronze.orders", "--portable", "--db", "duckdb:w.duckdb", "--output", "json"]);
     let p: serde_json::Value = serde_json::from_str(&portable.stdout).unwrap();
-    assert_eq!(p["kind"], "portable-v1");
+    assert_eq!(p["kind"], "portable-v2");
     assert_ne!(p["checksum"], f["checksum"]);
     let bad = fixpoint(tmp.path(), &["fingerprint", "bronze.orders", "--exclude", "nope", "--db", "duckdb:w.duckdb"]);
     assert_eq!(bad.code, 2);
@@ -376,4 +376,55 @@ fn the_same_job_runs_unchanged_on_postgres() {
     let fp = fixpoint(tmp.path(), &["fingerprint", "silver.orders", "--portable", "--db", &url, "--output", "json"]);
     assert_eq!(fp.code, 0, "{}", fp.stderr);
     drop(pg);
+}
+
+#[test]
+fn diff_exits_0_when_identical_and_4_with_the_differences() {
+    let tmp = tempfile::tempdir().unwrap();
+    setup(tmp.path());
+    {
+        let db = duckdb::Connection::open(tmp.path().join("w.duckdb")).unwrap();
+        db.execute_batch("CREATE SCHEMA s; CREATE TABLE s.b AS SELECT * FROM bronze.orders;").unwrap();
+    }
+    let same = fixpoint(tmp.path(), &["diff", "bronze.orders", "s.b", "--key", "order_id", "--db", "duckdb:w.duckdb", "--output", "json"]);
+    assert_eq!(same.code, 0, "{}\n{}", same.stdout, same.stderr);
+    let v: serde_json::Value = serde_json::from_str(&same.stdout).unwrap();
+    assert_eq!((v["identical"].as_bool(), v["rows_transferred"].as_u64(), v["method"].as_str()), (Some(true), Some(0), Some("native")));
+    {
+        let db = duckdb::Connection::open(tmp.path().join("w.duckdb")).unwrap();
+        db.execute_batch("UPDATE s.b SET order_total = 9.00 WHERE order_id = 2; DELETE FROM s.b WHERE order_id = 4;").unwrap();
+    }
+    let differs = fixpoint(tmp.path(), &["diff", "bronze.orders", "s.b", "--key", "order_id", "--db", "duckdb:w.duckdb"]);
+    assert_eq!(differs.code, 4, "{}\n{}", differs.stdout, differs.stderr);
+    assert!(differs.stdout.contains("  changed    order_id='2': order_total: '2.50' -> '9.00'\n"), "{}", differs.stdout);
+    assert!(differs.stdout.contains("  only in A  order_id='4', order_total='9.99', note='it''s', dt='2026-10-20'\n"), "{}", differs.stdout);
+    assert!(differs.stdout.contains("1 only in A, 0 only in B, 1 changed"), "{}", differs.stdout);
+    let json = fixpoint(tmp.path(), &["diff", "bronze.orders", "s.b", "--key", "order_id", "--db", "duckdb:w.duckdb", "--output", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!((v["changed"].as_u64(), v["only_in_a"].as_u64(), v["only_in_b"].as_u64()), (Some(1), Some(1), Some(0)));
+    assert_eq!(v["changed_rows"][0]["changes"][0], serde_json::json!({"column": "order_total", "a": "'2.50'", "b": "'9.00'"}));
+    let bad = fixpoint(tmp.path(), &["diff", "bronze.orders", "s.nope", "--key", "order_id", "--db", "duckdb:w.duckdb"]);
+    assert_eq!(bad.code, 2);
+    assert!(bad.stderr.contains("table s.nope (B) does not exist"), "{}", bad.stderr);
+    let no_key = fixpoint(tmp.path(), &["diff", "bronze.orders", "s.b", "--db", "duckdb:w.duckdb"]);
+    assert_eq!(no_key.code, 2, "{}", no_key.stderr);
+}
+
+#[test]
+fn prove_runs_the_mutation_check_unless_told_not_to() {
+    let tmp = tempfile::tempdir().unwrap();
+    setup(tmp.path());
+    let out = fixpoint(tmp.path(), &["prove", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--mutate-key", "order_id=3", "--output", "json"]);
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(v["mutation"]["outcome"], "passed");
+    assert_eq!(v["mutation"]["change"], "order_total + 1");
+    assert_eq!(v["mutation"]["row"], serde_json::json!(["order_id=3", "order_total=\"3.50\"", "note=\"c\"", "dt=2026-10-20"]));
+    let off = fixpoint(tmp.path(), &["prove", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--no-mutate", "--output", "json"]);
+    assert_eq!(off.code, 0);
+    let v: serde_json::Value = serde_json::from_str(&off.stdout).unwrap();
+    assert!(v["mutation"].is_null());
+    let bad = fixpoint(tmp.path(), &["prove", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--mutate-key", "order_id"]);
+    assert_eq!(bad.code, 2);
+    assert!(bad.stderr.contains("--mutate-key \"order_id\": expected COLUMN=VALUE"), "{}", bad.stderr);
 }

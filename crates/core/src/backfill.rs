@@ -70,6 +70,78 @@ pub fn backfill(
     out
 }
 
+/// [`backfill`] with `workers` dates in flight at once, each worker on its
+/// own connection from `connect` (an engine with many writers: PostgreSQL).
+/// Every date is still its own transaction under its own lock, so the end
+/// state is that of the sequential backfill. After a failed date (without
+/// `keep_going`) no new date starts; dates already running finish. Outcomes
+/// come back in date order; `progress` sees them as they finish.
+pub fn backfill_parallel(
+    job: &Job,
+    dates: &[RunDate],
+    workers: usize,
+    connect: &(dyn Fn() -> Result<Box<dyn Engine>> + Sync),
+    opts: &BackfillOptions,
+    mut progress: impl FnMut(&DateOutcome),
+) -> Vec<DateOutcome> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let stopped = AtomicBool::new(false);
+    let mut out: Vec<Option<DateOutcome>> = (0..dates.len()).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::channel::<(usize, DateOutcome)>();
+        for _ in 0..workers.max(1).min(dates.len().max(1)) {
+            let tx = tx.clone();
+            let (next, stopped) = (&next, &stopped);
+            scope.spawn(move || {
+                let mut engine: Option<Box<dyn Engine>> = None;
+                loop {
+                    if stopped.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(&d) = dates.get(i) else { return };
+                    let mut run = opts.run.clone();
+                    if opts.fault_date.is_some_and(|f| f != d) {
+                        run.fault = None;
+                    }
+                    if engine.is_none() {
+                        match connect() {
+                            Ok(e) => engine = Some(e),
+                            Err(e) => {
+                                stopped.store(!opts.keep_going, Ordering::SeqCst);
+                                let _ = tx.send((i, DateOutcome::Failed(d, e)));
+                                continue;
+                            }
+                        }
+                    }
+                    let conn = engine.as_mut().expect("connected").as_mut();
+                    let outcome = match job.load_with(d, conn, &run) {
+                        Ok(r) => DateOutcome::Done(r),
+                        Err(e) => {
+                            if !opts.keep_going {
+                                stopped.store(true, Ordering::SeqCst);
+                            }
+                            // A connection that failed may be unusable: reconnect for the next date.
+                            engine = None;
+                            DateOutcome::Failed(d, e)
+                        }
+                    };
+                    if tx.send((i, outcome)).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        for (i, outcome) in rx {
+            progress(&outcome);
+            out[i] = Some(outcome);
+        }
+    });
+    out.into_iter().zip(dates).map(|(o, &d)| o.unwrap_or(DateOutcome::NotRun(d))).collect()
+}
+
 /// The state of one date.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

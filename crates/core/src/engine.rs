@@ -27,6 +27,23 @@ pub struct Rows {
     pub rows: Vec<Vec<Value>>,
 }
 
+/// How a table keeps one day's rows, for swapping the day in whole
+/// (partition exchange) instead of deleting and inserting it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DayPartition {
+    /// The table is not partitioned by the column: delete + insert.
+    NotPartitioned,
+    /// Partitioned, but this day cannot be swapped in whole (a partition
+    /// spanning several days, a default partition, …): delete + insert, and why.
+    Unswappable(String),
+    /// The day can be swapped in: the partition holding exactly this day,
+    /// or `None` when no partition holds it yet (one is created).
+    Swappable {
+        /// The day's partition, when it exists.
+        existing: Option<TableName>,
+    },
+}
+
 /// A connection to a database that can run fixpoint's plans.
 pub trait Engine {
     /// A short name for messages (`duckdb`, `postgres`).
@@ -73,6 +90,40 @@ pub trait Engine {
         Ok(true)
     }
 
+    /// Whether `table` is partitioned by `column` so that `day`'s rows can be
+    /// swapped in whole. Called inside the run's transaction, after its lock.
+    fn day_partition(&mut self, table: &TableName, column: &str, day: NaiveDate) -> Result<DayPartition> {
+        let _ = (table, column, day);
+        Ok(DayPartition::NotPartitioned)
+    }
+
+    /// Creates an empty standalone table shaped like `table`, to hold `day`'s
+    /// new rows before they are swapped in; returns its name.
+    fn create_day_table(&mut self, table: &TableName, column: &str, day: NaiveDate) -> Result<TableName> {
+        let _ = (table, column, day);
+        Err(Error::Unsupported { engine: self.name(), capability: "partition exchange".into() })
+    }
+
+    /// Detaches `partition` from `table` and drops it (the day's old rows).
+    fn drop_partition(&mut self, table: &TableName, partition: &TableName) -> Result<()> {
+        let _ = (table, partition);
+        Err(Error::Unsupported { engine: self.name(), capability: "partition exchange".into() })
+    }
+
+    /// Attaches `staged` to `table` as the partition of `day` (by `column`),
+    /// renamed to `name`.
+    fn attach_day(&mut self, table: &TableName, staged: &TableName, column: &str, day: NaiveDate, name: &str) -> Result<()> {
+        let _ = (table, staged, column, day, name);
+        Err(Error::Unsupported { engine: self.name(), capability: "partition exchange".into() })
+    }
+
+    /// A pseudo-column naming one row of a table (DuckDB `rowid`, PostgreSQL
+    /// `ctid`), its type, and whether it stays the same when the row is
+    /// updated (for the sandboxed mutation check of `prove`).
+    fn row_id(&self) -> (&'static str, &'static str, bool) {
+        ("rowid", "BIGINT", true)
+    }
+
     /// Creates a temporary table `name` (already quoted) holding `query`'s rows.
     fn create_temp_table_as(&mut self, name: &str, query: &Sql) -> Result<()> {
         let mut sql = Sql::new();
@@ -110,14 +161,9 @@ pub fn fingerprint_kind(engine: &mut dyn Engine, method: Method) -> Result<Strin
     })
 }
 
-/// The pieces of a fingerprint query over rows of `alias`: the select list
-/// `count(*), sum(<row hash>)` and the signature.
-pub fn fingerprint_select(
-    engine: &mut dyn Engine,
-    method: Method,
-    alias: &str,
-    columns: &[Column],
-) -> Result<(String, String, Vec<String>)> {
+/// An expression hashing one row of `alias` over `columns` to a 64-bit
+/// value, with the fingerprint kind and the column signature.
+pub fn row_hash(engine: &mut dyn Engine, method: Method, alias: &str, columns: &[Column]) -> Result<(String, String, Vec<String>)> {
     let kind = fingerprint_kind(engine, method)?;
     let (hash, signature) = match method {
         Method::Native => {
@@ -132,16 +178,33 @@ pub fn fingerprint_select(
             let mut signature = Vec::new();
             for c in columns {
                 let (text, class) = engine.portable_value(&format!("{alias}.{}", quote_ident(&c.name)), c);
-                // tag, length, ':', text — or tag '-' for NULL — so no two
-                // values of one row encode alike, and NULL differs from ''.
-                let tag = &class[..1];
-                parts.push(format!("coalesce('{tag}' || CAST(length({text}) AS VARCHAR) || ':' || {text}, '{tag}-')"));
+                parts.push(portable_framed(&text, class));
                 signature.push(format!("{} {class}", c.name));
             }
             let row = if parts.is_empty() { "''".to_owned() } else { parts.join(" || ") };
             (engine.portable_row_hash(&row), signature)
         }
     };
+    Ok((hash, kind, signature))
+}
+
+/// One value's canonical text framed for the portable encoding: tag, length,
+/// ':', text — or tag '-' for NULL — so no two values of one row encode
+/// alike, and NULL differs from ''.
+pub fn portable_framed(text: &str, class: &str) -> String {
+    let tag = &class[..1];
+    format!("coalesce('{tag}' || CAST(length({text}) AS VARCHAR) || ':' || {text}, '{tag}-')")
+}
+
+/// The pieces of a fingerprint query over rows of `alias`: the select list
+/// `count(*), sum(<row hash>)` and the signature.
+pub fn fingerprint_select(
+    engine: &mut dyn Engine,
+    method: Method,
+    alias: &str,
+    columns: &[Column],
+) -> Result<(String, String, Vec<String>)> {
+    let (hash, kind, signature) = row_hash(engine, method, alias, columns)?;
     let select = if columns.is_empty() { "count(*), 0".to_owned() } else { format!("count(*), sum({hash})") };
     Ok((select, kind, signature))
 }

@@ -33,7 +33,7 @@ pub enum Method {
 }
 
 /// Version of the portable encoding; part of the portable kind.
-pub const PORTABLE_KIND: &str = "portable-v1";
+pub const PORTABLE_KIND: &str = "portable-v2";
 
 /// A fingerprint of a set of rows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -5,6 +5,7 @@
 
 pub mod backfill;
 pub mod date;
+pub mod diff;
 pub mod engine;
 pub mod error;
 pub mod fingerprint;
@@ -12,6 +13,7 @@ pub mod ident;
 pub mod ledger;
 pub mod lint;
 mod merge;
+pub mod mutate;
 pub mod prove;
 pub mod run;
 pub mod runkey;

@@ -61,7 +61,7 @@ fn rows_differ(a: &str, b: &str, cols: &[String]) -> String {
     cols.iter().map(|c| format!("{} IS DISTINCT FROM {}", q(a, c), q(b, c))).collect::<Vec<_>>().join(" OR ")
 }
 
-fn tombstone_table(target: &TableName) -> TableName {
+pub(crate) fn tombstone_table(target: &TableName) -> TableName {
     TableName { schema: ledger::SCHEMA.into(), table: format!("tombstones__{}__{}", target.schema, target.table) }
 }
 
@@ -391,6 +391,7 @@ pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts:
         report.rows_unchanged = batch_rows - inserts - updates - deletes;
         report.duplicates_collapsed = duplicates_collapsed;
         report.created_target = created_target;
+        report.method = "merge".into();
         ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
         opts.step(FailPoint::BeforeCommit)?;
         engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {STAGE}")))?;

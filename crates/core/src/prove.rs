@@ -21,6 +21,11 @@ pub struct ProveOptions {
     pub runs: usize,
     /// Also fail the run at every step boundary.
     pub crash: bool,
+    /// Run the mutation check in a sandbox (on by default in the CLI).
+    pub mutate: bool,
+    /// Pick the input row to change: `column=value` conditions on the
+    /// source's first table.
+    pub mutate_key: Vec<(String, String)>,
 }
 
 /// One run's evidence.
@@ -66,6 +71,10 @@ pub struct Proof {
     pub runs: Vec<RunEvidence>,
     /// Every crash point (with `crash`).
     pub crash: Vec<CrashEvidence>,
+    /// The order check (with `mutate`).
+    pub order: Option<crate::mutate::OrderEvidence>,
+    /// The mutation check (with `mutate`).
+    pub mutation: Option<crate::mutate::MutationEvidence>,
     /// Whether everything held.
     pub proved: bool,
     /// What failed, one sentence each.
@@ -201,17 +210,34 @@ pub fn prove(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Prove
         }
     }
     engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {SNAPSHOT}")))?;
+    let (order, mutation) = if opts.mutate {
+        let s = crate::mutate::sandbox_checks(job, run_date, engine, &opts.mutate_key)?;
+        (s.order, Some(s.mutation))
+    } else {
+        (None, None)
+    };
+    if let Some(o) = order.as_ref().filter(|o| o.outcome == "failed") {
+        failures.push(format!("the order check failed: {}", o.message));
+    }
+    if let Some(m) = mutation.as_ref().filter(|m| m.outcome == "failed") {
+        failures.push(format!("the mutation check failed: {}", m.message));
+    }
     let proved = failures.is_empty();
     let verdict = if proved {
         format!(
-            "{} runs{} left the same {} rows with checksum {}: the diff is empty.",
+            "{} runs{} left the same {} rows with checksum {}: the diff is empty.{}",
             opts.runs,
             if opts.crash { format!(" and {} injected failures", crash.len()) } else { String::new() },
             clean.rows,
-            clean.checksum
+            clean.checksum,
+            match &mutation {
+                Some(m) if m.outcome == "passed" => format!(" Mutation: {}.", m.message),
+                Some(m) => format!(" Mutation check inconclusive: {}.", m.message),
+                None => String::new(),
+            }
         )
     } else {
         format!("not idempotent: {}", failures[0])
     };
-    Ok(Proof { job: job.name.clone(), run_date: run_date.to_string(), scope: scope_text, before, runs, crash, proved, failures, verdict })
+    Ok(Proof { job: job.name.clone(), run_date: run_date.to_string(), scope: scope_text, before, runs, crash, order, mutation, proved, failures, verdict })
 }

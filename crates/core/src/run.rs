@@ -6,10 +6,10 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::date::RunDate;
-use crate::engine::{fingerprint, fingerprint_kind, fingerprint_select, Column, Engine, Filter, Scope};
+use crate::engine::{fingerprint, fingerprint_kind, fingerprint_select, Column, DayPartition, Engine, Filter, Scope};
 use crate::error::{Error, FailPoint, Result, SampleRow};
 use crate::fingerprint::{Fingerprint, Method};
-use crate::ident::quote_ident;
+use crate::ident::{quote_ident, TableName};
 use crate::ledger;
 use crate::runkey::run_key;
 use crate::spec::{Job, Strategy};
@@ -101,6 +101,11 @@ pub struct RunReport {
     pub fingerprint_kind: String,
     /// Whether the run created the target table.
     pub created_target: bool,
+    /// How the target was changed: `delete+insert`, `partition exchange`,
+    /// `merge`, or `none` (skipped).
+    pub method: String,
+    /// Why the preferred method was not used, when it was not.
+    pub method_note: Option<String>,
     /// Wall time in milliseconds.
     pub elapsed_ms: u64,
 }
@@ -127,6 +132,8 @@ impl RunReport {
             output_checksum: output.checksum.clone(),
             fingerprint_kind: input.kind.clone(),
             created_target: false,
+            method: String::new(),
+            method_note: None,
             elapsed_ms: 0,
         }
     }
@@ -329,16 +336,37 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
             params.run_key = run_key(&job_hash, run_date, input);
         }
 
+        // How the day is changed: swapped in whole when the target is
+        // partitioned by day (partition exchange), else delete + insert.
+        let layout = match &target_cols {
+            Some(_) => engine.day_partition(&job.target, partition, run_date.date())?,
+            None => DayPartition::NotPartitioned,
+        };
+        trace.step("layout");
+
         // 3. A retry over the same input, with the target still holding the
         //    recorded output, has nothing to do.
         if let (Some(last), Some(input)) = (&last, &early_input) {
             if last.run_key == params.run_key && last.fingerprint_kind == input.kind {
-                let now = fingerprint(engine, Method::Native, &scope, &output_cols)?;
+                // With partition exchange, read the day's partition itself, not
+                // the parent: a lock on the parent held from here would make
+                // two runs of different days deadlock at their swaps.
+                let now = match &layout {
+                    DayPartition::Swappable { existing: Some(p) } => {
+                        fingerprint(engine, Method::Native, &Scope::Table { table: p, filter: None }, &output_cols)?
+                    }
+                    DayPartition::Swappable { existing: None } => {
+                        let (_, kind, signature) = fingerprint_select(engine, Method::Native, "fp", &output_cols)?;
+                        Fingerprint::from_sum(&kind, &signature, 0, 0)
+                    }
+                    _ => fingerprint(engine, Method::Native, &scope, &output_cols)?,
+                };
                 trace.step("target fp");
                 if now.rows == last.output_rows && now.checksum == last.output_checksum {
                     let mut report = RunReport::new(job, run_date, params.run_key.clone(), "skipped", input, &now);
                     report.skip_reason = Some("the partition already holds this run's output (same run key, same output fingerprint); use --force to rewrite it".into());
                     report.rows_unchanged = now.rows;
+                    report.method = "none".into();
                     report.elapsed_ms = started.elapsed().as_millis() as u64;
                     // Nothing changed, so nothing is recorded.
                     return Ok(report);
@@ -355,18 +383,10 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
             engine.execute(&Sql::raw(format!("CREATE TABLE {} ({})", job.target.quoted(), cols.join(", "))))?;
         }
 
-        // 5. Delete the partition, insert the source's rows.
-        let mut sql = Sql::new();
-        sql.push("DELETE FROM ").push(&job.target.quoted()).push(" WHERE ").ident(partition).push(" = ");
-        sql.typed_param(Value::Date(run_date.date()), "DATE");
-        let rows_deleted = engine.execute(&sql)?;
-        trace.step("delete");
-        opts.step(FailPoint::AfterDelete)?;
-
         let col_list = source_cols.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", ");
-        let insert = |limit: Option<u64>| {
+        let insert = |into: &TableName, limit: Option<u64>| {
             let mut sql = Sql::new();
-            sql.push("INSERT INTO ").push(&job.target.quoted()).push(" (").push(&col_list).push(") SELECT ");
+            sql.push("INSERT INTO ").push(&into.quoted()).push(" (").push(&col_list).push(") SELECT ");
             sql.push(&source_cols.iter().map(|c| format!("s.{}", quote_ident(&c.name))).collect::<Vec<_>>().join(", "));
             sql.push(" FROM ");
             Scope::Source { template: job.source.template(), params: &params }.write_from(&mut sql, "s");
@@ -375,13 +395,57 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
             }
             sql
         };
-        if matches!(opts.fault, Some((FailPoint::MidInsert, _))) {
-            engine.execute(&insert(Some(input_rows / 2)))?;
-            opts.step(FailPoint::MidInsert)?;
-        }
-        let rows_inserted = engine.execute(&insert(None))?;
-        trace.step("insert");
-        opts.step(FailPoint::AfterInsert)?;
+        let (rows_deleted, rows_inserted, method, staged_fp) = match &layout {
+            // 5a. Partition exchange: build the day as a standalone table
+            //     (readers still see the old day, unblocked), then detach the
+            //     old partition and attach the new one, in this transaction.
+            DayPartition::Swappable { existing } => {
+                let staged = engine.create_day_table(&job.target, partition, run_date.date())?;
+                if matches!(opts.fault, Some((FailPoint::MidInsert, _))) {
+                    engine.execute(&insert(&staged, Some(input_rows / 2)))?;
+                    opts.step(FailPoint::MidInsert)?;
+                }
+                let rows_inserted = engine.execute(&insert(&staged, None))?;
+                trace.step("insert (staged)");
+                opts.step(FailPoint::AfterInsert)?;
+                let staged_fp = match &early_input {
+                    Some(input) if output_cols == input_cols => Some(input.clone()),
+                    _ => Some(fingerprint(engine, Method::Native, &Scope::Table { table: &staged, filter: None }, &output_cols)?),
+                };
+                trace.step("output fp");
+                let (rows_deleted, name) = match existing {
+                    Some(old) => {
+                        let mut sql = Sql::new();
+                        sql.push("SELECT count(*) FROM ").push(&old.quoted());
+                        let n = engine.query(&sql)?.rows[0][0].as_u64().ok_or_else(|| Error::Internal("bad count".into()))?;
+                        engine.drop_partition(&job.target, old)?;
+                        (n, old.table.clone())
+                    }
+                    None => (0, day_partition_name(&job.target.table, run_date)),
+                };
+                opts.step(FailPoint::AfterDelete)?;
+                engine.attach_day(&job.target, &staged, partition, run_date.date(), &name)?;
+                trace.step("swap");
+                (rows_deleted, rows_inserted, "partition exchange", staged_fp)
+            }
+            // 5b. Delete the partition, insert the source's rows.
+            _ => {
+                let mut sql = Sql::new();
+                sql.push("DELETE FROM ").push(&job.target.quoted()).push(" WHERE ").ident(partition).push(" = ");
+                sql.typed_param(Value::Date(run_date.date()), "DATE");
+                let rows_deleted = engine.execute(&sql)?;
+                trace.step("delete");
+                opts.step(FailPoint::AfterDelete)?;
+                if matches!(opts.fault, Some((FailPoint::MidInsert, _))) {
+                    engine.execute(&insert(&job.target, Some(input_rows / 2)))?;
+                    opts.step(FailPoint::MidInsert)?;
+                }
+                let rows_inserted = engine.execute(&insert(&job.target, None))?;
+                trace.step("insert");
+                opts.step(FailPoint::AfterInsert)?;
+                (rows_deleted, rows_inserted, "delete+insert", None)
+            }
+        };
 
         // 6. Fingerprint what was written, check it, record it.
         // The partition now holds exactly the source rows (the guard proved
@@ -390,8 +454,9 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
         // fingerprinted columns are the source's (same names, types, order),
         // that scan (same transaction, same snapshot) is the output's
         // fingerprint; otherwise scan the partition as written.
-        let output = match &early_input {
-            Some(input) if output_cols == input_cols => input.clone(),
+        let output = match (&early_input, staged_fp) {
+            (_, Some(staged)) => staged,
+            (Some(input), None) if output_cols == input_cols => input.clone(),
             _ => fingerprint(engine, Method::Native, &scope, &output_cols)?,
         };
         let input = early_input.unwrap_or_else(|| output.clone());
@@ -407,6 +472,10 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
         report.rows_deleted = rows_deleted;
         report.rows_inserted = rows_inserted;
         report.created_target = created_target;
+        report.method = method.into();
+        if let DayPartition::Unswappable(why) = &layout {
+            report.method_note = Some(format!("no partition exchange: {why}"));
+        }
         ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
         opts.step(FailPoint::BeforeCommit)?;
         trace.step("ledger row");
@@ -417,6 +486,17 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
         r.elapsed_ms = started.elapsed().as_millis() as u64;
         r
     })
+}
+
+/// The name of a new day partition: `<table>_<yyyymmdd>`, the table part
+/// shortened to keep within PostgreSQL's 63-byte identifiers.
+fn day_partition_name(table: &str, day: RunDate) -> String {
+    let suffix = day.date().format("_%Y%m%d").to_string();
+    let mut head = table.to_owned();
+    while head.len() + suffix.len() > 63 {
+        head.pop();
+    }
+    head + &suffix
 }
 
 pub(crate) fn entry(job: &Job, job_hash: &str, r: &RunReport, started_at: chrono::NaiveDateTime) -> ledger::Entry {

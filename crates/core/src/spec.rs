@@ -69,6 +69,12 @@ pub struct Source {
 }
 
 impl Source {
+    /// The same source with other SQL text (e.g. tables renamed into a sandbox).
+    pub fn with_sql(&self, sql: String) -> crate::error::Result<Source> {
+        let template = SourceTemplate::parse("source.sql", &sql)?;
+        Ok(Source { sql, template, position: self.position })
+    }
+
     /// The query with its run parameters located.
     pub fn template(&self) -> &SourceTemplate {
         &self.template

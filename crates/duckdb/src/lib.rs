@@ -261,7 +261,11 @@ impl Engine for DuckDb {
         } else if ty.starts_with("DECIMAL") {
             ("decimal", format!("CAST({expr} AS VARCHAR)"))
         } else if ty == "FLOAT" || ty == "DOUBLE" {
-            ("float", format!("CAST(CAST({expr} AS DOUBLE) AS VARCHAR)"))
+            // C's %.16e (17 significant digits: every double exactly); PostgreSQL writes the same.
+            ("float", format!(
+                "CASE WHEN isnan(CAST({expr} AS DOUBLE)) THEN 'nan' WHEN isinf(CAST({expr} AS DOUBLE)) THEN (CASE WHEN CAST({expr} AS DOUBLE) > 0 THEN 'inf' ELSE '-inf' END) \
+                 ELSE printf('%.16e', CAST({expr} AS DOUBLE)) END"
+            ))
         } else if ty == "VARCHAR" || ty.starts_with("VARCHAR(") {
             ("text", expr.to_owned())
         } else if ty == "DATE" {

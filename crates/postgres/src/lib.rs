@@ -10,7 +10,7 @@
 
 use std::error::Error as StdError;
 
-use fixpoint_core::engine::{Column, Engine, Rows};
+use fixpoint_core::engine::{Column, DayPartition, Engine, Rows};
 use fixpoint_core::ident::{quote_ident, TableName};
 use fixpoint_core::sql::{Sql, Value};
 use fixpoint_core::{Error, Result};
@@ -120,6 +120,26 @@ impl Postgres {
                 Value::Timestamp(t) => Some(t.format("%Y-%m-%d %H:%M:%S%.6f").to_string()),
             })
             .collect()
+    }
+
+    /// A partitioned table's strategy (`l`, `r`, `h`), key column count,
+    /// first key column and its type; `None` when it is not partitioned.
+    fn partition_key(&mut self, table: &TableName) -> Result<Option<(String, i128, String, String)>> {
+        let mut sql = Sql::new();
+        sql.push(
+            "SELECT pt.partstrat::text, pt.partnatts::int, coalesce(a.attname::text, ''), \
+             coalesce(format_type(a.atttypid, a.atttypmod), '') FROM pg_partitioned_table pt \
+             JOIN pg_class c ON c.oid = pt.partrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+             LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = pt.partattrs[0] WHERE n.nspname = ",
+        )
+        .typed_param(Value::Text(table.schema.clone()), "TEXT")
+        .push(" AND c.relname = ")
+        .typed_param(Value::Text(table.table.clone()), "TEXT");
+        let rows = self.query(&sql)?;
+        Ok(rows.rows.into_iter().next().map(|r| {
+            let text = text_of;
+            (text(&r[0]), r[1].as_i128().unwrap_or(0), text(&r[2]), text(&r[3]))
+        }))
     }
 
     fn prepare(&mut self, sql: &Sql) -> Result<postgres::Statement> {
@@ -329,6 +349,123 @@ impl Engine for Postgres {
         Ok(!matches!(rows.rows.first().map(|r| &r[0]), Some(Value::Bool(false))))
     }
 
+    fn day_partition(&mut self, table: &TableName, column: &str, day: chrono::NaiveDate) -> Result<DayPartition> {
+        let Some((strategy, natts, key, ty)) = self.partition_key(table)? else {
+            return Ok(DayPartition::NotPartitioned);
+        };
+        if natts != 1 || key != column {
+            return Ok(DayPartition::Unswappable(format!("{table} is partitioned by another key than {column}")));
+        }
+        if strategy != "l" && strategy != "r" {
+            return Ok(DayPartition::Unswappable(format!("{table} is hash-partitioned")));
+        }
+        if ty != "date" {
+            return Ok(DayPartition::Unswappable(format!("the partition column {column} is {ty}, not date")));
+        }
+        let mut sql = Sql::new();
+        sql.push("SELECT count(*) FROM pg_attribute WHERE attgenerated <> '' AND attrelid = CAST(")
+            .typed_param(Value::Text(table.quoted()), "TEXT")
+            .push(" AS regclass)");
+        if self.query(&sql)?.rows[0][0].as_i128() != Some(0) {
+            return Ok(DayPartition::Unswappable(format!("{table} has generated columns")));
+        }
+        let mut sql = Sql::new();
+        sql.push(
+            "SELECT n.nspname::text, c.relname::text, c.relkind::text, pg_get_expr(c.relpartbound, c.oid) \
+             FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE i.inhparent = CAST(",
+        )
+        .typed_param(Value::Text(table.quoted()), "TEXT")
+        .push(" AS regclass) ORDER BY 2");
+        let mut has_default = false;
+        for r in self.query(&sql)?.rows {
+            let text = text_of;
+            let (schema, name, kind, bound) = (text(&r[0]), text(&r[1]), text(&r[2]), text(&r[3]));
+            let part = TableName { schema, table: name };
+            match Bound::parse(&bound) {
+                Some(Bound::Default) => has_default = true,
+                Some(b) if b.is_exactly(day) => {
+                    if kind == "p" {
+                        return Ok(DayPartition::Unswappable(format!("the day's partition {part} is itself partitioned")));
+                    }
+                    return Ok(DayPartition::Swappable { existing: Some(part) });
+                }
+                Some(b) if b.contains(day) => {
+                    return Ok(DayPartition::Unswappable(format!("the day falls in partition {part} ({bound}), which holds more than one day")));
+                }
+                Some(_) => {}
+                None => return Ok(DayPartition::Unswappable(format!("cannot read the bound of partition {part}: {bound}"))),
+            }
+        }
+        if has_default {
+            return Ok(DayPartition::Unswappable(format!(
+                "{table} has no partition for {day} but has a default partition (attaching one would scan it); create the day's partition to use partition exchange"
+            )));
+        }
+        Ok(DayPartition::Swappable { existing: None })
+    }
+
+    fn create_day_table(&mut self, table: &TableName, column: &str, day: chrono::NaiveDate) -> Result<TableName> {
+        let suffix = day.format("_%Y%m%d_fixpoint").to_string();
+        let mut head = table.table.clone();
+        while head.len() + suffix.len() > 63 {
+            head.pop();
+        }
+        let staged = TableName { schema: table.schema.clone(), table: head + &suffix };
+        // The table is defined from the catalog (columns with their types,
+        // collations and NOT NULL; the parent's CHECK constraints), not with
+        // `LIKE parent`: LIKE would hold a lock on the parent until commit,
+        // and two runs of different days would deadlock at their swaps.
+        let mut sql = Sql::new();
+        sql.push(
+            "SELECT quote_ident(a.attname) || ' ' || format_type(a.atttypid, a.atttypmod) \
+             || CASE WHEN a.attcollation <> 0 AND a.attcollation <> t.typcollation THEN ' COLLATE ' || CAST(CAST(a.attcollation AS regcollation) AS TEXT) ELSE '' END \
+             || CASE WHEN a.attnotnull THEN ' NOT NULL' ELSE '' END \
+             FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+             WHERE a.attrelid = CAST(",
+        )
+        .typed_param(Value::Text(table.quoted()), "TEXT")
+        .push(" AS regclass) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum");
+        let mut defs: Vec<String> = self.query(&sql)?.rows.into_iter().map(|r| text_of(&r[0])).collect();
+        let mut sql = Sql::new();
+        sql.push("SELECT 'CONSTRAINT ' || quote_ident(conname) || ' ' || pg_get_constraintdef(oid) FROM pg_constraint WHERE contype = 'c' AND conrelid = CAST(")
+            .typed_param(Value::Text(table.quoted()), "TEXT")
+            .push(" AS regclass) ORDER BY conname");
+        defs.extend(self.query(&sql)?.rows.into_iter().map(|r| text_of(&r[0])));
+        // DDL takes no parameters: the date is written from a typed date
+        // (digits and dashes only), never from user text. This CHECK makes
+        // ATTACH skip its validation scan; the table is empty now, so adding
+        // it costs nothing, and each inserted row is checked against it.
+        defs.push(format!("CONSTRAINT fixpoint_day CHECK ({col} IS NOT NULL AND {col} = DATE '{}')", day.format("%Y-%m-%d"), col = quote_ident(column)));
+        self.execute(&Sql::raw(format!("CREATE TABLE {} ({})", staged.quoted(), defs.join(", "))))?;
+        Ok(staged)
+    }
+
+    fn drop_partition(&mut self, table: &TableName, partition: &TableName) -> Result<()> {
+        self.execute(&Sql::raw(format!("ALTER TABLE {} DETACH PARTITION {}", table.quoted(), partition.quoted())))?;
+        self.execute(&Sql::raw(format!("DROP TABLE {}", partition.quoted())))?;
+        Ok(())
+    }
+
+    fn attach_day(&mut self, table: &TableName, staged: &TableName, column: &str, day: chrono::NaiveDate, name: &str) -> Result<()> {
+        let _ = column;
+        let strategy = self.partition_key(table)?.map(|k| k.0).unwrap_or_default();
+        let bound = if strategy == "r" {
+            format!("FROM ('{}') TO ('{}')", day.format("%Y-%m-%d"), (day + chrono::Duration::days(1)).format("%Y-%m-%d"))
+        } else {
+            format!("IN ('{}')", day.format("%Y-%m-%d"))
+        };
+        self.execute(&Sql::raw(format!("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES {bound}", table.quoted(), staged.quoted())))?;
+        if staged.table != name {
+            self.execute(&Sql::raw(format!("ALTER TABLE {} RENAME TO {}", staged.quoted(), quote_ident(name))))?;
+        }
+        Ok(())
+    }
+
+    fn row_id(&self) -> (&'static str, &'static str, bool) {
+        ("ctid", "tid", false)
+    }
+
     fn create_temp_table_as(&mut self, name: &str, query: &Sql) -> Result<()> {
         // CREATE TABLE AS cannot take parameters here: create, then insert.
         let cols = self.describe(query)?;
@@ -354,7 +491,11 @@ impl Engine for Postgres {
         } else if ty.starts_with("numeric") {
             ("decimal", format!("CAST({expr} AS TEXT)"))
         } else if ty == "real" || ty == "double precision" {
-            ("float", format!("CAST(CAST({expr} AS DOUBLE PRECISION) AS TEXT)"))
+            // C's %.16e (17 significant digits: every double exactly), as DuckDB's printf writes it.
+            ("float", format!(
+                "CASE WHEN CAST({expr} AS DOUBLE PRECISION) = 'NaN' THEN 'nan' WHEN CAST({expr} AS DOUBLE PRECISION) = 'Infinity' THEN 'inf' \
+                 WHEN CAST({expr} AS DOUBLE PRECISION) = '-Infinity' THEN '-inf' ELSE ltrim(to_char(CAST({expr} AS DOUBLE PRECISION), '9.9999999999999999EEEE')) END"
+            ))
         } else if ty.starts_with("character varying") || ty == "text" || ty.starts_with("character") {
             ("text", format!("CAST({expr} AS TEXT)"))
         } else if ty == "date" {
@@ -374,13 +515,96 @@ impl Engine for Postgres {
     }
 
     fn portable_row_hash(&self, text_expr: &str) -> String {
-        format!("CAST(('x' || substr(md5({text_expr}), 1, 16))::bit(64)::bigint AS NUMERIC) + CASE WHEN ('x' || substr(md5({text_expr}), 1, 16))::bit(64)::bigint < 0 THEN 18446744073709551616 ELSE 0 END")
+        // The digest's first 8 bytes read little-endian (as DuckDB's
+        // md5_number does), as an unsigned number: the hex pairs reversed.
+        let pairs: Vec<String> = (0..8).rev().map(|i| format!("substr(h.h, {}, 2)", 2 * i + 1)).collect();
+        format!(
+            "(SELECT CAST(v.v AS NUMERIC) + CASE WHEN v.v < 0 THEN 18446744073709551616 ELSE 0 END \
+             FROM (SELECT CAST(CAST('x' || {} AS bit(64)) AS BIGINT) AS v FROM (SELECT md5({text_expr}) AS h) AS h) AS v)",
+            pairs.join(" || ")
+        )
+    }
+}
+
+/// A text value, or "" for anything else (catalog reads).
+fn text_of(v: &Value) -> String {
+    match v {
+        Value::Text(s) => s.clone(),
+        _ => String::new(),
+    }
+}
+
+/// A partition's bound on a date column, as `pg_get_expr(relpartbound)` writes it.
+#[derive(Debug, PartialEq, Eq)]
+enum Bound {
+    Default,
+    /// `FOR VALUES IN (…)`; `None` for NULL.
+    List(Vec<Option<chrono::NaiveDate>>),
+    /// `FOR VALUES FROM (a) TO (b)`; `None` for MINVALUE / MAXVALUE.
+    Range(Option<chrono::NaiveDate>, Option<chrono::NaiveDate>),
+}
+
+impl Bound {
+    fn parse(text: &str) -> Option<Bound> {
+        fn value(v: &str) -> Option<Option<chrono::NaiveDate>> {
+            let v = v.trim();
+            if v.eq_ignore_ascii_case("NULL") || v.eq_ignore_ascii_case("MINVALUE") || v.eq_ignore_ascii_case("MAXVALUE") {
+                return Some(None);
+            }
+            let v = v.strip_prefix('\'')?.strip_suffix('\'')?;
+            chrono::NaiveDate::parse_from_str(v, "%Y-%m-%d").ok().map(Some)
+        }
+        let text = text.trim();
+        if text == "DEFAULT" {
+            return Some(Bound::Default);
+        }
+        if let Some(list) = text.strip_prefix("FOR VALUES IN (").and_then(|t| t.strip_suffix(')')) {
+            return list.split(',').map(value).collect::<Option<Vec<_>>>().map(Bound::List);
+        }
+        let range = text.strip_prefix("FOR VALUES FROM (")?.strip_suffix(')')?;
+        let (from, to) = range.split_once(") TO (")?;
+        Some(Bound::Range(value(from)?, value(to)?))
+    }
+
+    fn is_exactly(&self, day: chrono::NaiveDate) -> bool {
+        match self {
+            Bound::List(v) => v.as_slice() == [Some(day)],
+            Bound::Range(Some(a), Some(b)) => *a == day && *b == day + chrono::Duration::days(1),
+            _ => false,
+        }
+    }
+
+    fn contains(&self, day: chrono::NaiveDate) -> bool {
+        match self {
+            Bound::Default => false,
+            Bound::List(v) => v.contains(&Some(day)),
+            Bound::Range(a, b) => a.map_or(true, |a| a <= day) && b.map_or(true, |b| day < b),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::classify;
+    use super::{classify, Bound};
+
+    #[test]
+    fn partition_bounds() {
+        let d = |s: &str| chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d").unwrap();
+        let day = d("2026-10-20");
+        let b = Bound::parse("FOR VALUES IN ('2026-10-20')").unwrap();
+        assert!(b.is_exactly(day) && b.contains(day));
+        let b = Bound::parse("FOR VALUES IN ('2026-10-19', '2026-10-20')").unwrap();
+        assert!(!b.is_exactly(day) && b.contains(day));
+        assert_eq!(Bound::parse("FOR VALUES IN (NULL)"), Some(Bound::List(vec![None])));
+        let b = Bound::parse("FOR VALUES FROM ('2026-10-20') TO ('2026-10-21')").unwrap();
+        assert!(b.is_exactly(day) && !b.contains(d("2026-10-21")));
+        let b = Bound::parse("FOR VALUES FROM ('2026-10-01') TO ('2026-11-01')").unwrap();
+        assert!(!b.is_exactly(day) && b.contains(day) && !b.contains(d("2026-11-01")));
+        let b = Bound::parse("FOR VALUES FROM (MINVALUE) TO ('2020-01-01')").unwrap();
+        assert!(b.contains(d("1999-01-01")) && !b.contains(day));
+        assert_eq!(Bound::parse("DEFAULT"), Some(Bound::Default));
+        assert_eq!(Bound::parse("FOR VALUES WITH (modulus 4, remainder 0)"), None);
+    }
     use fixpoint_core::{Error, ErrorClass};
 
     #[test]

@@ -1,0 +1,252 @@
+//! `fixpoint bench --strategy postgres`: the same measurements on a
+//! PostgreSQL server. One day of a table replaced by fixpoint with partition
+//! exchange (a table partitioned by day), by fixpoint with delete + insert (a
+//! plain table), and by the hand-written BEGIN; DELETE; INSERT … SELECT;
+//! COMMIT on both tables; then a merge of a batch of changes against the
+//! hand-written MERGE. Each side runs in its own process (wall time,
+//! in-process time and the client's peak RSS).
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use fixpoint_core::{Engine, Error, RunDate, Sql, Value};
+use fixpoint_postgres::Postgres;
+use serde_json::json;
+
+use crate::bench::{measure, median, Sample, HAND_MERGE};
+use crate::output::Output;
+
+const DATABASE: &str = "fixpoint_bench";
+const COLUMNS: &str = "order_id, customer_id, order_total, currency, updated_at, dt";
+
+/// `url` with its database replaced by `name`.
+fn with_database(url: &str, name: &str) -> String {
+    let scheme_end = url.find("://").map_or(0, |i| i + 3);
+    let base = match url[scheme_end..].find('/') {
+        Some(i) => &url[..scheme_end + i],
+        None => url,
+    };
+    format!("{base}/{name}")
+}
+
+fn exec(db: &mut Postgres, script: &str) -> Result<(), Error> {
+    for stmt in script.split(";\n").map(str::trim).filter(|s| !s.is_empty()) {
+        db.execute(&Sql::raw(stmt))?;
+    }
+    Ok(())
+}
+
+/// The benchmark database, built once (a row in bench.meta remembers its shape).
+fn setup(admin: &str, rows: u64, days: u64) -> Result<String, Error> {
+    let url = with_database(admin, DATABASE);
+    let shape = format!("{rows} {days} v1");
+    if let Ok(mut db) = Postgres::connect(&url) {
+        let mut sql = Sql::new();
+        sql.push("SELECT count(*) FROM bench.meta WHERE shape = ").typed_param(Value::Text(shape.clone()), "TEXT");
+        if db.query(&sql).ok().and_then(|r| r.rows.first().and_then(|r| r[0].as_u64())) == Some(1) {
+            return Ok(url);
+        }
+    }
+    eprintln!("bench: building database {DATABASE} ({rows} rows over {days} days)…");
+    let mut server = Postgres::connect(admin)?;
+    server.execute(&Sql::raw(format!("DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")))?;
+    server.execute(&Sql::raw(format!("CREATE DATABASE {DATABASE}")))?;
+    let mut db = Postgres::connect(&url)?;
+    let per_day = rows / days;
+    let mut partitions = String::new();
+    for d in 0..days {
+        let day = chrono::NaiveDate::from_ymd_opt(2026, 10, 19).expect("date") + chrono::Duration::days(d as i64);
+        partitions.push_str(&format!(
+            "CREATE TABLE silver.orders_part_{} PARTITION OF silver.orders_part FOR VALUES IN ('{}');\n",
+            day.format("%Y%m%d"),
+            day.format("%Y-%m-%d")
+        ));
+    }
+    exec(
+        &mut db,
+        &format!(
+            "CREATE SCHEMA bronze;
+CREATE SCHEMA silver;
+CREATE SCHEMA staging;
+CREATE SCHEMA bench;
+CREATE TABLE bronze.orders AS SELECT i AS order_id, (i * 7) % 100003 AS customer_id,
+  CAST(((i * 7919) % 1000000) / 100.0 AS NUMERIC(12,2)) AS order_total,
+  (ARRAY['EUR', 'USD', 'GBP'])[(i % 3) + 1] AS currency,
+  CAST(DATE '2026-10-19' + CAST(i / {per_day} AS INTEGER) AS TIMESTAMP) + make_interval(secs => (i * 37) % 86400) AS updated_at,
+  DATE '2026-10-19' + CAST(i / {per_day} AS INTEGER) AS dt
+  FROM generate_series(CAST(0 AS BIGINT), {last}) AS t(i);
+CREATE TABLE silver.orders AS SELECT * FROM bronze.orders;
+CREATE TABLE silver.orders_part (LIKE bronze.orders) PARTITION BY LIST (dt);
+{partitions}INSERT INTO silver.orders_part SELECT * FROM bronze.orders;
+CREATE TABLE silver.orders_m AS SELECT * FROM bronze.orders;
+ALTER TABLE silver.orders_m ADD PRIMARY KEY (order_id);
+CREATE TABLE bench.meta (shape TEXT);
+INSERT INTO bench.meta VALUES ('{shape}')",
+            last = rows - 1
+        ),
+    )?;
+    db.execute(&Sql::raw("VACUUM ANALYZE"))?;
+    Ok(url)
+}
+
+/// A batch of changes, newer than everything in silver.orders_m: `changes`
+/// rows over keys of the last days, 1 in 10 keys twice (the second older).
+fn new_batch(url: &str, changes: u64) -> Result<(), Error> {
+    let mut db = Postgres::connect(url)?;
+    let distinct = changes * 9 / 10;
+    exec(
+        &mut db,
+        &format!(
+            "DROP TABLE IF EXISTS staging.changes;
+CREATE TABLE staging.changes AS
+WITH picked AS (
+  SELECT * FROM silver.orders_m WHERE dt >= (SELECT max(dt) - 2 FROM silver.orders_m) AND order_id % 10 = 3
+  ORDER BY order_id LIMIT {distinct})
+SELECT order_id, customer_id, order_total + 1 AS order_total, currency, updated_at + INTERVAL '1 hour' AS updated_at, dt FROM picked
+UNION ALL
+SELECT order_id, customer_id, order_total + 2, currency, updated_at + INTERVAL '30 minutes', dt FROM picked WHERE order_id % 100 = 3;
+ANALYZE staging.changes"
+        ),
+    )
+}
+
+/// The hand-written SQL on PostgreSQL (the `bench-sql --pg` child).
+pub fn run_sql(url: &str, table: &str, d: RunDate, merge: bool) -> Result<(), Error> {
+    let table = fixpoint_core::TableName::parse(table)?;
+    let mut db = Postgres::connect(url)?;
+    let start = Instant::now();
+    db.execute(&Sql::raw("BEGIN"))?;
+    let n = if merge {
+        db.execute(&Sql::raw(HAND_MERGE.replace("silver.orders", &table.quoted())))?
+    } else {
+        let mut del = Sql::new();
+        del.push("DELETE FROM ").push(&table.quoted()).push(" WHERE dt = ").typed_param(Value::Date(d.date()), "DATE");
+        db.execute(&del)?;
+        let mut ins = Sql::new();
+        ins.push("INSERT INTO ").push(&table.quoted()).push(&format!(" SELECT {COLUMNS} FROM bronze.orders WHERE dt = "));
+        ins.typed_param(Value::Date(d.date()), "DATE");
+        db.execute(&ins)?
+    };
+    db.execute(&Sql::raw("COMMIT"))?;
+    println!("{}", json!({"elapsed_ms": start.elapsed().as_secs_f64() * 1000.0, "rows": n}));
+    Ok(())
+}
+
+pub fn run(admin: &str, rows: u64, days: u64, changes: u64, rounds: u32, dir: &Path, out: &Output) -> Result<(), Error> {
+    let (rows, days, changes) =
+        if rows == 20_000_000 && days == 4 { (5_000_000, 5, if changes == 200_000 { 100_000 } else { changes }) } else { (rows, days, changes) };
+    let url = setup(admin, rows, days)?;
+    let write_job = |name: &str, body: &str| -> Result<String, Error> {
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, format!("name = \"{name}\"\n{body}")).map_err(|source| Error::Io { path: path.clone(), source })?;
+        Ok(path.display().to_string())
+    };
+    let source = format!("[source]\nsql = \"SELECT {COLUMNS} FROM bronze.orders WHERE dt = :run_date\"\n");
+    let plain = write_job("bench_pg_plain", &format!("target = \"silver.orders\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n{source}"))?;
+    let part = write_job("bench_pg_part", &format!("target = \"silver.orders_part\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n{source}"))?;
+    let merge = write_job(
+        "bench_pg_merge",
+        &format!("target = \"silver.orders_m\"\nstrategy = \"merge\"\nkey = [\"order_id\"]\nversion = \"updated_at\"\npartition = \"dt\"\n[source]\nsql = \"SELECT {COLUMNS} FROM staging.changes\"\n"),
+    )?;
+    let date = "2026-10-20";
+    let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
+    let fixpoint = |job: &str| {
+        let mut c = Command::new(&exe);
+        c.args(["run", job, "--date", date, "--db", &url, "--force", "--output", "json"]);
+        c
+    };
+    let hand = |table: &str, merge: bool| {
+        let mut c = Command::new(&exe);
+        c.args(["bench-sql", "--pg", &url, "--table", table, "--date", date, "--file", "-"]);
+        if merge {
+            c.arg("--merge");
+        }
+        c
+    };
+    let vacuum = || -> Result<(), Error> {
+        let mut db = Postgres::connect(&url)?;
+        db.execute(&Sql::raw("VACUUM ANALYZE silver.orders"))?;
+        db.execute(&Sql::raw("VACUUM ANALYZE silver.orders_part"))?;
+        Ok(())
+    };
+    // Warm-up: one of each (creates the ledger, warms the caches).
+    measure(&mut fixpoint(&plain))?;
+    measure(&mut fixpoint(&part))?;
+    measure(&mut hand("silver.orders", false))?;
+    let mut sides: [Vec<Sample>; 4] = Default::default();
+    let mut replaced = 0;
+    for round in 0..rounds {
+        eprintln!("bench: replace round {}/{rounds}", round + 1);
+        let order: [usize; 4] = if round % 2 == 0 { [0, 1, 2, 3] } else { [3, 2, 1, 0] };
+        for side in order {
+            vacuum()?;
+            let (s, v) = match side {
+                0 => measure(&mut hand("silver.orders", false))?,
+                1 => measure(&mut fixpoint(&plain))?,
+                2 => measure(&mut fixpoint(&part))?,
+                _ => measure(&mut hand("silver.orders_part", false))?,
+            };
+            if side == 2 {
+                replaced = v["rows_inserted"].as_u64().unwrap_or(0);
+                if v["method"] != "partition exchange" {
+                    return Err(Error::Internal(format!("the partitioned target was not swapped: {v}")));
+                }
+            }
+            sides[side].push(s);
+        }
+    }
+    let (mut fm, mut hm) = (Vec::new(), Vec::new());
+    let mut last = serde_json::Value::Null;
+    new_batch(&url, changes)?;
+    measure(&mut fixpoint(&merge))?;
+    for round in 0..rounds {
+        eprintln!("bench: merge round {}/{rounds}", round + 1);
+        let order = if round % 2 == 0 { [true, false] } else { [false, true] };
+        for fx in order {
+            new_batch(&url, changes)?;
+            if fx {
+                let (s, v) = measure(&mut fixpoint(&merge))?;
+                last = v;
+                fm.push(s);
+            } else {
+                hm.push(measure(&mut hand("silver.orders_m", true))?.0);
+            }
+        }
+    }
+    let med = |v: &[Sample]| median(v.iter().map(|s| s.inner).collect());
+    let wall = |v: &[Sample]| median(v.iter().map(|s| s.wall).collect());
+    let rss = |v: &[Sample]| v.iter().map(|s| s.rss_mb).fold(0.0, f64::max);
+    let [hw, fx_plain, fx_part, hw_part] = &sides;
+    let version = Postgres::connect(&url)?.version()?;
+    let result = json!({
+        "server": version, "rows_in_table": rows, "rows_replaced": replaced, "rounds": rounds, "merge_batch_rows": changes,
+        "hand_written_delete_insert_s": med(hw), "fixpoint_delete_insert_s": med(fx_plain),
+        "fixpoint_partition_exchange_s": med(fx_part), "hand_written_delete_insert_partitioned_s": med(hw_part),
+        "ratio_delete_insert": med(fx_plain) / med(hw), "ratio_exchange": med(fx_part) / med(hw),
+        "process_s": {"hand": wall(hw), "fixpoint_delete_insert": wall(fx_plain), "fixpoint_exchange": wall(fx_part), "hand_partitioned": wall(hw_part)},
+        "peak_rss_mb": {"hand": rss(hw), "fixpoint_delete_insert": rss(fx_plain), "fixpoint_exchange": rss(fx_part), "hand_partitioned": rss(hw_part)},
+        "hand_written_merge_s": med(&hm), "fixpoint_merge_s": med(&fm), "ratio_merge": med(&fm) / med(&hm),
+        "merge_peak_rss_mb": {"hand": rss(&hm), "fixpoint": rss(&fm)},
+        "last_merge_report": last,
+    });
+    if out.is_json() {
+        out.json(&result);
+    } else {
+        println!("{version}: replace one {replaced}-row day of a {rows}-row table, median of {rounds} alternating rounds (VACUUM ANALYZE before each side, not timed)");
+        println!("| side | load (s) | process (s) | client peak RSS (MiB) |");
+        println!("|---|---|---|---|");
+        println!("| hand-written BEGIN; DELETE; INSERT … SELECT; COMMIT (plain table) | {:.3} | {:.3} | {:.0} |", med(hw), wall(hw), rss(hw));
+        println!("| fixpoint run --force, delete+insert (plain table) | {:.3} | {:.3} | {:.0} |", med(fx_plain), wall(fx_plain), rss(fx_plain));
+        println!("| fixpoint run --force, partition exchange (LIST-partitioned table) | {:.3} | {:.3} | {:.0} |", med(fx_part), wall(fx_part), rss(fx_part));
+        println!("| hand-written DELETE + INSERT on the partitioned table | {:.3} | {:.3} | {:.0} |", med(hw_part), wall(hw_part), rss(hw_part));
+        println!("ratio fixpoint / hand-written: {:.3} (delete+insert), {:.3} (partition exchange)", med(fx_plain) / med(hw), med(fx_part) / med(hw));
+        println!("merge {changes} changed rows (1 in 10 keys twice) into the {rows}-row table (primary key on order_id):");
+        println!("| side | merge (s) | client peak RSS (MiB) |");
+        println!("|---|---|---|");
+        println!("| hand-written ROW_NUMBER dedup + guarded MERGE | {:.3} | {:.0} |", med(&hm), rss(&hm));
+        println!("| fixpoint run (merge) | {:.3} | {:.0} |", med(&fm), rss(&fm));
+        println!("ratio fixpoint / hand-written: {:.3}", med(&fm) / med(&hm));
+    }
+    Ok(())
+}
