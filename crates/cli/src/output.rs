@@ -2,9 +2,9 @@
 
 use std::io::IsTerminal;
 
-use fixpoint_core::backfill::{BackfillOptions, DateOutcome, DateState, DateStatus};
+use fixpoint_core::backfill::{DateOutcome, DateState, DateStatus};
 use fixpoint_core::ledger::Entry;
-use fixpoint_core::{Engine, Error, ErrorClass, Fingerprint, Job, RunDate, RunReport, TableName};
+use fixpoint_core::{Error, ErrorClass, Fingerprint, Job, RunDate, RunReport, TableName};
 
 /// Marks an error already reported on stdout; the number after it is the exit code.
 pub const REPORTED: &str = "already reported; exit code";

@@ -95,6 +95,13 @@ fn table() -> String {
 
 /// Creates the ledger if it is missing (inside the caller's transaction).
 pub fn ensure(engine: &mut dyn Engine) -> Result<()> {
+    if exists(engine)? {
+        return Ok(());
+    }
+    // Concurrent first runs (a parallel backfill into a new database) would
+    // race on CREATE … IF NOT EXISTS, which is not atomic on PostgreSQL:
+    // the first creates the ledger, the others wait for it.
+    engine.lock_scope("fixpoint:ledger:create", true)?;
     engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", crate::ident::quote_ident(SCHEMA))))?;
     let cols: Vec<String> = COLUMNS.iter().map(|(n, t)| format!("{} {t}", crate::ident::quote_ident(n))).collect();
     engine.execute(&Sql::raw(format!("CREATE TABLE IF NOT EXISTS {} ({})", table(), cols.join(", "))))?;

@@ -275,7 +275,7 @@ impl Engine for DuckDb {
         } else if ty == "TIMESTAMP WITH TIME ZONE" {
             ("timestamptz", format!("CAST(epoch_us({expr}) AS VARCHAR)"))
         } else if ty == "BOOLEAN" {
-            ("bool", format!("CASE WHEN {expr} THEN 't' ELSE 'f' END"))
+            ("bool", format!("CASE WHEN {expr} THEN 't' WHEN NOT {expr} THEN 'f' END"))
         } else if ty == "BLOB" {
             ("bytes", format!("hex({expr})"))
         } else {
@@ -285,7 +285,9 @@ impl Engine for DuckDb {
     }
 
     fn portable_row_hash(&self, text_expr: &str) -> String {
-        format!("CAST(md5_number({text_expr}) >> 64 AS UBIGINT)")
+        // The digest's first 8 bytes read little-endian (md5_number's low
+        // 64 bits); PostgreSQL computes the same from md5()'s hex.
+        format!("CAST(md5_number({text_expr}) & 18446744073709551615 AS UBIGINT)")
     }
 }
 

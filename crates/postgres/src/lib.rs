@@ -61,9 +61,16 @@ pub fn classify(code: &str, message: &str, context: String) -> Error {
         c if c.starts_with("23") => "constraint violated",
         _ => "error",
     };
+    // Two transactions creating the same schema or table at once (CREATE …
+    // IF NOT EXISTS is not atomic): the loser sees a duplicate in the
+    // catalog; run again, it will see the object.
+    let catalog_race = (code == "23505" && message.contains("\"pg_"))
+        || code == "42P07" && context.contains("CREATE")
+        || code == "42P06" && context.contains("CREATE");
     let message = format!("{what}: {message} (SQLSTATE {code})");
     match code {
         "40001" | "40P01" => Error::Transient { engine: "postgres", context, message },
+        _ if catalog_race => Error::Transient { engine: "postgres", context, message: format!("{message}; a concurrent run created it") },
         "55P03" => Error::Busy { message: format!("postgres: {context}: {message}") },
         _ => Error::Database { engine: "postgres", context, message },
     }
@@ -377,8 +384,19 @@ impl Engine for Postgres {
         )
         .typed_param(Value::Text(table.quoted()), "TEXT")
         .push(" AS regclass) ORDER BY 2");
+        // A concurrent run of another day may detach and drop its partition
+        // between this query's snapshot and pg_get_expr reading the bound
+        // (NULL for a relation dropped meanwhile): read the list again.
+        let mut rows = self.query(&sql)?.rows;
+        for _ in 0..10 {
+            if rows.iter().all(|r| !matches!(r[3], Value::Null)) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            rows = self.query(&sql)?.rows;
+        }
         let mut has_default = false;
-        for r in self.query(&sql)?.rows {
+        for r in rows {
             let text = text_of;
             let (schema, name, kind, bound) = (text(&r[0]), text(&r[1]), text(&r[2]), text(&r[3]));
             let part = TableName { schema, table: name };
@@ -505,7 +523,7 @@ impl Engine for Postgres {
         } else if ty.starts_with("timestamp with time zone") {
             ("timestamptz", format!("CAST(CAST(extract(epoch FROM {expr}) * 1000000 AS BIGINT) AS TEXT)"))
         } else if ty == "boolean" {
-            ("bool", format!("CASE WHEN {expr} THEN 't' ELSE 'f' END"))
+            ("bool", format!("CASE WHEN {expr} THEN 't' WHEN NOT {expr} THEN 'f' END"))
         } else if ty == "bytea" {
             ("bytes", format!("upper(encode({expr}, 'hex'))"))
         } else {
@@ -618,5 +636,9 @@ mod tests {
         assert_eq!(e.to_string(), "postgres: c: undefined table: relation \"bronze.x\" does not exist (SQLSTATE 42P01)");
         assert_eq!(classify("42501", "permission denied for table t", "c".into()).class(), ErrorClass::Runtime);
         assert!(classify("57P01", "terminating connection", "c".into()).to_string().contains("connection lost"));
+        // A concurrent CREATE … IF NOT EXISTS lost the race: retried.
+        let race = classify("23505", "duplicate key value violates unique constraint \"pg_namespace_nspname_index\"", "running `CREATE SCHEMA IF NOT EXISTS \"fixpoint\"`".into());
+        assert!(matches!(race, Error::Transient { .. }), "{race}");
+        assert!(matches!(classify("23505", "duplicate key value violates unique constraint \"orders_pkey\"", "c".into()), Error::Database { .. }));
     }
 }

@@ -7,9 +7,9 @@ use fixpoint_core::{Engine, Fingerprint, Method, TableName};
 use fixpoint_scenarios::*;
 
 const DUCK_TABLE: &str = "CREATE SCHEMA s;
-CREATE TABLE s.t (id BIGINT, small SMALLINT, amount DECIMAL(12,2), ratio DOUBLE, name VARCHAR, day DATE, at TIMESTAMP, flag BOOLEAN, raw BLOB)";
+CREATE TABLE s.t (id BIGINT, small SMALLINT, amount DECIMAL(12,2), ratio DOUBLE, name VARCHAR, day DATE, ts TIMESTAMP, flag BOOLEAN, raw BLOB)";
 const PG_TABLE: &str = "CREATE SCHEMA s;
-CREATE TABLE s.t (id BIGINT, small SMALLINT, amount NUMERIC(12,2), ratio DOUBLE PRECISION, name TEXT, day DATE, at TIMESTAMP, flag BOOLEAN, raw BYTEA)";
+CREATE TABLE s.t (id BIGINT, small SMALLINT, amount NUMERIC(12,2), ratio DOUBLE PRECISION, name TEXT, day DATE, ts TIMESTAMP, flag BOOLEAN, raw BYTEA)";
 
 /// Rows written once, valid on both engines (the BLOB/BYTEA literal differs).
 fn rows_sql(blob: fn(&str) -> String) -> String {
@@ -61,8 +61,9 @@ fn the_portable_checksum_agrees_between_duckdb_and_postgres() {
         "UPDATE s.t SET ratio = 0.30000000000000004 WHERE id = 1",
         "UPDATE s.t SET name = 'plain ' WHERE id = 1",
         "UPDATE s.t SET name = NULL WHERE id = 2",
-        "UPDATE s.t SET at = TIMESTAMP '2026-10-20 08:00:00.123457' WHERE id = 2",
+        "UPDATE s.t SET ts = TIMESTAMP '2026-10-20 08:00:00.123457' WHERE id = 2",
         "UPDATE s.t SET amount = 12.51 WHERE id = 1",
+        "UPDATE s.t SET flag = false WHERE id = 3",
         "DELETE FROM s.t WHERE id = 3",
     ];
     let mut last = d;
