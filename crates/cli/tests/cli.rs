@@ -317,7 +317,8 @@ fn prove_passes_an_idempotent_job_and_catches_the_clock_and_randomness() {
     assert!(v["crash"].as_array().unwrap().iter().all(|c| c["previous_kept"] == true && c["ledger_clean"] == true && c["converged"] == true));
     let checksums: Vec<&str> = v["runs"].as_array().unwrap().iter().map(|r| r["checksum"].as_str().unwrap()).collect();
     assert!(checksums.iter().all(|c| *c == checksums[0]));
-    assert!(v["verdict"].as_str().unwrap().ends_with("the diff is empty."), "{}", v["verdict"]);
+    assert!(v["verdict"].as_str().unwrap().contains("the diff is empty. Order: the same input stored in the opposite order gave the same output. Mutation: changing one input row of bronze.orders (order_total + 1) changed exactly one output row."), "{}", v["verdict"]);
+    assert_eq!(v["order"]["outcome"], "passed");
     let text = fixpoint(tmp.path(), &["prove", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb"]);
     assert!(text.stdout.contains("2 runs left the same 2 rows with checksum"), "{}", text.stdout);
 

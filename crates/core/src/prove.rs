@@ -230,10 +230,18 @@ pub fn prove(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Prove
             if opts.crash { format!(" and {} injected failures", crash.len()) } else { String::new() },
             clean.rows,
             clean.checksum,
-            match &mutation {
-                Some(m) if m.outcome == "passed" => format!(" Mutation: {}.", m.message),
-                Some(m) => format!(" Mutation check inconclusive: {}.", m.message),
-                None => String::new(),
+            {
+                let order = match &order {
+                    Some(o) if o.outcome == "passed" => format!(" Order: {}.", o.message),
+                    Some(o) => format!(" Order check {}: {}.", o.outcome, o.message),
+                    None => String::new(),
+                };
+                let mutation = match &mutation {
+                    Some(m) if m.outcome == "passed" => format!(" Mutation: {}.", m.message),
+                    Some(m) => format!(" Mutation check inconclusive: {}.", m.message),
+                    None => String::new(),
+                };
+                order + &mutation
             }
         )
     } else {
