@@ -334,6 +334,18 @@ fn prove_passes_an_idempotent_job_and_catches_the_clock_and_randomness() {
         assert_eq!(diffs.len(), 4, "{name}: both rows differ, in both directions: {diffs:?}");
         assert!(diffs[0].as_str().unwrap().starts_with("only after this run: {order_id: "), "{name}: {diffs:?}");
     }
+    // A plain append: fixpoint has no append strategy, but a merge keyed on
+    // a value generated per run appends every run's rows all the same.
+    std::fs::write(
+        tmp.path().join("append.toml"),
+        "name = \"append\"\ntarget = \"silver.appended\"\nstrategy = \"merge\"\nkey = [\"event_id\"]\nversion = \"dt\"\n\n[source]\nsql = \"SELECT CAST(gen_random_uuid() AS VARCHAR) AS event_id, order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date\"\n",
+    )
+    .unwrap();
+    let out = fixpoint(tmp.path(), &["prove", "append.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json"]);
+    assert_eq!(out.code, 4, "{}\n{}", out.stdout, out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert!(v["verdict"].as_str().unwrap().starts_with("not idempotent: run 2 left 6 rows with checksum"), "{}", v["verdict"]);
+    assert!(v["failures"][0].as_str().unwrap().contains("run 1 left 3 rows"), "{}", v["failures"]);
     let bad = fixpoint(tmp.path(), &["prove", "job.toml", "--date", "2026-10-20", "--runs", "1", "--db", "duckdb:w.duckdb"]);
     assert_eq!(bad.code, 2);
     assert!(bad.stderr.contains("a proof needs at least 2 runs"), "{}", bad.stderr);

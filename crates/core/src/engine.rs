@@ -117,6 +117,14 @@ pub trait Engine {
         Err(Error::Unsupported { engine: self.name(), capability: "partition exchange".into() })
     }
 
+    /// Whether `replace_partition` should fingerprint the source in its guard
+    /// scan rather than the partition after writing. DuckDB: no (the guard
+    /// then only counts, and the partition is hashed once, warm). PostgreSQL:
+    /// yes (finding the day's rows again in the target is another scan).
+    fn fingerprint_before_writing(&self) -> bool {
+        false
+    }
+
     /// A pseudo-column naming one row of a table (DuckDB `rowid`, PostgreSQL
     /// `ctid`), its type, and whether it stays the same when the row is
     /// updated (for the sandboxed mutation check of `prove`).

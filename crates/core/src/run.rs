@@ -297,7 +297,10 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
         //    because the target's columns differ from the source's. Otherwise
         //    the guards only count (cheap), and the fingerprint is taken once,
         //    of the partition as written, in the same transaction.
-        let before_writing = last.is_some() || job.source.template().uses_any(&[RunParam::RunKey]) || output_cols != input_cols;
+        let before_writing = last.is_some()
+            || job.source.template().uses_any(&[RunParam::RunKey])
+            || output_cols != input_cols
+            || engine.fingerprint_before_writing();
         let (select, kind, signature) = if before_writing {
             fingerprint_select(engine, Method::Native, "s", &input_cols)?
         } else {

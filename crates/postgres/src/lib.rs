@@ -310,10 +310,14 @@ impl Engine for Postgres {
         let stmt = self.prepare(query)?;
         let mut cols = Vec::new();
         for c in stmt.columns() {
-            let oid = c.type_().oid();
+            // With the type modifier, so a column read straight from a table
+            // keeps its numeric(12,2) or varchar(20): a target created from
+            // the source gets the same types, and fingerprints of source and
+            // target compare without a second scan.
+            let (oid, typmod) = (c.type_().oid(), c.type_modifier());
             let row = self
                 .client()
-                .query_one("SELECT format_type(CAST($1 AS TEXT)::oid, NULL)", &[&oid.to_string()])
+                .query_one("SELECT format_type(CAST(CAST($1 AS TEXT) AS oid), CAST(CAST($2 AS TEXT) AS INTEGER))", &[&oid.to_string(), &typmod.to_string()])
                 .map_err(pg_err("naming a column type"))?;
             cols.push(Column { name: c.name().to_owned(), ty: row.get(0) });
         }
@@ -484,6 +488,10 @@ impl Engine for Postgres {
         ("ctid", "tid", false)
     }
 
+    fn fingerprint_before_writing(&self) -> bool {
+        true
+    }
+
     fn create_temp_table_as(&mut self, name: &str, query: &Sql) -> Result<()> {
         // CREATE TABLE AS cannot take parameters here: create, then insert.
         let cols = self.describe(query)?;
@@ -494,6 +502,9 @@ impl Engine for Postgres {
         sql.text.push_str(&query.text);
         sql.params = query.params.clone();
         self.execute(&sql)?;
+        // Autovacuum never analyzes temporary tables: without statistics the
+        // planner guesses their size and picks nested loops over millions of rows.
+        self.execute(&Sql::raw(format!("ANALYZE {name}")))?;
         Ok(())
     }
 
