@@ -88,24 +88,22 @@ impl Output {
                 r.duplicates_collapsed,
                 if r.created_target { " (table created)" } else { "" }
             ),
-            (_, _) if r.method == "partition exchange" => println!(
-                "{} {}: swapped in the day's partition of {} (partition exchange) — {} rows detached, {} inserted{}",
-                r.job,
-                r.run_date,
-                r.target,
-                r.rows_deleted,
-                r.rows_inserted,
-                if r.created_target { " (table created)" } else { "" }
-            ),
-            _ => println!(
-                "{} {}: replaced partition of {} — {} rows deleted, {} inserted{}",
-                r.job,
-                r.run_date,
-                r.target,
-                r.rows_deleted,
-                r.rows_inserted,
-                if r.created_target { " (table created)" } else { "" }
-            ),
+            _ => {
+                let (how, suffix, verb) = if r.method == "partition exchange" {
+                    ("swapped in the day's partition of", " (partition exchange)", "detached")
+                } else {
+                    ("replaced partition of", "", "deleted")
+                };
+                println!(
+                    "{} {}: {how} {}{suffix} — {} rows {verb}, {} inserted{}",
+                    r.job,
+                    r.run_date,
+                    r.target,
+                    r.rows_deleted,
+                    r.rows_inserted,
+                    if r.created_target { " (table created)" } else { "" }
+                )
+            }
         }
         println!("  run key  {}", r.run_key);
         println!("  input    {} rows, checksum {}", r.input_rows, r.input_checksum);

@@ -37,6 +37,19 @@ fn pg_blob(hex: &str) -> String {
     format!("decode('{hex}', 'hex')")
 }
 
+/// The same rows in a fresh DuckDB and a fresh PostgreSQL database, or
+/// `None` when the server is unreachable outside CI.
+fn both() -> Option<(Box<dyn Engine>, Box<dyn Engine>)> {
+    let pg = PgUnderTest::get()?;
+    let mut duck = DuckDbUnderTest.fresh();
+    let mut pg = pg.fresh();
+    exec(duck.as_mut(), DUCK_TABLE);
+    exec(duck.as_mut(), &rows_sql(duck_blob));
+    exec(pg.as_mut(), PG_TABLE);
+    exec(pg.as_mut(), &rows_sql(pg_blob));
+    Some((duck, pg))
+}
+
 fn portable(db: &mut dyn Engine) -> Fingerprint {
     let t = TableName::parse("s.t").unwrap();
     let cols = db.table_columns(&t).unwrap().unwrap();
@@ -45,13 +58,7 @@ fn portable(db: &mut dyn Engine) -> Fingerprint {
 
 #[test]
 fn the_portable_checksum_agrees_between_duckdb_and_postgres() {
-    let Some(pg) = PgUnderTest::get() else { return };
-    let mut duck = DuckDbUnderTest.fresh();
-    let mut pg = pg.fresh();
-    exec(duck.as_mut(), DUCK_TABLE);
-    exec(duck.as_mut(), &rows_sql(duck_blob));
-    exec(pg.as_mut(), PG_TABLE);
-    exec(pg.as_mut(), &rows_sql(pg_blob));
+    let Some((mut duck, mut pg)) = both() else { return };
     let (d, p) = (portable(duck.as_mut()), portable(pg.as_mut()));
     assert_eq!(d.rows, 7);
     assert_eq!(d, p, "the same logical rows on both engines");
@@ -80,13 +87,7 @@ fn the_portable_checksum_agrees_between_duckdb_and_postgres() {
 #[test]
 fn diff_between_duckdb_and_postgres_reports_exactly_the_changed_row() {
     use fixpoint_core::diff::{diff, DiffOptions, Sides};
-    let Some(pg) = PgUnderTest::get() else { return };
-    let mut duck = DuckDbUnderTest.fresh();
-    let mut pg = pg.fresh();
-    exec(duck.as_mut(), DUCK_TABLE);
-    exec(duck.as_mut(), &rows_sql(duck_blob));
-    exec(pg.as_mut(), PG_TABLE);
-    exec(pg.as_mut(), &rows_sql(pg_blob));
+    let Some((mut duck, mut pg)) = both() else { return };
     let t = TableName::parse("s.t").unwrap();
     let key = DiffOptions { key: vec!["id".into()], ..Default::default() };
     let same = diff(&mut Sides::Two(duck.as_mut(), pg.as_mut()), &t, &t, &key).unwrap();
