@@ -20,6 +20,8 @@ pub mod code {
     pub const PROOF: u8 = 4;
     /// Another run holds the lock.
     pub const BUSY: u8 = 5;
+    /// A blocking audit failed; nothing was published.
+    pub const AUDIT: u8 = 6;
     /// The database or file system failed; a retry may work.
     pub const RUNTIME: u8 = 1;
     /// A bug in fixpoint.
@@ -32,6 +34,7 @@ pub fn exit_code(e: &Error) -> u8 {
         ErrorClass::Input | ErrorClass::Unsupported => code::INPUT,
         ErrorClass::Data => code::DATA,
         ErrorClass::Busy => code::BUSY,
+        ErrorClass::Audit => code::AUDIT,
         ErrorClass::Runtime | ErrorClass::Injected => code::RUNTIME,
         ErrorClass::Internal => code::INTERNAL,
     }
@@ -42,6 +45,7 @@ fn class_name(c: ErrorClass) -> &'static str {
         ErrorClass::Input => "input",
         ErrorClass::Data => "data",
         ErrorClass::Busy => "busy",
+        ErrorClass::Audit => "audit",
         ErrorClass::Runtime => "runtime",
         ErrorClass::Injected => "injected",
         ErrorClass::Unsupported => "unsupported",
@@ -110,6 +114,10 @@ impl Output {
         println!("  output   {} rows, checksum {}", r.output_rows, r.output_checksum);
         if let Some(note) = &r.method_note {
             println!("  note     {note}");
+        }
+        for a in &r.audits {
+            let verdict = if a.passed { "passed" } else { "FAILED (warn)" };
+            println!("  audit    {}: {verdict}: {}", a.name, a.detail);
         }
     }
 
@@ -356,6 +364,10 @@ impl Output {
                 v["error"]["rows"] = json!(rows);
                 v["error"]["column"] = json!(column);
                 v["error"]["sample"] = json!(sample.0.iter().cloned().collect::<std::collections::BTreeMap<_, _>>());
+            }
+            if let Error::AuditFailed { audit, results, .. } = e {
+                v["error"]["audit"] = json!(audit);
+                v["error"]["audits"] = json!(results);
             }
             self.json(&v);
         }

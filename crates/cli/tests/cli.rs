@@ -441,3 +441,27 @@ fn prove_runs_the_mutation_check_unless_told_not_to() {
     assert_eq!(bad.code, 2);
     assert!(bad.stderr.contains("--mutate-key \"order_id\": expected COLUMN=VALUE"), "{}", bad.stderr);
 }
+
+#[test]
+fn a_failing_audit_exits_6_and_publishes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    setup(tmp.path());
+    let audited = format!("{JOB}\n[[audit]]\nname = \"small orders\"\nkind = \"expression\"\nexpression = \"order_total < 3\"\n");
+    std::fs::write(tmp.path().join("audited.toml"), &audited).unwrap();
+    let out = fixpoint(tmp.path(), &["run", "audited.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json"]);
+    assert_eq!(out.code, 6, "{}\n{}", out.stdout, out.stderr);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(v["error"]["class"], "audit");
+    assert_eq!(v["error"]["audit"], "small orders");
+    assert_eq!(v["error"]["audits"][0]["offending"], 1, "3.50 fails, 2.50 passes");
+    assert!(out.stderr.contains("hint: 1 blocking audit(s) failed; the previous contents are in place"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("error: audit small orders failed: 1 row(s) where (order_total < 3) does not hold; nothing was published. One offending row: {order_id: 3, order_total: \"3.50\", dt: 2026-10-20}"),
+        "{}",
+        out.stderr
+    );
+    // Nothing was published: the target was never created.
+    let db = duckdb::Connection::open(tmp.path().join("w.duckdb")).unwrap();
+    let n: i64 = db.query_row("SELECT count(*) FROM information_schema.tables WHERE table_name = 'orders' AND table_schema = 'silver'", [], |r| r.get(0)).unwrap();
+    assert_eq!(n, 0);
+}

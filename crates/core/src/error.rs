@@ -20,6 +20,8 @@ pub enum ErrorClass {
     Injected,
     /// The engine lacks a capability the job needs.
     Unsupported,
+    /// A blocking audit failed: nothing was published.
+    Audit,
     /// A bug in fixpoint.
     Internal,
 }
@@ -135,6 +137,20 @@ pub enum Error {
         /// One offending row.
         sample: SampleRow,
     },
+    /// A blocking audit failed on the staged result; nothing was published.
+    #[error("audit {audit} failed: {detail}; nothing was published{}", if sample.is_empty() { String::new() } else { format!(". One offending row: {sample}") })]
+    AuditFailed {
+        /// The first failing blocking audit.
+        audit: String,
+        /// What it found.
+        detail: String,
+        /// One offending row, when the audit has rows.
+        sample: String,
+        /// How many blocking audits failed.
+        failed: usize,
+        /// Every audit's result.
+        results: Vec<crate::audit::AuditResult>,
+    },
     /// The source has fewer rows than the job's `min_rows`.
     #[error("the source has {rows} row(s) for {run_date}, fewer than min_rows = {min_rows}; nothing was changed")]
     TooFewRows {
@@ -221,6 +237,7 @@ impl Error {
             }
             Error::OutOfPartition { .. } | Error::TooFewRows { .. } | Error::DataRefused { .. } => ErrorClass::Data,
             Error::Busy { .. } => ErrorClass::Busy,
+            Error::AuditFailed { .. } => ErrorClass::Audit,
             Error::Database { .. } | Error::Transient { .. } | Error::Io { .. } => ErrorClass::Runtime,
             Error::Injected(_) => ErrorClass::Injected,
             Error::Unsupported { .. } => ErrorClass::Unsupported,
@@ -238,6 +255,9 @@ impl Error {
             | Error::Schema { hint, .. } => hint.clone(),
             Error::OutOfPartition { column, .. } => Some(format!(
                 "filter the source to the run's day (e.g. `WHERE {column} = :run_date`); a row written outside the run's partition would never be replaced by a rerun"
+            )),
+            Error::AuditFailed { failed, .. } => Some(format!(
+                "{failed} blocking audit(s) failed; the previous contents are in place. Fix the upstream data, or make the audit severity = \"warn\" if it should not block"
             )),
             Error::TooFewRows { .. } => Some(
                 "an empty or short upstream must not wipe a day: check the upstream delivery, or lower min_rows in the job file".into(),

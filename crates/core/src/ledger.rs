@@ -36,6 +36,7 @@ const COLUMNS: &[(&str, &str)] = &[
     ("started_at", "TIMESTAMP NOT NULL"),
     ("finished_at", "TIMESTAMP NOT NULL"),
     ("fixpoint_version", "VARCHAR NOT NULL"),
+    ("audits", "VARCHAR"),
 ];
 
 /// One ledger row.
@@ -83,6 +84,8 @@ pub struct Entry {
     pub finished_at: NaiveDateTime,
     /// fixpoint's version.
     pub fixpoint_version: String,
+    /// The audits' results (stored as JSON).
+    pub audits: Vec<crate::audit::AuditResult>,
 }
 
 fn ser_ts<S: serde::Serializer>(t: &NaiveDateTime, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -95,7 +98,12 @@ fn table() -> String {
 
 /// Creates the ledger if it is missing (inside the caller's transaction).
 pub fn ensure(engine: &mut dyn Engine) -> Result<()> {
-    if exists(engine)? {
+    let t = crate::ident::TableName { schema: SCHEMA.into(), table: TABLE.into() };
+    if let Some(cols) = engine.table_columns(&t)? {
+        // A ledger written by an older fixpoint: add the columns it lacks.
+        for (name, ty) in COLUMNS.iter().filter(|(n, _)| !cols.iter().any(|c| c.name == *n)) {
+            engine.execute(&Sql::raw(format!("ALTER TABLE {} ADD COLUMN {} {ty}", table(), crate::ident::quote_ident(name))))?;
+        }
         return Ok(());
     }
     // Concurrent first runs (a parallel backfill into a new database) would
@@ -143,6 +151,7 @@ pub fn record(engine: &mut dyn Engine, e: &Entry) -> Result<()> {
         (Value::Timestamp(e.started_at), "TIMESTAMP"),
         (Value::Timestamp(e.finished_at), "TIMESTAMP"),
         (text(&e.fixpoint_version), "VARCHAR"),
+        (if e.audits.is_empty() { Value::Null } else { text(&serde_json::to_string(&e.audits).expect("audits serialize")) }, "VARCHAR"),
     ];
     for (i, (v, ty)) in values.into_iter().enumerate() {
         if i > 0 {
@@ -160,6 +169,7 @@ pub fn entries(engine: &mut dyn Engine, job: Option<&str>, run_date: Option<RunD
     if !exists(engine)? {
         return Ok(Vec::new());
     }
+    ensure(engine)?;
     entries_of_existing(engine, job, run_date, limit)
 }
 
@@ -224,5 +234,9 @@ fn entry_from_row(r: &[Value]) -> Result<Entry> {
         started_at: ts(17)?,
         finished_at: ts(18)?,
         fixpoint_version: s(19)?,
+        audits: match &r[20] {
+            Value::Text(j) => serde_json::from_str(j).map_err(|e| Error::Internal(format!("ledger column audits: {e}")))?,
+            _ => Vec::new(),
+        },
     })
 }

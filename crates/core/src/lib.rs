@@ -3,6 +3,7 @@
 //! drivers live here.
 #![deny(missing_docs)]
 
+pub mod audit;
 pub mod backfill;
 pub mod date;
 pub mod diff;

@@ -328,6 +328,23 @@ pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts:
         }
         opts.step(FailPoint::AfterGuards)?;
 
+        // The touched keys' rows as the target holds them (audits).
+        let touched = |sql: &mut Sql| {
+            sql.push(&format!(
+                "(SELECT t.* FROM {} AS t WHERE EXISTS (SELECT 1 FROM {BATCH} AS b WHERE {})) AS a",
+                job.target.quoted(),
+                keys_match("t", "b", &spec.key)
+            ));
+        };
+        let rows_before = if job.audits.iter().any(|a| matches!(a.kind, crate::audit::AuditKind::RowCountChange { .. })) {
+            let mut sql = Sql::new();
+            sql.push("SELECT count(*) FROM ");
+            touched(&mut sql);
+            Some(count(engine, &sql)?[0])
+        } else {
+            None
+        };
+
         // 8. One MERGE, pruned.
         let set = names
             .iter()
@@ -384,7 +401,20 @@ pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts:
         };
 
         trace.step("output fp");
+        // 11. Audit the touched keys as they will be published.
+        let audits = if job.audits.is_empty() {
+            Vec::new()
+        } else {
+            let scope = crate::audit::AuditScope { from: &touched, previous_rows: rows_before, run_date: run_date.date() };
+            let results = crate::audit::run_audits(&job.audits, engine, &scope)?;
+            if let Some(e) = crate::audit::blocking_failure(&results) {
+                return Err(e);
+            }
+            trace.step("audits");
+            results
+        };
         let mut report = RunReport::new(job, run_date, key, "committed", &input, &output);
+        report.audits = audits;
         report.rows_deleted = deletes;
         report.rows_inserted = inserts;
         report.rows_updated = updates;

@@ -106,6 +106,8 @@ pub struct RunReport {
     pub method: String,
     /// Why the preferred method was not used, when it was not.
     pub method_note: Option<String>,
+    /// The audits of the staged result (all passed, or failed as warnings).
+    pub audits: Vec<crate::audit::AuditResult>,
     /// Wall time in milliseconds.
     pub elapsed_ms: u64,
 }
@@ -134,6 +136,7 @@ impl RunReport {
             created_target: false,
             method: String::new(),
             method_note: None,
+            audits: Vec::new(),
             elapsed_ms: 0,
         }
     }
@@ -471,10 +474,37 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
                 output.rows
             )));
         }
+        // 7. Audit the day as it will be published (inside the transaction:
+        //    a blocking failure rolls everything back).
+        let audits = if job.audits.is_empty() {
+            Vec::new()
+        } else {
+            let previous = if rows_deleted > 0 {
+                Some(rows_deleted)
+            } else {
+                // A new day: compare with the day before.
+                let mut sql = Sql::new();
+                sql.push("SELECT count(*) FROM ").push(&job.target.quoted()).push(" WHERE ").ident(partition).push(" = ");
+                sql.typed_param(Value::Date(run_date.date() - chrono::Duration::days(1)), "DATE");
+                engine.query(&sql)?.rows.first().and_then(|r| r[0].as_u64())
+            };
+            let from = |sql: &mut Sql| {
+                sql.push("(SELECT * FROM ");
+                scope.write_from(sql, "s");
+                sql.push(") AS a");
+            };
+            let results = crate::audit::run_audits(&job.audits, engine, &crate::audit::AuditScope { from: &from, previous_rows: previous, run_date: run_date.date() })?;
+            if let Some(e) = crate::audit::blocking_failure(&results) {
+                return Err(e);
+            }
+            trace.step("audits");
+            results
+        };
         let mut report = RunReport::new(job, run_date, key, "committed", &input, &output);
         report.rows_deleted = rows_deleted;
         report.rows_inserted = rows_inserted;
         report.created_target = created_target;
+        report.audits = audits;
         report.method = method.into();
         if let DayPartition::Unswappable(why) = &layout {
             report.method_note = Some(format!("no partition exchange: {why}"));
@@ -524,6 +554,7 @@ pub(crate) fn entry(job: &Job, job_hash: &str, r: &RunReport, started_at: chrono
         started_at,
         finished_at: chrono::Utc::now().naive_utc(),
         fixpoint_version: env!("CARGO_PKG_VERSION").to_owned(),
+        audits: r.audits.clone(),
     }
 }
 

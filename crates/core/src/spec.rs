@@ -100,6 +100,10 @@ pub struct Job {
     pub min_rows: Option<u64>,
     /// Merge keys, for `strategy = "merge"`.
     pub merge: Option<MergeSpec>,
+    /// Audits of the staged result before it is published. Not part of the
+    /// definition hash: they decide whether a run publishes, not what it writes.
+    #[serde(skip)]
+    pub audits: Vec<crate::audit::Audit>,
     /// The file the job was read from.
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -120,6 +124,7 @@ struct RawJob {
     version: Option<String>,
     deleted: Option<String>,
     on_tie: Option<String>,
+    audit: Option<Vec<crate::audit::RawAudit>>,
 }
 
 #[derive(Deserialize)]
@@ -258,6 +263,15 @@ impl Job {
             Strategy::ReplaceTable => None,
         };
 
+        let mut audits = Vec::new();
+        for (i, a) in raw.audit.unwrap_or_default().into_iter().enumerate() {
+            let audit = a.validate(i, merge.as_ref().map(|m| m.key.as_slice())).map_err(|(key, message)| spec_err(&key, message, None))?;
+            if audits.iter().any(|x: &crate::audit::Audit| x.name == audit.name) {
+                return Err(spec_err(&format!("audit[{i}].name"), format!("{:?} is the name of another audit", audit.name), Some("give each audit its own name")));
+            }
+            audits.push(audit);
+        }
+
         Ok(Job {
             name,
             target,
@@ -267,6 +281,7 @@ impl Job {
             metadata,
             min_rows,
             merge,
+            audits,
             path: None,
         })
     }

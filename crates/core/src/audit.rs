@@ -1,0 +1,354 @@
+//! Audits before publish (write-audit-publish): checks of the result as it
+//! will be published, run inside the run's transaction after the target was
+//! written and before the commit. A failing blocking audit rolls the run
+//! back: readers never see the bad day, the ledger records nothing.
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::ident::quote_ident;
+use crate::sql::{check_predicate, Sql, Value};
+
+/// How much an audit matters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditSeverity {
+    /// Blocks the publish.
+    Error,
+    /// Reported and recorded, not blocking.
+    Warn,
+}
+
+/// What an audit checks.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum AuditKind {
+    /// No NULL in these columns.
+    NotNull {
+        /// The columns.
+        columns: Vec<String>,
+    },
+    /// No two rows share these columns.
+    Unique {
+        /// The columns (default: the merge key).
+        columns: Vec<String>,
+    },
+    /// The column holds only these values (compared as text; NULL passes).
+    AcceptedValues {
+        /// The column.
+        column: String,
+        /// The values.
+        values: Vec<String>,
+    },
+    /// The row count is within bounds.
+    RowCount {
+        /// At least.
+        min: Option<u64>,
+        /// At most.
+        max: Option<u64>,
+    },
+    /// The row count changed by at most these percentages against the
+    /// previously published rows (or, for a new day, the previous day's).
+    RowCountChange {
+        /// Largest allowed drop, in percent.
+        max_drop_pct: Option<f64>,
+        /// Largest allowed growth, in percent.
+        max_growth_pct: Option<f64>,
+    },
+    /// A boolean SQL expression every row must satisfy.
+    Expression {
+        /// The expression.
+        expression: String,
+    },
+    /// A query returning the offending rows (zero rows pass). It may use
+    /// `:run_date`, and sees the target as this run has written it.
+    Sql {
+        /// The query.
+        sql: String,
+    },
+}
+
+/// One audit of a job.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Audit {
+    /// Its name (default: the kind and its columns).
+    pub name: String,
+    /// What it checks.
+    #[serde(flatten)]
+    pub kind: AuditKind,
+    /// Blocking or not.
+    pub severity: AuditSeverity,
+}
+
+/// An `[[audit]]` table as written in the job file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAudit {
+    name: Option<String>,
+    kind: Option<String>,
+    severity: Option<String>,
+    columns: Option<Vec<String>>,
+    column: Option<String>,
+    values: Option<Vec<toml::Value>>,
+    min: Option<i64>,
+    max: Option<i64>,
+    max_drop_pct: Option<f64>,
+    max_growth_pct: Option<f64>,
+    expression: Option<String>,
+    sql: Option<String>,
+}
+
+impl RawAudit {
+    /// Validates one audit; `merge_key` is the default of `unique`. Errors
+    /// are (key, message).
+    pub(crate) fn validate(self, index: usize, merge_key: Option<&[String]>) -> std::result::Result<Audit, (String, String)> {
+        let at = |k: &str| format!("audit[{index}].{k}");
+        let kind_name = self.kind.clone().ok_or_else(|| {
+            (at("kind"), "missing: expected one of not_null, unique, accepted_values, row_count, row_count_change, expression, sql".into())
+        })?;
+        let need_columns = |c: Option<Vec<String>>| match c {
+            Some(c) if !c.is_empty() => Ok(c),
+            _ => Err((at("columns"), "missing: name the columns, e.g. columns = [\"order_id\"]".to_owned())),
+        };
+        let kind = match kind_name.as_str() {
+            "not_null" => AuditKind::NotNull { columns: need_columns(self.columns)? },
+            "unique" => AuditKind::Unique {
+                columns: match (self.columns, merge_key) {
+                    (Some(c), _) if !c.is_empty() => c,
+                    (_, Some(k)) => k.to_vec(),
+                    _ => return Err((at("columns"), "missing: name the columns (only a merge job defaults to its key)".into())),
+                },
+            },
+            "accepted_values" => AuditKind::AcceptedValues {
+                column: self.column.ok_or_else(|| (at("column"), "missing: the column to check".to_owned()))?,
+                values: match self.values {
+                    Some(v) if !v.is_empty() => v
+                        .into_iter()
+                        .map(|v| match v {
+                            toml::Value::String(s) => s,
+                            other => other.to_string(),
+                        })
+                        .collect(),
+                    _ => return Err((at("values"), "missing: the accepted values, e.g. values = [\"EUR\", \"USD\"]".into())),
+                },
+            },
+            "row_count" => {
+                let bound = |v: Option<i64>, k: &str| match v {
+                    Some(n) if n < 0 => Err((at(k), format!("{n}: expected a count ≥ 0"))),
+                    other => Ok(other.map(|n| n as u64)),
+                };
+                let (min, max) = (bound(self.min, "min")?, bound(self.max, "max")?);
+                if min.is_none() && max.is_none() {
+                    return Err((at("min"), "row_count needs min, max or both".into()));
+                }
+                AuditKind::RowCount { min, max }
+            }
+            "row_count_change" => {
+                if self.max_drop_pct.is_none() && self.max_growth_pct.is_none() {
+                    return Err((at("max_drop_pct"), "row_count_change needs max_drop_pct, max_growth_pct or both".into()));
+                }
+                for (k, v) in [("max_drop_pct", self.max_drop_pct), ("max_growth_pct", self.max_growth_pct)] {
+                    if v.is_some_and(|v| !(v >= 0.0)) {
+                        return Err((at(k), format!("{}: expected a percentage ≥ 0", v.unwrap_or_default())));
+                    }
+                }
+                AuditKind::RowCountChange { max_drop_pct: self.max_drop_pct, max_growth_pct: self.max_growth_pct }
+            }
+            "expression" => {
+                let expression = self.expression.ok_or_else(|| (at("expression"), "missing: a boolean SQL expression".to_owned()))?;
+                check_predicate("expression", &expression).map_err(|e| (at("expression"), e.to_string()))?;
+                AuditKind::Expression { expression }
+            }
+            "sql" => {
+                let sql = self.sql.ok_or_else(|| (at("sql"), "missing: a query returning the offending rows".to_owned()))?;
+                crate::sql::SourceTemplate::parse("audit sql", &sql).map_err(|e| (at("sql"), e.to_string()))?;
+                AuditKind::Sql { sql }
+            }
+            other => {
+                return Err((
+                    at("kind"),
+                    format!("{other:?}: expected one of not_null, unique, accepted_values, row_count, row_count_change, expression, sql"),
+                ))
+            }
+        };
+        let severity = match self.severity.as_deref() {
+            None | Some("error") => AuditSeverity::Error,
+            Some("warn") => AuditSeverity::Warn,
+            Some(other) => return Err((at("severity"), format!("{other:?}: expected \"error\" or \"warn\""))),
+        };
+        let name = self.name.unwrap_or_else(|| match &kind {
+            AuditKind::NotNull { columns } | AuditKind::Unique { columns } => format!("{kind_name}({})", columns.join(", ")),
+            AuditKind::AcceptedValues { column, .. } => format!("{kind_name}({column})"),
+            _ => kind_name.clone(),
+        });
+        Ok(Audit { name, kind, severity })
+    }
+}
+
+/// What one audit found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditResult {
+    /// The audit's name.
+    pub name: String,
+    /// `error` or `warn`.
+    pub severity: String,
+    /// Whether it passed.
+    pub passed: bool,
+    /// Offending rows (for the row count audits: the rows counted).
+    pub offending: u64,
+    /// What was found, in one sentence.
+    pub detail: String,
+    /// Up to 5 offending rows.
+    pub sample: Vec<String>,
+}
+
+/// The rows an audit looks at, and what it compares row counts with.
+pub(crate) struct AuditScope<'a> {
+    /// Appends `<rows> AS a` to a statement, binding its parameters.
+    pub(crate) from: &'a dyn Fn(&mut Sql),
+    /// The rows published before this run (the day's old partition, or the
+    /// target before the merge); `None` when unknown.
+    pub(crate) previous_rows: Option<u64>,
+    /// The run date (for `:run_date` in `sql` audits).
+    pub(crate) run_date: chrono::NaiveDate,
+}
+
+fn count(engine: &mut dyn Engine, sql: &Sql) -> Result<u64> {
+    engine.query(sql)?.rows.first().and_then(|r| r[0].as_u64()).ok_or_else(|| Error::Internal("an audit count returned nothing".into()))
+}
+
+fn sample(engine: &mut dyn Engine, sql: &Sql) -> Result<Vec<String>> {
+    let rows = engine.query(sql)?;
+    Ok(rows
+        .rows
+        .iter()
+        .map(|r| format!("{{{}}}", rows.columns.iter().zip(r).map(|(c, v)| format!("{c}: {}", v.display())).collect::<Vec<_>>().join(", ")))
+        .collect())
+}
+
+/// Runs every audit over `scope`; the caller decides what blocks.
+pub(crate) fn run_audits(audits: &[Audit], engine: &mut dyn Engine, scope: &AuditScope<'_>) -> Result<Vec<AuditResult>> {
+    let mut out = Vec::new();
+    for audit in audits {
+        // `where_bad` selects the offending rows of the scope.
+        let offending_rows = |where_bad: &str| {
+            let mut sql = Sql::new();
+            sql.push("SELECT a.* FROM ");
+            (scope.from)(&mut sql);
+            sql.push(" WHERE ").push(where_bad);
+            sql
+        };
+        let wrap = |inner: &Sql, head: &str, tail: &str| {
+            let mut sql = Sql::new();
+            sql.push(head);
+            sql.text.push_str(&inner.text);
+            sql.params.extend(inner.params.iter().cloned());
+            sql.push(tail);
+            sql
+        };
+        let scope_count = |engine: &mut dyn Engine| -> Result<u64> {
+            let mut sql = Sql::new();
+            sql.push("SELECT count(*) FROM ");
+            (scope.from)(&mut sql);
+            count(engine, &sql)
+        };
+        let (passed, offending, detail, rows_sql): (bool, u64, String, Option<Sql>) = match &audit.kind {
+            AuditKind::NotNull { columns } => {
+                let cond = columns.iter().map(|c| format!("a.{} IS NULL", quote_ident(c))).collect::<Vec<_>>().join(" OR ");
+                let q = offending_rows(&cond);
+                let n = count(engine, &wrap(&q, "SELECT count(*) FROM (", ") AS o"))?;
+                (n == 0, n, format!("{n} row(s) with NULL in {}", columns.join(", ")), Some(q))
+            }
+            AuditKind::Unique { columns } => {
+                let list = columns.iter().map(|c| format!("a.{}", quote_ident(c))).collect::<Vec<_>>().join(", ");
+                let mut q = Sql::new();
+                q.push(&format!("SELECT {list}, count(*) AS copies FROM "));
+                (scope.from)(&mut q);
+                q.push(&format!(" GROUP BY {list} HAVING count(*) > 1"));
+                let n = count(engine, &wrap(&q, "SELECT count(*) FROM (", ") AS o"))?;
+                (n == 0, n, format!("{n} value(s) of ({}) on more than one row", columns.join(", ")), Some(q))
+            }
+            AuditKind::AcceptedValues { column, values } => {
+                let mut cond = Sql::new();
+                cond.push(&format!("a.{col} IS NOT NULL AND CAST(a.{col} AS VARCHAR) NOT IN (", col = quote_ident(column)));
+                let mut q = Sql::new();
+                q.push("SELECT a.* FROM ");
+                (scope.from)(&mut q);
+                q.push(" WHERE ").push(&cond.text);
+                for (i, v) in values.iter().enumerate() {
+                    if i > 0 {
+                        q.push(", ");
+                    }
+                    q.typed_param(Value::Text(v.clone()), "VARCHAR");
+                }
+                q.push(")");
+                let n = count(engine, &wrap(&q, "SELECT count(*) FROM (", ") AS o"))?;
+                (n == 0, n, format!("{n} row(s) with {column} outside [{}]", values.join(", ")), Some(q))
+            }
+            AuditKind::RowCount { min, max } => {
+                let n = scope_count(engine)?;
+                let low = min.is_some_and(|m| n < m);
+                let high = max.is_some_and(|m| n > m);
+                let bounds = match (min, max) {
+                    (Some(a), Some(b)) => format!("between {a} and {b}"),
+                    (Some(a), None) => format!("at least {a}"),
+                    (None, Some(b)) => format!("at most {b}"),
+                    (None, None) => "any".into(),
+                };
+                (!(low || high), n, format!("{n} row(s); expected {bounds}"), None)
+            }
+            AuditKind::RowCountChange { max_drop_pct, max_growth_pct } => {
+                let n = scope_count(engine)?;
+                match scope.previous_rows.filter(|p| *p > 0) {
+                    None => (true, n, format!("{n} row(s); nothing published before to compare with"), None),
+                    Some(prev) => {
+                        let change = (n as f64 - prev as f64) / prev as f64 * 100.0;
+                        let bad = max_drop_pct.is_some_and(|m| -change > m) || max_growth_pct.is_some_and(|m| change > m);
+                        (!bad, n, format!("{n} row(s) against {prev} before: {change:+.1}%"), None)
+                    }
+                }
+            }
+            AuditKind::Expression { expression } => {
+                let q = offending_rows(&format!("NOT coalesce(({expression}), false)"));
+                let n = count(engine, &wrap(&q, "SELECT count(*) FROM (", ") AS o"))?;
+                (n == 0, n, format!("{n} row(s) where ({expression}) does not hold"), Some(q))
+            }
+            AuditKind::Sql { sql } => {
+                let template = crate::sql::SourceTemplate::parse("audit sql", sql)?;
+                let q = template.render(&crate::sql::RunParams { run_date: scope.run_date, run_key: String::new() });
+                let n = count(engine, &wrap(&q, "SELECT count(*) FROM (", "\n) AS o"))?;
+                (n == 0, n, format!("the query returned {n} offending row(s)"), Some(q))
+            }
+        };
+        let sample = match &rows_sql {
+            Some(q) if !passed => sample(engine, &wrap(q, "SELECT * FROM (", "\n) AS o LIMIT 5"))?,
+            _ => Vec::new(),
+        };
+        out.push(AuditResult {
+            name: audit.name.clone(),
+            severity: match audit.severity {
+                AuditSeverity::Error => "error".into(),
+                AuditSeverity::Warn => "warn".into(),
+            },
+            passed,
+            offending,
+            detail,
+            sample,
+        });
+    }
+    Ok(out)
+}
+
+/// The first blocking failure as an error (the run then rolls back).
+pub(crate) fn blocking_failure(results: &[AuditResult]) -> Option<Error> {
+    let failed: Vec<&AuditResult> = results.iter().filter(|r| !r.passed && r.severity == "error").collect();
+    let first = failed.first()?;
+    Some(Error::AuditFailed {
+        audit: first.name.clone(),
+        detail: first.detail.clone(),
+        sample: first.sample.first().cloned().unwrap_or_default(),
+        failed: failed.len(),
+        results: results.to_vec(),
+    })
+}
