@@ -169,3 +169,15 @@ FROM (
 WHERE rn = 1
 """
 "#;
+
+/// A merge of the seed's orders, batch by day: the newest version per order.
+pub const BRONZE_MERGE_JOB: &str = r#"
+name = "orders_merge"
+target = "silver.orders_m"
+strategy = "merge"
+key = ["order_id"]
+version = "updated_at"
+
+[source]
+sql = "SELECT order_id, customer_id, order_total, currency, updated_at, dt FROM bronze.orders WHERE dt = :run_date"
+"#;

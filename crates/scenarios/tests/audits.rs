@@ -114,20 +114,7 @@ fn merge_audits_check_the_touched_keys(e: &dyn EngineUnderTest) {
     let mut db = e.fresh();
     let db = db.as_mut();
     exec(db, BRONZE);
-    let merge = |audits: &str| {
-        job(&format!(
-            r#"
-name = "orders_merge"
-target = "silver.orders_m"
-strategy = "merge"
-key = ["order_id"]
-version = "updated_at"
-
-[source]
-sql = "SELECT order_id, customer_id, order_total, currency, updated_at, dt FROM bronze.orders WHERE dt = :run_date"
-{audits}"#
-        ))
-    };
+    let merge = |audits: &str| job(&format!("{BRONZE_MERGE_JOB}\n{audits}"));
     let ok = merge("[[audit]]\nkind = \"unique\"\n\n[[audit]]\nkind = \"row_count\"\nmin = 1\n");
     let r19 = ok.load(d("2026-10-19"), db).unwrap();
     assert_eq!(r19.audits.iter().map(|a| (a.name.as_str(), a.passed)).collect::<Vec<_>>(), vec![("unique(order_id)", true), ("row_count", true)]);

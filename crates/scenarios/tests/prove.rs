@@ -82,16 +82,7 @@ fn merge_mutation_changes_one_key(e: &dyn EngineUnderTest) {
     let mut db = e.fresh();
     let db = db.as_mut();
     exec(db, BRONZE);
-    let job = job(r#"
-name = "orders_merge"
-target = "silver.orders_m"
-strategy = "merge"
-key = ["order_id"]
-version = "updated_at"
-
-[source]
-sql = "SELECT order_id, customer_id, order_total, currency, updated_at, dt FROM bronze.orders"
-"#);
+    let job = job(BRONZE_MERGE_JOB);
     let proof = prove(&job, d("2026-10-20"), db, &opts(&[])).unwrap();
     assert!(proof.proved, "{:?}", proof.failures);
     let m = proof.mutation.unwrap();
