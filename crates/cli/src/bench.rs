@@ -22,6 +22,9 @@ pub enum BenchStrategy {
     /// PostgreSQL (`--db`): partition exchange, delete + insert and merge
     /// against the hand-written SQL.
     Postgres,
+    /// A run with `lookback = 7` and nothing changed, against the run for
+    /// the day alone (30 days × 1M rows, all loaded).
+    Lookback,
     /// Fingerprint throughput (native, portable) against
     /// `SELECT count(*), sum(hash(cols))`, and a diff of two tables with one
     /// differing row.
@@ -204,6 +207,9 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
     }
     if args.strategy == BenchStrategy::Backfill {
         return run_backfill(args, out);
+    }
+    if args.strategy == BenchStrategy::Lookback {
+        return run_lookback(args, out);
     }
     if args.strategy == BenchStrategy::Fingerprint {
         return run_fingerprint(args, out);
@@ -528,6 +534,62 @@ fn run_fingerprint(args: BenchArgs, out: &Output) -> Result<(), Error> {
             report.rows_transferred,
             usage.ru_maxrss as f64 / 1024.0
         );
+    }
+    Ok(())
+}
+
+/// `lookback = 7` with nothing changed vs the day alone, each a whole process.
+fn run_lookback(args: BenchArgs, out: &Output) -> Result<(), Error> {
+    let (rows, days) = if args.rows == 20_000_000 && args.days == 4 { (30_000_000, 30) } else { (args.rows, args.days) };
+    let file = args.dir.join("backfill.duckdb");
+    setup(&file, rows, days)?;
+    let body = format!("target = \"silver.orders\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n\n[source]\nsql = \"{SOURCE}:run_date\"\n");
+    let plain = args.dir.join("bench_lookback_plain.toml");
+    let window = args.dir.join("bench_lookback_7.toml");
+    for (path, extra) in [(&plain, ""), (&window, "lookback = 7\n")] {
+        std::fs::write(path, format!("{extra}name = \"bench_lookback\"\n{body}")).map_err(|source| Error::Io { path: path.clone(), source })?;
+    }
+    let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
+    let url = format!("duckdb:{}", file.display());
+    let last = RunDate::from_naive(RunDate::parse("2026-10-19")?.date() + chrono::Duration::days(days as i64 - 1)).to_string();
+    let cmd = |job: &Path, extra: &[&str]| {
+        let mut c = Command::new(&exe);
+        c.args(["run", &job.display().to_string(), "--date", &last, "--db", &url, "--output", "json"]).args(extra);
+        c
+    };
+    // Load the window once (the 8 last days), so every later run finds them done.
+    measure(&mut cmd(&window, &[]))?;
+    let timed = |c: &mut Command| -> Result<Sample, Error> {
+        let start = Instant::now();
+        let (mut s, _) = measure(c)?;
+        s.inner = start.elapsed().as_secs_f64();
+        Ok(s)
+    };
+    let (mut alone, mut win, mut forced) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..args.rounds {
+        eprintln!("bench: round {}/{}", round + 1, args.rounds);
+        alone.push(timed(&mut cmd(&plain, &[]))?);
+        win.push(timed(&mut cmd(&window, &[]))?);
+        forced.push(timed(&mut cmd(&plain, &["--force"]))?);
+    }
+    let med = |v: &[Sample]| median(v.iter().map(|s| s.inner).collect());
+    let rss = |v: &[Sample]| v.iter().map(|s| s.rss_mb).fold(0.0, f64::max);
+    let result = json!({
+        "rows": rows, "days": days, "rounds": args.rounds,
+        "day_alone_unchanged_s": med(&alone), "lookback_7_unchanged_s": med(&win), "day_reload_s": med(&forced),
+        "ratio_vs_day_alone": med(&win) / med(&alone), "ratio_vs_reload": med(&win) / med(&forced),
+        "peak_rss_mb": {"alone": rss(&alone), "lookback_7": rss(&win), "reload": rss(&forced)},
+    });
+    if out.is_json() {
+        out.json(&result);
+    } else {
+        println!("run for {last} on {days} days × {} rows, nothing changed, median of {} rounds (whole process)", rows / days, args.rounds);
+        println!("| run | time (s) | peak RSS (MiB) |");
+        println!("|---|---|---|");
+        println!("| the day alone (skipped: unchanged) | {:.3} | {:.0} |", med(&alone), rss(&alone));
+        println!("| the day with lookback = 7 (8 days probed, all skipped) | {:.3} | {:.0} |", med(&win), rss(&win));
+        println!("| the day reloaded (--force) | {:.3} | {:.0} |", med(&forced), rss(&forced));
+        println!("lookback 7 / the day alone: {:.2}; / the day reloaded: {:.2}", med(&win) / med(&alone), med(&win) / med(&forced));
     }
     Ok(())
 }

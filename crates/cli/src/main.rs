@@ -359,6 +359,27 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             let mut engine = open_engine(&db.db, Duration::from_secs(db.wait))?;
             lint_gate(&job, &db.db, engine.as_mut(), allow_nondeterministic)?;
             let (fault, fault_date) = fault_from_env()?;
+            if job.start.is_some_and(|s| run_date < s) {
+                return Err(Error::argument(
+                    format!("--date {run_date} is before the job's start {}", job.start.expect("checked")),
+                    Some("the job owns the dates from its start on; change start in the job file to load earlier days"),
+                ));
+            }
+            if job.lookback > 0 {
+                let opts = RunOptions { force, fault, no_wait };
+                let (report, failure) = fixpoint_core::lookback::run_window(&job, run_date, engine.as_mut(), &opts, fault_date);
+                out.window(&report);
+                return match failure {
+                    None => Ok(()),
+                    Some(e) => {
+                        eprintln!("error: {e}");
+                        if let Some(h) = e.hint() {
+                            eprintln!("hint: {h}");
+                        }
+                        Err(Error::Internal(format!("{} {}", output::REPORTED, exit_code(&e))))
+                    }
+                };
+            }
             let fault = if fault_date.is_some_and(|d| d != run_date) { None } else { fault };
             let opts = RunOptions { force, fault, no_wait };
             let report = job.load_with(run_date, engine.as_mut(), &opts)?;
@@ -405,7 +426,14 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             }
             let (fault, fault_date) = fault_from_env()?;
             let opts = fixpoint_core::backfill::BackfillOptions { run: RunOptions { force, fault, no_wait }, keep_going, fault_date };
-            let dates = RunDate::range(from, to);
+            let mut dates = RunDate::range(from, to);
+            if let Some(start) = job.start {
+                let before = dates.len();
+                dates.retain(|d| *d >= start);
+                if dates.len() < before {
+                    eprintln!("fixpoint: {} date(s) before the job's start {start} left out", before - dates.len());
+                }
+            }
             let wait = Duration::from_secs(db.wait);
             let code = if parallel > 1 && engine.name() != "duckdb" {
                 drop(engine);
@@ -440,7 +468,7 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
                 return Err(Error::argument(format!("--from {from} is after --to {to}"), Some("give the range in date order")));
             }
             let mut rows = Vec::new();
-            for d in RunDate::range(from, to) {
+            for d in RunDate::range(from, to).into_iter().filter(|d| job.start.map_or(true, |s| *d >= s)) {
                 rows.push(fixpoint_core::backfill::status(&job, d, engine.as_mut())?);
             }
             out.status(&job.name, &rows);

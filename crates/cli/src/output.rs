@@ -260,6 +260,19 @@ impl Output {
         println!("{} file(s): {errors} error(s), {warnings} warning(s)", all.len());
     }
 
+    pub fn window(&self, w: &fixpoint_core::lookback::WindowReport) {
+        if self.json {
+            self.json(&serde_json::to_value(w).expect("window serializes"));
+            return;
+        }
+        println!("{} {} with lookback {}: {} day(s) written, {} skipped, {} failed", w.job, w.run_date, w.lookback, w.written, w.skipped, w.failed);
+        println!("{:<12} {:<10} {:>10}  why", "date", "action", "rows");
+        for d in &w.days {
+            let rows = d.report.as_ref().map(|r| r.output_rows.to_string()).unwrap_or_default();
+            println!("{:<12} {:<10} {:>10}  {}", d.run_date, d.action, rows, d.reason);
+        }
+    }
+
     pub fn diff(&self, d: &fixpoint_core::diff::DiffReport) {
         if self.json {
             self.json(&serde_json::to_value(d).expect("diff serializes"));

@@ -465,3 +465,38 @@ fn a_failing_audit_exits_6_and_publishes_nothing() {
     let n: i64 = db.query_row("SELECT count(*) FROM information_schema.tables WHERE table_name = 'orders' AND table_schema = 'silver'", [], |r| r.get(0)).unwrap();
     assert_eq!(n, 0);
 }
+
+#[test]
+fn run_with_lookback_reports_each_day_and_fails_with_the_failed_days_code() {
+    let tmp = tempfile::tempdir().unwrap();
+    setup(tmp.path());
+    std::fs::write(tmp.path().join("late.toml"), format!("lookback = 1\n{JOB}")).unwrap();
+    let first = fixpoint(tmp.path(), &["run", "late.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb"]);
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    assert!(first.stdout.starts_with("silver_orders 2026-10-20 with lookback 1: 2 day(s) written, 0 skipped, 0 failed\n"), "{}", first.stdout);
+    assert!(first.stdout.contains("2026-10-19   loaded              1  never loaded"), "{}", first.stdout);
+    {
+        let db = duckdb::Connection::open(tmp.path().join("w.duckdb")).unwrap();
+        db.execute_batch("INSERT INTO bronze.orders VALUES (9, 0.50, 'late', DATE '2026-10-19')").unwrap();
+    }
+    let failed = Command::new(env!("CARGO_BIN_EXE_fixpoint"))
+        .args(["run", "late.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json"])
+        .current_dir(tmp.path())
+        .env("FIXPOINT_FAIL_AT", "after_delete@2026-10-19")
+        .output()
+        .unwrap();
+    assert_eq!(failed.status.code(), Some(1), "an injected failure is a runtime failure");
+    let v: serde_json::Value = serde_json::from_slice(&failed.stdout).unwrap();
+    assert_eq!((v["days"][0]["action"].as_str(), v["days"][1]["action"].as_str()), (Some("failed"), Some("skipped")));
+    let retry = fixpoint(tmp.path(), &["run", "late.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json"]);
+    assert_eq!(retry.code, 0);
+    let v: serde_json::Value = serde_json::from_str(&retry.stdout).unwrap();
+    assert_eq!(v["days"][0]["action"], "reloaded");
+    assert_eq!(v["days"][0]["report"]["output_rows"], 2, "the late row is in");
+    let early = fixpoint(tmp.path(), &["run", "late.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb"]);
+    assert_eq!(early.code, 0);
+    std::fs::write(tmp.path().join("started.toml"), format!("start = 2026-10-20\n{JOB}")).unwrap();
+    let before = fixpoint(tmp.path(), &["run", "started.toml", "--date", "2026-10-19", "--db", "duckdb:w.duckdb"]);
+    assert_eq!(before.code, 2);
+    assert!(before.stderr.contains("--date 2026-10-19 is before the job's start 2026-10-20"), "{}", before.stderr);
+}

@@ -13,6 +13,7 @@ pub mod fingerprint;
 pub mod ident;
 pub mod ledger;
 pub mod lint;
+pub mod lookback;
 mod merge;
 pub mod mutate;
 pub mod prove;

@@ -104,6 +104,14 @@ pub struct Job {
     /// definition hash: they decide whether a run publishes, not what it writes.
     #[serde(skip)]
     pub audits: Vec<crate::audit::Audit>,
+    /// A run for date D also reloads D-1 … D-lookback whose input changed
+    /// since their last load (replace_partition). Not part of the definition hash.
+    #[serde(skip)]
+    pub lookback: u32,
+    /// The first logical date the job owns: earlier dates are outside it
+    /// (lookback, backfill and status leave them alone).
+    #[serde(skip)]
+    pub start: Option<crate::date::RunDate>,
     /// The file the job was read from.
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -125,6 +133,8 @@ struct RawJob {
     deleted: Option<String>,
     on_tie: Option<String>,
     audit: Option<Vec<crate::audit::RawAudit>>,
+    lookback: Option<i64>,
+    start: Option<toml::Value>,
 }
 
 #[derive(Deserialize)]
@@ -263,6 +273,27 @@ impl Job {
             Strategy::ReplaceTable => None,
         };
 
+        let lookback = match raw.lookback {
+            None => 0,
+            Some(_) if strategy != Strategy::ReplacePartition => {
+                return Err(spec_err("lookback", "only applies to strategy = \"replace_partition\"".into(), Some("a merge replays safely: send the late rows in a batch")))
+            }
+            Some(n) if (0..=366).contains(&n) => n as u32,
+            Some(n) => return Err(spec_err("lookback", format!("{n}: expected a number of days from 0 to 366"), None)),
+        };
+        let start = match raw.start {
+            None => None,
+            Some(v) => {
+                let text = match &v {
+                    toml::Value::String(s) => s.clone(),
+                    toml::Value::Datetime(d) => d.to_string(),
+                    other => other.to_string(),
+                };
+                Some(crate::date::RunDate::parse(&text).map_err(|_| {
+                    spec_err("start", format!("{text}: expected a date, e.g. start = 2026-10-01"), None)
+                })?)
+            }
+        };
         let mut audits = Vec::new();
         for (i, a) in raw.audit.unwrap_or_default().into_iter().enumerate() {
             let audit = a.validate(i, merge.as_ref().map(|m| m.key.as_slice())).map_err(|(key, message)| spec_err(&key, message, None))?;
@@ -282,6 +313,8 @@ impl Job {
             min_rows,
             merge,
             audits,
+            lookback,
+            start,
             path: None,
         })
     }
