@@ -180,6 +180,16 @@ fn fingerprinted(cols: &[Column], metadata: &[String]) -> Vec<Column> {
     cols.iter().filter(|c| !metadata.contains(&c.name)).cloned().collect()
 }
 
+/// The run key a run for `run_date` would have now: the source's fingerprint
+/// (one scan of the source, nothing written).
+pub fn run_key_now(job: &Job, run_date: RunDate, engine: &mut dyn Engine) -> Result<(String, u64)> {
+    let params = RunParams { run_date: run_date.date(), run_key: String::new() };
+    let source_cols = describe_source(job, engine, &params)?;
+    let input_cols = fingerprinted(&source_cols, &job.metadata);
+    let input = fingerprint(engine, Method::Native, &Scope::Source { template: job.source.template(), params: &params }, &input_cols)?;
+    Ok((run_key(&job.definition_hash(), run_date, &input), input.rows))
+}
+
 /// Looks at one date without changing anything: the source's fingerprint and
 /// run key now, the ledger's last entry, and the target's fingerprint now.
 pub fn status(job: &Job, run_date: RunDate, engine: &mut dyn Engine) -> Result<DateStatus> {

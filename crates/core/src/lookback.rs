@@ -23,7 +23,8 @@ pub struct WindowDay {
     pub action: String,
     /// Why, in one sentence.
     pub reason: String,
-    /// The run's report, when it ran.
+    /// The run's report, when it ran (a day of the window skipped on its
+    /// input fingerprint alone has none).
     pub report: Option<RunReport>,
 }
 
@@ -73,6 +74,30 @@ pub fn run_window(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &
                 continue;
             }
         };
+        // A day of the window before D whose input is unchanged is skipped
+        // on the input fingerprint alone (one scan of its source); D itself
+        // runs as a plain run would (which also checks its partition).
+        if day != run_date && !opts.force {
+            if let Some(l) = &last {
+                match crate::backfill::run_key_now(job, day, engine) {
+                    Ok((key, _)) if key == l.run_key && l.job_hash == job_hash => {
+                        days.push(WindowDay {
+                            run_date: day.to_string(),
+                            action: "skipped".into(),
+                            reason: "its input is unchanged since its last load (same input fingerprint)".into(),
+                            report: None,
+                        });
+                        continue;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        days.push(WindowDay { run_date: day.to_string(), action: "failed".into(), reason: e.to_string(), report: None });
+                        first_error.get_or_insert(e);
+                        continue;
+                    }
+                }
+            }
+        }
         let mut run = opts.clone();
         if fault_date.is_some_and(|f| f != day) {
             run.fault = None;
