@@ -186,22 +186,26 @@ pub fn row_hash(engine: &mut dyn Engine, method: Method, alias: &str, columns: &
             let mut signature = Vec::new();
             for c in columns {
                 let (text, class) = engine.portable_value(&format!("{alias}.{}", quote_ident(&c.name)), c);
-                parts.push(portable_framed(&text, class));
+                parts.push(portable_field(&text, class));
                 signature.push(format!("{} {class}", c.name));
             }
-            let row = if parts.is_empty() { "''".to_owned() } else { parts.join(" || ") };
+            let row = if parts.is_empty() { "''".to_owned() } else { parts.join(" || '|' || ") };
             (engine.portable_row_hash(&row), signature)
         }
     };
     Ok((hash, kind, signature))
 }
 
-/// One value's canonical text framed for the portable encoding: tag, length,
-/// ':', text — or tag '-' for NULL — so no two values of one row encode
-/// alike, and NULL differs from ''.
-pub fn portable_framed(text: &str, class: &str) -> String {
-    let tag = &class[..1];
-    format!("coalesce('{tag}' || CAST(length({text}) AS VARCHAR) || ':' || {text}, '{tag}-')")
+/// One value's canonical text as a field of the portable encoding: fields
+/// are joined with `|`; NULL is `\N`; in text, `\` and `|` are escaped with
+/// a backslash (no other class's canonical text holds either), so no two
+/// rows encode alike and NULL differs from '' and from the text `\N`.
+pub fn portable_field(text: &str, class: &str) -> String {
+    if class == "text" || class == "other" {
+        format!("coalesce(replace(replace({text}, '\\', '\\\\'), '|', '\\|'), '\\N')")
+    } else {
+        format!("coalesce({text}, '\\N')")
+    }
 }
 
 /// The pieces of a fingerprint query over rows of `alias`: the select list

@@ -269,9 +269,9 @@ impl Engine for DuckDb {
         } else if ty == "VARCHAR" || ty.starts_with("VARCHAR(") {
             ("text", expr.to_owned())
         } else if ty == "DATE" {
-            ("date", format!("strftime({expr}, '%Y-%m-%d')"))
+            ("date", format!("CAST({expr} AS VARCHAR)"))
         } else if ty == "TIMESTAMP" || ty == "TIMESTAMP_S" || ty == "TIMESTAMP_MS" || ty == "TIMESTAMP_NS" {
-            ("timestamp", format!("strftime(CAST({expr} AS TIMESTAMP), '%Y-%m-%d %H:%M:%S.%f')"))
+            ("timestamp", format!("CAST(epoch_us(CAST({expr} AS TIMESTAMP)) AS VARCHAR)"))
         } else if ty == "TIMESTAMP WITH TIME ZONE" {
             ("timestamptz", format!("CAST(epoch_us({expr}) AS VARCHAR)"))
         } else if ty == "BOOLEAN" {

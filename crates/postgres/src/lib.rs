@@ -530,7 +530,7 @@ impl Engine for Postgres {
         } else if ty == "date" {
             ("date", format!("to_char({expr}, 'YYYY-MM-DD')"))
         } else if ty.starts_with("timestamp without time zone") {
-            ("timestamp", format!("to_char({expr}, 'YYYY-MM-DD HH24:MI:SS.US')"))
+            ("timestamp", format!("CAST(CAST(extract(epoch FROM {expr}) * 1000000 AS BIGINT) AS TEXT)"))
         } else if ty.starts_with("timestamp with time zone") {
             ("timestamptz", format!("CAST(CAST(extract(epoch FROM {expr}) * 1000000 AS BIGINT) AS TEXT)"))
         } else if ty == "boolean" {
