@@ -22,6 +22,9 @@ pub enum BenchStrategy {
     /// PostgreSQL (`--db`): partition exchange, delete + insert and merge
     /// against the hand-written SQL.
     Postgres,
+    /// PostgreSQL (`--db`): a 30-day backfill, sequential and `--parallel 2`,
+    /// and its re-run with every date done.
+    PostgresBackfill,
     /// A run with `lookback = 7` and nothing changed, against the run for
     /// the day alone (30 days × 1M rows, all loaded).
     Lookback,
@@ -207,6 +210,10 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
     }
     if args.strategy == BenchStrategy::Backfill {
         return run_backfill(args, out);
+    }
+    if args.strategy == BenchStrategy::PostgresBackfill {
+        let (rows, days) = if args.rows == 20_000_000 && args.days == 4 { (30_000_000, 30) } else { (args.rows, args.days) };
+        return crate::bench_pg::run_backfill(&args.db, rows, days, args.rounds, &args.dir, out);
     }
     if args.strategy == BenchStrategy::Lookback {
         return run_lookback(args, out);

@@ -250,3 +250,87 @@ pub fn run(admin: &str, rows: u64, days: u64, changes: u64, rounds: u32, dir: &P
     }
     Ok(())
 }
+
+/// A backfill of `days` days into an empty table, sequential and with
+/// `--parallel 2`, then the same backfill again (every date skipped).
+pub fn run_backfill(admin: &str, rows: u64, days: u64, rounds: u32, dir: &Path, out: &Output) -> Result<(), Error> {
+    let url = with_database(admin, "fixpoint_bench_backfill");
+    let shape = format!("{rows} {days} v1");
+    let ready = Postgres::connect(&url).ok().and_then(|mut db| {
+        let mut sql = Sql::new();
+        sql.push("SELECT count(*) FROM bench.meta WHERE shape = ").typed_param(Value::Text(shape.clone()), "TEXT");
+        db.query(&sql).ok().and_then(|r| r.rows.first().and_then(|r| r[0].as_u64()))
+    }) == Some(1);
+    if !ready {
+        eprintln!("bench: building database fixpoint_bench_backfill ({rows} rows over {days} days)…");
+        let mut server = Postgres::connect(admin)?;
+        server.execute(&Sql::raw("DROP DATABASE IF EXISTS fixpoint_bench_backfill WITH (FORCE)"))?;
+        server.execute(&Sql::raw("CREATE DATABASE fixpoint_bench_backfill"))?;
+        let mut db = Postgres::connect(&url)?;
+        let per_day = rows / days;
+        exec(
+            &mut db,
+            &format!(
+                "CREATE SCHEMA bronze;
+CREATE SCHEMA bench;
+CREATE TABLE bronze.orders AS SELECT i AS order_id, (i * 7) % 100003 AS customer_id,
+  CAST(((i * 7919) % 1000000) / 100.0 AS NUMERIC(12,2)) AS order_total,
+  (ARRAY['EUR', 'USD', 'GBP'])[(i % 3) + 1] AS currency,
+  CAST(DATE '2026-10-19' + CAST(i / {per_day} AS INTEGER) AS TIMESTAMP) + make_interval(secs => (i * 37) % 86400) AS updated_at,
+  DATE '2026-10-19' + CAST(i / {per_day} AS INTEGER) AS dt
+  FROM generate_series(CAST(0 AS BIGINT), {last}) AS t(i);
+CREATE INDEX orders_by_day ON bronze.orders (dt);
+CREATE TABLE bench.meta (shape TEXT);
+INSERT INTO bench.meta VALUES ('{shape}')",
+                last = rows - 1
+            ),
+        )?;
+        db.execute(&Sql::raw("VACUUM ANALYZE"))?;
+    }
+    let job = dir.join("bench_pg_backfill.toml");
+    std::fs::write(
+        &job,
+        format!("name = \"bench_pg_backfill\"\ntarget = \"silver.orders\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n\n[source]\nsql = \"SELECT {COLUMNS} FROM bronze.orders WHERE dt = :run_date\"\n"),
+    )
+    .map_err(|source| Error::Io { path: job.clone(), source })?;
+    let to = (chrono::NaiveDate::from_ymd_opt(2026, 10, 19).expect("date") + chrono::Duration::days(days as i64 - 1)).format("%Y-%m-%d").to_string();
+    let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
+    let empty = || -> Result<(), Error> {
+        let mut db = Postgres::connect(&url)?;
+        db.execute(&Sql::raw("DROP SCHEMA IF EXISTS silver CASCADE"))?;
+        db.execute(&Sql::raw("DROP SCHEMA IF EXISTS fixpoint CASCADE"))?;
+        db.execute(&Sql::raw("CREATE SCHEMA silver"))?;
+        db.execute(&Sql::raw(&format!("CREATE TABLE silver.orders AS SELECT {COLUMNS} FROM bronze.orders WHERE false")))?;
+        Ok(())
+    };
+    let timed = |extra: &[&str]| -> Result<Sample, Error> {
+        let mut c = Command::new(&exe);
+        c.args(["backfill", &job.display().to_string(), "--from", "2026-10-19", "--to", &to, "--db", &url, "--output", "json"]).args(extra);
+        let start = Instant::now();
+        let (mut s, _) = measure(&mut c)?;
+        s.inner = start.elapsed().as_secs_f64();
+        Ok(s)
+    };
+    let (mut seq, mut par, mut rerun) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        eprintln!("bench: round {}/{rounds}", round + 1);
+        empty()?;
+        seq.push(timed(&[])?);
+        rerun.push(timed(&[])?);
+        empty()?;
+        par.push(timed(&["--parallel", "2"])?);
+    }
+    let med = |v: &[Sample]| median(v.iter().map(|s| s.inner).collect());
+    let result = json!({"rows": rows, "days": days, "rounds": rounds, "sequential_s": med(&seq), "parallel_2_s": med(&par), "rerun_all_skipped_s": med(&rerun)});
+    if out.is_json() {
+        out.json(&result);
+    } else {
+        println!("postgres: backfill {days} days × {} rows into an empty table (index on bronze.orders(dt)), median of {rounds} rounds (whole process)", rows / days);
+        println!("| run | time (s) |");
+        println!("|---|---|");
+        println!("| backfill, sequential | {:.1} |", med(&seq));
+        println!("| backfill --parallel 2 | {:.1} |", med(&par));
+        println!("| the same backfill again (every date skipped) | {:.1} |", med(&rerun));
+    }
+    Ok(())
+}
