@@ -37,6 +37,20 @@ fn exec(db: &mut Postgres, script: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// `bronze.orders`: `rows` orders spread evenly over `days` days from 2026-10-19.
+fn bronze_orders(rows: u64, days: u64) -> String {
+    format!(
+        "CREATE TABLE bronze.orders AS SELECT i AS order_id, (i * 7) % 100003 AS customer_id,
+  CAST(((i * 7919) % 1000000) / 100.0 AS NUMERIC(12,2)) AS order_total,
+  (ARRAY['EUR', 'USD', 'GBP'])[(i % 3) + 1] AS currency,
+  CAST(DATE '2026-10-19' + CAST(i / {per_day} AS INTEGER) AS TIMESTAMP) + make_interval(secs => (i * 37) % 86400) AS updated_at,
+  DATE '2026-10-19' + CAST(i / {per_day} AS INTEGER) AS dt
+  FROM generate_series(CAST(0 AS BIGINT), {last}) AS t(i);",
+        per_day = rows / days,
+        last = rows - 1
+    )
+}
+
 /// The benchmark database, built once (a row in bench.meta remembers its shape).
 fn setup(admin: &str, rows: u64, days: u64) -> Result<String, Error> {
     let url = with_database(admin, DATABASE);
@@ -53,7 +67,6 @@ fn setup(admin: &str, rows: u64, days: u64) -> Result<String, Error> {
     server.execute(&Sql::raw(format!("DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")))?;
     server.execute(&Sql::raw(format!("CREATE DATABASE {DATABASE}")))?;
     let mut db = Postgres::connect(&url)?;
-    let per_day = rows / days;
     let mut partitions = String::new();
     for d in 0..days {
         let day = chrono::NaiveDate::from_ymd_opt(2026, 10, 19).expect("date") + chrono::Duration::days(d as i64);
@@ -70,12 +83,7 @@ fn setup(admin: &str, rows: u64, days: u64) -> Result<String, Error> {
 CREATE SCHEMA silver;
 CREATE SCHEMA staging;
 CREATE SCHEMA bench;
-CREATE TABLE bronze.orders AS SELECT i AS order_id, (i * 7) % 100003 AS customer_id,
-  CAST(((i * 7919) % 1000000) / 100.0 AS NUMERIC(12,2)) AS order_total,
-  (ARRAY['EUR', 'USD', 'GBP'])[(i % 3) + 1] AS currency,
-  CAST(DATE '2026-10-19' + CAST(i / {per_day} AS INTEGER) AS TIMESTAMP) + make_interval(secs => (i * 37) % 86400) AS updated_at,
-  DATE '2026-10-19' + CAST(i / {per_day} AS INTEGER) AS dt
-  FROM generate_series(CAST(0 AS BIGINT), {last}) AS t(i);
+{bronze}
 CREATE TABLE silver.orders AS SELECT * FROM bronze.orders;
 CREATE TABLE silver.orders_part (LIKE bronze.orders) PARTITION BY LIST (dt);
 {partitions}INSERT INTO silver.orders_part SELECT * FROM bronze.orders;
@@ -83,7 +91,7 @@ CREATE TABLE silver.orders_m AS SELECT * FROM bronze.orders;
 ALTER TABLE silver.orders_m ADD PRIMARY KEY (order_id);
 CREATE TABLE bench.meta (shape TEXT);
 INSERT INTO bench.meta VALUES ('{shape}')",
-            last = rows - 1
+            bronze = bronze_orders(rows, days)
         ),
     )?;
     db.execute(&Sql::raw("VACUUM ANALYZE"))?;
@@ -267,22 +275,16 @@ pub fn run_backfill(admin: &str, rows: u64, days: u64, rounds: u32, dir: &Path, 
         server.execute(&Sql::raw("DROP DATABASE IF EXISTS fixpoint_bench_backfill WITH (FORCE)"))?;
         server.execute(&Sql::raw("CREATE DATABASE fixpoint_bench_backfill"))?;
         let mut db = Postgres::connect(&url)?;
-        let per_day = rows / days;
         exec(
             &mut db,
             &format!(
                 "CREATE SCHEMA bronze;
 CREATE SCHEMA bench;
-CREATE TABLE bronze.orders AS SELECT i AS order_id, (i * 7) % 100003 AS customer_id,
-  CAST(((i * 7919) % 1000000) / 100.0 AS NUMERIC(12,2)) AS order_total,
-  (ARRAY['EUR', 'USD', 'GBP'])[(i % 3) + 1] AS currency,
-  CAST(DATE '2026-10-19' + CAST(i / {per_day} AS INTEGER) AS TIMESTAMP) + make_interval(secs => (i * 37) % 86400) AS updated_at,
-  DATE '2026-10-19' + CAST(i / {per_day} AS INTEGER) AS dt
-  FROM generate_series(CAST(0 AS BIGINT), {last}) AS t(i);
+{bronze}
 CREATE INDEX orders_by_day ON bronze.orders (dt);
 CREATE TABLE bench.meta (shape TEXT);
 INSERT INTO bench.meta VALUES ('{shape}')",
-                last = rows - 1
+                bronze = bronze_orders(rows, days)
             ),
         )?;
         db.execute(&Sql::raw("VACUUM ANALYZE"))?;
