@@ -100,9 +100,14 @@ fn table() -> String {
 pub fn ensure(engine: &mut dyn Engine) -> Result<()> {
     let t = crate::ident::TableName { schema: SCHEMA.into(), table: TABLE.into() };
     if let Some(cols) = engine.table_columns(&t)? {
-        // A ledger written by an older fixpoint: add the columns it lacks.
-        for (name, ty) in COLUMNS.iter().filter(|(n, _)| !cols.iter().any(|c| c.name == *n)) {
-            engine.execute(&Sql::raw(format!("ALTER TABLE {} ADD COLUMN {} {ty}", table(), crate::ident::quote_ident(name))))?;
+        // A ledger written by an older fixpoint: add the columns it lacks
+        // (one run at a time, like the creation below).
+        let missing: Vec<&(&str, &str)> = COLUMNS.iter().filter(|(n, _)| !cols.iter().any(|c| c.name == *n)).collect();
+        if !missing.is_empty() {
+            engine.lock_scope("fixpoint:ledger:create", true)?;
+            for (name, ty) in missing {
+                engine.execute(&Sql::raw(format!("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {ty}", table(), crate::ident::quote_ident(name))))?;
+            }
         }
         return Ok(());
     }

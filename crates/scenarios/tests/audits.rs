@@ -139,3 +139,25 @@ fn bad_audits_are_refused_with_the_key(_e: &dyn EngineUnderTest) {
 }
 
 scenarios!(every_kind_passes_on_a_good_day, a_failing_audit_publishes_nothing, merge_audits_check_the_touched_keys, bad_audits_are_refused_with_the_key);
+
+mod ledger_migration {
+    use super::*;
+
+    fn an_older_ledger_gains_the_audits_column(e: &dyn EngineUnderTest) {
+        let mut db = e.fresh();
+        let db = db.as_mut();
+        exec(db, BRONZE);
+        let plain = job(SILVER_JOB);
+        plain.load(d("2026-10-19"), db).unwrap();
+        // As session 1's fixpoint left it: no audits column.
+        exec(db, "ALTER TABLE fixpoint.runs DROP COLUMN audits");
+        assert_eq!(ledger::entries(db, None, None, None).unwrap().len(), 1, "reading migrates it");
+        let audited = with_audits("[[audit]]\nkind = \"row_count\"\nmin = 1\n");
+        let r = audited.load(d("2026-10-20"), db).unwrap();
+        let entries = ledger::entries(db, Some("silver_orders"), Some(d("2026-10-20")), None).unwrap();
+        assert_eq!(entries[0].audits, r.audits);
+        assert!(ledger::entries(db, None, Some(d("2026-10-19")), None).unwrap()[0].audits.is_empty());
+    }
+
+    scenarios!(an_older_ledger_gains_the_audits_column);
+}
