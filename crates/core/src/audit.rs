@@ -227,8 +227,17 @@ fn sample(engine: &mut dyn Engine, sql: &Sql) -> Result<Vec<String>> {
         .collect())
 }
 
-/// Runs every audit over `scope`; the caller decides what blocks.
-pub(crate) fn run_audits(audits: &[Audit], engine: &mut dyn Engine, scope: &AuditScope<'_>) -> Result<Vec<AuditResult>> {
+/// Runs every audit over `scope`; a failing blocking audit is an error
+/// (the caller's transaction then rolls back), the rest are the results.
+pub(crate) fn audit(audits: &[Audit], engine: &mut dyn Engine, scope: &AuditScope<'_>) -> Result<Vec<AuditResult>> {
+    let results = run_audits(audits, engine, scope)?;
+    match blocking_failure(&results) {
+        Some(e) => Err(e),
+        None => Ok(results),
+    }
+}
+
+fn run_audits(audits: &[Audit], engine: &mut dyn Engine, scope: &AuditScope<'_>) -> Result<Vec<AuditResult>> {
     let mut out = Vec::new();
     for audit in audits {
         // `where_bad` selects the offending rows of the scope.
@@ -341,7 +350,7 @@ pub(crate) fn run_audits(audits: &[Audit], engine: &mut dyn Engine, scope: &Audi
 }
 
 /// The first blocking failure as an error (the run then rolls back).
-pub(crate) fn blocking_failure(results: &[AuditResult]) -> Option<Error> {
+fn blocking_failure(results: &[AuditResult]) -> Option<Error> {
     let failed: Vec<&AuditResult> = results.iter().filter(|r| !r.passed && r.severity == "error").collect();
     let first = failed.first()?;
     Some(Error::AuditFailed {

@@ -406,10 +406,7 @@ pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts:
             Vec::new()
         } else {
             let scope = crate::audit::AuditScope { from: &touched, previous_rows: rows_before, run_date: run_date.date() };
-            let results = crate::audit::run_audits(&job.audits, engine, &scope)?;
-            if let Some(e) = crate::audit::blocking_failure(&results) {
-                return Err(e);
-            }
+            let results = crate::audit::audit(&job.audits, engine, &scope)?;
             trace.step("audits");
             results
         };

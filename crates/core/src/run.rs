@@ -493,10 +493,8 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
                 scope.write_from(sql, "s");
                 sql.push(") AS a");
             };
-            let results = crate::audit::run_audits(&job.audits, engine, &crate::audit::AuditScope { from: &from, previous_rows: previous, run_date: run_date.date() })?;
-            if let Some(e) = crate::audit::blocking_failure(&results) {
-                return Err(e);
-            }
+            let scope = crate::audit::AuditScope { from: &from, previous_rows: previous, run_date: run_date.date() };
+            let results = crate::audit::audit(&job.audits, engine, &scope)?;
             trace.step("audits");
             results
         };
