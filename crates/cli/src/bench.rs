@@ -28,6 +28,10 @@ pub enum BenchStrategy {
     /// A run with `lookback = 7` and nothing changed, against the run for
     /// the day alone (30 days × 1M rows, all loaded).
     Lookback,
+    /// File sources: the input fingerprint's hashing throughput against
+    /// `cat`, and a day of Parquet files loaded into DuckDB and PostgreSQL
+    /// (`--db`; `--db none` skips it) against the hand-written load.
+    Files,
     /// Fingerprint throughput (native, portable) against
     /// `SELECT count(*), sum(hash(cols))`, and a diff of two tables with one
     /// differing row.
@@ -65,7 +69,10 @@ pub struct BenchArgs {
 pub struct BenchSqlArgs {
     /// The DuckDB file.
     #[arg(long)]
-    file: PathBuf,
+    file: Option<PathBuf>,
+    /// Load the benchmark's day of Parquet files under this folder instead.
+    #[arg(long)]
+    files: Option<PathBuf>,
     /// The day to replace.
     #[arg(long)]
     date: String,
@@ -95,10 +102,14 @@ fn db_err(context: &str) -> impl FnOnce(duckdb::Error) -> Error + '_ {
 /// The hand-written SQL: BEGIN; DELETE the day; INSERT … SELECT the day; COMMIT.
 pub fn run_sql(args: BenchSqlArgs) -> Result<(), Error> {
     let d = RunDate::parse(&args.date)?;
+    if let Some(dir) = &args.files {
+        return crate::bench_files::run_sql(dir, args.file.as_deref(), args.pg.as_deref());
+    }
     if let Some(url) = &args.pg {
         return crate::bench_pg::run_sql(url, &args.table, d, args.merge);
     }
-    let db = DuckDb::open(&args.file, Duration::from_secs(60))?;
+    let file = args.file.ok_or_else(|| Error::argument("bench-sql needs --file or --pg", None))?;
+    let db = DuckDb::open(&file, Duration::from_secs(60))?;
     let conn = db.connection();
     if args.merge {
         let start = Instant::now();
@@ -220,6 +231,11 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
     }
     if args.strategy == BenchStrategy::Fingerprint {
         return run_fingerprint(args, out);
+    }
+    if args.strategy == BenchStrategy::Files {
+        let rows = if args.rows == 20_000_000 { 5_000_000 } else { args.rows };
+        let pg = (args.db != "none").then_some(args.db.as_str());
+        return crate::bench_files::run(rows, args.rounds, &args.dir, pg, out);
     }
     if args.strategy == BenchStrategy::Postgres {
         return crate::bench_pg::run(&args.db, args.rows, args.days, args.changes, args.rounds, &args.dir, out);

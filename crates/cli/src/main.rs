@@ -2,6 +2,7 @@
 //! prove it.
 
 mod bench;
+mod bench_files;
 mod bench_pg;
 mod demo;
 mod output;

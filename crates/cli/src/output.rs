@@ -110,7 +110,13 @@ impl Output {
             }
         }
         println!("  run key  {}", r.run_key);
-        println!("  input    {} rows, checksum {}", r.input_rows, r.input_checksum);
+        if let Some(f) = &r.input_files {
+            let bytes: u64 = f.files.iter().map(|x| x.size).sum();
+            println!("  files    {} file(s), {bytes} bytes, checksum {}", f.files.len(), f.checksum);
+        }
+        if r.outcome != "skipped" || r.input_files.is_none() {
+            println!("  input    {} rows, checksum {}", r.input_rows, r.input_checksum);
+        }
         println!("  output   {} rows, checksum {}", r.output_rows, r.output_checksum);
         if let Some(note) = &r.method_note {
             println!("  note     {note}");
@@ -219,6 +225,7 @@ impl Output {
                 DateState::Drift => "DRIFT",
                 DateState::SourceChanged => "source changed",
                 DateState::JobChanged => "job changed",
+                DateState::NoInput => "NO INPUT",
             };
             let n = r.rows_now.or(r.last_run.as_ref().map(|l| l.output_rows));
             let bar_len = n.map(|n| ((n as f64 / max as f64) * 30.0).round() as usize).unwrap_or(0);
@@ -231,6 +238,12 @@ impl Output {
                 r.last_run.as_ref().map(|l| l.run_key.as_str()).unwrap_or("-"),
                 "█".repeat(bar_len)
             );
+            if !r.files_changed.is_empty() {
+                println!("{:<12} files: {}", "", r.files_changed.join(", "));
+            }
+            if let Some(n) = &r.note {
+                println!("{:<12} {n}", "");
+            }
         }
         let bad = rows.iter().filter(|r| r.state != DateState::Ok).count();
         println!("{job}: {} dates, {} need attention", rows.len(), bad);

@@ -500,3 +500,54 @@ fn run_with_lookback_reports_each_day_and_fails_with_the_failed_days_code() {
     assert_eq!(before.code, 2);
     assert!(before.stderr.contains("--date 2026-10-19 is before the job's start 2026-10-20"), "{}", before.stderr);
 }
+
+#[test]
+fn a_file_source_runs_reruns_reports_and_refuses_a_missing_day() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::create_dir_all(dir.join("bronze/dt=2026-10-20")).unwrap();
+    std::fs::write(dir.join("bronze/dt=2026-10-20/a.csv"), "order_id,order_total\n1,1.50\n2,2.50\n").unwrap();
+    std::fs::write(dir.join("bronze/dt=2026-10-20/b.csv"), "order_id,order_total\n3,3.50\n").unwrap();
+    std::fs::write(
+        dir.join("job.toml"),
+        "name = \"csv_orders\"\ntarget = \"silver.orders\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n\n[source]\nfiles = \"bronze/dt={run_date}/*.csv\"\n",
+    )
+    .unwrap();
+    let run = |date: &str| fixpoint(dir, &["run", "job.toml", "--date", date, "--db", "duckdb:w.duckdb", "--output", "json"]);
+    let first = run("2026-10-20");
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let v: serde_json::Value = serde_json::from_str(&first.stdout).unwrap();
+    assert_eq!(v["output_rows"], 3);
+    assert_eq!(v["input_files"]["files"][0]["path"], "a.csv");
+    assert_eq!(v["input_files"]["files"][1]["size"], 28);
+    assert_eq!(v["input_files"]["files"][0]["blake3"].as_str().unwrap().len(), 64);
+    let again = run("2026-10-20");
+    let w: serde_json::Value = serde_json::from_str(&again.stdout).unwrap();
+    assert_eq!((w["outcome"].as_str(), w["run_key"].as_str()), (Some("skipped"), v["run_key"].as_str()));
+
+    // A late row in b.csv: status names the file without reading rows.
+    std::fs::write(dir.join("bronze/dt=2026-10-20/b.csv"), "order_id,order_total\n3,3.50\n4,4.50\n").unwrap();
+    let st = fixpoint(dir, &["status", "job.toml", "--from", "2026-10-20", "--to", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json"]);
+    assert_eq!(st.code, 0, "{}", st.stderr);
+    let s: serde_json::Value = serde_json::from_str(&st.stdout).unwrap();
+    assert_eq!(s["dates"][0]["state"], "source_changed");
+    assert_eq!(s["dates"][0]["files_changed"][0], "changed b.csv");
+    let text = fixpoint(dir, &["status", "job.toml", "--from", "2026-10-20", "--to", "2026-10-21", "--db", "duckdb:w.duckdb"]);
+    assert!(text.stdout.contains("source changed") && text.stdout.contains("files: changed b.csv"), "{}", text.stdout);
+    assert!(text.stdout.contains("NO INPUT") && text.stdout.contains("no file matches"), "{}", text.stdout);
+
+    // A missing day: exit 3 (refused data), the pattern named, a hint, nothing written.
+    let missing = fixpoint(dir, &["run", "job.toml", "--date", "2026-10-21", "--db", "duckdb:w.duckdb"]);
+    assert_eq!(missing.code, 3, "{}", missing.stderr);
+    assert!(missing.stderr.contains("no file matches") && missing.stderr.contains("bronze/dt=2026-10-21/*.csv"), "{}", missing.stderr);
+    assert!(missing.stderr.contains("hint: ") && missing.stderr.contains("allow_missing = true"), "{}", missing.stderr);
+    assert!(missing.stdout.is_empty());
+
+    // The proof: reruns, and the mutation check changes one row of the files.
+    let prove = fixpoint(dir, &["prove", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json"]);
+    assert_eq!(prove.code, 0, "{}{}", prove.stdout, prove.stderr);
+    let p: serde_json::Value = serde_json::from_str(&prove.stdout).unwrap();
+    assert_eq!(p["proved"], true);
+    assert_eq!(p["mutation"]["outcome"], "passed", "{}", prove.stdout);
+    assert_eq!(p["mutation"]["table"], "input (the day's files)");
+}

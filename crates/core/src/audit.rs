@@ -325,7 +325,7 @@ fn run_audits(audits: &[Audit], engine: &mut dyn Engine, scope: &AuditScope<'_>)
             }
             AuditKind::Sql { sql } => {
                 let template = crate::sql::SourceTemplate::parse("audit sql", sql)?;
-                let q = template.render(&crate::sql::RunParams { run_date: scope.run_date, run_key: String::new() });
+                let q = template.render(&crate::sql::RunParams::new(scope.run_date));
                 let n = count(engine, &wrap(&q, "SELECT count(*) FROM (", "\n) AS o"))?;
                 (n == 0, n, format!("the query returned {n} offending row(s)"), Some(q))
             }

@@ -6,6 +6,7 @@ use serde::Serialize;
 use crate::date::RunDate;
 use crate::engine::{fingerprint, Column, Engine, Filter, Scope};
 use crate::error::{Error, Result};
+use crate::files::InputFiles;
 use crate::fingerprint::{Fingerprint, Method};
 use crate::ledger::{self, Entry};
 use crate::run::{describe_source, RunOptions, RunReport};
@@ -157,6 +158,8 @@ pub enum DateState {
     SourceChanged,
     /// The job's definition changed since the last run: rerun.
     JobChanged,
+    /// A file source has no (complete) files for the date now.
+    NoInput,
 }
 
 /// What fixpoint knows about one date.
@@ -170,35 +173,86 @@ pub struct DateStatus {
     pub last_run: Option<Entry>,
     /// The run key a run now would have.
     pub run_key_now: String,
-    /// The source's rows now.
-    pub input_rows_now: u64,
+    /// The source's rows now (not read for a file source).
+    pub input_rows_now: Option<u64>,
     /// The target's rows of the date now (replace_partition), if known.
     pub rows_now: Option<u64>,
+    /// A file source's files that differ from the last run's.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub files_changed: Vec<String>,
+    /// Why a file source has no input for the date, when it has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 fn fingerprinted(cols: &[Column], metadata: &[String]) -> Vec<Column> {
     cols.iter().filter(|c| !metadata.contains(&c.name)).cloned().collect()
 }
 
-/// The run key a run for `run_date` would have now: the source's fingerprint
-/// (one scan of the source, nothing written).
-pub fn run_key_now(job: &Job, run_date: RunDate, engine: &mut dyn Engine) -> Result<(String, u64)> {
-    let params = RunParams { run_date: run_date.date(), run_key: String::new() };
+/// The run key a run for `run_date` would have now, and the source's rows
+/// (`None` for a file source, whose key comes from its files' hashes alone,
+/// without reading a row). Nothing is written. A file source's day without
+/// files (with `allow_missing`) has the empty key, which no run has.
+pub fn run_key_now(job: &Job, run_date: RunDate, engine: &mut dyn Engine) -> Result<(String, Option<u64>)> {
+    if let Some(source) = &job.source.files {
+        return Ok(match source.resolve(run_date)? {
+            Some(files) => (run_key(&job.definition_hash(), run_date, &files.fingerprint()), None),
+            None => (String::new(), None),
+        });
+    }
+    let params = RunParams::new(run_date.date());
     let source_cols = describe_source(job, engine, &params)?;
     let input_cols = fingerprinted(&source_cols, &job.metadata);
     let input = fingerprint(engine, Method::Native, &Scope::Source { template: job.source.template(), params: &params }, &input_cols)?;
-    Ok((run_key(&job.definition_hash(), run_date, &input), input.rows))
+    Ok((run_key(&job.definition_hash(), run_date, &input), Some(input.rows)))
+}
+
+/// How a file source's files now differ from those of the last run:
+/// `changed x`, `added y`, `removed z`, in path order.
+pub fn files_changed(before: &InputFiles, now: &InputFiles) -> Vec<String> {
+    let mut out = Vec::new();
+    for f in &now.files {
+        match before.files.iter().find(|b| b.path == f.path) {
+            None => out.push(format!("added {}", f.path)),
+            Some(b) if (b.size, &b.blake3) != (f.size, &f.blake3) => out.push(format!("changed {}", f.path)),
+            Some(_) => {}
+        }
+    }
+    for b in &before.files {
+        if !now.files.iter().any(|f| f.path == b.path) {
+            out.push(format!("removed {}", b.path));
+        }
+    }
+    out.sort_by(|a, b| a.split_once(' ').map(|x| x.1).cmp(&b.split_once(' ').map(|x| x.1)));
+    out
 }
 
 /// Looks at one date without changing anything: the source's fingerprint and
-/// run key now, the ledger's last entry, and the target's fingerprint now.
+/// run key now (for a file source, from the files' hashes, reading no row),
+/// the ledger's last entry, and the target's fingerprint now.
 pub fn status(job: &Job, run_date: RunDate, engine: &mut dyn Engine) -> Result<DateStatus> {
-    let params = RunParams { run_date: run_date.date(), run_key: String::new() };
-    let source_cols = describe_source(job, engine, &params)?;
-    let input_cols = fingerprinted(&source_cols, &job.metadata);
-    let input = fingerprint(engine, Method::Native, &Scope::Source { template: job.source.template(), params: &params }, &input_cols)?;
     let job_hash = job.definition_hash();
-    let key = run_key(&job_hash, run_date, &input);
+    let mut note = None;
+    let mut files_now = None;
+    let (key, input_rows_now) = match &job.source.files {
+        Some(source) => match source.resolve(run_date) {
+            Ok(Some(files)) => {
+                let key = run_key(&job_hash, run_date, &files.fingerprint());
+                files_now = Some(files);
+                (key, None)
+            }
+            Ok(None) => {
+                note = Some(format!("no file matches {} (allow_missing = true: a run leaves the date as it is)", source.expand(run_date).display()));
+                (String::new(), None)
+            }
+            Err(e @ Error::Files { .. }) => {
+                note = Some(e.to_string());
+                (String::new(), None)
+            }
+            Err(e) => return Err(e),
+        },
+        None => run_key_now(job, run_date, engine)?,
+    };
     let last = ledger::entries(engine, Some(&job.name), Some(run_date), Some(1))?.into_iter().next();
     let current: Option<Fingerprint> = match (job.strategy, &job.partition, engine.table_columns(&job.target)?) {
         (Strategy::ReplacePartition, Some(p), Some(cols)) => {
@@ -207,12 +261,18 @@ pub fn status(job: &Job, run_date: RunDate, engine: &mut dyn Engine) -> Result<D
         }
         _ => None,
     };
+    let files_changed = match (&files_now, last.as_ref().and_then(|l| l.input_files.as_ref())) {
+        (Some(now), Some(before)) => files_changed(before, now),
+        _ => Vec::new(),
+    };
     let state = match &last {
+        None if job.source.files.is_some() && key.is_empty() => DateState::NoInput,
         None => DateState::Missing,
         Some(l) if current.as_ref().is_some_and(|c| c.kind == l.fingerprint_kind && (c.rows, c.checksum.as_str()) != (l.output_rows, l.output_checksum.as_str())) => {
             DateState::Drift
         }
         Some(l) if l.job_hash != job_hash => DateState::JobChanged,
+        Some(_) if key.is_empty() => DateState::NoInput,
         Some(l) if l.run_key != key => DateState::SourceChanged,
         Some(_) => DateState::Ok,
     };
@@ -221,7 +281,9 @@ pub fn status(job: &Job, run_date: RunDate, engine: &mut dyn Engine) -> Result<D
         state,
         last_run: last,
         run_key_now: key,
-        input_rows_now: input.rows,
+        input_rows_now,
         rows_now: current.map(|c| c.rows),
+        files_changed,
+        note,
     })
 }

@@ -117,6 +117,19 @@ pub trait Engine {
         Err(Error::Unsupported { engine: self.name(), capability: "partition exchange".into() })
     }
 
+    /// Makes a file source's files readable by the source query as `input`
+    /// for this connection; returns the relation (a FROM item, with bound
+    /// parameters). DuckDB reads the files itself; other engines stage them.
+    fn file_input(&mut self, files: &crate::files::InputFiles) -> Result<Sql> {
+        let _ = files;
+        Err(Error::Unsupported { engine: self.name(), capability: "file sources".into() })
+    }
+
+    /// Drops what [`Engine::file_input`] staged (nothing, where nothing was).
+    fn release_file_input(&mut self) -> Result<()> {
+        Ok(())
+    }
+
     /// Whether `replace_partition` should fingerprint the source in its guard
     /// scan rather than the partition after writing. DuckDB: no (the guard
     /// then only counts, and the partition is hashed once, warm). PostgreSQL:

@@ -169,6 +169,14 @@ pub enum Error {
         /// How to fix it, when known.
         hint: Option<String>,
     },
+    /// A file source's files for the run are missing, incomplete or unreadable.
+    #[error("{message}")]
+    Files {
+        /// What is wrong, naming the file (and line or row group, when known).
+        message: String,
+        /// How to fix it.
+        hint: Option<String>,
+    },
     /// The source and the target do not fit together.
     #[error("{message}")]
     Schema {
@@ -235,7 +243,9 @@ impl Error {
             Error::Spec { .. } | Error::Argument { .. } | Error::Sql { .. } | Error::Schema { .. } => {
                 ErrorClass::Input
             }
-            Error::OutOfPartition { .. } | Error::TooFewRows { .. } | Error::DataRefused { .. } => ErrorClass::Data,
+            Error::OutOfPartition { .. } | Error::TooFewRows { .. } | Error::DataRefused { .. } | Error::Files { .. } => {
+                ErrorClass::Data
+            }
             Error::Busy { .. } => ErrorClass::Busy,
             Error::AuditFailed { .. } => ErrorClass::Audit,
             Error::Database { .. } | Error::Transient { .. } | Error::Io { .. } => ErrorClass::Runtime,
@@ -252,6 +262,7 @@ impl Error {
             | Error::Argument { hint, .. }
             | Error::Sql { hint, .. }
             | Error::DataRefused { hint, .. }
+            | Error::Files { hint, .. }
             | Error::Schema { hint, .. } => hint.clone(),
             Error::OutOfPartition { column, .. } => Some(format!(
                 "filter the source to the run's day (e.g. `WHERE {column} = :run_date`); a row written outside the run's partition would never be replaced by a rerun"

@@ -37,6 +37,7 @@ const COLUMNS: &[(&str, &str)] = &[
     ("finished_at", "TIMESTAMP NOT NULL"),
     ("fixpoint_version", "VARCHAR NOT NULL"),
     ("audits", "VARCHAR"),
+    ("input_files", "VARCHAR"),
 ];
 
 /// One ledger row.
@@ -86,6 +87,9 @@ pub struct Entry {
     pub fixpoint_version: String,
     /// The audits' results (stored as JSON).
     pub audits: Vec<crate::audit::AuditResult>,
+    /// A file source's files: paths, sizes, content hashes (stored as JSON).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_files: Option<crate::files::InputFiles>,
 }
 
 fn ser_ts<S: serde::Serializer>(t: &NaiveDateTime, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -157,6 +161,10 @@ pub fn record(engine: &mut dyn Engine, e: &Entry) -> Result<()> {
         (Value::Timestamp(e.finished_at), "TIMESTAMP"),
         (text(&e.fixpoint_version), "VARCHAR"),
         (if e.audits.is_empty() { Value::Null } else { text(&serde_json::to_string(&e.audits).expect("audits serialize")) }, "VARCHAR"),
+        (match &e.input_files {
+            None => Value::Null,
+            Some(f) => text(&serde_json::to_string(f).expect("files serialize")),
+        }, "VARCHAR"),
     ];
     for (i, (v, ty)) in values.into_iter().enumerate() {
         if i > 0 {
@@ -242,6 +250,10 @@ fn entry_from_row(r: &[Value]) -> Result<Entry> {
         audits: match &r[20] {
             Value::Text(j) => serde_json::from_str(j).map_err(|e| Error::Internal(format!("ledger column audits: {e}")))?,
             _ => Vec::new(),
+        },
+        input_files: match &r[21] {
+            Value::Text(j) => Some(serde_json::from_str(j).map_err(|e| Error::Internal(format!("ledger column input_files: {e}")))?),
+            _ => None,
         },
     })
 }

@@ -9,6 +9,7 @@ pub mod date;
 pub mod diff;
 pub mod engine;
 pub mod error;
+pub mod files;
 pub mod fingerprint;
 pub mod ident;
 pub mod ledger;

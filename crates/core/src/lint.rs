@@ -295,7 +295,11 @@ pub fn lint(job: &Job, dialect: SqlDialect) -> Result<Vec<Finding>> {
             linter.add(span, "random", Severity::Error, "USING SAMPLE without a seed: every run reads other rows".into(), "add a seed, e.g. USING SAMPLE 10% (bernoulli, 42), or do not sample in a load job");
         }
     }
-    if job.strategy == Strategy::ReplacePartition && !job.source.template().uses_any(&[RunParam::RunDate, RunParam::RunStart, RunParam::RunEnd]) {
+    if let Some(files) = &job.source.files {
+        if !files.uses_run_date() {
+            linter.add(Span::empty(), "scope", Severity::Error, format!("the files pattern {:?} has no {{run_date}}, so every run reads the same files", files.pattern), "put the run's date in the pattern, e.g. files = \"bronze/orders/dt={run_date}/*.parquet\"");
+        }
+    } else if job.strategy == Strategy::ReplacePartition && !job.source.template().uses_any(&[RunParam::RunDate, RunParam::RunStart, RunParam::RunEnd]) {
         linter.add(Span::empty(), "scope", Severity::Error, "the source never uses :run_date, :run_start or :run_end, so every run reads every day".into(), "filter the source to the run's day, e.g. WHERE dt = :run_date");
     }
     let (file_line, first_col) = job.source.position;

@@ -103,6 +103,7 @@ pub fn run_window(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &
             run.fault = None;
         }
         let (action, reason, report) = match job.load_with(day, engine, &run) {
+            Ok(r) if r.outcome == "skipped" && r.run_key.is_empty() => ("skipped", r.skip_reason.clone().unwrap_or_default(), Some(r)),
             Ok(r) if r.outcome == "skipped" => ("skipped", "unchanged since its last load (same input, the partition as recorded)".to_owned(), Some(r)),
             Ok(r) => {
                 let (action, reason) = match &last {

@@ -24,7 +24,7 @@ use crate::ledger;
 use crate::run::{entry, first_row, in_transaction, RunOptions, RunReport};
 use crate::runkey::run_key;
 use crate::spec::{Job, MergeSpec, OnTie};
-use crate::sql::{RunParams, Sql};
+use crate::sql::Sql;
 
 const STAGE: &str = "\"__fixpoint_stage\"";
 const BATCH: &str = "\"__fixpoint_batch\"";
@@ -73,10 +73,16 @@ fn count(engine: &mut dyn Engine, sql: &Sql) -> Result<Vec<u64>> {
 
 pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
     let started = Instant::now();
+    let report = crate::run::with_input(job, run_date, engine, |engine, input| merge_with(job, run_date, engine, opts, input, started))?;
+    Ok(report.unwrap_or_else(|| crate::run::no_files_report(job, run_date, started)))
+}
+
+fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions, input: &crate::run::RunInput, started: Instant) -> Result<RunReport> {
+    let run_input = input;
     let started_at = chrono::Utc::now().naive_utc();
     let mut trace = crate::run::Trace::new();
     let spec: &MergeSpec = job.merge.as_ref().ok_or_else(|| Error::Internal("merge without merge keys".into()))?;
-    let params = RunParams { run_date: run_date.date(), run_key: String::new() };
+    let params = run_input.params.clone();
     let source_cols = crate::run::describe_source(job, engine, &params)?;
     let has = |cols: &[Column], name: &str| cols.iter().any(|c| c.name == name);
     for (what, col) in spec.key.iter().map(|k| ("key", k)).chain([("version", &spec.version)]) {
@@ -161,7 +167,7 @@ pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts:
         }
         let input = Fingerprint::from_sum(&kind, &signature, input_rows, sum);
         let job_hash = job.definition_hash();
-        let key = run_key(&job_hash, run_date, &input);
+        let key = run_input.file_key(&job_hash, run_date).unwrap_or_else(|| run_key(&job_hash, run_date, &input));
 
         trace.step("null check, input fp");
         // 3. One row per key: newest version, tombstone first at equal
@@ -412,6 +418,7 @@ pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts:
         };
         let mut report = RunReport::new(job, run_date, key, "committed", &input, &output);
         report.audits = audits;
+        report.input_files = run_input.files.clone();
         report.rows_deleted = deletes;
         report.rows_inserted = inserts;
         report.rows_updated = updates;

@@ -191,9 +191,28 @@ fn check(
     mutate_key: &[(String, String)],
     sandbox_job_name: &str,
 ) -> Result<(Option<OrderEvidence>, MutationEvidence)> {
-    // 1. The tables the source reads (those that exist), copied into the sandbox.
+    // 1. The tables the source reads (those that exist), copied into the
+    //    sandbox. A file source's rows are loaded into a sandbox table that
+    //    the query reads as `input`.
     let mut tables: Vec<TableName> = Vec::new();
     let mut renames: Vec<(usize, usize, String)> = Vec::new();
+    let files_table = TableName { schema: SANDBOX.into(), table: "input".into() };
+    if let Some(source) = &job.source.files {
+        let Some(files) = source.resolve(run_date)? else {
+            return Ok((None, inconclusive(format!("no file matches {} (allow_missing = true), so there is no input row to change", source.expand(run_date).display()))));
+        };
+        let relation = engine.file_input(&files);
+        let loaded = relation.and_then(|relation| {
+            engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(SANDBOX))))?;
+            let mut sql = Sql::new();
+            sql.push(&format!("CREATE TABLE {} AS SELECT * FROM ", files_table.quoted())).append(&relation);
+            engine.execute(&sql)
+        });
+        let released = engine.release_file_input();
+        loaded?;
+        released?;
+        tables.push(files_table.clone());
+    }
     for (t, start, end) in table_refs(&job.source.sql)? {
         if tables.contains(&t) || engine.table_columns(&t)?.is_some() {
             renames.push((start, end, sandboxed(&t).quoted()));
@@ -205,7 +224,7 @@ fn check(
     let Some(main) = tables.iter().find(|t| **t != job.target).or(tables.first()).cloned() else {
         return Ok((None, inconclusive("the source reads no table, so there is no input row to change".into())));
     };
-    engine.execute(&Sql::raw(format!("CREATE SCHEMA {}", quote_ident(SANDBOX))))?;
+    engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(SANDBOX))))?;
     copy_sources(engine, &tables, false)?;
     // The target starts empty (its columns and types only): each sandbox
     // run starts from the same state, so a merge's output is the batch's own.
@@ -219,10 +238,14 @@ fn check(
     for (start, end, name) in renames {
         sql.replace_range(start..end, &name);
     }
+    if job.source.files.is_some() {
+        sql = format!("WITH \"input\" AS (SELECT * FROM {}) SELECT * FROM (\n{sql}\n) AS \"fixpoint_source\"", sandboxed(&files_table).quoted());
+    }
     let mut sandbox = job.clone();
     sandbox.name = sandbox_job_name.to_owned();
     sandbox.target = target.clone();
     sandbox.source = job.source.with_sql(sql)?;
+    sandbox.source.files = None;
     let force = RunOptions { force: true, ..Default::default() };
 
     let run = |engine: &mut dyn Engine| -> Result<()> {
@@ -306,6 +329,7 @@ fn check(
     //    that does not look like an identifier, else text (|| '~'), else a
     //    boolean, else any integer.
     let main_copy = sandboxed(&main);
+    let main_name = if main == files_table { "input (the day's files)".to_owned() } else { main.to_string() };
     let main_cols = engine.table_columns(&main_copy)?.unwrap_or_default();
     let mut fixed: Vec<&str> = job.metadata.iter().map(String::as_str).collect();
     fixed.extend(job.partition.as_deref());
@@ -439,7 +463,7 @@ fn check(
         };
         return Ok((Some(order), MutationEvidence {
             outcome: if passed { "passed" } else { "failed" }.into(),
-            table: main.to_string(),
+            table: main_name.clone(),
             column: column.name.clone(),
             row,
             change: change_text.clone(),
@@ -456,7 +480,7 @@ fn check(
         column.name,
         candidates.len()
     ));
-    ev.table = main.to_string();
+    ev.table = main_name;
     ev.column = column.name.clone();
     ev.candidates_tried = candidates.len();
     Ok((Some(order), ev))

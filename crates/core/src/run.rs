@@ -108,6 +108,10 @@ pub struct RunReport {
     pub method_note: Option<String>,
     /// The audits of the staged result (all passed, or failed as warnings).
     pub audits: Vec<crate::audit::AuditResult>,
+    /// A file source's files, with their sizes and content hashes (the run
+    /// key is made from them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_files: Option<crate::files::InputFiles>,
     /// Wall time in milliseconds.
     pub elapsed_ms: u64,
 }
@@ -137,6 +141,7 @@ impl RunReport {
             method: String::new(),
             method_note: None,
             audits: Vec::new(),
+            input_files: None,
             elapsed_ms: 0,
         }
     }
@@ -221,6 +226,83 @@ pub(crate) fn in_transaction<T>(engine: &mut dyn Engine, body: impl FnOnce(&mut 
     }
 }
 
+/// A run's input: the run parameters (with the relation a file source's
+/// query reads as `input`) and, for a file source, its hashed files.
+pub(crate) struct RunInput {
+    /// The parameters, run key empty.
+    pub params: RunParams,
+    /// The files, for a file source.
+    pub files: Option<crate::files::InputFiles>,
+}
+
+impl RunInput {
+    /// The run key, when the input alone decides it (a file source): known
+    /// before any row is read.
+    pub(crate) fn file_key(&self, job_hash: &str, run_date: RunDate) -> Option<String> {
+        self.files.as_ref().map(|f| run_key(job_hash, run_date, &f.fingerprint()))
+    }
+}
+
+/// Runs `body` with the run's input ready: for a file source, the day's
+/// files matched, checked, hashed and made readable (and released after,
+/// whatever happens). `Ok(None)`: no file matched and the job allows it.
+/// A database error naming one of the files becomes an error about that file.
+pub(crate) fn with_input<T>(
+    job: &Job,
+    run_date: RunDate,
+    engine: &mut dyn Engine,
+    body: impl FnOnce(&mut dyn Engine, &RunInput) -> Result<T>,
+) -> Result<Option<T>> {
+    let mut params = RunParams::new(run_date.date());
+    let Some(source) = &job.source.files else {
+        return body(engine, &RunInput { params, files: None }).map(Some);
+    };
+    let Some(files) = source.resolve(run_date)? else { return Ok(None) };
+    let staged = engine.file_input(&files);
+    let result = match staged {
+        Ok(relation) => {
+            params.input = Some(relation);
+            let input = RunInput { params, files: Some(files.clone()) };
+            let r = body(engine, &input);
+            let released = engine.release_file_input();
+            r.and_then(|v| released.map(|_| v))
+        }
+        Err(e) => {
+            let _ = engine.release_file_input();
+            Err(e)
+        }
+    };
+    result.map(Some).map_err(|e| file_error(e, &files, job, run_date))
+}
+
+/// A database error that names one of the run's files, as an error about the file.
+fn file_error(e: Error, files: &crate::files::InputFiles, job: &Job, run_date: RunDate) -> Error {
+    let message = match &e {
+        Error::Database { message, .. } | Error::Schema { message, .. } => message.clone(),
+        _ => return e,
+    };
+    let Some(file) = files.named_in(&message) else { return e };
+    // The reader's first line says what is wrong (and where, when it knows);
+    // the rest is about its own options and the query fixpoint wrote.
+    let mut reason: Vec<&str> = message.lines().take(1).collect();
+    reason.extend(message.lines().skip(1).filter(|l| l.starts_with("CSV Error on Line") || l.starts_with("Original Line")));
+    Error::Files {
+        message: format!("cannot read {file} ({} file of job {} for {run_date}): {}; nothing was changed", files.format.name(), job.name, reason.join(" ").trim()),
+        hint: Some("replace the file with a complete, valid one (or remove it) and run again; the target keeps its previous contents".into()),
+    }
+}
+
+/// The report of a run whose day has no files, with `allow_missing = true`.
+pub(crate) fn no_files_report(job: &Job, run_date: RunDate, started: Instant) -> RunReport {
+    let empty = Fingerprint { kind: crate::files::FILES_KIND.into(), rows: 0, checksum: String::new() };
+    let mut report = RunReport::new(job, run_date, String::new(), "skipped", &empty, &empty);
+    let pattern = job.source.files.as_ref().map(|f| f.expand(run_date).display().to_string()).unwrap_or_default();
+    report.skip_reason = Some(format!("no file matches {pattern} and the job has allow_missing = true: the target is left as it is"));
+    report.method = "none".into();
+    report.elapsed_ms = started.elapsed().as_millis() as u64;
+    report
+}
+
 /// Source columns, described with the run key left empty.
 pub(crate) fn describe_source(job: &Job, engine: &mut dyn Engine, params: &RunParams) -> Result<Vec<Column>> {
     let sql = job.source.template().render(params);
@@ -240,10 +322,15 @@ fn fingerprinted<'c>(columns: &'c [Column], metadata: &[String]) -> Vec<Column> 
 
 fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
     let started = Instant::now();
+    let report = with_input(job, run_date, engine, |engine, input| replace_partition_with(job, run_date, engine, opts, input, started))?;
+    Ok(report.unwrap_or_else(|| no_files_report(job, run_date, started)))
+}
+
+fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions, run_input: &RunInput, started: Instant) -> Result<RunReport> {
     let mut trace = Trace::new();
     let started_at = chrono::Utc::now().naive_utc();
     let partition = job.partition.as_deref().ok_or_else(|| Error::Internal("replace_partition without partition".into()))?;
-    let mut params = RunParams { run_date: run_date.date(), run_key: String::new() };
+    let mut params = run_input.params.clone();
 
     // 1. Describe the source and check it fits the target.
     let source_cols = describe_source(job, engine, &params)?;
@@ -286,6 +373,7 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
 
         // 2. Guards and input fingerprint in one scan of the source.
         let job_hash = job.definition_hash();
+        let file_key = run_input.file_key(&job_hash, run_date);
         let scope = Scope::Table { table: &job.target, filter: Some(Filter::DateEquals(partition, run_date.date())) };
         let last = if !opts.force && target_cols.is_some() {
             ledger::entries_of_existing(engine, Some(&job.name), Some(run_date), Some(1))?.into_iter().next()
@@ -294,14 +382,35 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
         };
         trace.step("ledger lookup");
 
+        // How the day is changed: swapped in whole when the target is
+        // partitioned by day (partition exchange), else delete + insert.
+        let layout = match &target_cols {
+            Some(_) => engine.day_partition(&job.target, partition, run_date.date())?,
+            None => DayPartition::NotPartitioned,
+        };
+        trace.step("layout");
+
+        // A file source's run key is known from its files: a retry over the
+        // same files, with the partition as recorded, reads no row.
+        if let (Some(last), Some(key)) = (&last, &file_key) {
+            params.run_key = key.clone();
+            if let Some(now) = unchanged(engine, &layout, &scope, &output_cols, last, key)? {
+                trace.step("target fp");
+                let input = Fingerprint { kind: last.fingerprint_kind.clone(), rows: last.input_rows, checksum: last.input_checksum.clone() };
+                return Ok(skipped(job, run_date, key, &input, &now, started));
+            }
+        }
+        if let Some(key) = &file_key {
+            params.run_key = key.clone();
+        }
+
         // 2. Guards before anything is deleted, in one scan of the source.
         //    The input fingerprint is taken in the same scan when it is
         //    needed before writing: to decide a skip, to bind :run_key, or
         //    because the target's columns differ from the source's. Otherwise
         //    the guards only count (cheap), and the fingerprint is taken once,
         //    of the partition as written, in the same transaction.
-        let before_writing = last.is_some()
-            || job.source.template().uses_any(&[RunParam::RunKey])
+        let before_writing = (file_key.is_none() && (last.is_some() || job.source.template().uses_any(&[RunParam::RunKey])))
             || output_cols != input_cols
             || engine.fingerprint_before_writing();
         let (select, kind, signature) = if before_writing {
@@ -338,44 +447,17 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
         }
         trace.step("guards");
         let early_input = before_writing.then(|| Fingerprint::from_sum(&kind, &signature, input_rows, sum));
-        if let Some(input) = &early_input {
+        if let (Some(input), None) = (&early_input, &file_key) {
             params.run_key = run_key(&job_hash, run_date, input);
         }
 
-        // How the day is changed: swapped in whole when the target is
-        // partitioned by day (partition exchange), else delete + insert.
-        let layout = match &target_cols {
-            Some(_) => engine.day_partition(&job.target, partition, run_date.date())?,
-            None => DayPartition::NotPartitioned,
-        };
-        trace.step("layout");
-
         // 3. A retry over the same input, with the target still holding the
         //    recorded output, has nothing to do.
-        if let (Some(last), Some(input)) = (&last, &early_input) {
-            if last.run_key == params.run_key && last.fingerprint_kind == input.kind {
-                // With partition exchange, read the day's partition itself, not
-                // the parent: a lock on the parent held from here would make
-                // two runs of different days deadlock at their swaps.
-                let now = match &layout {
-                    DayPartition::Swappable { existing: Some(p) } => {
-                        fingerprint(engine, Method::Native, &Scope::Table { table: p, filter: None }, &output_cols)?
-                    }
-                    DayPartition::Swappable { existing: None } => {
-                        let (_, kind, signature) = fingerprint_select(engine, Method::Native, "fp", &output_cols)?;
-                        Fingerprint::from_sum(&kind, &signature, 0, 0)
-                    }
-                    _ => fingerprint(engine, Method::Native, &scope, &output_cols)?,
-                };
-                trace.step("target fp");
-                if now.rows == last.output_rows && now.checksum == last.output_checksum {
-                    let mut report = RunReport::new(job, run_date, params.run_key.clone(), "skipped", input, &now);
-                    report.skip_reason = Some("the partition already holds this run's output (same run key, same output fingerprint); use --force to rewrite it".into());
-                    report.rows_unchanged = now.rows;
-                    report.method = "none".into();
-                    report.elapsed_ms = started.elapsed().as_millis() as u64;
-                    // Nothing changed, so nothing is recorded.
-                    return Ok(report);
+        if let (Some(last), Some(input), None) = (&last, &early_input, &file_key) {
+            if last.fingerprint_kind == input.kind {
+                if let Some(now) = unchanged(engine, &layout, &scope, &output_cols, last, &params.run_key)? {
+                    trace.step("target fp");
+                    return Ok(skipped(job, run_date, &params.run_key, input, &now, started));
                 }
             }
         }
@@ -466,7 +548,7 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
             _ => fingerprint(engine, Method::Native, &scope, &output_cols)?,
         };
         let input = early_input.unwrap_or_else(|| output.clone());
-        let key = run_key(&job_hash, run_date, &input);
+        let key = file_key.unwrap_or_else(|| run_key(&job_hash, run_date, &input));
         trace.step("output fp");
         if rows_inserted != input_rows || output.rows != input_rows {
             return Err(Error::Internal(format!(
@@ -503,6 +585,7 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
         report.rows_inserted = rows_inserted;
         report.created_target = created_target;
         report.audits = audits;
+        report.input_files = run_input.files.clone();
         report.method = method.into();
         if let DayPartition::Unswappable(why) = &layout {
             report.method_note = Some(format!("no partition exchange: {why}"));
@@ -517,6 +600,45 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
         r.elapsed_ms = started.elapsed().as_millis() as u64;
         r
     })
+}
+
+/// The partition's fingerprint now, when the ledger's last entry has run key
+/// `key` and the partition still holds its recorded output; `None` otherwise.
+fn unchanged(
+    engine: &mut dyn Engine,
+    layout: &DayPartition,
+    scope: &Scope<'_>,
+    output_cols: &[Column],
+    last: &ledger::Entry,
+    key: &str,
+) -> Result<Option<Fingerprint>> {
+    if last.run_key != key {
+        return Ok(None);
+    }
+    // With partition exchange, read the day's partition itself, not the
+    // parent: a lock on the parent held from here would make two runs of
+    // different days deadlock at their swaps.
+    let now = match layout {
+        DayPartition::Swappable { existing: Some(p) } => fingerprint(engine, Method::Native, &Scope::Table { table: p, filter: None }, output_cols)?,
+        DayPartition::Swappable { existing: None } => {
+            let (_, kind, signature) = fingerprint_select(engine, Method::Native, "fp", output_cols)?;
+            Fingerprint::from_sum(&kind, &signature, 0, 0)
+        }
+        _ => fingerprint(engine, Method::Native, scope, output_cols)?,
+    };
+    let same = now.kind == last.fingerprint_kind && now.rows == last.output_rows && now.checksum == last.output_checksum;
+    Ok(same.then_some(now))
+}
+
+/// The report of a retry that found its output in place. Nothing changed,
+/// so nothing is recorded.
+fn skipped(job: &Job, run_date: RunDate, key: &str, input: &Fingerprint, now: &Fingerprint, started: Instant) -> RunReport {
+    let mut report = RunReport::new(job, run_date, key.to_owned(), "skipped", input, now);
+    report.skip_reason = Some("the partition already holds this run's output (same run key, same output fingerprint); use --force to rewrite it".into());
+    report.rows_unchanged = now.rows;
+    report.method = "none".into();
+    report.elapsed_ms = started.elapsed().as_millis() as u64;
+    report
 }
 
 /// The name of a new day partition: `<table>_<yyyymmdd>`, the table part
@@ -553,6 +675,7 @@ pub(crate) fn entry(job: &Job, job_hash: &str, r: &RunReport, started_at: chrono
         finished_at: chrono::Utc::now().naive_utc(),
         fixpoint_version: env!("CARGO_PKG_VERSION").to_owned(),
         audits: r.audits.clone(),
+        input_files: r.input_files.clone(),
     }
 }
 

@@ -66,13 +66,16 @@ pub struct Source {
     /// offset of its first line (0 when it starts on a line of its own).
     #[serde(skip)]
     pub position: (usize, usize),
+    /// A file source: the day's files, which the query reads as `input`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub files: Option<crate::files::FileSource>,
 }
 
 impl Source {
     /// The same source with other SQL text (e.g. tables renamed into a sandbox).
     pub fn with_sql(&self, sql: String) -> crate::error::Result<Source> {
         let template = SourceTemplate::parse("source.sql", &sql)?;
-        Ok(Source { sql, template, position: self.position })
+        Ok(Source { sql, template, position: self.position, files: self.files.clone() })
     }
 
     /// The query with its run parameters located.
@@ -141,6 +144,10 @@ struct RawJob {
 #[serde(deny_unknown_fields)]
 struct RawSource {
     sql: Option<toml::Spanned<String>>,
+    files: Option<String>,
+    format: Option<String>,
+    allow_missing: Option<bool>,
+    require_marker: Option<String>,
 }
 
 impl Job {
@@ -211,11 +218,39 @@ impl Job {
             }
         };
         let partition = raw.partition.as_deref().map(|p| column("partition", p)).transpose()?;
-        let spanned = raw.source.and_then(|s| s.sql);
+        let raw_source = raw.source.ok_or_else(|| {
+            spec_err("source", "missing: expected a [source] section with the query (sql = \"SELECT … WHERE dt = :run_date\") or the day's files (files = \"bronze/orders/dt={run_date}/*.parquet\")".into(), None)
+        })?;
+        let files = match &raw_source.files {
+            Some(pattern) => {
+                let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+                Some(
+                    crate::files::FileSource::parse(pattern, raw_source.format.as_deref(), raw_source.allow_missing.unwrap_or(false), raw_source.require_marker.clone(), dir)
+                        .map_err(|(key, message)| spec_err(&key, message, Some("see the README's file sources section")))?,
+                )
+            }
+            None => {
+                for (key, present) in [("format", raw_source.format.is_some()), ("allow_missing", raw_source.allow_missing.is_some()), ("require_marker", raw_source.require_marker.is_some())] {
+                    if present {
+                        return Err(spec_err(&format!("source.{key}"), "only applies to a file source (files = …)".into(), None));
+                    }
+                }
+                None
+            }
+        };
+        let spanned = raw_source.sql;
         let sql_position = spanned.as_ref().map(|s| source_position(text, s.span()));
-        let sql = spanned
-            .map(|s| s.into_inner())
-            .ok_or_else(|| spec_err("source.sql", "missing: expected the source query under [source], e.g. sql = \"SELECT … WHERE dt = :run_date\"".into(), None))?;
+        let sql = match (spanned, &files) {
+            (Some(s), _) => s.into_inner(),
+            (None, Some(_)) => "SELECT * FROM input".to_owned(),
+            (None, None) => {
+                return Err(spec_err(
+                    "source.sql",
+                    "missing: expected the source query under [source], e.g. sql = \"SELECT … WHERE dt = :run_date\" (or files = \"…\" for a file source)".into(),
+                    None,
+                ))
+            }
+        };
         let template = SourceTemplate::parse("source.sql", &sql).map_err(|e| match e {
             Error::Sql { message, hint, .. } => Error::Spec { file: path.to_owned(), key: "source.sql".into(), message, hint },
             other => other,
@@ -308,7 +343,7 @@ impl Job {
             target,
             strategy,
             partition,
-            source: Source { sql, template, position: sql_position.unwrap_or((1, 0)) },
+            source: Source { sql, template, position: sql_position.unwrap_or((1, 0)), files },
             metadata,
             min_rows,
             merge,

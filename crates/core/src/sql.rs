@@ -111,6 +111,29 @@ impl Sql {
         self
     }
 
+    /// Appends another statement's text and parameters, renumbering its
+    /// `$n` placeholders after this one's. `other` must be SQL written by
+    /// fixpoint (a `$` followed by digits is always a placeholder in it).
+    pub fn append(&mut self, other: &Sql) -> &mut Sql {
+        let offset = self.params.len();
+        let mut chars = other.text.char_indices().peekable();
+        while let Some((_, c)) = chars.next() {
+            self.text.push(c);
+            if c == '$' {
+                let mut digits = String::new();
+                while let Some((_, d)) = chars.peek().filter(|(_, d)| d.is_ascii_digit()) {
+                    digits.push(*d);
+                    chars.next();
+                }
+                if let Ok(n) = digits.parse::<usize>() {
+                    self.text.push_str(&(n + offset).to_string());
+                }
+            }
+        }
+        self.params.extend(other.params.iter().cloned());
+        self
+    }
+
     /// Binds a value and appends `CAST($n AS ty)`, so the engine knows its type.
     pub fn typed_param(&mut self, v: Value, ty: &str) -> &mut Sql {
         self.push("CAST(");
@@ -163,9 +186,17 @@ pub struct RunParams {
     pub run_date: NaiveDate,
     /// The run key (empty while the input fingerprint is being computed).
     pub run_key: String,
+    /// For a file source: the relation (engine SQL, with its own `$n`
+    /// parameters) that the query reads as `input`.
+    pub input: Option<Sql>,
 }
 
 impl RunParams {
+    /// The parameters of a run for `run_date`, before its key is known.
+    pub fn new(run_date: NaiveDate) -> RunParams {
+        RunParams { run_date, run_key: String::new(), input: None }
+    }
+
     fn value(&self, p: RunParam) -> Value {
         let start = self.run_date.and_time(chrono::NaiveTime::MIN);
         match p {
@@ -297,6 +328,11 @@ impl SourceTemplate {
     /// Appends the query to `out`, binding each parameter it uses once
     /// (typed with a CAST), numbered after the parameters already in `out`.
     pub fn render_into(&self, out: &mut Sql, values: &RunParams) {
+        if let Some(input) = &values.input {
+            out.push("WITH \"input\" AS (SELECT * FROM ");
+            out.append(input);
+            out.push(") SELECT * FROM (\n");
+        }
         let mut numbers: Vec<(RunParam, usize)> = Vec::new();
         for seg in &self.segments {
             match seg {
@@ -315,6 +351,9 @@ impl SourceTemplate {
                     out.push(&format!("CAST(${n} AS {})", p.sql_type()));
                 }
             }
+        }
+        if values.input.is_some() {
+            out.push("\n) AS \"fixpoint_source\"");
         }
     }
 
@@ -390,7 +429,7 @@ mod tests {
     use super::*;
 
     fn params() -> RunParams {
-        RunParams { run_date: NaiveDate::from_ymd_opt(2026, 10, 20).unwrap(), run_key: "k".into() }
+        RunParams { run_key: "k".into(), ..RunParams::new(NaiveDate::from_ymd_opt(2026, 10, 20).unwrap()) }
     }
 
     #[test]
@@ -418,6 +457,22 @@ mod tests {
         t.render_into(&mut sql, &params());
         sql.push(")");
         assert_eq!(sql.text, "SELECT * FROM ($1) x, (SELECT CAST($2 AS VARCHAR) AS load_id)");
+    }
+
+    #[test]
+    fn a_file_input_is_named_input_and_numbered_first() {
+        let t = SourceTemplate::parse("source.sql", "SELECT id, :run_date AS dt FROM input").unwrap();
+        let mut rel = Sql::new();
+        rel.push("read_csv([").param(Value::Text("a.csv".into())).push(", ").param(Value::Text("b.csv".into())).push("])");
+        let mut sql = Sql::new();
+        sql.param(Value::Int(7)).push(" ");
+        t.render_into(&mut sql, &RunParams { input: Some(rel), ..params() });
+        assert_eq!(
+            sql.text,
+            "$1 WITH \"input\" AS (SELECT * FROM read_csv([$2, $3])) SELECT * FROM (\nSELECT id, CAST($4 AS DATE) AS dt FROM input\n) AS \"fixpoint_source\""
+        );
+        assert_eq!(sql.params.len(), 4);
+        assert_eq!(sql.params[2], Value::Text("b.csv".into()));
     }
 
     #[test]

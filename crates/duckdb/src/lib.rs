@@ -10,9 +10,15 @@ use std::time::{Duration, Instant};
 
 use duckdb::types::{TimeUnit, Value as DValue};
 use fixpoint_core::engine::{Column, Engine, Rows};
+use fixpoint_core::files::{FileFormat, InputFiles};
 use fixpoint_core::ident::{quote_ident, TableName};
 use fixpoint_core::sql::{Sql, Value};
 use fixpoint_core::{Error, Result};
+
+/// The temporary table holding a file source's paths, in order.
+const FILES_TABLE: &str = "temp.main.\"__fixpoint_files\"";
+/// The session variable the file readers take their list of paths from.
+const FILES_VARIABLE: &str = "fixpoint_input_files";
 
 /// A DuckDB database, embedded in this process.
 pub struct DuckDb {
@@ -247,6 +253,50 @@ impl Engine for DuckDb {
         let r = self.execute(&Sql::raw("ROLLBACK"));
         self.in_transaction = false;
         r.map(|_| ())
+    }
+
+    fn file_input(&mut self, files: &InputFiles) -> Result<Sql> {
+        // DuckDB binds a table function's arguments when it plans the query,
+        // so the paths cannot be statement parameters. They are bound as
+        // parameters into a temporary table, gathered into a session
+        // variable, and the reader takes the variable: no path is ever
+        // spliced into SQL text.
+        self.execute(&Sql::raw(format!("CREATE OR REPLACE TEMPORARY TABLE {FILES_TABLE} (n INTEGER, path VARCHAR)")))?;
+        for chunk in files.path_strings().chunks(500).enumerate() {
+            let (c, paths) = chunk;
+            let mut sql = Sql::new();
+            sql.push(&format!("INSERT INTO {FILES_TABLE} VALUES "));
+            for (i, p) in paths.iter().enumerate() {
+                if i > 0 {
+                    sql.push(", ");
+                }
+                sql.push("(").typed_param(Value::Int((c * 500 + i) as i64), "INTEGER").push(", ");
+                sql.typed_param(Value::Text(p.clone()), "VARCHAR").push(")");
+            }
+            self.execute(&sql)?;
+        }
+        self.execute(&Sql::raw(format!("SET VARIABLE {FILES_VARIABLE} = (SELECT list(path ORDER BY n) FROM {FILES_TABLE})")))?;
+        let list = format!("getvariable('{FILES_VARIABLE}')");
+        let reader = match files.format {
+            FileFormat::Parquet => format!("read_parquet({list}, union_by_name = true)"),
+            // The dialect is pinned: left to sniff, DuckDB takes a file
+            // whose last row has an extra field for a file with another
+            // header and loads nothing of it, and skips rows starting with
+            // `#` as comments, silently.
+            FileFormat::Csv => {
+                let tsv = files.files.iter().all(|f| f.path.to_ascii_lowercase().trim_end_matches(".gz").trim_end_matches(".zst").ends_with(".tsv"));
+                let delim = if tsv { "\t" } else { "," };
+                format!("read_csv({list}, header = true, skip = 0, delim = '{delim}', quote = '\"', escape = '\"', comment = '', union_by_name = true)")
+            }
+            FileFormat::Json => format!("read_json({list}, format = 'newline_delimited', union_by_name = true)"),
+        };
+        Ok(Sql::raw(reader))
+    }
+
+    fn release_file_input(&mut self) -> Result<()> {
+        self.execute(&Sql::raw(format!("RESET VARIABLE {FILES_VARIABLE}")))?;
+        self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {FILES_TABLE}")))?;
+        Ok(())
     }
 
     fn native_row_hash(&self, alias: &str, columns: &[Column]) -> Option<String> {

@@ -10,6 +10,8 @@
 
 use std::error::Error as StdError;
 
+mod files;
+
 use fixpoint_core::engine::{Column, DayPartition, Engine, Rows};
 use fixpoint_core::ident::{quote_ident, TableName};
 use fixpoint_core::sql::{Sql, Value};
@@ -102,6 +104,14 @@ impl Postgres {
 
         pg.scratch = Some((admin_url.to_owned(), name.to_owned()));
         Ok(pg)
+    }
+
+    /// Copies a file source's rows into `table` (existing, with the files'
+    /// columns in order) the way a file source is staged: the embedded
+    /// DuckDB reads the files, `COPY … (FORMAT binary)` writes them. For the
+    /// hand-written side of benchmarks; runs in the caller's transaction.
+    pub fn copy_files_into(&mut self, files: &fixpoint_core::files::InputFiles, table: &TableName) -> Result<u64> {
+        files::copy_files(self.client(), files, Some(&table.quoted()))
     }
 
     /// The URL this engine connected to (it may hold a password: never print it unredacted).
@@ -490,6 +500,15 @@ impl Engine for Postgres {
 
     fn fingerprint_before_writing(&self) -> bool {
         true
+    }
+
+    fn file_input(&mut self, files: &fixpoint_core::files::InputFiles) -> Result<Sql> {
+        files::stage(self.client(), files)?;
+        Ok(Sql::raw(files::STAGE))
+    }
+
+    fn release_file_input(&mut self) -> Result<()> {
+        self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {}", files::STAGE))).map(|_| ())
     }
 
     fn create_temp_table_as(&mut self, name: &str, query: &Sql) -> Result<()> {

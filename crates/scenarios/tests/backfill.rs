@@ -86,7 +86,7 @@ fn status_reports_gaps_drift_and_late_rows(e: &dyn EngineUnderTest) {
     };
     assert_eq!(states(db, &job), [DateState::Ok, DateState::Missing, DateState::Ok]);
     let s = status(&job, d("2026-10-19"), db).unwrap();
-    assert_eq!((s.rows_now, s.input_rows_now), (Some(2), 2));
+    assert_eq!((s.rows_now, s.input_rows_now), (Some(2), Some(2)));
     assert_eq!(s.last_run.as_ref().unwrap().run_key, s.run_key_now);
     // Someone edits the target: drift.
     exec(db, "UPDATE silver.orders SET order_total = 0 WHERE order_id = 1");

@@ -1,0 +1,453 @@
+//! File sources: a day's bronze files (Parquet, CSV, JSON Lines) found by a
+//! pattern with the run date in it, checked for completeness, and hashed.
+//!
+//! The input fingerprint of a file source is a BLAKE3 hash of every matched
+//! file's content, combined over the files' paths (relative to the fixed
+//! part of the pattern) and sizes, in sorted order. It does not depend on
+//! where the bronze folder lives, on the machine, or on the engine: the
+//! same files give the same run key anywhere; one changed byte, one added or
+//! removed file gives another.
+//!
+//! Conventions for files still being written: names starting with `_` or `.`
+//! (in any folder below the pattern's fixed part) are never loaded (Spark's
+//! `_SUCCESS` and `_temporary/`, Hadoop's `.crc`, editors' and uploaders'
+//! dot-files). With `require_marker = "_SUCCESS"`, every folder holding a
+//! matched file must also hold the marker, which the upstream writes last.
+
+use std::path::{Component, Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::date::RunDate;
+use crate::error::{Error, Result};
+use crate::fingerprint::Fingerprint;
+
+/// The fingerprint kind of a file source's input.
+pub const FILES_KIND: &str = "files-blake3-v1";
+
+/// How the files are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum FileFormat {
+    /// Apache Parquet.
+    #[default]
+    Parquet,
+    /// CSV with a header line (delimiter and types detected).
+    Csv,
+    /// JSON Lines: one object per line.
+    Json,
+}
+
+impl FileFormat {
+    /// The name in job files.
+    pub fn name(self) -> &'static str {
+        match self {
+            FileFormat::Parquet => "parquet",
+            FileFormat::Csv => "csv",
+            FileFormat::Json => "json",
+        }
+    }
+
+    /// Parses a name given by [`FileFormat::name`].
+    pub fn parse(s: &str) -> Option<FileFormat> {
+        [FileFormat::Parquet, FileFormat::Csv, FileFormat::Json].into_iter().find(|f| f.name() == s)
+    }
+
+    /// The format a file name's extension implies (compressed CSV and JSON too).
+    pub fn from_extension(name: &str) -> Option<FileFormat> {
+        let lower = name.to_ascii_lowercase();
+        let stem = ["gz", "zst"].iter().find_map(|c| lower.strip_suffix(&format!(".{c}"))).unwrap_or(&lower);
+        let ext = stem.rsplit('.').next()?;
+        match ext {
+            "parquet" | "pq" => Some(FileFormat::Parquet),
+            "csv" | "tsv" => Some(FileFormat::Csv),
+            "json" | "jsonl" | "ndjson" => Some(FileFormat::Json),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+enum Piece {
+    Text(String),
+    /// `{run_date}` or `{run_date:FORMAT}`: a chrono strftime format.
+    Date(String),
+}
+
+/// `[source] files = …`: where a day's files are and how to read them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FileSource {
+    /// The pattern as written in the job file.
+    pub pattern: String,
+    /// How the files are read.
+    pub format: FileFormat,
+    /// Whether a day without files is skipped (left as it is) instead of refused.
+    #[serde(skip)]
+    pub allow_missing: bool,
+    /// A file every folder of matched files must hold before any is loaded.
+    #[serde(skip)]
+    pub require_marker: Option<String>,
+    #[serde(skip)]
+    pieces: Vec<Piece>,
+    /// The folder relative patterns start from (the job file's folder).
+    #[serde(skip)]
+    pub dir: PathBuf,
+}
+
+/// One matched file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputFile {
+    /// The path below the pattern's fixed part, with `/` separators.
+    pub path: String,
+    /// Bytes.
+    pub size: u64,
+    /// BLAKE3 of the content, hex.
+    pub blake3: String,
+}
+
+/// The files of one run, hashed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InputFiles {
+    /// Combined hash over (path, size, content hash) of every file, sorted by path.
+    pub checksum: String,
+    /// The files, sorted by path.
+    pub files: Vec<InputFile>,
+    /// The folder the paths are relative to (not part of the fingerprint).
+    #[serde(skip)]
+    pub base: PathBuf,
+    /// How to read them.
+    #[serde(skip)]
+    pub format: FileFormat,
+}
+
+impl InputFiles {
+    /// The input fingerprint: kind [`FILES_KIND`], the number of files, the
+    /// combined hash.
+    pub fn fingerprint(&self) -> Fingerprint {
+        Fingerprint { kind: FILES_KIND.into(), rows: self.files.len() as u64, checksum: self.checksum.clone() }
+    }
+
+    /// The files' full paths, in order.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        self.files.iter().map(|f| self.base.join(&f.path)).collect()
+    }
+
+    /// The files' full paths as text (UTF-8 is required of file sources).
+    pub fn path_strings(&self) -> Vec<String> {
+        self.paths().iter().map(|p| p.to_string_lossy().into_owned()).collect()
+    }
+
+    /// The relative path of the file a message names, if any.
+    pub fn named_in(&self, message: &str) -> Option<&str> {
+        let full = self.path_strings();
+        self.files.iter().zip(&full).find(|(f, p)| message.contains(p.as_str()) || message.contains(&f.path)).map(|(f, _)| f.path.as_str())
+    }
+}
+
+/// Whether a glob component holds a wildcard.
+fn is_wild(s: &str) -> bool {
+    s.contains(['*', '?', '['])
+}
+
+impl FileSource {
+    /// Reads `files = …` and its companions; errors are `(key, message)`.
+    pub fn parse(
+        pattern: &str,
+        format: Option<&str>,
+        allow_missing: bool,
+        require_marker: Option<String>,
+        dir: PathBuf,
+    ) -> std::result::Result<FileSource, (String, String)> {
+        let err = |m: String| ("source.files".to_owned(), m);
+        if pattern.trim().is_empty() {
+            return Err(err("is empty: expected a path or glob, e.g. files = \"bronze/orders/dt={run_date}/*.parquet\"".into()));
+        }
+        let mut pieces = Vec::new();
+        let mut rest = pattern;
+        while let Some(open) = rest.find('{') {
+            if open > 0 {
+                pieces.push(Piece::Text(rest[..open].to_owned()));
+            }
+            let close = rest[open..].find('}').map(|c| open + c).ok_or_else(|| err(format!("{pattern:?}: `{{` without a closing `}}`")))?;
+            let inner = &rest[open + 1..close];
+            let fmt = match inner.split_once(':') {
+                None if inner == "run_date" => "%Y-%m-%d".to_owned(),
+                Some(("run_date", f)) if !f.is_empty() => f.to_owned(),
+                _ => {
+                    return Err(err(format!(
+                        "{pattern:?}: unknown placeholder {{{inner}}}; expected {{run_date}} or {{run_date:FORMAT}}, e.g. {{run_date:%Y/%m/%d}}"
+                    )))
+                }
+            };
+            let bad = chrono::format::StrftimeItems::new(&fmt).any(|i| matches!(i, chrono::format::Item::Error));
+            if bad {
+                return Err(err(format!("{pattern:?}: {{run_date:{fmt}}} is not a valid date format; use strftime codes such as %Y, %m, %d, %j")));
+            }
+            pieces.push(Piece::Date(fmt));
+            rest = &rest[close + 1..];
+        }
+        if !rest.is_empty() {
+            pieces.push(Piece::Text(rest.to_owned()));
+        }
+        let format = match format {
+            Some(f) => FileFormat::parse(f).ok_or_else(|| ("source.format".to_owned(), format!("{f:?}: expected \"parquet\", \"csv\" or \"json\"")))?,
+            None => {
+                let last = pattern.rsplit(['/', '\\']).next().unwrap_or(pattern);
+                FileFormat::from_extension(last).ok_or_else(|| {
+                    (
+                        "source.format".to_owned(),
+                        format!("missing, and {pattern:?} has no extension that names one: expected format = \"parquet\", \"csv\" or \"json\""),
+                    )
+                })?
+            }
+        };
+        if let Some(m) = &require_marker {
+            if m.is_empty() || m.contains(['/', '\\']) || is_wild(m) {
+                return Err(("source.require_marker".to_owned(), format!("{m:?}: expected a file name, e.g. \"_SUCCESS\"")));
+            }
+        }
+        let source = FileSource { pattern: pattern.to_owned(), format, allow_missing, require_marker, pieces, dir };
+        // The pattern must be a valid glob whatever the date.
+        let sample = source.expand(RunDate::parse("2026-01-31").expect("a date"));
+        glob::Pattern::new(&sample.to_string_lossy()).map_err(|e| err(format!("{pattern:?} is not a valid glob: {}", e.msg)))?;
+        Ok(source)
+    }
+
+    /// Whether the pattern holds the run date (else every run reads the same files).
+    pub fn uses_run_date(&self) -> bool {
+        self.pieces.iter().any(|p| matches!(p, Piece::Date(_)))
+    }
+
+    /// The pattern with the run date filled in, made absolute from [`FileSource::dir`].
+    pub fn expand(&self, run_date: RunDate) -> PathBuf {
+        let mut text = String::new();
+        for p in &self.pieces {
+            match p {
+                Piece::Text(t) => text.push_str(t),
+                Piece::Date(f) => text.push_str(&run_date.date().format(f).to_string()),
+            }
+        }
+        self.dir.join(text)
+    }
+
+    /// The files of `run_date`: matched, checked and hashed. `Ok(None)` when
+    /// none matched and `allow_missing` is set.
+    pub fn resolve(&self, run_date: RunDate) -> Result<Option<InputFiles>> {
+        let pattern = self.expand(run_date);
+        // The fixed part: every component before the first wildcard.
+        let mut base = PathBuf::new();
+        for c in pattern.components() {
+            if is_wild(&c.as_os_str().to_string_lossy()) {
+                break;
+            }
+            base.push(c);
+        }
+        let fixed_is_file = base == pattern;
+        if fixed_is_file {
+            base.pop();
+        }
+        let shown = pattern.to_string_lossy().into_owned();
+        let refuse = |message: String, hint: &str| Error::Files { message, hint: Some(hint.to_owned()) };
+        let options = glob::MatchOptions { case_sensitive: true, require_literal_separator: true, require_literal_leading_dot: true };
+        let paths = glob::glob_with(&shown, options)
+            .map_err(|e| refuse(format!("{shown:?} is not a valid glob: {}", e.msg), "fix `files` under [source]"))?;
+        let mut matched = Vec::new();
+        let mut ignored = Vec::new();
+        for entry in paths {
+            let path = entry.map_err(|e| Error::Io { path: e.path().to_owned(), source: std::io::Error::new(e.error().kind(), e.error().to_string()) })?;
+            let rel = relative(&path, &base);
+            let hidden = rel.split('/').any(|c| c.starts_with('_') || c.starts_with('.'));
+            if !path.is_file() {
+                continue;
+            }
+            if hidden {
+                ignored.push(rel);
+            } else {
+                matched.push((rel, path));
+            }
+        }
+        if matched.is_empty() {
+            if self.allow_missing {
+                return Ok(None);
+            }
+            let message = if ignored.is_empty() {
+                format!("no file matches {shown} (the files of {run_date}); nothing was changed")
+            } else {
+                format!(
+                    "no loadable file matches {shown} (the files of {run_date}): only {} whose name starts with `_` or `.`, which are never loaded; nothing was changed",
+                    ignored.join(", ")
+                )
+            };
+            return Err(refuse(
+                message,
+                "check that the upstream delivered the day; if a day may have no files, set allow_missing = true under [source] (the day is then skipped, its partition left as it is)",
+            ));
+        }
+        matched.sort();
+        if let Some(marker) = &self.require_marker {
+            let mut dirs: Vec<PathBuf> = matched.iter().filter_map(|(_, p)| p.parent().map(Path::to_path_buf)).collect();
+            dirs.sort();
+            dirs.dedup();
+            for d in dirs {
+                if !d.join(marker).is_file() {
+                    return Err(refuse(
+                        format!("{} has no {marker} marker: its files may still be being written; nothing was changed", d.display()),
+                        "run again once the upstream has finished the day (it writes the marker last); or drop require_marker from the job",
+                    ));
+                }
+            }
+        }
+        let mut files = Vec::with_capacity(matched.len());
+        for (rel, path) in &matched {
+            let size = std::fs::metadata(path).map_err(|e| Error::Io { path: path.clone(), source: e })?.len();
+            files.push(InputFile { path: rel.clone(), size, blake3: hash_file(path)? });
+        }
+        Ok(Some(InputFiles { checksum: combine(&files), files, base, format: self.format }))
+    }
+}
+
+/// BLAKE3 of a file's content: memory-mapped and hashed on every core when
+/// large, read when small.
+pub fn hash_file(path: &Path) -> Result<String> {
+    let mut h = blake3::Hasher::new();
+    h.update_mmap_rayon(path).map_err(|e| Error::Io { path: path.to_owned(), source: e })?;
+    Ok(h.finalize().to_hex().to_string())
+}
+
+/// The combined hash of hashed files (already sorted by path).
+pub fn combine(files: &[InputFile]) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(b"fixpoint-files-v1");
+    for f in files {
+        h.update(&(f.path.len() as u64).to_le_bytes());
+        h.update(f.path.as_bytes());
+        h.update(&f.size.to_le_bytes());
+        h.update(f.blake3.as_bytes());
+    }
+    h.finalize().to_hex()[..32].to_owned()
+}
+
+fn relative(path: &Path, base: &Path) -> String {
+    let rel = path.strip_prefix(base).unwrap_or(path);
+    rel.components()
+        .filter_map(|c| match c {
+            Component::Normal(s) => Some(s.to_string_lossy().into_owned()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn src(pattern: &str, dir: &Path) -> FileSource {
+        FileSource::parse(pattern, None, false, None, dir.to_owned()).unwrap()
+    }
+
+    fn d(s: &str) -> RunDate {
+        RunDate::parse(s).unwrap()
+    }
+
+    #[test]
+    fn patterns_fill_in_the_run_date() {
+        let s = src("bronze/dt={run_date}/*.parquet", Path::new("/jobs"));
+        assert_eq!(s.expand(d("2026-10-20")), PathBuf::from("/jobs/bronze/dt=2026-10-20/*.parquet"));
+        let s = src("/data/{run_date:%Y/%m/%d}/part-*.csv.gz", Path::new("/jobs"));
+        assert_eq!(s.expand(d("2026-01-05")), PathBuf::from("/data/2026/01/05/part-*.csv.gz"));
+        assert_eq!(s.format, FileFormat::Csv);
+        assert_eq!(src("x/*.jsonl", Path::new(".")).format, FileFormat::Json);
+    }
+
+    #[test]
+    fn bad_patterns_are_refused_with_the_key() {
+        let cases = [
+            ("b/{date}/*.parquet", None, "source.files", "unknown placeholder {date}"),
+            ("b/{run_date/*.parquet", None, "source.files", "without a closing"),
+            ("b/{run_date:%Q}/*.parquet", None, "source.files", "not a valid date format"),
+            ("b/{run_date}/*", None, "source.format", "no extension that names one"),
+            ("b/{run_date}/*.parquet", Some("avro"), "source.format", "\"avro\": expected"),
+            ("b/[{run_date}/*.parquet", None, "source.files", "not a valid glob"),
+        ];
+        for (p, f, key, msg) in cases {
+            let (k, m) = FileSource::parse(p, f, false, None, PathBuf::from(".")).unwrap_err();
+            assert_eq!(k, key, "{p}");
+            assert!(m.contains(msg), "{p}: {m}");
+        }
+        let (k, _) = FileSource::parse("a/*.csv", None, false, Some("a/_SUCCESS".into()), PathBuf::from(".")).unwrap_err();
+        assert_eq!(k, "source.require_marker");
+    }
+
+    #[test]
+    fn resolves_hashes_and_refuses_incomplete_days() {
+        let dir = tempfile::tempdir().unwrap();
+        let day = dir.path().join("dt=2026-10-20");
+        std::fs::create_dir_all(day.join("_temporary")).unwrap();
+        std::fs::write(day.join("b.csv"), "id\n2\n").unwrap();
+        std::fs::write(day.join("a.csv"), "id\n1\n").unwrap();
+        std::fs::write(day.join(".a.csv.crc"), "x").unwrap();
+        std::fs::write(day.join("_temporary").join("c.csv"), "id\n3\n").unwrap();
+        let s = src("dt={run_date}/**/*.csv", dir.path());
+        let got = s.resolve(d("2026-10-20")).unwrap().unwrap();
+        let names: Vec<&str> = got.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(names, ["a.csv", "b.csv"]);
+        assert_eq!(got.files[0].size, 5);
+        assert_eq!(got.files[0].blake3, blake3::hash(b"id\n1\n").to_hex().to_string());
+        let fp = got.fingerprint();
+        assert_eq!((fp.kind.as_str(), fp.rows), (FILES_KIND, 2));
+
+        // The same files elsewhere: the same fingerprint.
+        let other = tempfile::tempdir().unwrap();
+        let day2 = other.path().join("x").join("dt=2026-10-20");
+        std::fs::create_dir_all(&day2).unwrap();
+        std::fs::copy(day.join("a.csv"), day2.join("a.csv")).unwrap();
+        std::fs::copy(day.join("b.csv"), day2.join("b.csv")).unwrap();
+        let moved = src("x/dt={run_date}/*.csv", other.path()).resolve(d("2026-10-20")).unwrap().unwrap();
+        assert_eq!(moved.checksum, got.checksum);
+
+        // One changed byte, an added file, a renamed file: another fingerprint.
+        std::fs::write(day2.join("b.csv"), "id\n3\n").unwrap();
+        let changed = src("x/dt={run_date}/*.csv", other.path()).resolve(d("2026-10-20")).unwrap().unwrap();
+        assert_ne!(changed.checksum, got.checksum);
+        std::fs::copy(day.join("b.csv"), day2.join("b.csv")).unwrap();
+        std::fs::write(day2.join("c.csv"), "id\n").unwrap();
+        let added = src("x/dt={run_date}/*.csv", other.path()).resolve(d("2026-10-20")).unwrap().unwrap();
+        assert_ne!(added.checksum, got.checksum);
+        std::fs::remove_file(day2.join("c.csv")).unwrap();
+        std::fs::rename(day2.join("b.csv"), day2.join("b2.csv")).unwrap();
+        let renamed = src("x/dt={run_date}/*.csv", other.path()).resolve(d("2026-10-20")).unwrap().unwrap();
+        assert_ne!(renamed.checksum, got.checksum);
+
+        // A missing day.
+        let e = s.resolve(d("2026-10-21")).unwrap_err();
+        assert!(e.to_string().contains("no file matches"), "{e}");
+        assert!(e.to_string().contains("dt=2026-10-21"), "{e}");
+        assert!(e.hint().unwrap().contains("allow_missing = true"));
+        let lenient = FileSource { allow_missing: true, ..s.clone() };
+        assert!(lenient.resolve(d("2026-10-21")).unwrap().is_none());
+
+        // Only hidden files: said so.
+        let day3 = dir.path().join("dt=2026-10-22");
+        std::fs::create_dir_all(&day3).unwrap();
+        std::fs::write(day3.join("_a.csv"), "id\n").unwrap();
+        let e = s.resolve(d("2026-10-22")).unwrap_err().to_string();
+        assert!(e.contains("only _a.csv whose name starts with `_` or `.`"), "{e}");
+
+        // A marker required and absent, then present.
+        let marked = FileSource { require_marker: Some("_SUCCESS".into()), ..s.clone() };
+        let e = marked.resolve(d("2026-10-20")).unwrap_err().to_string();
+        assert!(e.contains("has no _SUCCESS marker"), "{e}");
+        std::fs::write(day.join("_SUCCESS"), "").unwrap();
+        assert_eq!(marked.resolve(d("2026-10-20")).unwrap().unwrap().checksum, got.checksum);
+    }
+
+    #[test]
+    fn a_single_file_pattern_is_relative_to_its_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("orders_2026-10-20.json"), "{}\n").unwrap();
+        let got = src("orders_{run_date}.json", dir.path()).resolve(d("2026-10-20")).unwrap().unwrap();
+        assert_eq!(got.files[0].path, "orders_2026-10-20.json");
+        assert_eq!(got.paths()[0], dir.path().join("orders_2026-10-20.json"));
+    }
+}

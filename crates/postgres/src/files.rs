@@ -1,0 +1,339 @@
+//! File sources on PostgreSQL: the embedded DuckDB reads the day's files
+//! (the same reader, the same types as on DuckDB), and the rows are streamed
+//! into a temporary staging table with `COPY … (FORMAT binary)`. The job's
+//! query then reads that table as `input`, inside the run's transaction, and
+//! the usual strategy runs.
+//!
+//! Types map faithfully or not at all: integers, floats, decimals (with
+//! their precision and scale), text, booleans, dates, timestamps with and
+//! without time zone (to the microsecond, PostgreSQL's precision), times,
+//! UUIDs and blobs. Any other type (lists, structs, maps, intervals, …) is
+//! an error naming the column.
+
+use std::error::Error as StdError;
+
+use bytes::{BufMut, BytesMut};
+use duckdb::types::ValueRef;
+use fixpoint_core::engine::{Column, Engine};
+use fixpoint_core::files::InputFiles;
+use fixpoint_core::ident::quote_ident;
+use fixpoint_core::sql::Sql;
+use fixpoint_core::{Error, Result};
+use postgres::binary_copy::BinaryCopyInWriter;
+use postgres::types::{IsNull, ToSql, Type};
+use postgres::Client;
+
+/// The staging table's name (a temporary table: this session only).
+pub(crate) const STAGE: &str = "pg_temp.\"__fixpoint_input\"";
+
+/// How one column travels: the PostgreSQL type it is copied as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Bool,
+    Int2,
+    Int4,
+    Int8,
+    Float4,
+    Float8,
+    /// Sent in NUMERIC's binary form.
+    Numeric,
+    Text,
+    Bytea,
+    Date,
+    Timestamp,
+    TimestampTz,
+    Time,
+    /// Read as text, sent as 16 bytes.
+    Uuid,
+}
+
+/// The PostgreSQL column type, the DuckDB expression to read, and the kind.
+/// Values are read as DuckDB hands them over (dates as days, timestamps
+/// as UTC ticks, decimals as scaled integers), so no session setting or
+/// time zone of the reader takes part.
+fn map(column: &Column) -> Option<(String, String, Kind)> {
+    let c = quote_ident(&column.name);
+    let ty = column.ty.to_ascii_uppercase();
+    let plain = |pg: &str, k: Kind| Some((pg.to_owned(), c.clone(), k));
+    match ty.as_str() {
+        "BOOLEAN" => plain("boolean", Kind::Bool),
+        "TINYINT" | "SMALLINT" | "UTINYINT" => plain("smallint", Kind::Int2),
+        "INTEGER" | "USMALLINT" => plain("integer", Kind::Int4),
+        "BIGINT" | "UINTEGER" => plain("bigint", Kind::Int8),
+        "UBIGINT" => plain("numeric(20,0)", Kind::Numeric),
+        "HUGEINT" | "UHUGEINT" => plain("numeric(39,0)", Kind::Numeric),
+        "FLOAT" => plain("real", Kind::Float4),
+        "DOUBLE" => plain("double precision", Kind::Float8),
+        "VARCHAR" => plain("text", Kind::Text),
+        "BLOB" => plain("bytea", Kind::Bytea),
+        "DATE" => plain("date", Kind::Date),
+        // Nanoseconds are cut to PostgreSQL's microseconds.
+        "TIMESTAMP" | "TIMESTAMP_S" | "TIMESTAMP_MS" | "TIMESTAMP_NS" => plain("timestamp", Kind::Timestamp),
+        "TIMESTAMP WITH TIME ZONE" => plain("timestamptz", Kind::TimestampTz),
+        "TIME" => plain("time", Kind::Time),
+        "UUID" => Some(("uuid".into(), format!("CAST({c} AS VARCHAR)"), Kind::Uuid)),
+        _ if ty.starts_with("DECIMAL(") => {
+            let inner = ty.trim_start_matches("DECIMAL(").trim_end_matches(')');
+            plain(&format!("numeric({inner})"), Kind::Numeric)
+        }
+        _ => None,
+    }
+}
+
+/// One value to copy, borrowed from DuckDB's row.
+struct Field<'a> {
+    kind: Kind,
+    value: ValueRef<'a>,
+}
+
+impl std::fmt::Debug for Field<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.kind)
+    }
+}
+
+type BoxError = Box<dyn StdError + Sync + Send>;
+
+fn int_of(v: &ValueRef<'_>) -> std::result::Result<i64, BoxError> {
+    Ok(match *v {
+        ValueRef::TinyInt(i) => i.into(),
+        ValueRef::SmallInt(i) => i.into(),
+        ValueRef::Int(i) => i.into(),
+        ValueRef::BigInt(i) => i,
+        ValueRef::UTinyInt(i) => i.into(),
+        ValueRef::USmallInt(i) => i.into(),
+        ValueRef::UInt(i) => i.into(),
+        ref other => return Err(format!("expected an integer, DuckDB gave {other:?}").into()),
+    })
+}
+
+fn text_of<'a>(v: &ValueRef<'a>) -> std::result::Result<&'a [u8], BoxError> {
+    match *v {
+        ValueRef::Text(t) => Ok(t),
+        ValueRef::Blob(b) => Ok(b),
+        ref other => Err(format!("expected text, DuckDB gave {other:?}").into()),
+    }
+}
+
+/// 2000-01-01 (PostgreSQL's epoch) in microseconds and days since 1970.
+const PG_EPOCH_US: i64 = 946_684_800_000_000;
+const PG_EPOCH_DAYS: i64 = 10_957;
+
+impl ToSql for Field<'_> {
+    fn to_sql(&self, _: &Type, out: &mut BytesMut) -> std::result::Result<IsNull, BoxError> {
+        if matches!(self.value, ValueRef::Null) {
+            return Ok(IsNull::Yes);
+        }
+        let v = &self.value;
+        match self.kind {
+            Kind::Bool => match *v {
+                ValueRef::Boolean(b) => out.put_u8(b as u8),
+                ref other => return Err(format!("expected a boolean, DuckDB gave {other:?}").into()),
+            },
+            Kind::Int2 => out.put_i16(i16::try_from(int_of(v)?)?),
+            Kind::Int4 => out.put_i32(i32::try_from(int_of(v)?)?),
+            Kind::Int8 => out.put_i64(int_of(v)?),
+            Kind::Float4 => match *v {
+                ValueRef::Float(f) => out.put_f32(f),
+                ref other => return Err(format!("expected a float, DuckDB gave {other:?}").into()),
+            },
+            Kind::Float8 => match *v {
+                ValueRef::Double(f) => out.put_f64(f),
+                ref other => return Err(format!("expected a double, DuckDB gave {other:?}").into()),
+            },
+            Kind::Numeric => {
+                let text = match *v {
+                    ValueRef::Decimal(d) => d.to_string(),
+                    ValueRef::HugeInt(i) => i.to_string(),
+                    ValueRef::UHugeInt(i) => i.to_string(),
+                    ValueRef::UBigInt(i) => i.to_string(),
+                    ref other => return Err(format!("expected a decimal, DuckDB gave {other:?}").into()),
+                };
+                numeric_binary(&text, out)?
+            }
+            Kind::Text | Kind::Bytea => out.put_slice(text_of(v)?),
+            Kind::Date => match *v {
+                ValueRef::Date32(days) => out.put_i32(i32::try_from(i64::from(days) - PG_EPOCH_DAYS)?),
+                ref other => return Err(format!("expected a date, DuckDB gave {other:?}").into()),
+            },
+            Kind::Timestamp | Kind::TimestampTz => match *v {
+                ValueRef::Timestamp(unit, t) => out.put_i64(unit.to_micros(t) - PG_EPOCH_US),
+                ref other => return Err(format!("expected a timestamp, DuckDB gave {other:?}").into()),
+            },
+            Kind::Time => match *v {
+                ValueRef::Time64(unit, t) => out.put_i64(unit.to_micros(t)),
+                ref other => return Err(format!("expected a time, DuckDB gave {other:?}").into()),
+            },
+            Kind::Uuid => {
+                let hex: String = std::str::from_utf8(text_of(v)?)?.chars().filter(|c| *c != '-').collect();
+                if hex.len() != 32 {
+                    return Err(format!("bad uuid {hex}").into());
+                }
+                for i in 0..16 {
+                    out.put_u8(u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)?);
+                }
+            }
+        }
+        Ok(IsNull::No)
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    postgres::types::to_sql_checked!();
+}
+
+/// A decimal's text (`-123.4500`) in NUMERIC's binary form: ndigits,
+/// weight, sign, dscale, then base-10000 digits.
+pub(crate) fn numeric_binary(text: &str, out: &mut BytesMut) -> std::result::Result<(), BoxError> {
+    let (neg, body) = match text.strip_prefix('-') {
+        Some(b) => (true, b),
+        None => (false, text.strip_prefix('+').unwrap_or(text)),
+    };
+    let (int, frac) = body.split_once('.').unwrap_or((body, ""));
+    if int.is_empty() && frac.is_empty() || !int.chars().chain(frac.chars()).all(|c| c.is_ascii_digit()) {
+        return Err(format!("not a decimal: {text:?}").into());
+    }
+    let dscale = frac.len();
+    // Pad the integer part on the left and the fraction on the right to
+    // whole groups of four digits.
+    let int_pad = (4 - int.len() % 4) % 4;
+    let frac_pad = (4 - frac.len() % 4) % 4;
+    let digits: String = "0".repeat(int_pad) + int + frac + &"0".repeat(frac_pad);
+    let mut groups: Vec<i16> = digits.as_bytes().chunks(4).map(|g| std::str::from_utf8(g).expect("ascii").parse::<i16>().expect("digits")).collect();
+    let mut weight = ((int.len() + int_pad) / 4) as i32 - 1;
+    while groups.first() == Some(&0) {
+        groups.remove(0);
+        weight -= 1;
+    }
+    while groups.last() == Some(&0) {
+        groups.pop();
+    }
+    if groups.is_empty() {
+        weight = 0;
+    }
+    out.put_i16(groups.len() as i16);
+    out.put_i16(weight as i16);
+    out.put_u16(if neg && !groups.is_empty() { 0x4000 } else { 0 });
+    out.put_i16(dscale as i16);
+    for g in groups {
+        out.put_i16(g);
+    }
+    Ok(())
+}
+
+/// Reads `files` with an embedded DuckDB and copies their rows into
+/// [`STAGE`], created for them; returns the rows copied.
+pub(crate) fn stage(client: &mut Client, files: &InputFiles) -> Result<u64> {
+    copy_files(client, files, None)
+}
+
+/// Reads `files` with an embedded DuckDB and copies their rows with
+/// `COPY … (FORMAT binary)` into `into` (an existing table, whose columns
+/// are the files' in order), or into [`STAGE`] (created) when `None`.
+pub(crate) fn copy_files(client: &mut Client, files: &InputFiles, into: Option<&str>) -> Result<u64> {
+    let mut duck = fixpoint_duckdb::DuckDb::open_in_memory()?;
+    let relation = duck.file_input(files)?;
+    let mut all = Sql::new();
+    all.push("SELECT * FROM ").append(&relation);
+    let columns = duck.describe(&all)?;
+    let mut create = Vec::new();
+    let mut select = Vec::new();
+    let mut kinds = Vec::new();
+    let mut types = Vec::new();
+    for c in &columns {
+        let Some((pg, expr, kind)) = map(c) else {
+            return Err(Error::Schema {
+                message: format!("the files' column {:?} has the type {}, which has no faithful PostgreSQL type in fixpoint", c.name, c.ty),
+                hint: Some("write it upstream as a plain type (integer, decimal, text, boolean, date, timestamp, timestamptz, time, uuid, blob), or load the files into DuckDB".into()),
+            });
+        };
+        create.push(format!("{} {pg}", quote_ident(&c.name)));
+        select.push(expr);
+        kinds.push(kind);
+        types.push(match kind {
+            Kind::Bool => Type::BOOL,
+            Kind::Int2 => Type::INT2,
+            Kind::Int4 => Type::INT4,
+            Kind::Int8 => Type::INT8,
+            Kind::Float4 => Type::FLOAT4,
+            Kind::Float8 => Type::FLOAT8,
+            Kind::Numeric => Type::NUMERIC,
+            Kind::Text => Type::TEXT,
+            Kind::Bytea => Type::BYTEA,
+            Kind::Date => Type::DATE,
+            Kind::Timestamp => Type::TIMESTAMP,
+            Kind::TimestampTz => Type::TIMESTAMPTZ,
+            Kind::Time => Type::TIME,
+            Kind::Uuid => Type::UUID,
+        });
+    }
+    let pg_err = |context: &str| {
+        let context = context.to_owned();
+        move |e: postgres::Error| Error::Database { engine: "postgres", context: context.clone(), message: e.to_string() }
+    };
+    let table = match into {
+        Some(t) => t.to_owned(),
+        None => {
+            client.batch_execute(&format!("DROP TABLE IF EXISTS {STAGE}")).map_err(pg_err("dropping the staging table"))?;
+            client
+                .batch_execute(&format!("CREATE TEMPORARY TABLE {} ({})", STAGE.trim_start_matches("pg_temp."), create.join(", ")))
+                .map_err(pg_err("creating the staging table"))?;
+            STAGE.to_owned()
+        }
+    };
+
+    let mut read = Sql::new();
+    read.push("SELECT ").push(&select.join(", ")).push(" FROM ").append(&relation);
+    let conn = duck.connection();
+    let duck_err = |e: duckdb::Error| Error::Database { engine: "duckdb", context: "reading the files".into(), message: e.to_string() };
+    let mut stmt = conn.prepare(&read.text).map_err(duck_err)?;
+    let mut rows = stmt.query([]).map_err(duck_err)?;
+    let sink = client.copy_in(&format!("COPY {table} FROM STDIN (FORMAT binary)")).map_err(pg_err("starting COPY"))?;
+    let mut writer = BinaryCopyInWriter::new(sink, &types);
+    let mut n = 0u64;
+    let width = kinds.len();
+    loop {
+        let row = match rows.next() {
+            Ok(Some(r)) => r,
+            Ok(None) => break,
+            Err(e) => return Err(duck_err(e)),
+        };
+        let mut fields = Vec::with_capacity(width);
+        for (i, kind) in kinds.iter().enumerate() {
+            fields.push(Field { kind: *kind, value: row.get_ref(i).map_err(duck_err)? });
+        }
+        let refs: Vec<&(dyn ToSql + Sync)> = fields.iter().map(|f| f as &(dyn ToSql + Sync)).collect();
+        writer.write(&refs).map_err(pg_err("copying the files' rows into PostgreSQL"))?;
+        n += 1;
+    }
+    writer.finish().map_err(pg_err("finishing COPY"))?;
+    if into.is_none() {
+        client.batch_execute(&format!("ANALYZE {STAGE}")).map_err(pg_err("analyzing the staging table"))?;
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enc(t: &str) -> Vec<i16> {
+        let mut b = BytesMut::new();
+        numeric_binary(t, &mut b).unwrap();
+        b.chunks(2).map(|c| i16::from_be_bytes([c[0], c[1]])).collect()
+    }
+
+    #[test]
+    fn numerics_encode_in_base_10000() {
+        // ndigits, weight, sign, dscale, digits…
+        assert_eq!(enc("0"), [0, 0, 0, 0]);
+        assert_eq!(enc("12.50"), [2, 0, 0, 2, 12, 5000]);
+        assert_eq!(enc("-12345.6"), [3, 1, 0x4000, 1, 1, 2345, 6000]);
+        assert_eq!(enc("0.0001"), [1, -1, 0, 4, 1]);
+        assert_eq!(enc("100000000"), [1, 2, 0, 0, 1]);
+        assert_eq!(enc("-0.00"), [0, 0, 0, 2]);
+        assert!(numeric_binary("1e5", &mut BytesMut::new()).is_err());
+    }
+}

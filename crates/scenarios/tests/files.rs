@@ -1,0 +1,392 @@
+//! File sources, run on every engine: a day's bronze files (Parquet, CSV,
+//! JSON Lines) loaded directly, the run key made from the files' hashes,
+//! incomplete days refused with the target unchanged.
+
+use std::path::PathBuf;
+
+use fixpoint_core::backfill::{status, DateState};
+use fixpoint_core::{ledger, Error, ErrorClass, Job};
+use fixpoint_scenarios::*;
+
+/// A folder for one test's bronze files and job file.
+struct Lake {
+    dir: tempfile::TempDir,
+}
+
+impl Lake {
+    fn new() -> Lake {
+        Lake { dir: tempfile::tempdir().unwrap() }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// Writes files with DuckDB: `{lake}` in `script` is the lake's folder
+    /// (fixture SQL written by the tests, never user input).
+    fn write(&self, files: &[&str], script: &str) {
+        for f in files {
+            std::fs::create_dir_all(self.path(f).parent().unwrap()).unwrap();
+        }
+        let duck = fixpoint_duckdb::DuckDb::open_in_memory().unwrap();
+        let script = script.replace("{lake}", &self.dir.path().display().to_string());
+        duck.connection().execute_batch(&script).unwrap_or_else(|e| panic!("fixture: {e}\n{script}"));
+    }
+
+    fn text(&self, rel: &str, content: &str) {
+        std::fs::create_dir_all(self.path(rel).parent().unwrap()).unwrap();
+        std::fs::write(self.path(rel), content).unwrap();
+    }
+
+    /// A job file in the lake, read as `fixpoint run` would.
+    fn job(&self, toml: &str) -> Job {
+        let path = self.path("job.toml");
+        std::fs::write(&path, toml).unwrap();
+        Job::from_file(&path).unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+const PART_0: &str = "
+COPY (SELECT * FROM (VALUES
+  (3, 12, 5.25::DECIMAL(12,2), 'EUR', TIMESTAMP '2026-10-20 07:00:00'),
+  (4, 10, 45.00::DECIMAL(12,2), 'GBP', TIMESTAMP '2026-10-20 11:00:00')
+) AS t(order_id, customer_id, order_total, currency, updated_at)) TO '{lake}/bronze/orders/dt=2026-10-20/part-0.parquet' (FORMAT parquet);
+";
+const PART_1: &str = "
+COPY (SELECT * FROM (VALUES
+  (5, 13, 7.00::DECIMAL(12,2), 'EUR', TIMESTAMP '2026-10-20 12:00:00'),
+  (6, 14, 18.40::DECIMAL(12,2), 'EUR', TIMESTAMP '2026-10-21 02:14:00')
+) AS t(order_id, customer_id, order_total, currency, updated_at)) TO '{lake}/bronze/orders/dt=2026-10-20/part-1.parquet' (FORMAT parquet);
+";
+
+fn orders_20() -> String {
+    format!("{PART_0}{PART_1}")
+}
+
+const PARTS_20: &[&str] = &["bronze/orders/dt=2026-10-20/part-0.parquet", "bronze/orders/dt=2026-10-20/part-1.parquet"];
+
+/// The day's folder, loaded as it is: the files' columns plus `dt` from the
+/// folder name (hive-style).
+const PARQUET_JOB: &str = r#"
+name = "silver_orders_files"
+target = "silver.orders"
+strategy = "replace_partition"
+partition = "dt"
+
+[source]
+files = "bronze/orders/dt={run_date}/*.parquet"
+"#;
+
+fn all_rows(db: &mut dyn fixpoint_core::Engine) -> Vec<Vec<String>> {
+    rows(db, "SELECT order_id, customer_id, CAST(order_total AS VARCHAR), currency, CAST(updated_at AS VARCHAR), CAST(dt AS VARCHAR) FROM silver.orders")
+}
+
+fn a_day_of_parquet_files_loads_and_reloads(e: &dyn EngineUnderTest) {
+    let lake = Lake::new();
+    lake.write(PARTS_20, &orders_20());
+    let job = lake.job(PARQUET_JOB);
+    let mut db = e.fresh();
+    let db = db.as_mut();
+
+    let first = job.load(d("2026-10-20"), db).unwrap();
+    assert_eq!((first.outcome.as_str(), first.rows_inserted, first.output_rows), ("committed", 4, 4));
+    let files = first.input_files.clone().expect("the report lists the files");
+    let names: Vec<&str> = files.files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(names, ["part-0.parquet", "part-1.parquet"]);
+    assert_eq!(files.files[0].size, std::fs::metadata(lake.path(PARTS_20[0])).unwrap().len());
+    assert_eq!(
+        rows(db, "SELECT order_id, CAST(dt AS VARCHAR) FROM silver.orders"),
+        [["3", "\"2026-10-20\""], ["4", "\"2026-10-20\""], ["5", "\"2026-10-20\""], ["6", "\"2026-10-20\""]]
+    );
+    let fp = day_fp(db, "silver.orders", "2026-10-20", &[]);
+
+    // Re-run: the same files give the same run key, and nothing is read or written.
+    for _ in 0..3 {
+        let again = job.load(d("2026-10-20"), db).unwrap();
+        assert_eq!(again.outcome, "skipped", "{:?}", again.skip_reason);
+        assert_eq!(again.run_key, first.run_key);
+        assert_eq!(day_fp(db, "silver.orders", "2026-10-20", &[]), fp);
+    }
+    let entries = ledger::entries(db, Some("silver_orders_files"), None, None).unwrap();
+    assert_eq!(entries.len(), 1);
+    let recorded = entries[0].input_files.as_ref().unwrap();
+    assert_eq!((&recorded.checksum, &recorded.files), (&files.checksum, &files.files), "the ledger records the files and their hashes");
+
+    // One value changed in one file: another run key, and only that row changes.
+    let before = all_rows(db);
+    lake.write(&[], &PART_1.replace("7.00::DECIMAL", "7.01::DECIMAL"));
+    let st = status(&job, d("2026-10-20"), db).unwrap();
+    assert_eq!(st.state, DateState::SourceChanged);
+    assert_eq!(st.files_changed, ["changed part-1.parquet"]);
+    assert_eq!(st.input_rows_now, None, "status reads no row of a file source");
+    let changed = job.load(d("2026-10-20"), db).unwrap();
+    assert_eq!(changed.outcome, "committed");
+    assert_ne!(changed.run_key, first.run_key);
+    let after = all_rows(db);
+    let gone: Vec<_> = before.iter().filter(|r| !after.contains(r)).collect();
+    let new: Vec<_> = after.iter().filter(|r| !before.contains(r)).collect();
+    assert_eq!(gone.len(), 1, "{gone:?}");
+    assert_eq!(new.len(), 1, "{new:?}");
+    assert_eq!((new[0][0].as_str(), new[0][2].as_str()), ("5", "\"7.01\""));
+    assert_eq!(status(&job, d("2026-10-20"), db).unwrap().state, DateState::Ok);
+
+    // A file added: another run key too.
+    lake.write(&["bronze/orders/dt=2026-10-20/part-2.parquet"], "COPY (SELECT 8 AS order_id, 16 AS customer_id, 1.00::DECIMAL(12,2) AS order_total, 'EUR' AS currency, TIMESTAMP '2026-10-20 13:00:00' AS updated_at) TO '{lake}/bronze/orders/dt=2026-10-20/part-2.parquet' (FORMAT parquet)");
+    let added = job.load(d("2026-10-20"), db).unwrap();
+    assert_eq!((added.outcome.as_str(), added.output_rows), ("committed", 5));
+}
+
+fn incomplete_days_are_refused_and_change_nothing(e: &dyn EngineUnderTest) {
+    let lake = Lake::new();
+    lake.write(PARTS_20, &orders_20());
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    let job = lake.job(PARQUET_JOB);
+    job.load(d("2026-10-20"), db).unwrap();
+    let fp = day_fp(db, "silver.orders", "2026-10-20", &[]);
+    let unchanged = |db: &mut dyn fixpoint_core::Engine| {
+        assert_eq!(day_fp(db, "silver.orders", "2026-10-20", &[]), fp);
+        assert_eq!(ledger::entries(db, None, None, None).unwrap().len(), 1);
+    };
+
+    // A missing day.
+    let err = job.load(d("2026-10-21"), db).unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Data);
+    assert!(err.to_string().contains("no file matches") && err.to_string().contains("dt=2026-10-21/*.parquet"), "{err}");
+    assert!(err.hint().unwrap().contains("allow_missing = true"));
+    unchanged(db);
+    // … allowed: skipped, nothing written.
+    let lenient = lake.job(&PARQUET_JOB.replace("*.parquet\"", "*.parquet\"\nallow_missing = true"));
+    let r = lenient.load(d("2026-10-21"), db).unwrap();
+    assert_eq!(r.outcome, "skipped");
+    assert!(r.skip_reason.unwrap().contains("allow_missing = true"));
+    assert_eq!(count(db, "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-21'"), 0);
+    unchanged(db);
+
+    // A truncated file: the error names it; nothing changes.
+    let part1 = lake.path(PARTS_20[1]);
+    let good = std::fs::read(&part1).unwrap();
+    std::fs::write(&part1, &good[..good.len() / 2]).unwrap();
+    let err = job.load(d("2026-10-20"), db).unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Data, "{err}");
+    assert!(err.to_string().starts_with("cannot read part-1.parquet (parquet file of job silver_orders_files for 2026-10-20)"), "{err}");
+    unchanged(db);
+    std::fs::write(&part1, &good).unwrap();
+
+    // A half-written day: the marker is required and not there yet.
+    let marked = lake.job(&PARQUET_JOB.replace("*.parquet\"", "*.parquet\"\nrequire_marker = \"_SUCCESS\""));
+    std::fs::write(lake.path("bronze/orders/dt=2026-10-20/part-2.parquet"), &good[..100]).unwrap();
+    let err = marked.load(d("2026-10-20"), db).unwrap_err();
+    assert!(err.to_string().contains("has no _SUCCESS marker"), "{err}");
+    unchanged(db);
+    // The upstream finishes the file and writes the marker: the day loads.
+    std::fs::write(lake.path("bronze/orders/dt=2026-10-20/part-2.parquet"), &good).unwrap();
+    std::fs::write(lake.path("bronze/orders/dt=2026-10-20/_SUCCESS"), "").unwrap();
+    let r = marked.load(d("2026-10-20"), db).unwrap();
+    assert_eq!((r.outcome.as_str(), r.output_rows), ("committed", 6), "part-2 is a copy of part-1: 2 more rows");
+
+    // A file still being written under a name starting with `.` or `_` is never read.
+    std::fs::write(lake.path("bronze/orders/dt=2026-10-20/.part-3.parquet.inprogress"), b"PAR1").unwrap();
+    std::fs::write(lake.path("bronze/orders/dt=2026-10-20/_part-4.parquet"), b"PAR1").unwrap();
+    let again = marked.load(d("2026-10-20"), db).unwrap();
+    assert_eq!(again.outcome, "skipped");
+}
+
+fn csv_and_json_lines_load_and_name_bad_lines(e: &dyn EngineUnderTest) {
+    let lake = Lake::new();
+    lake.text("in/2026/10/20/a.csv", "order_id,currency,order_total\n1,EUR,12.50\n2,USD,99.00\n");
+    lake.text("in/2026/10/20/b.csv", "order_id,currency,order_total\n#3,GBP,5.25\n");
+    let csv = lake.job(
+        r#"
+name = "csv_orders"
+target = "silver.csv_orders"
+strategy = "replace_partition"
+partition = "dt"
+
+[source]
+files = "in/{run_date:%Y/%m/%d}/*.csv"
+sql = "SELECT order_id, currency, order_total, :run_date AS dt FROM input"
+"#,
+    );
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    let r = csv.load(d("2026-10-20"), db).unwrap();
+    assert_eq!((r.outcome.as_str(), r.output_rows), ("committed", 3));
+    // A value starting with `#` is data, not a comment.
+    assert_eq!(
+        rows(db, "SELECT CAST(order_id AS VARCHAR), currency FROM silver.csv_orders"),
+        [["\"#3\"", "\"GBP\""], ["\"1\"", "\"EUR\""], ["\"2\"", "\"USD\""]]
+    );
+    let fp = day_fp(db, "silver.csv_orders", "2026-10-20", &[]);
+    assert_eq!(csv.load(d("2026-10-20"), db).unwrap().outcome, "skipped");
+
+    // A row with one field too many: refused, naming the file.
+    lake.text("in/2026/10/20/b.csv", "order_id,currency,order_total\n#3,GBP,5.25\n4,EUR,1.00,oops\n");
+    let err = csv.load(d("2026-10-20"), db).unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Data, "{err}");
+    assert!(err.to_string().starts_with("cannot read b.csv (csv file of job csv_orders for 2026-10-20): Invalid Input Error: "), "{err}");
+    assert!(!err.to_string().contains("strict_mode"), "the reader's own options are not the user's: {err}");
+    assert_eq!(day_fp(db, "silver.csv_orders", "2026-10-20", &[]), fp);
+
+    lake.text("cdc/2026-10-20.jsonl", "{\"order_id\": 1, \"status\": \"new\"}\n{\"order_id\": 2, \"status\": \"paid\"}\n");
+    let json = lake.job(
+        r#"
+name = "json_orders"
+target = "silver.json_orders"
+strategy = "replace_partition"
+partition = "dt"
+
+[source]
+files = "cdc/{run_date}.jsonl"
+sql = "SELECT order_id, status, :run_date AS dt FROM input"
+"#,
+    );
+    let r = json.load(d("2026-10-20"), db).unwrap();
+    assert_eq!((r.outcome.as_str(), r.output_rows), ("committed", 2));
+    assert_eq!(rows(db, "SELECT order_id, status FROM silver.json_orders"), [["1", "\"new\""], ["2", "\"paid\""]]);
+    lake.text("cdc/2026-10-20.jsonl", "{\"order_id\": 1, \"status\": \"new\"}\n{\"order_id\": 2, \"status\": \"paid\"\n");
+    let err = json.load(d("2026-10-20"), db).unwrap_err();
+    assert!(err.to_string().starts_with("cannot read 2026-10-20.jsonl (json file of job json_orders for 2026-10-20)"), "{err}");
+    assert_eq!(count(db, "SELECT count(*) FROM silver.json_orders"), 2);
+}
+
+/// Change files from a CDC feed, merged: newest version wins across days,
+/// and a replayed day changes nothing.
+fn cdc_files_merge(e: &dyn EngineUnderTest) {
+    let lake = Lake::new();
+    lake.text(
+        "cdc/2026-10-20/changes.jsonl",
+        "{\"order_id\": 1, \"total\": 10.0, \"op\": \"U\", \"updated_at\": \"2026-10-20 08:00:00\"}\n{\"order_id\": 2, \"total\": 20.0, \"op\": \"U\", \"updated_at\": \"2026-10-20 09:00:00\"}\n",
+    );
+    lake.text(
+        "cdc/2026-10-21/changes.jsonl",
+        "{\"order_id\": 1, \"total\": 11.0, \"op\": \"U\", \"updated_at\": \"2026-10-21 08:00:00\"}\n{\"order_id\": 2, \"total\": 20.0, \"op\": \"D\", \"updated_at\": \"2026-10-21 09:00:00\"}\n{\"order_id\": 3, \"total\": 30.0, \"op\": \"U\", \"updated_at\": \"2026-10-21 10:00:00\"}\n",
+    );
+    let job = lake.job(
+        r#"
+name = "orders_cdc"
+target = "silver.orders_cdc"
+strategy = "merge"
+key = ["order_id"]
+version = "updated_at"
+deleted = "op = 'D'"
+
+[source]
+files = "cdc/{run_date}/*.jsonl"
+sql = "SELECT order_id, CAST(total AS DECIMAL(12,2)) AS total, op, CAST(updated_at AS TIMESTAMP) AS updated_at FROM input"
+"#,
+    );
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    job.load(d("2026-10-21"), db).unwrap();
+    job.load(d("2026-10-20"), db).unwrap(); // an older day replayed after a newer one
+    let want = [["1", "\"11.00\""], ["3", "\"30.00\""]];
+    assert_eq!(rows(db, "SELECT order_id, CAST(total AS VARCHAR) FROM silver.orders_cdc"), want);
+    let runs = ledger::entries(db, Some("orders_cdc"), None, None).unwrap().len();
+    for day in ["2026-10-20", "2026-10-21"] {
+        let r = job.load(d(day), db).unwrap();
+        assert_eq!((r.rows_inserted, r.rows_updated, r.rows_deleted), (0, 0, 0), "{day}");
+    }
+    assert_eq!(rows(db, "SELECT order_id, CAST(total AS VARCHAR) FROM silver.orders_cdc"), want);
+    assert!(ledger::entries(db, Some("orders_cdc"), None, None).unwrap().len() >= runs);
+}
+
+/// Types travel faithfully (PostgreSQL: through COPY binary).
+fn types_map_faithfully(e: &dyn EngineUnderTest) {
+    let lake = Lake::new();
+    lake.write(
+        &["typed/dt=2026-10-20/t.parquet"],
+        "COPY (SELECT * FROM (VALUES
+           (1, 7::SMALLINT, 12.5::DECIMAL(12,2), 123456789012345678.1234567890::DECIMAL(38,10), 0.1::DOUBLE, 1.5::FLOAT, 'ünï ''q''', DATE '1999-12-31',
+            TIMESTAMP '2026-10-20 08:00:00.123456', TIMESTAMPTZ '2026-10-20 08:00:00.5+02', true, from_hex('00ff'), TIME '23:59:59.25', '7e1f0c9a-3f4e-4c55-9d4b-0b1a2c3d4e5f'::UUID, 3000000000::UBIGINT),
+           (2, NULL, -0.05, -1.0, NULL, NULL, '', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)
+         ) AS t(id, small, amount, big, ratio, f, name, day, ts, tstz, flag, raw, tm, u, ub)) TO '{lake}/typed/dt=2026-10-20/t.parquet' (FORMAT parquet)",
+    );
+    let job = lake.job(
+        r#"
+name = "typed"
+target = "silver.typed"
+strategy = "replace_partition"
+partition = "dt"
+
+[source]
+files = "typed/dt={run_date}/*.parquet"
+"#,
+    );
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    job.load(d("2026-10-20"), db).unwrap();
+    let got = rows(
+        db,
+        "SELECT id, small, CAST(amount AS VARCHAR), CAST(big AS VARCHAR), ratio, CAST(name AS VARCHAR), CAST(day AS VARCHAR), CAST(ts AS VARCHAR),
+                tstz, flag, CAST(tm AS VARCHAR), CAST(u AS VARCHAR), CAST(ub AS VARCHAR) FROM silver.typed",
+    );
+    assert_eq!(got[0][..4], ["1", "7", "\"12.50\"", "\"123456789012345678.1234567890\""]);
+    assert_eq!(got[0][4], "0.1");
+    assert_eq!(got[0][5], "\"ünï 'q'\"");
+    assert_eq!(got[0][6..8], ["\"1999-12-31\"", "\"2026-10-20 08:00:00.123456\""]);
+    // The instant, whatever each engine's display: 08:00:00.5+02 is 06:00:00.5 UTC.
+    assert!(got[0][8].contains("2026-10-20 06:00:00.5"), "{}", got[0][8]);
+    assert_eq!(got[0][9..], ["true", "\"23:59:59.25\"", "\"7e1f0c9a-3f4e-4c55-9d4b-0b1a2c3d4e5f\"", "\"3000000000\""]);
+    assert_eq!(got[1][..4], ["2", "NULL", "\"-0.05\"", "\"-1.0000000000\""]);
+    assert_eq!(job.load(d("2026-10-20"), db).unwrap().outcome, "skipped");
+}
+
+/// Late files: with `lookback`, a run reloads exactly the days whose files
+/// changed, found from the files' hashes without reading a row.
+fn lookback_reloads_the_days_whose_files_changed(e: &dyn EngineUnderTest) {
+    let lake = Lake::new();
+    for day in ["2026-10-18", "2026-10-19", "2026-10-20"] {
+        lake.text(&format!("daily/{day}/orders.csv"), &format!("order_id,total\n1,{}.00\n2,5.00\n", &day[8..]));
+    }
+    let job = lake.job(
+        r#"
+name = "daily_csv"
+target = "silver.daily"
+strategy = "replace_partition"
+partition = "dt"
+lookback = 2
+
+[source]
+files = "daily/{run_date}/*.csv"
+sql = "SELECT order_id, total, :run_date AS dt FROM input"
+"#,
+    );
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    let opts = fixpoint_core::RunOptions::default();
+    let (w, err) = fixpoint_core::lookback::run_window(&job, d("2026-10-20"), db, &opts, None);
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(w.written, 3);
+    // A late row lands in the 19th's file.
+    lake.text("daily/2026-10-19/orders.csv", "order_id,total\n1,19.00\n2,5.00\n3,7.00\n");
+    let (w, err) = fixpoint_core::lookback::run_window(&job, d("2026-10-20"), db, &opts, None);
+    assert!(err.is_none(), "{err:?}");
+    let actions: Vec<(&str, &str)> = w.days.iter().map(|x| (x.run_date.as_str(), x.action.as_str())).collect();
+    assert_eq!(actions, [("2026-10-18", "skipped"), ("2026-10-19", "reloaded"), ("2026-10-20", "skipped")]);
+    assert_eq!(count(db, "SELECT count(*) FROM silver.daily WHERE dt = DATE '2026-10-19'"), 3);
+    assert_eq!(count(db, "SELECT count(*) FROM silver.daily"), 7);
+}
+
+scenarios!(
+    lookback_reloads_the_days_whose_files_changed,
+    a_day_of_parquet_files_loads_and_reloads,
+    incomplete_days_are_refused_and_change_nothing,
+    csv_and_json_lines_load_and_name_bad_lines,
+    cdc_files_merge,
+    types_map_faithfully,
+);
+
+/// A type PostgreSQL has no faithful equivalent for is refused, naming the column.
+#[test]
+fn postgres_refuses_an_unmappable_column_by_name() {
+    let Some(pg) = PgUnderTest::get() else { return };
+    let lake = Lake::new();
+    lake.write(&["l/dt=2026-10-20/t.parquet"], "COPY (SELECT 1 AS id, [1, 2] AS tags) TO '{lake}/l/dt=2026-10-20/t.parquet' (FORMAT parquet)");
+    let job = lake.job("name = \"l\"\ntarget = \"s.l\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n[source]\nfiles = \"l/dt={run_date}/*.parquet\"\n");
+    let mut db = pg.fresh();
+    let err = job.load(d("2026-10-20"), db.as_mut()).unwrap_err();
+    assert!(matches!(err, Error::Schema { .. }), "{err}");
+    assert!(err.to_string().contains("column \"tags\" has the type INTEGER[]"), "{err}");
+    assert!(db.table_columns(&fixpoint_core::TableName::parse("s.l").unwrap()).unwrap().is_none());
+}
