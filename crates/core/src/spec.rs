@@ -144,7 +144,7 @@ struct RawJob {
 #[serde(deny_unknown_fields)]
 struct RawSource {
     sql: Option<toml::Spanned<String>>,
-    files: Option<String>,
+    files: Option<toml::Spanned<String>>,
     format: Option<String>,
     allow_missing: Option<bool>,
     require_marker: Option<String>,
@@ -221,7 +221,8 @@ impl Job {
         let raw_source = raw.source.ok_or_else(|| {
             spec_err("source", "missing: expected a [source] section with the query (sql = \"SELECT … WHERE dt = :run_date\") or the day's files (files = \"bronze/orders/dt={run_date}/*.parquet\")".into(), None)
         })?;
-        let files = match &raw_source.files {
+        let files_position = raw_source.files.as_ref().map(|f| source_position(text, f.span()));
+        let files = match raw_source.files.as_ref().map(|f| f.get_ref()) {
             Some(pattern) => {
                 let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
                 Some(
@@ -239,7 +240,7 @@ impl Job {
             }
         };
         let spanned = raw_source.sql;
-        let sql_position = spanned.as_ref().map(|s| source_position(text, s.span()));
+        let sql_position = spanned.as_ref().map(|s| source_position(text, s.span())).or(files_position);
         let sql = match (spanned, &files) {
             (Some(s), _) => s.into_inner(),
             (None, Some(_)) => "SELECT * FROM input".to_owned(),

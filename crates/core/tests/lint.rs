@@ -29,6 +29,8 @@ fn corpus() {
         ("limit_unordered.toml", &[("order", E, 8, 1)]),
         ("distinct_on_unordered.toml", &[("order", E, 8, 1)]),
         ("no_scope.toml", &[("scope", E, 7, 8)]),
+        ("files_clean.toml", &[]),
+        ("files_no_date.toml", &[("scope", E, 7, 10)]),
         ("generated_key.toml", &[("keys", E, 9, 8)]),
         // DuckDB syntax: read with the DuckDB dialect only.
         ("using_sample.toml", &[("random", E, 8, 40)]),
