@@ -595,6 +595,42 @@ fn run_lookback(args: BenchArgs, out: &Output) -> Result<(), Error> {
         win.push(timed(&mut cmd(&window, &[]))?);
         forced.push(timed(&mut cmd(&plain, &["--force"]))?);
     }
+    // The same with a file source: the window's 8 days as Parquet files
+    // (written once from bronze.orders), so the probe hashes files instead
+    // of scanning the source.
+    let files_dir = args.dir.join("lookback_files");
+    let first_window_day = RunDate::parse(&last)?.date() - chrono::Duration::days(7);
+    for i in 0..8 {
+        let day = first_window_day + chrono::Duration::days(i);
+        let folder = files_dir.join(format!("dt={}", day.format("%Y-%m-%d")));
+        let part = folder.join("part-0.parquet");
+        if !part.exists() {
+            std::fs::create_dir_all(&folder).map_err(|source| Error::Io { path: folder.clone(), source })?;
+            let db = DuckDb::open(&file, Duration::from_secs(60))?;
+            // Benchmark fixture: the path is ours.
+            db.connection()
+                .execute_batch(&format!(
+                    "COPY (SELECT order_id, customer_id, order_total, currency, updated_at FROM bronze.orders WHERE dt = DATE '{}') TO '{}' (FORMAT parquet)",
+                    day.format("%Y-%m-%d"),
+                    part.display()
+                ))
+                .map_err(db_err("writing the lookback files"))?;
+        }
+    }
+    let fbody = "target = \"silver.orders_files\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n\n[source]\nfiles = \"lookback_files/dt={run_date}/*.parquet\"\n";
+    let fplain = args.dir.join("bench_lookback_files_plain.toml");
+    let fwindow = args.dir.join("bench_lookback_files_7.toml");
+    for (path, extra) in [(&fplain, ""), (&fwindow, "lookback = 7\n")] {
+        std::fs::write(path, format!("{extra}name = \"bench_lookback_files\"\n{fbody}")).map_err(|source| Error::Io { path: path.clone(), source })?;
+    }
+    measure(&mut cmd(&fwindow, &[]))?;
+    let (mut falone, mut fwin, mut fforced) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..args.rounds {
+        eprintln!("bench: files round {}/{}", round + 1, args.rounds);
+        falone.push(timed(&mut cmd(&fplain, &[]))?);
+        fwin.push(timed(&mut cmd(&fwindow, &[]))?);
+        fforced.push(timed(&mut cmd(&fplain, &["--force"]))?);
+    }
     let med = |v: &[Sample]| median(v.iter().map(|s| s.inner).collect());
     let rss = |v: &[Sample]| v.iter().map(|s| s.rss_mb).fold(0.0, f64::max);
     let result = json!({
@@ -602,6 +638,11 @@ fn run_lookback(args: BenchArgs, out: &Output) -> Result<(), Error> {
         "day_alone_unchanged_s": med(&alone), "lookback_7_unchanged_s": med(&win), "day_reload_s": med(&forced),
         "ratio_vs_day_alone": med(&win) / med(&alone), "ratio_vs_reload": med(&win) / med(&forced),
         "peak_rss_mb": {"alone": rss(&alone), "lookback_7": rss(&win), "reload": rss(&forced)},
+        "files": {
+            "day_alone_unchanged_s": med(&falone), "lookback_7_unchanged_s": med(&fwin), "day_reload_s": med(&fforced),
+            "ratio_vs_day_alone": med(&fwin) / med(&falone), "ratio_vs_reload": med(&fwin) / med(&fforced),
+            "peak_rss_mb": {"alone": rss(&falone), "lookback_7": rss(&fwin), "reload": rss(&fforced)},
+        },
     });
     if out.is_json() {
         out.json(&result);
@@ -613,6 +654,14 @@ fn run_lookback(args: BenchArgs, out: &Output) -> Result<(), Error> {
         println!("| the day with lookback = 7 (8 days probed, all skipped) | {:.3} | {:.0} |", med(&win), rss(&win));
         println!("| the day reloaded (--force) | {:.3} | {:.0} |", med(&forced), rss(&forced));
         println!("lookback 7 / the day alone: {:.2}; / the day reloaded: {:.2}", med(&win) / med(&alone), med(&win) / med(&forced));
+        println!();
+        println!("the same job reading a folder of Parquet files per day (file source):");
+        println!("| run | time (s) | peak RSS (MiB) |");
+        println!("|---|---|---|");
+        println!("| the day alone (skipped: same files) | {:.3} | {:.0} |", med(&falone), rss(&falone));
+        println!("| the day with lookback = 7 (8 days' files hashed, all skipped) | {:.3} | {:.0} |", med(&fwin), rss(&fwin));
+        println!("| the day reloaded (--force) | {:.3} | {:.0} |", med(&fforced), rss(&fforced));
+        println!("lookback 7 / the day alone: {:.2}; / the day reloaded: {:.2}", med(&fwin) / med(&falone), med(&fwin) / med(&fforced));
     }
     Ok(())
 }

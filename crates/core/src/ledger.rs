@@ -186,8 +186,27 @@ pub fn entries(engine: &mut dyn Engine, job: Option<&str>, run_date: Option<RunD
     entries_of_existing(engine, job, run_date, limit)
 }
 
+/// The newest entry of `job` for each date from `from` to `to` (one query),
+/// by date.
+pub fn latest_per_date(engine: &mut dyn Engine, job: &str, from: RunDate, to: RunDate) -> Result<std::collections::HashMap<String, Entry>> {
+    let mut out = std::collections::HashMap::new();
+    if !exists(engine)? {
+        return Ok(out);
+    }
+    ensure(engine)?;
+    // Newest first: the first entry seen for a date is its latest.
+    for e in entries_where(engine, Some(job), Some((from, to)), None)? {
+        out.entry(e.run_date.clone()).or_insert(e);
+    }
+    Ok(out)
+}
+
 /// [`entries`] when the ledger is known to exist (after [`ensure`]).
 pub fn entries_of_existing(engine: &mut dyn Engine, job: Option<&str>, run_date: Option<RunDate>, limit: Option<u64>) -> Result<Vec<Entry>> {
+    entries_where(engine, job, run_date.map(|d| (d, d)), limit)
+}
+
+fn entries_where(engine: &mut dyn Engine, job: Option<&str>, dates: Option<(RunDate, RunDate)>, limit: Option<u64>) -> Result<Vec<Entry>> {
     let mut sql = Sql::new();
     sql.push("SELECT ");
     sql.push(
@@ -205,8 +224,15 @@ pub fn entries_of_existing(engine: &mut dyn Engine, job: Option<&str>, run_date:
     if let Some(j) = job {
         sql.push(" AND \"job\" = ").typed_param(Value::Text(j.to_owned()), "VARCHAR");
     }
-    if let Some(d) = run_date {
-        sql.push(" AND \"run_date\" = ").typed_param(Value::Date(d.date()), "DATE");
+    match dates {
+        Some((a, b)) if a == b => {
+            sql.push(" AND \"run_date\" = ").typed_param(Value::Date(a.date()), "DATE");
+        }
+        Some((a, b)) => {
+            sql.push(" AND \"run_date\" BETWEEN ").typed_param(Value::Date(a.date()), "DATE");
+            sql.push(" AND ").typed_param(Value::Date(b.date()), "DATE");
+        }
+        None => {}
     }
     sql.push(" ORDER BY \"finished_at\" DESC, \"started_at\" DESC, \"run_key\" DESC");
     if let Some(n) = limit {

@@ -56,6 +56,9 @@ pub fn run_window(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &
     let mut days = Vec::new();
     let mut first_error = None;
     let job_hash = job.definition_hash();
+    // The window's ledger entries in one query.
+    // (Should it fail, each day looks itself up and reports its own error.)
+    let mut latest = ledger::latest_per_date(engine, &job.name, first, run_date).ok();
     for day in RunDate::range(first, run_date) {
         if job.start.is_some_and(|s| day < s) {
             days.push(WindowDay {
@@ -66,8 +69,12 @@ pub fn run_window(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &
             });
             continue;
         }
-        let last = match ledger::entries(engine, Some(&job.name), Some(day), Some(1)) {
-            Ok(mut e) => e.pop(),
+        let looked_up = match latest.as_mut() {
+            Some(m) => Ok(m.remove(&day.to_string())),
+            None => ledger::entries(engine, Some(&job.name), Some(day), Some(1)).map(|mut e| e.pop()),
+        };
+        let last = match looked_up {
+            Ok(l) => l,
             Err(e) => {
                 days.push(WindowDay { run_date: day.to_string(), action: "failed".into(), reason: e.to_string(), report: None });
                 first_error.get_or_insert(e);
