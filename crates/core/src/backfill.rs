@@ -194,17 +194,20 @@ fn fingerprinted(cols: &[Column], metadata: &[String]) -> Vec<Column> {
 /// without reading a row). Nothing is written. A file source's day without
 /// files (with `allow_missing`) has the empty key, which no run has.
 pub fn run_key_now(job: &Job, run_date: RunDate, engine: &mut dyn Engine) -> Result<(String, Option<u64>)> {
-    if let Some(source) = &job.source.files {
+    if let (Some(source), true) = (&job.source.files, job.source.key_from_files()) {
         return Ok(match source.resolve(run_date)? {
             Some(files) => (run_key(&job.definition_hash(), run_date, &files.fingerprint()), None),
             None => (String::new(), None),
         });
     }
-    let params = RunParams::new(run_date.date());
-    let source_cols = describe_source(job, engine, &params)?;
-    let input_cols = fingerprinted(&source_cols, &job.metadata);
-    let input = fingerprint(engine, Method::Native, &Scope::Source { template: job.source.template(), params: &params }, &input_cols)?;
-    Ok((run_key(&job.definition_hash(), run_date, &input), Some(input.rows)))
+    let key = crate::run::with_input(job, run_date, engine, |engine, input| {
+        let params: &RunParams = &input.params;
+        let source_cols = describe_source(job, engine, params)?;
+        let input_cols = fingerprinted(&source_cols, &job.metadata);
+        let fp = fingerprint(engine, Method::Native, &Scope::Source { template: job.source.template(), params }, &input_cols)?;
+        Ok((run_key(&job.definition_hash(), run_date, &fp), Some(fp.rows)))
+    })?;
+    Ok(key.unwrap_or((String::new(), None)))
 }
 
 /// How a file source's files now differ from those of the last run:
@@ -236,10 +239,14 @@ pub fn status(job: &Job, run_date: RunDate, engine: &mut dyn Engine) -> Result<D
     let mut files_now = None;
     let (key, input_rows_now) = match &job.source.files {
         Some(source) => match source.resolve(run_date) {
-            Ok(Some(files)) => {
+            Ok(Some(files)) if job.source.key_from_files() => {
                 let key = run_key(&job_hash, run_date, &files.fingerprint());
                 files_now = Some(files);
                 (key, None)
+            }
+            Ok(Some(files)) => {
+                files_now = Some(files);
+                run_key_now(job, run_date, engine)?
             }
             Ok(None) => {
                 note = Some(format!("no file matches {} (allow_missing = true: a run leaves the date as it is)", source.expand(run_date).display()));

@@ -140,7 +140,10 @@ impl InputFiles {
     /// The relative path of the file a message names, if any.
     pub fn named_in(&self, message: &str) -> Option<&str> {
         let full = self.path_strings();
-        self.files.iter().zip(&full).find(|(f, p)| message.contains(p.as_str()) || message.contains(&f.path)).map(|(f, _)| f.path.as_str())
+        let by_full = self.files.iter().zip(&full).find(|(_, p)| message.contains(p.as_str()));
+        // A relative name only as a whole path component, so `11.csv` is not `1.csv`.
+        let by_rel = || self.files.iter().find(|f| ["/", "\"", "'"].iter().any(|b| message.contains(&format!("{b}{}", f.path))));
+        by_full.map(|(f, _)| f).or_else(by_rel).map(|f| f.path.as_str())
     }
 }
 
@@ -220,6 +223,11 @@ impl FileSource {
 
     /// The pattern with the run date filled in, made absolute from [`FileSource::dir`].
     pub fn expand(&self, run_date: RunDate) -> PathBuf {
+        self.dir.join(self.expand_text(run_date))
+    }
+
+    /// The pattern as written, with the run date filled in (not joined to the folder).
+    fn expand_text(&self, run_date: RunDate) -> String {
         let mut text = String::new();
         for p in &self.pieces {
             match p {
@@ -227,16 +235,17 @@ impl FileSource {
                 Piece::Date(f) => text.push_str(&run_date.date().format(f).to_string()),
             }
         }
-        self.dir.join(text)
+        text
     }
 
     /// The files of `run_date`: matched, checked and hashed. `Ok(None)` when
     /// none matched and `allow_missing` is set.
     pub fn resolve(&self, run_date: RunDate) -> Result<Option<InputFiles>> {
         let pattern = self.expand(run_date);
-        // The fixed part: every component before the first wildcard.
-        let mut base = PathBuf::new();
-        for c in pattern.components() {
+        // The fixed part: the job's folder, then every component of the
+        // pattern before the first wildcard.
+        let mut base = self.dir.clone();
+        for c in Path::new(&self.expand_text(run_date)).components() {
             if is_wild(&c.as_os_str().to_string_lossy()) {
                 break;
             }
@@ -249,17 +258,39 @@ impl FileSource {
         let shown = pattern.to_string_lossy().into_owned();
         let refuse = |message: String, hint: &str| Error::Files { message, hint: Some(hint.to_owned()) };
         let options = glob::MatchOptions { case_sensitive: true, require_literal_separator: true, require_literal_leading_dot: true };
-        let paths = glob::glob_with(&shown, options)
+        // The job's folder is a path, not a pattern: its `[` or `*` match themselves.
+        let text = self.expand_text(run_date);
+        let glob_text = if Path::new(&text).is_absolute() || self.dir.as_os_str().is_empty() {
+            text.clone()
+        } else {
+            let dir = self.dir.to_string_lossy();
+            format!("{}{}{text}", glob::Pattern::escape(&dir), std::path::MAIN_SEPARATOR)
+        };
+        let paths = glob::glob_with(&glob_text, options)
             .map_err(|e| refuse(format!("{shown:?} is not a valid glob: {}", e.msg), "fix `files` under [source]"))?;
+        // Names the pattern spells out are loaded even if they start with `_` or `.`.
+        let literal: Vec<&str> = text.split(['/', '\\']).filter(|c| !is_wild(c)).collect();
         let mut matched = Vec::new();
         let mut ignored = Vec::new();
         for entry in paths {
             let path = entry.map_err(|e| Error::Io { path: e.path().to_owned(), source: std::io::Error::new(e.error().kind(), e.error().to_string()) })?;
-            let rel = relative(&path, &base);
-            let hidden = rel.split('/').any(|c| c.starts_with('_') || c.starts_with('.'));
             if !path.is_file() {
                 continue;
             }
+            if path.to_str().is_none() {
+                return Err(refuse(
+                    format!("{} is not a UTF-8 file name; nothing was changed", path.display()),
+                    "rename the file (file sources need UTF-8 names, so that a day's fingerprint is the same on every machine)",
+                ));
+            }
+            let rel = relative(&path, &base);
+            if rel.contains(['*', '?', '[', ']', '{', '}']) {
+                return Err(refuse(
+                    format!("{rel} (in {}) has a name with a glob character (*, ?, [, ], {{ or }}), which the readers would take for a pattern; nothing was changed", base.display()),
+                    "rename the file without those characters",
+                ));
+            }
+            let hidden = rel.split('/').any(|c| (c.starts_with('_') || c.starts_with('.')) && !literal.contains(&c));
             if hidden {
                 ignored.push(rel);
             } else {
@@ -306,11 +337,44 @@ impl FileSource {
     }
 }
 
-/// BLAKE3 of a file's content: memory-mapped and hashed on every core when
-/// large, read when small.
+/// BLAKE3 of a file's content, read in 16 MiB blocks, each hashed on every
+/// core. (Not memory-mapped: a file rewritten by its upstream while being
+/// hashed must be an error, not a SIGBUS.) A file whose size changes while
+/// it is read is refused: it is still being written.
 pub fn hash_file(path: &Path) -> Result<String> {
+    use std::io::Read;
+    let io = |e: std::io::Error| Error::Io { path: path.to_owned(), source: e };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let before = file.metadata().map_err(io)?.len();
     let mut h = blake3::Hasher::new();
-    h.update_mmap_rayon(path).map_err(|e| Error::Io { path: path.to_owned(), source: e })?;
+    let mut buf = vec![0u8; 16 << 20];
+    let mut read = 0u64;
+    loop {
+        let mut filled = 0;
+        while filled < buf.len() {
+            let n = file.read(&mut buf[filled..]).map_err(io)?;
+            if n == 0 {
+                break;
+            }
+            filled += n;
+        }
+        if filled == 0 {
+            break;
+        }
+        read += filled as u64;
+        if filled >= 1 << 20 {
+            h.update_rayon(&buf[..filled]);
+        } else {
+            h.update(&buf[..filled]);
+        }
+    }
+    let after = std::fs::metadata(path).map_err(io)?.len();
+    if read != before || after != before {
+        return Err(Error::Files {
+            message: format!("{} changed size while it was read ({before} → {after} bytes): it is still being written; nothing was changed", path.display()),
+            hint: Some("run again once the upstream has finished the day; have it write under a name starting with `_` or `.` and rename when done, or write a marker last (require_marker)".into()),
+        });
+    }
     Ok(h.finalize().to_hex().to_string())
 }
 
@@ -440,6 +504,22 @@ mod tests {
         assert!(e.contains("has no _SUCCESS marker"), "{e}");
         std::fs::write(day.join("_SUCCESS"), "").unwrap();
         assert_eq!(marked.resolve(d("2026-10-20")).unwrap().unwrap().checksum, got.checksum);
+    }
+
+    #[test]
+    fn names_spelled_out_load_and_glob_characters_are_refused() {
+        // The job's folder holds glob characters: they match themselves.
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = dir.path().join("proj[2]");
+        std::fs::create_dir_all(jobs.join("exports")).unwrap();
+        std::fs::write(jobs.join("exports/_orders_2026-10-20.csv"), "id\n1\n").unwrap();
+        // A fixed name starting with `_` is the user's choice: loaded.
+        let got = src("exports/_orders_{run_date}.csv", &jobs).resolve(d("2026-10-20")).unwrap().unwrap();
+        assert_eq!(got.files[0].path, "_orders_2026-10-20.csv");
+        // A file whose name a reader would take for a pattern: refused.
+        std::fs::write(jobs.join("exports/part[1].csv"), "id\n1\n").unwrap();
+        let e = src("exports/*.csv", &jobs).resolve(d("2026-10-20")).unwrap_err().to_string();
+        assert!(e.contains("part[1].csv") && e.contains("glob character"), "{e}");
     }
 
     #[test]

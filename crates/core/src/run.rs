@@ -233,13 +233,16 @@ pub(crate) struct RunInput {
     pub params: RunParams,
     /// The files, for a file source.
     pub files: Option<crate::files::InputFiles>,
+    /// Whether the files alone decide the run key (the query reads nothing else).
+    pub key_from_files: bool,
 }
 
 impl RunInput {
-    /// The run key, when the input alone decides it (a file source): known
-    /// before any row is read.
+    /// The run key, when the files alone decide it: known before any row
+    /// is read. `None` for a SQL source, and for a file source whose query
+    /// also reads tables (its key comes from the query's rows).
     pub(crate) fn file_key(&self, job_hash: &str, run_date: RunDate) -> Option<String> {
-        self.files.as_ref().map(|f| run_key(job_hash, run_date, &f.fingerprint()))
+        self.files.as_ref().filter(|_| self.key_from_files).map(|f| run_key(job_hash, run_date, &f.fingerprint()))
     }
 }
 
@@ -255,17 +258,21 @@ pub(crate) fn with_input<T>(
 ) -> Result<Option<T>> {
     let mut params = RunParams::new(run_date.date());
     let Some(source) = &job.source.files else {
-        return body(engine, &RunInput { params, files: None }).map(Some);
+        return body(engine, &RunInput { params, files: None, key_from_files: false }).map(Some);
     };
     let Some(files) = source.resolve(run_date)? else { return Ok(None) };
     let staged = engine.file_input(&files);
     let result = match staged {
         Ok(relation) => {
             params.input = Some(relation);
-            let input = RunInput { params, files: Some(files.clone()) };
+            let input = RunInput { params, files: Some(files.clone()), key_from_files: job.source.key_from_files() };
             let r = body(engine, &input);
-            let released = engine.release_file_input();
-            r.and_then(|v| released.map(|_| v))
+            // Once the run committed, a failed cleanup (the connection gone:
+            // the staged table goes with it) does not make it a failed run.
+            if let (Ok(_), Err(e)) = (&r, engine.release_file_input()) {
+                eprintln!("fixpoint: {} {run_date}: could not drop the staged files ({e}); the run itself committed", job.name);
+            }
+            r
         }
         Err(e) => {
             let _ = engine.release_file_input();

@@ -71,6 +71,46 @@ pub struct Source {
     pub files: Option<crate::files::FileSource>,
 }
 
+/// Whether a query reads no relation but `input` (and its own CTEs). A file
+/// source whose query also reads tables cannot take its run key from the
+/// files alone. A query that cannot be read counts as reading tables.
+pub fn reads_only_input(template: &SourceTemplate) -> bool {
+    use sqlparser::ast::{Query, Visit, Visitor};
+    use std::ops::ControlFlow;
+    struct Names {
+        relations: Vec<String>,
+        ctes: Vec<String>,
+    }
+    impl Visitor for Names {
+        type Break = ();
+        fn pre_visit_query(&mut self, q: &Query) -> ControlFlow<()> {
+            if let Some(with) = &q.with {
+                self.ctes.extend(with.cte_tables.iter().map(|c| c.alias.name.value.to_ascii_lowercase()));
+            }
+            ControlFlow::Continue(())
+        }
+        fn pre_visit_relation(&mut self, r: &sqlparser::ast::ObjectName) -> ControlFlow<()> {
+            self.relations.push(r.to_string().to_ascii_lowercase().replace('"', ""));
+            ControlFlow::Continue(())
+        }
+    }
+    let Ok(statements) = sqlparser::parser::Parser::parse_sql(&sqlparser::dialect::GenericDialect {}, &template.text_for_parsing()) else {
+        return false;
+    };
+    let mut names = Names { relations: Vec::new(), ctes: Vec::new() };
+    let _ = statements.visit(&mut names);
+    names.relations.iter().all(|r| r == "input" || names.ctes.contains(r))
+}
+
+impl Source {
+    /// Whether the run key comes from the files alone: a file source whose
+    /// query reads nothing else. (Otherwise it comes from the query's rows,
+    /// which also cover the tables it joins.)
+    pub fn key_from_files(&self) -> bool {
+        self.files.is_some() && reads_only_input(&self.template)
+    }
+}
+
 impl Source {
     /// The same source with other SQL text (e.g. tables renamed into a sandbox).
     pub fn with_sql(&self, sql: String) -> crate::error::Result<Source> {

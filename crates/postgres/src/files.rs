@@ -152,12 +152,26 @@ impl ToSql for Field<'_> {
                 numeric_binary(&text, out)?
             }
             Kind::Text | Kind::Bytea => out.put_slice(text_of(v)?),
+            // DuckDB's ±infinity (the extreme values) are PostgreSQL's.
             Kind::Date => match *v {
-                ValueRef::Date32(days) => out.put_i32(i32::try_from(i64::from(days) - PG_EPOCH_DAYS)?),
+                ValueRef::Date32(i32::MAX) => out.put_i32(i32::MAX),
+                ValueRef::Date32(days) if days <= -i32::MAX => out.put_i32(i32::MIN),
+                ValueRef::Date32(days) => out.put_i32(i32::try_from(i64::from(days) - PG_EPOCH_DAYS).map_err(|_| format!("date {days} days from 1970 is out of PostgreSQL's range"))?),
                 ref other => return Err(format!("expected a date, DuckDB gave {other:?}").into()),
             },
             Kind::Timestamp | Kind::TimestampTz => match *v {
-                ValueRef::Timestamp(unit, t) => out.put_i64(unit.to_micros(t) - PG_EPOCH_US),
+                ValueRef::Timestamp(_, i64::MAX) => out.put_i64(i64::MAX),
+                ValueRef::Timestamp(_, t) if t <= -i64::MAX => out.put_i64(i64::MIN),
+                ValueRef::Timestamp(unit, t) => {
+                    let us = match unit {
+                        duckdb::types::TimeUnit::Second => t.checked_mul(1_000_000),
+                        duckdb::types::TimeUnit::Millisecond => t.checked_mul(1_000),
+                        duckdb::types::TimeUnit::Microsecond => Some(t),
+                        duckdb::types::TimeUnit::Nanosecond => Some(t.div_euclid(1_000)),
+                    };
+                    let pg = us.and_then(|u| u.checked_sub(PG_EPOCH_US)).ok_or_else(|| format!("timestamp {t} ({unit:?}) is out of PostgreSQL's range"))?;
+                    out.put_i64(pg)
+                }
                 ref other => return Err(format!("expected a timestamp, DuckDB gave {other:?}").into()),
             },
             Kind::Time => match *v {
@@ -323,6 +337,25 @@ mod tests {
         let mut b = BytesMut::new();
         numeric_binary(t, &mut b).unwrap();
         b.chunks(2).map(|c| i16::from_be_bytes([c[0], c[1]])).collect()
+    }
+
+    fn field(kind: Kind, value: ValueRef<'_>) -> std::result::Result<Vec<u8>, String> {
+        let mut b = BytesMut::new();
+        Field { kind, value }.to_sql(&Type::INT8, &mut b).map_err(|e| e.to_string())?;
+        Ok(b.to_vec())
+    }
+
+    #[test]
+    fn dates_and_timestamps_keep_infinity_and_refuse_overflow() {
+        use duckdb::types::TimeUnit;
+        assert_eq!(field(Kind::Date, ValueRef::Date32(i32::MAX)).unwrap(), i32::MAX.to_be_bytes());
+        assert_eq!(field(Kind::Date, ValueRef::Date32(-i32::MAX)).unwrap(), i32::MIN.to_be_bytes());
+        assert_eq!(field(Kind::Date, ValueRef::Date32(10_958)).unwrap(), 1i32.to_be_bytes(), "2000-01-02");
+        assert_eq!(field(Kind::Timestamp, ValueRef::Timestamp(TimeUnit::Microsecond, i64::MAX)).unwrap(), i64::MAX.to_be_bytes());
+        assert_eq!(field(Kind::Timestamp, ValueRef::Timestamp(TimeUnit::Microsecond, -i64::MAX)).unwrap(), i64::MIN.to_be_bytes());
+        assert_eq!(field(Kind::Timestamp, ValueRef::Timestamp(TimeUnit::Second, 946_684_801)).unwrap(), 1_000_000i64.to_be_bytes());
+        assert_eq!(field(Kind::Timestamp, ValueRef::Timestamp(TimeUnit::Nanosecond, 946_684_800_000_001_999)).unwrap(), 1i64.to_be_bytes());
+        assert!(field(Kind::Timestamp, ValueRef::Timestamp(TimeUnit::Second, i64::MAX / 10)).unwrap_err().contains("out of PostgreSQL's range"));
     }
 
     #[test]

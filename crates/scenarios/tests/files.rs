@@ -368,7 +368,42 @@ sql = "SELECT order_id, total, :run_date AS dt FROM input"
     assert_eq!(count(db, "SELECT count(*) FROM silver.daily"), 7);
 }
 
+/// A file source whose query also reads a table: the files alone cannot
+/// decide the run key, so a changed dimension row reloads the day.
+fn a_join_with_a_table_keys_on_the_rows(e: &dyn EngineUnderTest) {
+    let lake = Lake::new();
+    lake.text("f/2026-10-20/o.csv", "order_id,customer_id\n1,10\n2,11\n");
+    let job = lake.job(
+        r#"
+name = "joined"
+target = "silver.joined"
+strategy = "replace_partition"
+partition = "dt"
+
+[source]
+files = "f/{run_date}/*.csv"
+sql = """
+WITH o AS (SELECT * FROM input)
+SELECT o.order_id, c.country, :run_date AS dt FROM o JOIN dim.customers AS c ON c.customer_id = o.customer_id
+"""
+"#,
+    );
+    assert!(!job.source.key_from_files());
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    exec(db, "CREATE SCHEMA dim;\nCREATE TABLE dim.customers (customer_id BIGINT, country VARCHAR);\nINSERT INTO dim.customers VALUES (10, 'FR'), (11, 'DE')");
+    assert_eq!(job.load(d("2026-10-20"), db).unwrap().outcome, "committed");
+    assert_eq!(job.load(d("2026-10-20"), db).unwrap().outcome, "skipped");
+    exec(db, "UPDATE dim.customers SET country = 'IT' WHERE customer_id = 11");
+    assert_eq!(status(&job, d("2026-10-20"), db).unwrap().state, DateState::SourceChanged);
+    let r = job.load(d("2026-10-20"), db).unwrap();
+    assert_eq!(r.outcome, "committed", "the dimension changed: the day is reloaded");
+    assert_eq!(rows(db, "SELECT order_id, country FROM silver.joined"), [["1", "\"FR\""], ["2", "\"IT\""]]);
+    assert!(lake.job(PARQUET_JOB).source.key_from_files());
+}
+
 scenarios!(
+    a_join_with_a_table_keys_on_the_rows,
     lookback_reloads_the_days_whose_files_changed,
     a_day_of_parquet_files_loads_and_reloads,
     incomplete_days_are_refused_and_change_nothing,
