@@ -328,26 +328,38 @@ impl FileSource {
                 }
             }
         }
-        let mut files = Vec::with_capacity(matched.len());
-        for (rel, path) in &matched {
-            let size = std::fs::metadata(path).map_err(|e| Error::Io { path: path.clone(), source: e })?.len();
-            files.push(InputFile { path: rel.clone(), size, blake3: hash_file(path)? });
-        }
+        // One file per core (each read and hashed in blocks); a lone file
+        // is hashed block by block on every core.
+        use rayon::prelude::*;
+        let lone = matched.len() == 1;
+        let files = matched
+            .par_iter()
+            .map(|(rel, path)| {
+                let size = std::fs::metadata(path).map_err(|e| Error::Io { path: path.clone(), source: e })?.len();
+                Ok(InputFile { path: rel.clone(), size, blake3: hash_file_with(path, lone)? })
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Some(InputFiles { checksum: combine(&files), files, base, format: self.format }))
     }
 }
 
-/// BLAKE3 of a file's content, read in 16 MiB blocks, each hashed on every
-/// core. (Not memory-mapped: a file rewritten by its upstream while being
+/// BLAKE3 of a file's content, read in blocks of up to 16 MiB, each hashed
+/// on every core. (Not memory-mapped: a file rewritten by its upstream while being
 /// hashed must be an error, not a SIGBUS.) A file whose size changes while
 /// it is read is refused: it is still being written.
 pub fn hash_file(path: &Path) -> Result<String> {
+    hash_file_with(path, true)
+}
+
+/// [`hash_file`]; `inner_parallel`: hash each block on every core (for a
+/// lone file; many files are hashed one per core instead).
+fn hash_file_with(path: &Path, inner_parallel: bool) -> Result<String> {
     use std::io::Read;
     let io = |e: std::io::Error| Error::Io { path: path.to_owned(), source: e };
     let mut file = std::fs::File::open(path).map_err(io)?;
     let before = file.metadata().map_err(io)?.len();
     let mut h = blake3::Hasher::new();
-    let mut buf = vec![0u8; 16 << 20];
+    let mut buf = vec![0u8; (before.clamp(64 << 10, 16 << 20)) as usize];
     let mut read = 0u64;
     loop {
         let mut filled = 0;
@@ -362,7 +374,7 @@ pub fn hash_file(path: &Path) -> Result<String> {
             break;
         }
         read += filled as u64;
-        if filled >= 1 << 20 {
+        if inner_parallel && filled >= 1 << 20 {
             h.update_rayon(&buf[..filled]);
         } else {
             h.update(&buf[..filled]);
