@@ -173,21 +173,32 @@ fn summary(v: &[Sample]) -> (f64, f64, f64) {
 }
 
 /// Alternating rounds of fixpoint and the hand-written load; medians.
-fn alternate(rounds: u32, fixpoint: &dyn Fn() -> Command, hand: &dyn Fn() -> Command) -> Result<(Vec<Sample>, Vec<Sample>, u64), Error> {
-    measure(&mut fixpoint())?;
-    measure(&mut hand())?;
+/// `before` runs ahead of every measured command (PostgreSQL: VACUUM, so
+/// neither side pays for the dead rows of the one before).
+fn alternate(
+    rounds: u32,
+    fixpoint: &dyn Fn() -> Command,
+    hand: &dyn Fn() -> Command,
+    before: &dyn Fn() -> Result<(), Error>,
+) -> Result<(Vec<Sample>, Vec<Sample>, u64), Error> {
+    let run = |c: &dyn Fn() -> Command| -> Result<(Sample, serde_json::Value), Error> {
+        before()?;
+        measure(&mut c())
+    };
+    run(fixpoint)?;
+    run(hand)?;
     let (mut fx, mut hw) = (Vec::new(), Vec::new());
     let mut rows = 0;
     for round in 0..rounds {
         eprintln!("bench: round {}/{rounds}", round + 1);
         if round % 2 == 0 {
-            let (s, v) = measure(&mut fixpoint())?;
+            let (s, v) = run(fixpoint)?;
             rows = v["rows_inserted"].as_u64().unwrap_or(0);
             fx.push(s);
-            hw.push(measure(&mut hand())?.0);
+            hw.push(run(hand)?.0);
         } else {
-            hw.push(measure(&mut hand())?.0);
-            fx.push(measure(&mut fixpoint())?.0);
+            hw.push(run(hand)?.0);
+            fx.push(run(fixpoint)?.0);
         }
     }
     Ok((fx, hw, rows))
@@ -252,14 +263,18 @@ pub fn run(rows: u64, rounds: u32, dir: &Path, pg_admin: Option<&str>, out: &Out
             c
         }
     };
-    let (fx, hw, loaded) = alternate(rounds, &run_on(format!("duckdb:{}", duck.display())), &hand_on(None))?;
+    let (fx, hw, loaded) = alternate(rounds, &run_on(format!("duckdb:{}", duck.display())), &hand_on(None), &|| Ok(()))?;
     let (dfx, dhw) = (summary(&fx), summary(&hw));
 
     // 3. The day into PostgreSQL.
     let pg = match pg_admin {
         Some(admin) => {
             let url = setup_pg(admin, &duck, rows)?;
-            let (fx, hw, _) = alternate(rounds, &run_on(url.clone()), &hand_on(Some(url)))?;
+            let vacuum_url = url.clone();
+            let vacuum = move || -> Result<(), Error> {
+                fixpoint_postgres::Postgres::connect(&vacuum_url)?.execute(&Sql::raw("VACUUM silver.orders")).map(|_| ())
+            };
+            let (fx, hw, _) = alternate(rounds, &run_on(url.clone()), &hand_on(Some(url)), &vacuum)?;
             Some((summary(&fx), summary(&hw)))
         }
         None => None,

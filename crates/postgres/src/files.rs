@@ -141,16 +141,13 @@ impl ToSql for Field<'_> {
                 ValueRef::Double(f) => out.put_f64(f),
                 ref other => return Err(format!("expected a double, DuckDB gave {other:?}").into()),
             },
-            Kind::Numeric => {
-                let text = match *v {
-                    ValueRef::Decimal(d) => d.to_string(),
-                    ValueRef::HugeInt(i) => i.to_string(),
-                    ValueRef::UHugeInt(i) => i.to_string(),
-                    ValueRef::UBigInt(i) => i.to_string(),
-                    ref other => return Err(format!("expected a decimal, DuckDB gave {other:?}").into()),
-                };
-                numeric_binary(&text, out)?
-            }
+            Kind::Numeric => match *v {
+                ValueRef::Decimal(d) => numeric_scaled(d.value(), d.scale().into(), out),
+                ValueRef::HugeInt(i) => numeric_scaled(i, 0, out),
+                ValueRef::UBigInt(i) => numeric_scaled(i.into(), 0, out),
+                ValueRef::UHugeInt(i) => numeric_binary(&i.to_string(), out)?,
+                ref other => return Err(format!("expected a decimal, DuckDB gave {other:?}").into()),
+            },
             Kind::Text | Kind::Bytea => out.put_slice(text_of(v)?),
             // DuckDB's ±infinity (the extreme values) are PostgreSQL's.
             Kind::Date => match *v {
@@ -235,6 +232,33 @@ pub(crate) fn numeric_binary(text: &str, out: &mut BytesMut) -> std::result::Res
         out.put_i16(g);
     }
     Ok(())
+}
+
+/// A decimal given as `value × 10^-scale` in NUMERIC's binary form (the
+/// same bytes as [`numeric_binary`] of its text).
+pub(crate) fn numeric_scaled(value: i128, scale: u32, out: &mut BytesMut) {
+    let neg = value < 0;
+    // Align the fraction to whole groups of four digits.
+    let pad = (4 - scale % 4) % 4;
+    let mut abs = value.unsigned_abs() * 10u128.pow(pad);
+    let frac_groups = ((scale + pad) / 4) as i32;
+    let mut groups: Vec<i16> = Vec::with_capacity(10);
+    while abs > 0 {
+        groups.push((abs % 10_000) as i16);
+        abs /= 10_000;
+    }
+    groups.reverse();
+    let weight = if groups.is_empty() { 0 } else { groups.len() as i32 - frac_groups - 1 };
+    while groups.last() == Some(&0) {
+        groups.pop();
+    }
+    out.put_i16(groups.len() as i16);
+    out.put_i16(weight as i16);
+    out.put_u16(if neg && !groups.is_empty() { 0x4000 } else { 0 });
+    out.put_i16(scale as i16);
+    for g in groups {
+        out.put_i16(g);
+    }
 }
 
 /// Reads `files` with an embedded DuckDB and copies their rows into
@@ -368,5 +392,22 @@ mod tests {
         assert_eq!(enc("100000000"), [1, 2, 0, 0, 1]);
         assert_eq!(enc("-0.00"), [0, 0, 0, 2]);
         assert!(numeric_binary("1e5", &mut BytesMut::new()).is_err());
+        // From the scaled integer: the same bytes as from the text.
+        for (v, scale, text) in [
+            (0i128, 0u32, "0"),
+            (1250, 2, "12.50"),
+            (-123456, 1, "-12345.6"),
+            (1, 4, "0.0001"),
+            (1234, 8, "0.00001234"),
+            (100000000, 0, "100000000"),
+            (0, 2, "0.00"),
+            (1234567890123456781234567890, 10, "123456789012345678.1234567890"),
+            (-5, 2, "-0.05"),
+        ] {
+            let (mut a, mut b) = (BytesMut::new(), BytesMut::new());
+            numeric_scaled(v, scale, &mut a);
+            numeric_binary(text, &mut b).unwrap();
+            assert_eq!(a, b, "{text}");
+        }
     }
 }
