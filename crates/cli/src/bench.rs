@@ -28,6 +28,9 @@ pub enum BenchStrategy {
     /// A run with `lookback = 7` and nothing changed, against the run for
     /// the day alone (30 days × 1M rows, all loaded).
     Lookback,
+    /// A backfill from a file source (a folder of Parquet files per day):
+    /// its re-run with every date done, against one day's load.
+    BackfillFiles,
     /// File sources: the input fingerprint's hashing throughput against
     /// `cat`, and a day of Parquet files loaded into DuckDB and PostgreSQL
     /// (`--db`; `--db none` skips it) against the hand-written load.
@@ -231,6 +234,9 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
     }
     if args.strategy == BenchStrategy::Fingerprint {
         return run_fingerprint(args, out);
+    }
+    if args.strategy == BenchStrategy::BackfillFiles {
+        return run_backfill_files(args, out);
     }
     if args.strategy == BenchStrategy::Files {
         let rows = if args.rows == 20_000_000 { 5_000_000 } else { args.rows };
@@ -562,6 +568,85 @@ fn run_fingerprint(args: BenchArgs, out: &Output) -> Result<(), Error> {
 }
 
 /// `lookback = 7` with nothing changed vs the day alone, each a whole process.
+/// Writes (once) `count` days from `first` of `bronze.orders` in `file` as
+/// `dir/dt=YYYY-MM-DD/part-0.parquet`.
+fn day_files(file: &Path, dir: &Path, first: chrono::NaiveDate, count: i64) -> Result<(), Error> {
+    for i in 0..count {
+        let day = first + chrono::Duration::days(i);
+        let folder = dir.join(format!("dt={}", day.format("%Y-%m-%d")));
+        let part = folder.join("part-0.parquet");
+        if !part.exists() {
+            std::fs::create_dir_all(&folder).map_err(|source| Error::Io { path: folder.clone(), source })?;
+            let db = DuckDb::open(file, Duration::from_secs(60))?;
+            // Benchmark fixture: the path is ours.
+            db.connection()
+                .execute_batch(&format!(
+                    "COPY (SELECT order_id, customer_id, order_total, currency, updated_at FROM bronze.orders WHERE dt = DATE '{}') TO '{}' (FORMAT parquet)",
+                    day.format("%Y-%m-%d"),
+                    part.display()
+                ))
+                .map_err(db_err("writing the day files"))?;
+        }
+    }
+    Ok(())
+}
+
+/// A backfill of 30 days from a folder of Parquet files per day: its re-run
+/// with every date done (each date: its files hashed, the partition's
+/// fingerprint checked), against one day's load.
+fn run_backfill_files(args: BenchArgs, out: &Output) -> Result<(), Error> {
+    let (rows, days) = if args.rows == 20_000_000 && args.days == 4 { (30_000_000, 30) } else { (args.rows, args.days) };
+    let file = args.dir.join("backfill.duckdb");
+    setup(&file, rows, days)?;
+    let first = RunDate::parse("2026-10-19")?;
+    day_files(&file, &args.dir.join("backfill_files"), first.date(), days as i64)?;
+    let job = args.dir.join("bench_backfill_files.toml");
+    std::fs::write(
+        &job,
+        "name = \"bench_backfill_files\"\ntarget = \"silver.orders_bf\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n\n[source]\nfiles = \"backfill_files/dt={run_date}/*.parquet\"\n",
+    )
+    .map_err(|source| Error::Io { path: job.clone(), source })?;
+    let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
+    let url = format!("duckdb:{}", file.display());
+    let to = RunDate::from_naive(first.date() + chrono::Duration::days(days as i64 - 1)).to_string();
+    let timed = |args: &[&str]| -> Result<Sample, Error> {
+        let start = Instant::now();
+        let mut c = Command::new(&exe);
+        c.args(args).args(["--db", &url, "--output", "json"]);
+        let (mut s, _) = measure(&mut c)?;
+        s.inner = start.elapsed().as_secs_f64();
+        Ok(s)
+    };
+    let job_s = job.display().to_string();
+    let backfill = ["backfill", job_s.as_str(), "--from", "2026-10-19", "--to", to.as_str()];
+    let full = timed(&backfill)?;
+    let (mut rerun, mut one) = (Vec::new(), Vec::new());
+    for round in 0..args.rounds {
+        eprintln!("bench: round {}/{}", round + 1, args.rounds);
+        rerun.push(timed(&backfill)?);
+        one.push(timed(&["run", job_s.as_str(), "--date", "2026-10-20", "--force"])?);
+    }
+    let med = |v: &[Sample]| median(v.iter().map(|s| s.inner).collect());
+    let rss = |v: &[Sample]| v.iter().map(|s| s.rss_mb).fold(0.0, f64::max);
+    let result = json!({
+        "rows": rows, "days": days, "rounds": args.rounds, "first_backfill_s": full.inner,
+        "rerun_all_skipped_s": med(&rerun), "one_day_forced_s": med(&one), "rerun_over_one_day": med(&rerun) / med(&one),
+        "rerun_peak_rss_mb": rss(&rerun), "one_day_peak_rss_mb": rss(&one),
+    });
+    if out.is_json() {
+        out.json(&result);
+    } else {
+        println!("backfill {days} days × {} rows from Parquet files, median of {} rounds (whole process)", rows / days, args.rounds);
+        println!("| run | time (s) | peak RSS (MiB) |");
+        println!("|---|---|---|");
+        println!("| the first backfill (once) | {:.3} | {:.0} |", full.inner, full.rss_mb);
+        println!("| its re-run, every date done (skipped) | {:.3} | {:.0} |", med(&rerun), rss(&rerun));
+        println!("| one day's load (--force) | {:.3} | {:.0} |", med(&one), rss(&one));
+        println!("re-run / one day's load: {:.2}", med(&rerun) / med(&one));
+    }
+    Ok(())
+}
+
 fn run_lookback(args: BenchArgs, out: &Output) -> Result<(), Error> {
     let (rows, days) = if args.rows == 20_000_000 && args.days == 4 { (30_000_000, 30) } else { (args.rows, args.days) };
     let file = args.dir.join("backfill.duckdb");
@@ -598,25 +683,8 @@ fn run_lookback(args: BenchArgs, out: &Output) -> Result<(), Error> {
     // The same with a file source: the window's 8 days as Parquet files
     // (written once from bronze.orders), so the probe hashes files instead
     // of scanning the source.
-    let files_dir = args.dir.join("lookback_files");
     let first_window_day = RunDate::parse(&last)?.date() - chrono::Duration::days(7);
-    for i in 0..8 {
-        let day = first_window_day + chrono::Duration::days(i);
-        let folder = files_dir.join(format!("dt={}", day.format("%Y-%m-%d")));
-        let part = folder.join("part-0.parquet");
-        if !part.exists() {
-            std::fs::create_dir_all(&folder).map_err(|source| Error::Io { path: folder.clone(), source })?;
-            let db = DuckDb::open(&file, Duration::from_secs(60))?;
-            // Benchmark fixture: the path is ours.
-            db.connection()
-                .execute_batch(&format!(
-                    "COPY (SELECT order_id, customer_id, order_total, currency, updated_at FROM bronze.orders WHERE dt = DATE '{}') TO '{}' (FORMAT parquet)",
-                    day.format("%Y-%m-%d"),
-                    part.display()
-                ))
-                .map_err(db_err("writing the lookback files"))?;
-        }
-    }
+    day_files(&file, &args.dir.join("lookback_files"), first_window_day, 8)?;
     let fbody = "target = \"silver.orders_files\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n\n[source]\nfiles = \"lookback_files/dt={run_date}/*.parquet\"\n";
     let fplain = args.dir.join("bench_lookback_files_plain.toml");
     let fwindow = args.dir.join("bench_lookback_files_7.toml");
