@@ -284,10 +284,8 @@ pub(crate) fn with_input<T>(
 
 /// A database error that names one of the run's files, as an error about the file.
 fn file_error(e: Error, files: &crate::files::InputFiles, job: &Job, run_date: RunDate) -> Error {
-    let message = match &e {
-        Error::Database { message, .. } | Error::Schema { message, .. } => message.clone(),
-        _ => return e,
-    };
+    let Error::Database { message, .. } = &e else { return e };
+    let message = message.clone();
     let Some(file) = files.named_in(&message) else { return e };
     // The reader's first line says what is wrong (and where, when it knows);
     // the rest is about its own options and the query fixpoint wrote.
@@ -399,16 +397,15 @@ fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine,
 
         // A file source's run key is known from its files: a retry over the
         // same files, with the partition as recorded, reads no row.
-        if let (Some(last), Some(key)) = (&last, &file_key) {
+        if let Some(key) = &file_key {
             params.run_key = key.clone();
+        }
+        if let (Some(last), Some(key)) = (&last, &file_key) {
             if let Some(now) = unchanged(engine, &layout, &scope, &output_cols, last, key)? {
                 trace.step("target fp");
                 let input = Fingerprint { kind: last.fingerprint_kind.clone(), rows: last.input_rows, checksum: last.input_checksum.clone() };
                 return Ok(skipped(job, run_date, key, &input, &now, started));
             }
-        }
-        if let Some(key) = &file_key {
-            params.run_key = key.clone();
         }
 
         // 2. Guards before anything is deleted, in one scan of the source.

@@ -142,9 +142,14 @@ impl ToSql for Field<'_> {
                 ref other => return Err(format!("expected a double, DuckDB gave {other:?}").into()),
             },
             Kind::Numeric => match *v {
-                ValueRef::Decimal(d) => numeric_scaled(d.value(), d.scale().into(), out),
-                ValueRef::HugeInt(i) => numeric_scaled(i, 0, out),
-                ValueRef::UBigInt(i) => numeric_scaled(i.into(), 0, out),
+                ValueRef::Decimal(d) => {
+                    if !numeric_scaled(d.value(), d.scale().into(), out) {
+                        numeric_binary(&d.to_string(), out)?
+                    }
+                }
+                // Scale 0 never pads: these always fit.
+                ValueRef::HugeInt(i) => _ = numeric_scaled(i, 0, out),
+                ValueRef::UBigInt(i) => _ = numeric_scaled(i.into(), 0, out),
                 ValueRef::UHugeInt(i) => numeric_binary(&i.to_string(), out)?,
                 ref other => return Err(format!("expected a decimal, DuckDB gave {other:?}").into()),
             },
@@ -218,47 +223,45 @@ pub(crate) fn numeric_binary(text: &str, out: &mut BytesMut) -> std::result::Res
         groups.remove(0);
         weight -= 1;
     }
+    put_numeric(out, groups, weight, neg, dscale as i16);
+    Ok(())
+}
+
+/// Writes NUMERIC's binary form from base-10000 groups (most significant
+/// first, no leading zero group) and the weight of the first, dropping
+/// trailing zero groups as PostgreSQL does.
+fn put_numeric(out: &mut BytesMut, mut groups: Vec<i16>, weight: i32, neg: bool, dscale: i16) {
     while groups.last() == Some(&0) {
         groups.pop();
     }
-    if groups.is_empty() {
-        weight = 0;
-    }
+    let weight = if groups.is_empty() { 0 } else { weight };
     out.put_i16(groups.len() as i16);
     out.put_i16(weight as i16);
     out.put_u16(if neg && !groups.is_empty() { 0x4000 } else { 0 });
-    out.put_i16(dscale as i16);
+    out.put_i16(dscale);
     for g in groups {
         out.put_i16(g);
     }
-    Ok(())
 }
 
 /// A decimal given as `value × 10^-scale` in NUMERIC's binary form (the
 /// same bytes as [`numeric_binary`] of its text).
-pub(crate) fn numeric_scaled(value: i128, scale: u32, out: &mut BytesMut) {
-    let neg = value < 0;
+/// Returns `false`, writing nothing, when aligning the fraction would
+/// overflow 128 bits (a value near 10^38): the caller encodes its text.
+pub(crate) fn numeric_scaled(value: i128, scale: u32, out: &mut BytesMut) -> bool {
     // Align the fraction to whole groups of four digits.
     let pad = (4 - scale % 4) % 4;
-    let mut abs = value.unsigned_abs() * 10u128.pow(pad);
+    let Some(mut abs) = value.unsigned_abs().checked_mul(10u128.pow(pad)) else { return false };
     let frac_groups = ((scale + pad) / 4) as i32;
-    let mut groups: Vec<i16> = Vec::with_capacity(10);
+    let mut groups: Vec<i16> = Vec::with_capacity(11);
     while abs > 0 {
         groups.push((abs % 10_000) as i16);
         abs /= 10_000;
     }
     groups.reverse();
-    let weight = if groups.is_empty() { 0 } else { groups.len() as i32 - frac_groups - 1 };
-    while groups.last() == Some(&0) {
-        groups.pop();
-    }
-    out.put_i16(groups.len() as i16);
-    out.put_i16(weight as i16);
-    out.put_u16(if neg && !groups.is_empty() { 0x4000 } else { 0 });
-    out.put_i16(scale as i16);
-    for g in groups {
-        out.put_i16(g);
-    }
+    let weight = groups.len() as i32 - frac_groups - 1;
+    put_numeric(out, groups, weight, value < 0, scale as i16);
+    true
 }
 
 /// Reads `files` with an embedded DuckDB and copies their rows into
@@ -405,9 +408,22 @@ mod tests {
             (-5, 2, "-0.05"),
         ] {
             let (mut a, mut b) = (BytesMut::new(), BytesMut::new());
-            numeric_scaled(v, scale, &mut a);
+            assert!(numeric_scaled(v, scale, &mut a), "{text}");
             numeric_binary(text, &mut b).unwrap();
             assert_eq!(a, b, "{text}");
         }
+        // DECIMAL(38,1) near its maximum: aligning the fraction overflows 128
+        // bits, so the text encoder takes it (and says so by writing nothing).
+        let big = 10i128.pow(37) * 9 + 5;
+        let mut a = BytesMut::new();
+        assert!(!numeric_scaled(big, 1, &mut a));
+        assert!(a.is_empty());
+        let d = duckdb::types::Decimal::new(38, 1, big).unwrap();
+        let mut via_field = BytesMut::new();
+        Field { kind: Kind::Numeric, value: ValueRef::Decimal(d) }.to_sql(&Type::NUMERIC, &mut via_field).unwrap();
+        let mut via_text = BytesMut::new();
+        numeric_binary(&d.to_string(), &mut via_text).unwrap();
+        assert_eq!(via_field, via_text);
+        assert_eq!(d.to_string(), format!("9{}.5", "0".repeat(36)));
     }
 }
