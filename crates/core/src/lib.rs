@@ -20,6 +20,7 @@ pub mod mutate;
 pub mod prove;
 pub mod run;
 pub mod runkey;
+pub mod schema;
 pub mod spec;
 pub mod sql;
 

@@ -97,15 +97,7 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
         return Err(Error::Schema { message: format!("the source may not return a column named {DELETED}"), hint: None });
     }
     let target_cols = engine.table_columns(&job.target)?;
-    if let Some(cols) = &target_cols {
-        let missing: Vec<&str> = source_cols.iter().filter(|s| !has(cols, &s.name)).map(|s| s.name.as_str()).collect();
-        if !missing.is_empty() {
-            return Err(Error::Schema {
-                message: format!("the target {} has no column(s) {} that the source returns", job.target, missing.join(", ")),
-                hint: Some(format!("add them to {} (ALTER TABLE … ADD COLUMN) or drop them from the source", job.target)),
-            });
-        }
-    }
+    let added = crate::schema::reconcile(engine, job, &source_cols, target_cols.as_deref())?;
     let prune = job.partition.as_deref().filter(|p| has(&source_cols, p) && target_cols.as_ref().is_none_or(|t| has(t, p)));
     let names: Vec<String> = source_cols.iter().map(|c| c.name.clone()).collect();
     let is_meta = |c: &String| job.metadata.contains(c);
@@ -121,6 +113,7 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
         // Keys may move across partitions: a merge fences the whole table.
         crate::run::fence(engine, job, "all", opts)?;
         ledger::ensure(engine)?;
+        crate::schema::append(engine, &job.target, &added)?;
         let created_target = target_cols.is_none();
         if created_target {
             engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&job.target.schema))))?;

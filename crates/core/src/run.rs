@@ -161,6 +161,14 @@ impl Job {
 
     /// [`Job::load`] with options.
     pub fn load_with(&self, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
+        if let Some(start) = self.start {
+            if run_date < start {
+                return Err(Error::Argument {
+                    message: format!("{run_date} is before the start of job {} ({start}): the job owns the dates from {start} on", self.name),
+                    hint: Some("pass a run date on or after `start`, or move `start` in the job file".into()),
+                });
+            }
+        }
         // A serialization failure or a deadlock rolled the whole run back:
         // run it again, a few times, with backoff.
         let mut attempt = 0;
@@ -312,6 +320,13 @@ pub(crate) fn no_files_report(job: &Job, run_date: RunDate, started: Instant) ->
 pub(crate) fn describe_source(job: &Job, engine: &mut dyn Engine, params: &RunParams) -> Result<Vec<Column>> {
     let sql = job.source.template().render(params);
     engine.describe(&sql).map_err(|e| match e {
+        // The query's own fault (an unknown table or column, a syntax or
+        // type error): the user's to fix, exit 2.
+        Error::Database { engine, message, .. } if is_query_error(&message) => Error::Sql {
+            what: format!("source.sql of job {} ({engine})", job.name),
+            message: message.trim().to_owned(),
+            hint: Some("run the query by hand with the run's parameters bound, and fix the table or column it names".into()),
+        },
         Error::Database { engine, message, .. } => Error::Database {
             engine,
             context: format!("the source query of job {} does not run", job.name),
@@ -319,6 +334,12 @@ pub(crate) fn describe_source(job: &Job, engine: &mut dyn Engine, params: &RunPa
         },
         other => other,
     })
+}
+
+/// Whether an engine's error message is about the query itself (DuckDB's
+/// parser, binder and catalog errors; PostgreSQL's SQLSTATE class 42).
+fn is_query_error(message: &str) -> bool {
+    ["Parser Error", "Binder Error", "Catalog Error", "Conversion Error", "(SQLSTATE 42"].iter().any(|m| message.contains(m))
 }
 
 fn fingerprinted<'c>(columns: &'c [Column], metadata: &[String]) -> Vec<Column> {
@@ -354,16 +375,13 @@ fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine,
         });
     }
     let target_cols = engine.table_columns(&job.target)?;
-    if let Some(cols) = &target_cols {
-        let missing: Vec<&str> =
-            source_cols.iter().filter(|s| !cols.iter().any(|t| t.name == s.name)).map(|s| s.name.as_str()).collect();
-        if !missing.is_empty() {
-            return Err(Error::Schema {
-                message: format!("the target {} has no column(s) {} that the source returns", job.target, missing.join(", ")),
-                hint: Some(format!("add them to {} (ALTER TABLE … ADD COLUMN) or drop them from the source", job.target)),
-            });
-        }
-    }
+    // Schema drift: refused (naming the columns), or new columns to add in
+    // the run's transaction.
+    let added = crate::schema::reconcile(engine, job, &source_cols, target_cols.as_deref())?;
+    let target_cols = target_cols.map(|mut cols| {
+        cols.extend(added.iter().cloned());
+        cols
+    });
     trace.step("describe");
     let input_cols = fingerprinted(&source_cols, &job.metadata);
     let output_cols = match &target_cols {
@@ -467,7 +485,9 @@ fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine,
         }
         opts.step(FailPoint::AfterGuards)?;
 
-        // 4. Create the target from the source's columns when missing.
+        // 4. Create the target from the source's columns when missing, or
+        //    add the source's new columns (on_schema_change).
+        crate::schema::append(engine, &job.target, &added)?;
         let created_target = target_cols.is_none();
         if created_target {
             engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&job.target.schema))))?;

@@ -155,6 +155,11 @@ pub struct Job {
     /// (lookback, backfill and status leave them alone).
     #[serde(skip)]
     pub start: Option<crate::date::RunDate>,
+    /// What a run does when the source's columns differ from the target's.
+    /// Not part of the definition hash: it decides whether a run may
+    /// proceed, not what an unchanged schema's run writes.
+    #[serde(skip)]
+    pub on_schema_change: crate::schema::OnSchemaChange,
     /// The file the job was read from.
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -178,6 +183,7 @@ struct RawJob {
     audit: Option<Vec<crate::audit::RawAudit>>,
     lookback: Option<i64>,
     start: Option<toml::Value>,
+    on_schema_change: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -370,6 +376,12 @@ impl Job {
                 })?)
             }
         };
+        let on_schema_change = match raw.on_schema_change.as_deref() {
+            None => crate::schema::OnSchemaChange::default(),
+            Some(v) => crate::schema::OnSchemaChange::parse(v).ok_or_else(|| {
+                spec_err("on_schema_change", format!("{v:?}: expected \"fail\" or \"append_new_columns\""), None)
+            })?,
+        };
         let mut audits = Vec::new();
         for (i, a) in raw.audit.unwrap_or_default().into_iter().enumerate() {
             let audit = a.validate(i, merge.as_ref().map(|m| m.key.as_slice())).map_err(|(key, message)| spec_err(&key, message, None))?;
@@ -391,6 +403,7 @@ impl Job {
             audits,
             lookback,
             start,
+            on_schema_change,
             path: None,
         })
     }

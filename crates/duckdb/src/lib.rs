@@ -33,6 +33,19 @@ fn db_err(context: impl Into<String>) -> impl FnOnce(duckdb::Error) -> Error {
     move |e| Error::Database { engine: "duckdb", context, message: e.to_string() }
 }
 
+/// A file that can never be opened as it is: the user's to fix (exit 2),
+/// unlike a lock, which passes.
+fn open_problem(msg: &str) -> Option<&'static str> {
+    let m = msg.to_ascii_lowercase();
+    if m.contains("permission denied") || m.contains("read-only file system") {
+        Some("permission denied")
+    } else if m.contains("not a valid duckdb database") || m.contains("is a directory") || m.contains("database file with version") {
+        Some("not a DuckDB database file")
+    } else {
+        None
+    }
+}
+
 impl DuckDb {
     /// Opens (or creates) a database file, waiting up to `wait` while another
     /// process holds its lock.
@@ -44,6 +57,18 @@ impl DuckDb {
                 Ok(conn) => return Ok(DuckDb { conn, path: Some(path.to_owned()), version: None, in_transaction: false }),
                 Err(e) => {
                     let msg = e.to_string();
+                    if let Some(problem) = open_problem(&msg) {
+                        return Err(Error::Argument {
+                            message: format!("cannot open {} as a DuckDB database: {problem}: {}", path.display(), msg.trim()),
+                            hint: Some(
+                                match problem {
+                                    "permission denied" => "fixpoint needs to read and write the file and its folder: fix their permissions, or pass another --db",
+                                    _ => "pass the path of a DuckDB database file (or of a new file to create) in --db duckdb:PATH",
+                                }
+                                .into(),
+                            ),
+                        });
+                    }
                     if !msg.to_ascii_lowercase().contains("lock") {
                         return Err(Error::Database {
                             engine: "duckdb",

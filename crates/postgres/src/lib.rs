@@ -72,6 +72,11 @@ pub fn classify(code: &str, message: &str, context: String) -> Error {
     let message = format!("{what}: {message} (SQLSTATE {code})");
     match code {
         "40001" | "40P01" => Error::Transient { engine: "postgres", context, message },
+        // A refused login or a missing database: the URL is wrong, not the server.
+        "28000" | "28P01" | "3D000" => Error::Argument {
+            message: format!("postgres: {context}: {message}"),
+            hint: Some("check the user, password and database name in --db (or FIXPOINT_DB); the password is never printed".into()),
+        },
         _ if catalog_race => Error::Transient { engine: "postgres", context, message: format!("{message}; a concurrent run created it") },
         "55P03" => Error::Busy { message: format!("postgres: {context}: {message}") },
         _ => Error::Database { engine: "postgres", context, message },

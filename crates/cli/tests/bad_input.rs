@@ -1,0 +1,264 @@
+//! The bad-input catalogue (RELIABILITY.md): every way a job file, its data,
+//! the arguments or the database can be wrong. Each case must give a clear
+//! error naming the problem (checked by a fragment of the message), the
+//! documented exit code, nothing on stdout in text mode, the same error as
+//! JSON with `--output json`, and leave the database exactly as it was.
+
+use std::path::Path;
+use std::process::Command;
+
+const REPLACE: &str = r#"name = "silver_orders"
+target = "silver.orders"
+strategy = "replace_partition"
+partition = "dt"
+
+[source]
+sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
+"#;
+
+const MERGE: &str = r#"name = "orders_merge"
+target = "silver.orders_m"
+strategy = "merge"
+key = ["order_id"]
+version = "updated_at"
+
+[source]
+sql = "SELECT order_id, order_total, updated_at FROM bronze.orders WHERE dt = :run_date"
+"#;
+
+const SETUP: &str = "CREATE SCHEMA bronze;
+CREATE TABLE bronze.orders (order_id BIGINT, order_total DECIMAL(12,2), updated_at TIMESTAMP, dt DATE);
+INSERT INTO bronze.orders VALUES (1, 1.50, TIMESTAMP '2026-10-19 08:00:00', DATE '2026-10-19'),
+  (2, 2.50, TIMESTAMP '2026-10-20 08:00:00', DATE '2026-10-20'), (3, 3.50, TIMESTAMP '2026-10-20 09:00:00', DATE '2026-10-20');
+CREATE TABLE bronze.nulls (kind VARCHAR, order_id BIGINT, order_total DECIMAL(12,2), updated_at TIMESTAMP);
+INSERT INTO bronze.nulls VALUES ('key', NULL, 1.00, TIMESTAMP '2026-10-20 08:00:00'), ('version', 7, 1.00, NULL);";
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn run(bin: &Path, dir: &Path, args: &[&str], as_nobody: bool) -> Out {
+    let mut cmd = if as_nobody {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(bin);
+        c
+    } else {
+        Command::new(bin)
+    };
+    let o = cmd.args(args).current_dir(dir).env_remove("FIXPOINT_DB").env_remove("FIXPOINT_FAIL_AT").output().expect("runs");
+    Out { code: o.status.code().unwrap_or(-1), stdout: String::from_utf8_lossy(&o.stdout).into_owned(), stderr: String::from_utf8_lossy(&o.stderr).into_owned() }
+}
+
+/// Everything a bad input could have changed.
+fn state(dir: &Path) -> Vec<String> {
+    let db = duckdb::Connection::open(dir.join("w.duckdb")).unwrap();
+    let mut out = Vec::new();
+    for q in [
+        "SELECT string_agg(schema_name || '.' || table_name, ',' ORDER BY schema_name, table_name) FROM duckdb_tables()",
+        "SELECT string_agg(CAST(s AS VARCHAR), ';' ORDER BY CAST(s AS VARCHAR)) FROM silver.orders AS s",
+        "SELECT string_agg(CAST(s AS VARCHAR), ';' ORDER BY CAST(s AS VARCHAR)) FROM silver.orders_m AS s",
+        "SELECT string_agg(CAST(s AS VARCHAR), ';' ORDER BY CAST(s AS VARCHAR)) FROM bronze.orders AS s",
+        "SELECT CAST(count(*) AS VARCHAR) FROM fixpoint.runs",
+    ] {
+        out.push(db.query_row(q, [], |r| r.get::<_, Option<String>>(0)).unwrap().unwrap_or_default());
+    }
+    out
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Special {
+    None,
+    /// The database file has no permissions (run as `nobody` when root).
+    Unreadable,
+    /// The database file and its folder are read-only.
+    ReadOnly,
+    /// Another process holds the file.
+    Locked,
+    /// Needs the PostgreSQL server.
+    Pg,
+}
+
+struct Case {
+    name: &'static str,
+    job: Option<String>,
+    args: Vec<String>,
+    code: i32,
+    needle: String,
+    special: Special,
+}
+
+fn case(name: &'static str, job: Option<String>, args: &[&str], code: i32, needle: &str) -> Case {
+    Case { name, job, args: args.iter().map(|s| s.to_string()).collect(), code, needle: needle.into(), special: Special::None }
+}
+
+const RUN: &[&str] = &["run", "case.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb"];
+
+fn cases() -> Vec<Case> {
+    let r = |from: &str, to: &str| Some(REPLACE.replace(from, to));
+    let m = |from: &str, to: &str| Some(MERGE.replace(from, to));
+    let src = |sql: &str| Some(REPLACE.replace("SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date", sql));
+    let pg = std::env::var("FIXPOINT_TEST_PG").unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into());
+    let host = pg.split('@').nth(1).and_then(|h| h.split('/').next()).unwrap_or("127.0.0.1:5432").to_owned();
+    let pg_user = format!("postgres://no_such_role:secret@{host}/test");
+    let pg_db = format!("postgres://root@{host}/no_such_database");
+    let with = |c: Case, s: Special| Case { special: s, ..c };
+    vec![
+        // The job file.
+        case("malformed TOML", r("name = \"silver_orders\"", "name = \"silver_orders"), RUN, 2, "case.toml: name: "),
+        case("unknown strategy", r("\"replace_partition\"", "\"upsert\""), RUN, 2, "strategy: \"upsert\": expected one of \"replace_partition\", \"merge\", \"replace_table\""),
+        case("unknown key", r("partition = \"dt\"", "partition = \"dt\"\npartiton = \"dt\""), RUN, 2, "unknown field `partiton`"),
+        case("missing name", r("name = \"silver_orders\"\n", ""), RUN, 2, "name: missing"),
+        case("missing target", r("target = \"silver.orders\"\n", ""), RUN, 2, "target: missing"),
+        case("missing source", Some(REPLACE.split("[source]").next().unwrap().to_owned()), RUN, 2, "source: missing"),
+        case("missing partition", r("partition = \"dt\"\n", ""), RUN, 2, "partition: missing"),
+        case("missing merge key", m("key = [\"order_id\"]\n", ""), RUN, 2, "key: missing"),
+        case("missing merge version", m("version = \"updated_at\"\n", ""), RUN, 2, "version: missing"),
+        case("wrong value type", r("partition = \"dt\"", "partition = \"dt\"\nmin_rows = \"ten\""), RUN, 2, "min_rows: invalid type"),
+        case("negative min_rows", r("partition = \"dt\"", "partition = \"dt\"\nmin_rows = -1"), RUN, 2, "min_rows: -1: expected a whole number"),
+        case("unknown on_schema_change", r("partition = \"dt\"", "partition = \"dt\"\non_schema_change = \"sync\""), RUN, 2, "on_schema_change: \"sync\": expected \"fail\" or \"append_new_columns\""),
+        case("missing job file", None, &["run", "nope.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb"], 2, "nope.toml: (file): cannot read the job file"),
+        // Unknown tables and columns.
+        case("unknown source table", src("SELECT order_id, order_total, dt FROM bronze.nope WHERE dt = :run_date"), RUN, 2, "source.sql of job silver_orders (duckdb): Catalog Error: Table with name nope does not exist"),
+        case("unknown source column", src("SELECT order_id, nope, dt FROM bronze.orders WHERE dt = :run_date"), RUN, 2, "Referenced column \"nope\" not found"),
+        case("unknown partition column", r("partition = \"dt\"", "partition = \"day\""), RUN, 2, "has no column \"day\" (the job's partition column)"),
+        case("unknown merge key", m("[\"order_id\"]", "[\"nope\"]"), RUN, 2, "has no column \"nope\" (the job's key)"),
+        case("unknown merge version", m("version = \"updated_at\"", "version = \"nope\""), RUN, 2, "has no column \"nope\" (the job's version)"),
+        // The data.
+        case("NULL merge key", m("FROM bronze.orders WHERE dt = :run_date", "FROM bronze.nulls WHERE kind = 'key'"), RUN, 3, "a NULL in the key (order_id)"),
+        case("NULL merge version", m("FROM bronze.orders WHERE dt = :run_date", "FROM bronze.nulls WHERE kind = 'version'"), RUN, 3, "a NULL version (updated_at)"),
+        case("type mismatch with the target", src("SELECT order_id, CAST(order_total AS VARCHAR) AS order_total, dt FROM bronze.orders WHERE dt = :run_date"), RUN, 2, "the type of column(s) order_total (DECIMAL(12,2) in the target, VARCHAR in the source) changed"),
+        case("new source column", src("SELECT order_id, order_total, updated_at, dt FROM bronze.orders WHERE dt = :run_date"), RUN, 2, "the source returns new column(s) updated_at TIMESTAMP that the target silver.orders lacks"),
+        case("dropped source column", src("SELECT order_id, dt FROM bronze.orders WHERE dt = :run_date"), RUN, 2, "the source no longer returns column(s) order_total DECIMAL(12,2)"),
+        case("rows outside the partition", src("SELECT order_id, order_total, dt FROM bronze.orders WHERE dt <= :run_date"), RUN, 3, "1 source row(s) have dt other than the run date 2026-10-20; nothing was changed"),
+        case("too few rows", r("partition = \"dt\"", "partition = \"dt\"\nmin_rows = 100"), RUN, 3, "100"),
+        // Dates and other arguments.
+        case("no date", Some(REPLACE.into()), &["run", "case.toml", "--db", "duckdb:w.duckdb"], 2, "--date"),
+        case("not a date", Some(REPLACE.into()), &["run", "case.toml", "--date", "yesterday", "--db", "duckdb:w.duckdb"], 2, "\"yesterday\" is not a date: expected YYYY-MM-DD"),
+        case("impossible date", Some(REPLACE.into()), &["run", "case.toml", "--date", "2026-02-30", "--db", "duckdb:w.duckdb"], 2, "\"2026-02-30\" is not a date"),
+        case("date in another format", Some(REPLACE.into()), &["run", "case.toml", "--date", "20.10.2026", "--db", "duckdb:w.duckdb"], 2, "\"20.10.2026\" is not a date"),
+        case("date before the job's start", r("partition = \"dt\"", "partition = \"dt\"\nstart = 2026-10-21"), RUN, 2, "--date 2026-10-20 is before the job's start 2026-10-21"),
+        case("backfill range reversed", Some(REPLACE.into()), &["backfill", "case.toml", "--from", "2026-10-21", "--to", "2026-10-20", "--db", "duckdb:w.duckdb"], 2, "--from 2026-10-21 is after --to 2026-10-20"),
+        case("unknown database URL", Some(REPLACE.into()), &["run", "case.toml", "--date", "2026-10-20", "--db", "mysql://u:secret@h/db"], 2, "\"mysql://u:***@h/db\" is not a database URL"),
+        // Injection attempts in every user-supplied string.
+        case("injection in --date", Some(REPLACE.into()), &["run", "case.toml", "--date", "2026-10-20'; DROP TABLE bronze.orders; --", "--db", "duckdb:w.duckdb"], 2, "is not a date"),
+        case("injection in the job name", r("name = \"silver_orders\"", "name = \"x'; DROP TABLE bronze.orders; --\""), RUN, 2, "name: \"x'; DROP TABLE bronze.orders; --\": expected letters, digits"),
+        case("injection in the target", r("target = \"silver.orders\"", "target = \"silver.orders; DROP TABLE bronze.orders\""), RUN, 2, "is not a table name"),
+        case("injection in the target (quotes)", r("target = \"silver.orders\"", "target = 'silver.\"orders\"\"; DROP TABLE bronze.orders; --\"'"), RUN, 2, "is not a table name"),
+        case("injection in the partition", r("partition = \"dt\"", "partition = \"dt; DROP TABLE bronze.orders\""), RUN, 2, "partition: \"dt; DROP TABLE bronze.orders\": expected a column name"),
+        case("injection in a merge key", m("[\"order_id\"]", "[\"order_id) OR 1=1 --\"]"), RUN, 2, "key: \"order_id) OR 1=1 --\": expected a column name"),
+        case("injection in metadata", r("partition = \"dt\"", "partition = \"dt\"\nmetadata = ['x\"; DROP TABLE bronze.orders; --']"), RUN, 2, "metadata: \"x\\\"; DROP TABLE bronze.orders; --\": expected a column name"),
+        case("injection in a predicate", m("version = \"updated_at\"", "version = \"updated_at\"\ndeleted = \"false; DROP TABLE bronze.orders\""), RUN, 2, "deleted: is not a single condition"),
+        case("injection in the source query", src("SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date; DROP TABLE bronze.orders"), RUN, 2, "source.sql"),
+        case("injection in a column name", src("SELECT order_id, order_total, dt, 1 AS \\\"x\\\"\\\"; DROP TABLE bronze.orders; --\\\" FROM bronze.orders WHERE dt = :run_date"), RUN, 2, "the source returns new column(s) x\"; DROP TABLE bronze.orders; -- INTEGER"),
+        case("injection in --where", None, &["fingerprint", "silver.orders", "--where", "1=1; DROP TABLE bronze.orders", "--db", "duckdb:w.duckdb"], 2, "--where: is not a single condition"),
+        case("injection in a table argument", None, &["fingerprint", "silver.orders; DROP TABLE bronze.orders", "--db", "duckdb:w.duckdb"], 2, "is not a table name"),
+        // The database.
+        case("not a DuckDB file", Some(REPLACE.into()), &["run", "case.toml", "--date", "2026-10-20", "--db", "duckdb:garbage.duckdb"], 2, "cannot open garbage.duckdb as a DuckDB database: not a DuckDB database file"),
+        case("a folder as the database", Some(REPLACE.into()), &["run", "case.toml", "--date", "2026-10-20", "--db", "duckdb:folder"], 2, "cannot open folder as a DuckDB database"),
+        with(case("unreadable database file", Some(REPLACE.into()), RUN, 2, "cannot open w.duckdb as a DuckDB database: permission denied"), Special::Unreadable),
+        with(case("read-only database file", Some(REPLACE.into()), RUN, 2, "cannot open w.duckdb as a DuckDB database: permission denied"), Special::ReadOnly),
+        with(
+            case("database locked by another process", Some(REPLACE.into()), &["run", "case.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--wait", "1"], 5, "w.duckdb is locked by another process (DuckDB allows one writer per file); waited 1s"),
+            Special::Locked,
+        ),
+        case("PostgreSQL server down", Some(REPLACE.into()), &["run", "case.toml", "--date", "2026-10-20", "--db", "postgres://u:secret@127.0.0.1:1/db"], 1, "postgres: connecting to postgres://u:***@127.0.0.1:1/db"),
+        with(case("PostgreSQL refuses the login", Some(REPLACE.into()), &["run", "case.toml", "--date", "2026-10-20", "--db", &pg_user], 2, "role \"no_such_role\" does not exist"), Special::Pg),
+        with(case("PostgreSQL database missing", Some(REPLACE.into()), &["run", "case.toml", "--date", "2026-10-20", "--db", &pg_db], 2, "database does not exist"), Special::Pg),
+    ]
+}
+
+fn pg_reachable() -> bool {
+    let url = std::env::var("FIXPOINT_TEST_PG").unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into());
+    match fixpoint_postgres::Postgres::connect(&url) {
+        Ok(_) => true,
+        Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("postgres is unreachable under CI=true: {e}"),
+        Err(e) => {
+            eprintln!("skipped the PostgreSQL cases: the server is unreachable ({e})");
+            false
+        }
+    }
+}
+
+#[cfg(unix)]
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[test]
+fn every_bad_input_is_named_refused_and_changes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // A copy of the binary anyone may run (the cases that need `nobody`).
+    let bin = dir.join("fixpoint");
+    std::fs::copy(env!("CARGO_BIN_EXE_fixpoint"), &bin).unwrap();
+    chmod(&bin, 0o755);
+    chmod(dir, 0o777);
+    {
+        let db = duckdb::Connection::open(dir.join("w.duckdb")).unwrap();
+        db.execute_batch(SETUP).unwrap();
+    }
+    std::fs::write(dir.join("garbage.duckdb"), "this is not a database\n".repeat(400)).unwrap();
+    std::fs::create_dir(dir.join("folder")).unwrap();
+    std::fs::write(dir.join("job.toml"), REPLACE).unwrap();
+    std::fs::write(dir.join("merge.toml"), MERGE).unwrap();
+    for (job, date) in [("job.toml", "2026-10-20"), ("merge.toml", "2026-10-20"), ("merge.toml", "2026-10-19")] {
+        let o = run(&bin, dir, &["run", job, "--date", date, "--db", "duckdb:w.duckdb"], false);
+        assert_eq!(o.code, 0, "{}", o.stderr);
+    }
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let pg = pg_reachable();
+    let before = state(dir);
+    assert!(before[1].contains("2.50"), "the target is loaded: {before:?}");
+    let mut checked = 0;
+    for c in cases() {
+        if c.special == Special::Pg && !pg {
+            continue;
+        }
+        let _ = std::fs::remove_file(dir.join("case.toml"));
+        if let Some(job) = &c.job {
+            std::fs::write(dir.join("case.toml"), job).unwrap();
+        }
+        let db_file = dir.join("w.duckdb");
+        let mut holder = None;
+        match c.special {
+            Special::Unreadable => chmod(&db_file, 0o000),
+            Special::ReadOnly => {
+                chmod(&db_file, 0o444);
+                chmod(dir, 0o555);
+            }
+            Special::Locked => holder = Some(duckdb::Connection::open(&db_file).unwrap()),
+            _ => {}
+        }
+        let nobody = root && matches!(c.special, Special::Unreadable | Special::ReadOnly);
+        let args: Vec<&str> = c.args.iter().map(String::as_str).collect();
+        let text = run(&bin, dir, &args, nobody);
+        let mut json_args = args.clone();
+        json_args.extend(["--output", "json"]);
+        let json = run(&bin, dir, &json_args, nobody);
+        drop(holder);
+        chmod(dir, 0o777);
+        chmod(&db_file, 0o644);
+        let name = c.name;
+        assert_eq!(text.code, c.code, "{name}: exit code; stderr:\n{}", text.stderr);
+        assert!(text.stderr.contains(&c.needle), "{name}: the message names the problem ({:?}):\n{}", c.needle, text.stderr);
+        assert!(text.stdout.is_empty(), "{name}: nothing on stdout in text mode: {}", text.stdout);
+        assert!(!text.stderr.contains("secret") && !json.stdout.contains("secret"), "{name}: passwords are never printed");
+        assert_eq!(json.code, c.code, "{name}: --output json: {}", json.stderr);
+        if !json.stdout.is_empty() {
+            let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap_or_else(|e| panic!("{name}: {e}: {}", json.stdout));
+            assert_eq!(v["error"]["exit_code"], c.code, "{name}: {v}");
+        } else {
+            // Only clap's own argument errors come before the output mode is known.
+            assert_eq!(c.code, 2, "{name}: JSON error expected on stdout");
+            assert!(json.stderr.contains(&c.needle), "{name}");
+        }
+        assert_eq!(state(dir), before, "{name}: the database is unchanged");
+        checked += 1;
+    }
+    eprintln!("bad-input catalogue: {checked} cases checked");
+    assert!(checked >= 45, "{checked}");
+}
