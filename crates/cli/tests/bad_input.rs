@@ -258,6 +258,10 @@ fn every_bad_input_is_named_refused_and_changes_nothing() {
         }
         assert_eq!(state(dir), before, "{name}: the database is unchanged");
         checked += 1;
+        if std::env::var_os("FIXPOINT_PRINT_CATALOGUE").is_some() {
+            let first = text.stderr.lines().find(|l| l.starts_with("error")).or(text.stderr.lines().next()).unwrap_or("").replace('|', "\\|");
+            eprintln!("| {name} | {} | `{}` |", c.code, first.replace(&dir.display().to_string(), "[DIR]"));
+        }
     }
     eprintln!("bad-input catalogue: {checked} cases checked");
     assert!(checked >= 45, "{checked}");

@@ -12,6 +12,7 @@
 //!   neighbouring dates at once: the final state equals one run per date.
 //!
 //! Trials: `FIXPOINT_CRASH_TRIALS` (default 8 per engine and command);
+//! kill delays: `FIXPOINT_SEED` (default from the process id, printed);
 //! `--nocapture` prints the figures recorded in RELIABILITY.md.
 
 use std::path::{Path, PathBuf};
@@ -23,7 +24,7 @@ use std::time::{Duration, Instant};
 use fixpoint_core::engine::{fingerprint, Column, Engine, Filter, Scope};
 use fixpoint_core::{Fingerprint, Method, RunDate, Sql, TableName};
 
-const ROWS_PER_DAY: i64 = 150_000;
+const ROWS_PER_DAY: i64 = 50_000;
 const DAYS: [&str; 3] = ["2026-10-01", "2026-10-02", "2026-10-03"];
 
 const JOB: &str = r#"name = "crash"
@@ -160,7 +161,7 @@ fn kill_trials(dir: &Path, target: &Target, command: &str, engine: &str) {
     let t0 = Instant::now();
     let first = fixpoint(dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
-    let full = t0.elapsed();
+    let mut full = t0.elapsed();
     let mut current: Vec<Fingerprint> = {
         let mut db = target.open();
         days.iter().map(|d| day_fp(db.as_mut(), "silver.c", d)).collect()
@@ -199,7 +200,9 @@ fn kill_trials(dir: &Path, target: &Target, command: &str, engine: &str) {
             }
             Target::Duck(_) => None,
         };
-        let delay = Duration::from_micros(rng.below((full.as_micros() as u64) * 6 / 5));
+        // Uniform over the run's life and a little after it: the longest
+        // unkilled run so far (the first, or a rerun) scales it.
+        let delay = Duration::from_micros(rng.below((full.as_micros() as u64) * 2));
         let mut child = Command::new(env!("CARGO_BIN_EXE_fixpoint"))
             .args(&args)
             .current_dir(dir)
@@ -245,7 +248,9 @@ fn kill_trials(dir: &Path, target: &Target, command: &str, engine: &str) {
             }
         }
         // The rerun converges to the clean state of the new input.
+        let t1 = Instant::now();
         let rerun = fixpoint(dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
+        full = full.max(t1.elapsed());
         assert!(rerun.status.success(), "{}", String::from_utf8_lossy(&rerun.stderr));
         let converged: Vec<Fingerprint> = {
             let mut db = target.open();

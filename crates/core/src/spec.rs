@@ -345,7 +345,7 @@ impl Job {
                     Some(o) => return Err(spec_err("on_tie", format!("{o:?}: expected \"error\" or \"deterministic\""), None)),
                 };
                 if let Some(pred) = &raw.deleted {
-                    crate::sql::check_predicate("deleted", pred).map_err(|e| spec_err("deleted", e.to_string(), Some("a SQL condition on source rows, e.g. deleted = \"op = 'D'\"")))?;
+                    crate::sql::check_predicate("deleted", pred).map_err(|e| spec_err("deleted", match e { Error::Sql { message, .. } => message, other => other.to_string() }, Some("a SQL condition on source rows, e.g. deleted = \"op = 'D'\"")))?;
                 }
                 if key.contains(&version) {
                     return Err(spec_err("version", format!("{version:?} is part of the key; the version must be another column"), None));
