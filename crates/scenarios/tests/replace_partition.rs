@@ -156,7 +156,11 @@ fn target_is_created_and_checked(e: &dyn EngineUnderTest) {
     // A source column the target lacks is a clear error, nothing changes.
     let wider = job(&SILVER_JOB.replace(":run_key AS load_id", ":run_key AS load_id, 1 AS extra"));
     let err = wider.load(d("2026-10-20"), db).unwrap_err();
-    assert_eq!(err.to_string(), "the target silver.orders has no column(s) extra that the source returns");
+    assert_eq!(
+        err.to_string(),
+        "schema change in job silver_orders: the source returns new column(s) extra INTEGER that the target silver.orders lacks"
+            .replace("INTEGER", if db.name() == "postgres" { "integer" } else { "INTEGER" })
+    );
     assert_eq!(count(db, "SELECT count(*) FROM silver.orders"), 2);
     // A source without the partition column is refused before anything runs.
     let no_dt = job(&SILVER_JOB.replace("updated_at, dt, :run_key", "updated_at, :run_key"));
@@ -165,7 +169,9 @@ fn target_is_created_and_checked(e: &dyn EngineUnderTest) {
     // A source that does not run names the job.
     let broken = job(&SILVER_JOB.replace("FROM bronze.orders", "FROM bronze.missing"));
     let err = broken.load(d("2026-10-20"), db).unwrap_err();
-    assert!(err.to_string().contains("the source query of job silver_orders does not run"), "{err}");
+    assert!(err.to_string().starts_with("source.sql of job silver_orders ("), "{err}");
+    assert!(err.to_string().contains("missing"), "names the table: {err}");
+    assert_eq!(err.class(), fixpoint_core::ErrorClass::Input, "the query's own fault: exit 2");
 }
 
 fn fingerprints_are_order_independent_and_collision_resistant(e: &dyn EngineUnderTest) {
