@@ -365,7 +365,14 @@ fn run_histories(e: &dyn EngineUnderTest, engine: &str, quick: u32) {
     let stats = RefCell::new(Stats::default());
     let started = Instant::now();
     let mut runner = TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() });
-    let result = runner.run(&proptest::collection::vec(step(), 1..14), |steps| history(db.borrow_mut().as_mut(), &steps, &mut stats.borrow_mut()));
+    let result = runner.run(&proptest::collection::vec(step(), 1..11), |steps| {
+        let r = history(db.borrow_mut().as_mut(), &steps, &mut stats.borrow_mut());
+        let n = stats.borrow().histories;
+        if long() && n % 500 == 0 {
+            eprintln!("histories {engine}: {n} so far, {:.0} s", started.elapsed().as_secs_f64());
+        }
+        r
+    });
     let s = stats.borrow();
     eprintln!(
         "histories {engine}: {} histories, {} steps, {} runs committed, {} skipped, {} failed on purpose, {} backfills, {} state checks, {} ledger checks, {:.1} s",
