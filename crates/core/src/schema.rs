@@ -170,10 +170,11 @@ pub fn reconcile(engine: &mut dyn Engine, job: &crate::Job, source: &[Column], e
     }
 }
 
-/// Adds `columns` to the target (inside the run's transaction).
+/// Adds `columns` to the target (inside the run's transaction; a run that
+/// raced another one to the same column finds it there).
 pub fn append(engine: &mut dyn Engine, target: &TableName, columns: &[Column]) -> Result<()> {
     for c in columns {
-        engine.execute(&Sql::raw(format!("ALTER TABLE {} ADD COLUMN {} {}", target.quoted(), quote_ident(&c.name), c.ty)))?;
+        engine.execute(&Sql::raw(format!("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}", target.quoted(), quote_ident(&c.name), c.ty)))?;
     }
     Ok(())
 }

@@ -39,8 +39,10 @@ fn open_problem(msg: &str) -> Option<&'static str> {
     let m = msg.to_ascii_lowercase();
     if m.contains("permission denied") || m.contains("read-only file system") {
         Some("permission denied")
-    } else if m.contains("not a valid duckdb database") || m.contains("is a directory") || m.contains("database file with version") {
+    } else if m.contains("not a valid duckdb database") || m.contains("is a directory") {
         Some("not a DuckDB database file")
+    } else if m.contains("database file with version") {
+        Some("written by an incompatible DuckDB version")
     } else {
         None
     }
@@ -63,7 +65,8 @@ impl DuckDb {
                             hint: Some(
                                 match problem {
                                     "permission denied" => "fixpoint needs to read and write the file and its folder: fix their permissions, or pass another --db",
-                                    _ => "pass the path of a DuckDB database file (or of a new file to create) in --db duckdb:PATH",
+                                    "not a DuckDB database file" => "pass the path of a DuckDB database file (or of a new file to create) in --db duckdb:PATH",
+                                    _ => "open it with the DuckDB version that wrote it and EXPORT DATABASE, then IMPORT DATABASE into a new file",
                                 }
                                 .into(),
                             ),
