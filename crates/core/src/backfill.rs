@@ -36,10 +36,121 @@ pub struct BackfillOptions {
     pub fault_date: Option<RunDate>,
 }
 
+/// The dates of `dates` that a run would skip as done — the ledger's latest
+/// entry has the run key a run would have now, and the target's partition
+/// still holds that entry's recorded output — with the reports of those
+/// skips. Decided for all the dates at once: one ledger query and one
+/// grouped fingerprint of the target's partitions, instead of a transaction,
+/// a ledger lookup and a partition scan per date. Each date's input is still
+/// fingerprinted (a SQL source's rows are read; a file source's files are
+/// hashed), so a late row or a changed file is never skipped, and a
+/// partition changed by hand is never taken for done.
+///
+/// Only `replace_partition` jobs over a `DATE` partition column are decided
+/// here; for anything else (and for a date whose input cannot be read: its
+/// run reports why) the map has no entry and the date simply runs, where
+/// the run makes the same decision inside its own transaction. Nothing is
+/// written.
+pub fn done_dates(job: &Job, dates: &[RunDate], engine: &mut dyn Engine) -> Result<std::collections::HashMap<RunDate, RunReport>> {
+    let started = std::time::Instant::now();
+    let mut out = std::collections::HashMap::new();
+    let (Strategy::ReplacePartition, Some(partition), Some(&from), Some(&to)) =
+        (job.strategy, job.partition.as_deref(), dates.iter().min(), dates.iter().max())
+    else {
+        return Ok(out);
+    };
+    let Some(target_cols) = engine.table_columns(&job.target)? else { return Ok(out) };
+    if !target_cols.iter().any(|c| c.name == partition && c.ty.eq_ignore_ascii_case("date")) {
+        return Ok(out);
+    }
+    let ledger = ledger::latest_per_date(engine, &job.name, from, to)?;
+    if ledger.is_empty() {
+        return Ok(out);
+    }
+
+    // The target's partitions of the range, fingerprinted in one grouped scan.
+    let output_cols = fingerprinted(&target_cols, &job.metadata);
+    let (hash, kind, signature) = crate::engine::row_hash(engine, Method::Native, "t", &output_cols)?;
+    let sum = if output_cols.is_empty() { "0".to_owned() } else { format!("sum({hash})") };
+    let mut sql = crate::sql::Sql::new();
+    sql.push("SELECT CAST(t.").ident(partition).push(" AS VARCHAR), count(*), ").push(&sum);
+    sql.push(" FROM ").push(&job.target.quoted()).push(" AS t WHERE t.").ident(partition).push(" >= ");
+    sql.typed_param(crate::sql::Value::Date(from.date()), "DATE");
+    sql.push(" AND t.").ident(partition).push(" <= ");
+    sql.typed_param(crate::sql::Value::Date(to.date()), "DATE");
+    sql.push(" GROUP BY t.").ident(partition);
+    let mut now = std::collections::HashMap::new();
+    for row in engine.query(&sql)?.rows {
+        let (Some(day), Some(rows)) = (row[0].as_str(), row[1].as_u64()) else {
+            return Err(Error::Internal(format!("a grouped fingerprint returned {row:?}")));
+        };
+        now.insert(day.to_owned(), Fingerprint::from_sum(&kind, &signature, rows, engine.read_sum(&row[2])?));
+    }
+
+    let job_hash = job.definition_hash();
+    // A SQL source's columns do not depend on the values bound: describe it once.
+    let mut source_cols: Option<Vec<Column>> = None;
+    for &d in dates {
+        let Some(last) = ledger.get(&d.to_string()) else { continue };
+        let here = now.remove(&d.to_string()).unwrap_or_else(|| Fingerprint::from_sum(&kind, &signature, 0, 0));
+        if (here.kind.as_str(), here.rows, here.checksum.as_str()) != (last.fingerprint_kind.as_str(), last.output_rows, last.output_checksum.as_str()) {
+            continue;
+        }
+        let (key, input) = match (&job.source.files, job.source.key_from_files()) {
+            (Some(source), true) => match source.resolve(d) {
+                Ok(Some(files)) => {
+                    let recorded = Fingerprint { kind: last.fingerprint_kind.clone(), rows: last.input_rows, checksum: last.input_checksum.clone() };
+                    (run_key(&job_hash, d, &files.fingerprint()), recorded)
+                }
+                // No files (allowed or not) or unreadable ones: the run says so.
+                _ => continue,
+            },
+            (Some(_), false) => match input_now(job, d, engine, None) {
+                Ok(Some(k)) => k,
+                _ => continue,
+            },
+            (None, _) => {
+                if source_cols.is_none() {
+                    let params = RunParams::new(d.date());
+                    match describe_source(job, engine, &params) {
+                        Ok(cols) => source_cols = Some(cols),
+                        Err(_) => return Ok(out),
+                    }
+                }
+                match input_now(job, d, engine, source_cols.as_deref()) {
+                    Ok(Some(k)) => k,
+                    _ => continue,
+                }
+            }
+        };
+        if key == last.run_key && input.kind == last.fingerprint_kind {
+            out.insert(d, crate::run::skipped(job, d, &key, &input, &here, started));
+        }
+    }
+    Ok(out)
+}
+
+/// The run key and input fingerprint a run for `run_date` would have now,
+/// from the source's rows; `columns`: the source's columns when known.
+/// `None`: a file source's day without files.
+fn input_now(job: &Job, run_date: RunDate, engine: &mut dyn Engine, columns: Option<&[Column]>) -> Result<Option<(String, Fingerprint)>> {
+    crate::run::with_input(job, run_date, engine, |engine, input| {
+        let params: &RunParams = &input.params;
+        let source_cols = match columns {
+            Some(c) => c.to_vec(),
+            None => describe_source(job, engine, params)?,
+        };
+        let input_cols = fingerprinted(&source_cols, &job.metadata);
+        let fp = fingerprint(engine, Method::Native, &Scope::Source { template: job.source.template(), params }, &input_cols)?;
+        Ok((run_key(&job.definition_hash(), run_date, &fp), fp))
+    })
+}
+
 /// Runs `job` for every date of `dates`, in order. Each date is its own
 /// transaction, so a backfill killed midway and started again ends in the
 /// state of an uninterrupted one: done dates are skipped (same run key, the
-/// partition still holds the recorded output), the rest run.
+/// partition still holds the recorded output), the rest run. Without
+/// `--force` the done dates are found first, all at once ([`done_dates`]).
 pub fn backfill(
     job: &Job,
     dates: &[RunDate],
@@ -49,9 +160,16 @@ pub fn backfill(
 ) -> Vec<DateOutcome> {
     let mut out = Vec::with_capacity(dates.len());
     let mut stopped = false;
+    let mut done = probe(job, dates, engine, opts);
     for &d in dates {
         if stopped {
             out.push(DateOutcome::NotRun(d));
+            continue;
+        }
+        if let Some(report) = done.remove(&d) {
+            let outcome = DateOutcome::Done(report);
+            progress(&outcome);
+            out.push(outcome);
             continue;
         }
         let mut run = opts.run.clone();
@@ -89,9 +207,26 @@ pub fn backfill_parallel(
     let next = AtomicUsize::new(0);
     let stopped = AtomicBool::new(false);
     let mut out: Vec<Option<DateOutcome>> = (0..dates.len()).map(|_| None).collect();
+    // The done dates first, on a connection of their own; the workers take the rest.
+    let mut done = match connect() {
+        Ok(mut e) => probe(job, dates, e.as_mut(), opts),
+        Err(_) => std::collections::HashMap::new(),
+    };
+    let mut todo = Vec::with_capacity(dates.len());
+    for (i, d) in dates.iter().enumerate() {
+        match done.remove(d) {
+            Some(report) => {
+                let outcome = DateOutcome::Done(report);
+                progress(&outcome);
+                out[i] = Some(outcome);
+            }
+            None => todo.push(i),
+        }
+    }
+    let todo = &todo;
     std::thread::scope(|scope| {
         let (tx, rx) = std::sync::mpsc::channel::<(usize, DateOutcome)>();
-        for _ in 0..workers.max(1).min(dates.len().max(1)) {
+        for _ in 0..workers.max(1).min(todo.len()) {
             let tx = tx.clone();
             let (next, stopped) = (&next, &stopped);
             scope.spawn(move || {
@@ -100,8 +235,8 @@ pub fn backfill_parallel(
                     if stopped.load(Ordering::SeqCst) {
                         return;
                     }
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    let Some(&d) = dates.get(i) else { return };
+                    let Some(&i) = todo.get(next.fetch_add(1, Ordering::SeqCst)) else { return };
+                    let d = dates[i];
                     let mut run = opts.run.clone();
                     if opts.fault_date.is_some_and(|f| f != d) {
                         run.fault = None;
@@ -141,6 +276,15 @@ pub fn backfill_parallel(
         }
     });
     out.into_iter().zip(dates).map(|(o, &d)| o.unwrap_or(DateOutcome::NotRun(d))).collect()
+}
+
+/// [`done_dates`] for a backfill: none with `--force`; none either when the
+/// probe itself fails (every date then runs, and its run reports the error).
+fn probe(job: &Job, dates: &[RunDate], engine: &mut dyn Engine, opts: &BackfillOptions) -> std::collections::HashMap<RunDate, RunReport> {
+    if opts.run.force {
+        return std::collections::HashMap::new();
+    }
+    done_dates(job, dates, engine).unwrap_or_default()
 }
 
 /// The state of one date.
@@ -200,14 +344,7 @@ pub fn run_key_now(job: &Job, run_date: RunDate, engine: &mut dyn Engine) -> Res
             None => (String::new(), None),
         });
     }
-    let key = crate::run::with_input(job, run_date, engine, |engine, input| {
-        let params: &RunParams = &input.params;
-        let source_cols = describe_source(job, engine, params)?;
-        let input_cols = fingerprinted(&source_cols, &job.metadata);
-        let fp = fingerprint(engine, Method::Native, &Scope::Source { template: job.source.template(), params }, &input_cols)?;
-        Ok((run_key(&job.definition_hash(), run_date, &fp), Some(fp.rows)))
-    })?;
-    Ok(key.unwrap_or((String::new(), None)))
+    Ok(input_now(job, run_date, engine, None)?.map_or((String::new(), None), |(key, fp)| (key, Some(fp.rows))))
 }
 
 /// How a file source's files now differ from those of the last run:

@@ -656,7 +656,7 @@ fn unchanged(
 
 /// The report of a retry that found its output in place. Nothing changed,
 /// so nothing is recorded.
-fn skipped(job: &Job, run_date: RunDate, key: &str, input: &Fingerprint, now: &Fingerprint, started: Instant) -> RunReport {
+pub(crate) fn skipped(job: &Job, run_date: RunDate, key: &str, input: &Fingerprint, now: &Fingerprint, started: Instant) -> RunReport {
     let mut report = RunReport::new(job, run_date, key.to_owned(), "skipped", input, now);
     report.skip_reason = Some("the partition already holds this run's output (same run key, same output fingerprint); use --force to rewrite it".into());
     report.rows_unchanged = now.rows;

@@ -1,6 +1,6 @@
 //! backfill and status scenarios, run on every engine.
 
-use fixpoint_core::backfill::{backfill, status, BackfillOptions, DateOutcome, DateState};
+use fixpoint_core::backfill::{backfill, done_dates, status, BackfillOptions, DateOutcome, DateState};
 use fixpoint_core::{Engine, FailPoint, FaultAction, RunDate, RunOptions};
 use fixpoint_scenarios::*;
 
@@ -102,7 +102,60 @@ fn status_reports_gaps_drift_and_late_rows(e: &dyn EngineUnderTest) {
     assert_eq!(states(db, &changed), [DateState::JobChanged; 3]);
 }
 
+/// The done dates found at once, before a backfill, are exactly the dates a
+/// run would skip, with the same report; every other state runs.
+fn done_dates_are_the_dates_a_run_would_skip(e: &dyn EngineUnderTest) {
+    let job = job(SILVER_JOB);
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    exec(db, BRONZE);
+    exec(db, "INSERT INTO bronze.orders VALUES (9, 1, 1.00, 'EUR', TIMESTAMP '2026-10-22 01:00:00', DATE '2026-10-22'), (10, 1, 2.00, 'EUR', TIMESTAMP '2026-10-23 01:00:00', DATE '2026-10-23')");
+    let all = range("2026-10-18", "2026-10-24");
+    assert!(done_dates(&job, &all, db).unwrap().is_empty(), "nothing is done before any run (no target yet)");
+    let o = backfill(&job, &range("2026-10-18", "2026-10-23"), db, &BackfillOptions::default(), |_| {});
+    assert_eq!(outcomes(&o), ["committed"; 6]);
+    let done = done_dates(&job, &all, db).unwrap();
+    let mut days: Vec<String> = done.keys().map(|d| d.to_string()).collect();
+    days.sort();
+    assert_eq!(days, ["2026-10-18", "2026-10-19", "2026-10-20", "2026-10-21", "2026-10-22", "2026-10-23"], "every run date, an empty one included; never the 24th");
+    assert_eq!(done[&d("2026-10-18")].output_rows, 0);
+
+    // One date each: a changed value (drift), a row deleted by hand, a row
+    // added by hand, a late source row; the 18th (empty) and 19th stay done.
+    exec(db, "UPDATE silver.orders SET order_total = 0 WHERE order_id = 3");
+    exec(db, "DELETE FROM silver.orders WHERE order_id = 7");
+    exec(db, "INSERT INTO silver.orders SELECT order_id + 100, customer_id, order_total, currency, updated_at, dt, load_id FROM silver.orders WHERE order_id = 9");
+    exec(db, "INSERT INTO bronze.orders VALUES (11, 1, 3.00, 'EUR', TIMESTAMP '2026-10-23 02:00:00', DATE '2026-10-23')");
+    let done = done_dates(&job, &all, db).unwrap();
+    let mut days: Vec<String> = done.keys().map(|d| d.to_string()).collect();
+    days.sort();
+    assert_eq!(days, ["2026-10-18", "2026-10-19"]);
+    // Each date's run agrees: skipped exactly where the probe said done, with the same report.
+    for day in &all {
+        let r = job.load(*day, db).unwrap();
+        match done.get(day) {
+            Some(p) => {
+                assert_eq!(r.outcome, "skipped", "{day}");
+                assert_eq!(
+                    (&p.run_key, p.input_rows, &p.input_checksum, p.output_rows, &p.output_checksum, &p.skip_reason),
+                    (&r.run_key, r.input_rows, &r.input_checksum, r.output_rows, &r.output_checksum, &r.skip_reason),
+                    "{day}"
+                );
+            }
+            None => assert_eq!(r.outcome, "committed", "{day}"),
+        }
+    }
+    assert_eq!(done_dates(&job, &all, db).unwrap().len(), 7, "all seven dates done after the runs");
+    // A changed job definition: nothing is done.
+    let changed = fixpoint_scenarios::job(&SILVER_JOB.replace("metadata = [\"load_id\"]", "metadata = [\"load_id\"]\nmin_rows = 0"));
+    assert!(done_dates(&changed, &all, db).unwrap().is_empty());
+    // A backfill over done dates reports them skipped, without running them.
+    let o = backfill(&job, &all, db, &BackfillOptions::default(), |_| {});
+    assert_eq!(outcomes(&o), ["skipped"; 7]);
+}
+
 scenarios!(
+    done_dates_are_the_dates_a_run_would_skip,
     interrupted_backfill_resumes_to_the_uninterrupted_state,
     overlapping_backfill_leaves_done_days_alone,
     status_reports_gaps_drift_and_late_rows,
