@@ -355,28 +355,62 @@ fn cases(quick: u32) -> u32 {
     std::env::var("FIXPOINT_HISTORIES").ok().and_then(|v| v.parse().ok()).unwrap_or(quick)
 }
 
-fn run_histories(e: &dyn EngineUnderTest, engine: &str, quick: u32) {
+/// Worker threads for the histories: `FIXPOINT_HISTORY_THREADS`, else one
+/// in the quick run and one per core in a long run. Each thread has its own
+/// database and its own share of the histories.
+fn threads() -> u32 {
+    let default = if long() { std::thread::available_parallelism().map_or(1, |n| n.get() as u32) } else { 1 };
+    std::env::var("FIXPOINT_HISTORY_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(default).max(1)
+}
+
+fn run_histories(e: &(dyn EngineUnderTest + Sync), engine: &str, quick: u32) {
     let cases = cases(quick);
-    let db = RefCell::new(e.fresh());
-    if engine == "duckdb" {
-        // Tiny statements: one thread spares the scheduler's hand-offs.
-        exec(db.borrow_mut().as_mut(), "SET threads = 1");
-    }
-    let stats = RefCell::new(Stats::default());
+    let workers = threads().min(cases.max(1));
     let started = Instant::now();
-    let mut runner = TestRunner::new(Config { cases, failure_persistence: None, ..Config::default() });
-    let result = runner.run(&proptest::collection::vec(step(), 1..11), |steps| {
-        let r = history(db.borrow_mut().as_mut(), &steps, &mut stats.borrow_mut());
-        let n = stats.borrow().histories;
-        if long() && n % 500 == 0 {
-            eprintln!("histories {engine}: {n} so far, {:.0} s", started.elapsed().as_secs_f64());
-        }
-        r
+    let done = std::sync::atomic::AtomicU64::new(0);
+    let results: Vec<(Stats, Result<(), String>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                // The first workers take one history more when the count does not divide.
+                let share = cases / workers + u32::from(w < cases % workers);
+                let done = &done;
+                scope.spawn(move || {
+                    let db = RefCell::new(e.fresh());
+                    if engine == "duckdb" {
+                        // Tiny statements: one thread per database spares the scheduler's hand-offs.
+                        exec(db.borrow_mut().as_mut(), "SET threads = 1");
+                    }
+                    let stats = RefCell::new(Stats::default());
+                    let mut runner = TestRunner::new(Config { cases: share, failure_persistence: None, ..Config::default() });
+                    let result = runner.run(&proptest::collection::vec(step(), 1..11), |steps| {
+                        let r = history(db.borrow_mut().as_mut(), &steps, &mut stats.borrow_mut());
+                        let n = done.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                        if long() && n % 500 == 0 {
+                            eprintln!("histories {engine}: {n} so far, {:.0} s", started.elapsed().as_secs_f64());
+                        }
+                        r
+                    });
+                    (stats.into_inner(), result.map_err(|e| e.to_string()))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a history worker panicked")).collect()
     });
-    let s = stats.borrow();
+    let mut s = Stats::default();
+    for (w, _) in &results {
+        s.histories += w.histories;
+        s.steps += w.steps;
+        s.committed += w.committed;
+        s.skipped += w.skipped;
+        s.injected += w.injected;
+        s.backfills += w.backfills;
+        s.checks += w.checks;
+        s.ledger_checks += w.ledger_checks;
+    }
     eprintln!(
-        "histories {engine}: {} histories, {} steps, {} runs committed, {} skipped, {} failed on purpose, {} backfills, {} state checks, {} ledger checks, {:.1} s",
+        "histories {engine}: {} histories run ({} asked for, {workers} thread(s)), {} steps, {} runs committed, {} skipped, {} failed on purpose, {} backfills, {} state checks, {} ledger checks, {:.1} s",
         s.histories,
+        cases,
         s.steps,
         s.committed,
         s.skipped,
@@ -386,8 +420,10 @@ fn run_histories(e: &dyn EngineUnderTest, engine: &str, quick: u32) {
         s.ledger_checks,
         started.elapsed().as_secs_f64()
     );
-    if let Err(e) = result {
-        panic!("{engine}: {e}");
+    for (_, r) in results {
+        if let Err(e) = r {
+            panic!("{engine}: {e}");
+        }
     }
 }
 
