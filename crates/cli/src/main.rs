@@ -468,10 +468,8 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             if from > to {
                 return Err(Error::argument(format!("--from {from} is after --to {to}"), Some("give the range in date order")));
             }
-            let mut rows = Vec::new();
-            for d in RunDate::range(from, to).into_iter().filter(|d| job.start.map_or(true, |s| *d >= s)) {
-                rows.push(fixpoint_core::backfill::status(&job, d, engine.as_mut())?);
-            }
+            let dates: Vec<RunDate> = RunDate::range(from, to).into_iter().filter(|d| job.start.map_or(true, |s| *d >= s)).collect();
+            let rows = fixpoint_core::backfill::status_range(&job, &dates, engine.as_mut())?;
             out.status(&job.name, &rows);
             Ok(())
         }

@@ -39,110 +39,136 @@ pub struct BackfillOptions {
 /// The dates of `dates` that a run would skip as done — the ledger's latest
 /// entry has the run key a run would have now, and the target's partition
 /// still holds that entry's recorded output — with the reports of those
-/// skips. Decided for all the dates at once: one ledger query and one
-/// grouped fingerprint of the target's partitions, instead of a transaction,
-/// a ledger lookup and a partition scan per date. Each date's input is still
-/// fingerprinted (a SQL source's rows are read; a file source's files are
-/// hashed), so a late row or a changed file is never skipped, and a
-/// partition changed by hand is never taken for done.
+/// skips. Decided for all the dates at once ([`look`]: one ledger query and
+/// one grouped fingerprint of the target's partitions) instead of a
+/// transaction, a ledger lookup and a partition scan per date. Each
+/// candidate date's input is still fingerprinted (a SQL source's rows are
+/// read; a file source's files are hashed), so a late row or a changed file
+/// is never skipped, and a partition changed by hand is never taken for done.
 ///
-/// Only `replace_partition` jobs over a `DATE` partition column are decided
-/// here; for anything else (and for a date whose input cannot be read: its
-/// run reports why) the map has no entry and the date simply runs, where
-/// the run makes the same decision inside its own transaction. Nothing is
-/// written.
+/// Only `replace_partition` jobs are decided here; for anything else (and
+/// for a date whose input cannot be read now: its run reports why) the map
+/// has no entry and the date simply runs, where the run makes the same
+/// decision inside its own transaction. Nothing is written.
 pub fn done_dates(job: &Job, dates: &[RunDate], engine: &mut dyn Engine) -> Result<std::collections::HashMap<RunDate, RunReport>> {
     let started = std::time::Instant::now();
     let mut out = std::collections::HashMap::new();
-    let (Strategy::ReplacePartition, Some(partition), Some(&from), Some(&to)) =
-        (job.strategy, job.partition.as_deref(), dates.iter().min(), dates.iter().max())
-    else {
-        return Ok(out);
-    };
-    let Some(target_cols) = engine.table_columns(&job.target)? else { return Ok(out) };
-    if !target_cols.iter().any(|c| c.name == partition && c.ty.eq_ignore_ascii_case("date")) {
+    if job.strategy != Strategy::ReplacePartition {
         return Ok(out);
     }
-    let ledger = ledger::latest_per_date(engine, &job.name, from, to)?;
-    if ledger.is_empty() {
-        return Ok(out);
-    }
-
-    // The target's partitions of the range, fingerprinted in one grouped scan.
-    let output_cols = fingerprinted(&target_cols, &job.metadata);
-    let (hash, kind, signature) = crate::engine::row_hash(engine, Method::Native, "t", &output_cols)?;
-    let sum = if output_cols.is_empty() { "0".to_owned() } else { format!("sum({hash})") };
-    let mut sql = crate::sql::Sql::new();
-    sql.push("SELECT CAST(t.").ident(partition).push(" AS VARCHAR), count(*), ").push(&sum);
-    sql.push(" FROM ").push(&job.target.quoted()).push(" AS t WHERE t.").ident(partition).push(" >= ");
-    sql.typed_param(crate::sql::Value::Date(from.date()), "DATE");
-    sql.push(" AND t.").ident(partition).push(" <= ");
-    sql.typed_param(crate::sql::Value::Date(to.date()), "DATE");
-    sql.push(" GROUP BY t.").ident(partition);
-    let mut now = std::collections::HashMap::new();
-    for row in engine.query(&sql)?.rows {
-        let (Some(day), Some(rows)) = (row[0].as_str(), row[1].as_u64()) else {
-            return Err(Error::Internal(format!("a grouped fingerprint returned {row:?}")));
-        };
-        now.insert(day.to_owned(), Fingerprint::from_sum(&kind, &signature, rows, engine.read_sum(&row[2])?));
-    }
-
-    let job_hash = job.definition_hash();
-    // A SQL source's columns do not depend on the values bound: describe it once.
-    let mut source_cols: Option<Vec<Column>> = None;
-    for &d in dates {
-        let Some(last) = ledger.get(&d.to_string()) else { continue };
-        let here = now.remove(&d.to_string()).unwrap_or_else(|| Fingerprint::from_sum(&kind, &signature, 0, 0));
+    let mut source_cols = None;
+    for (d, last, current) in look(job, dates, engine)? {
+        let (Some(last), Some(here)) = (last, current) else { continue };
         if (here.kind.as_str(), here.rows, here.checksum.as_str()) != (last.fingerprint_kind.as_str(), last.output_rows, last.output_checksum.as_str()) {
             continue;
         }
-        let (key, input) = match (&job.source.files, job.source.key_from_files()) {
-            (Some(source), true) => match source.resolve(d) {
-                Ok(Some(files)) => {
-                    let recorded = Fingerprint { kind: last.fingerprint_kind.clone(), rows: last.input_rows, checksum: last.input_checksum.clone() };
-                    (run_key(&job_hash, d, &files.fingerprint()), recorded)
-                }
-                // No files (allowed or not) or unreadable ones: the run says so.
-                _ => continue,
-            },
-            (Some(_), false) => match input_now(job, d, engine, None) {
-                Ok(Some(k)) => k,
-                _ => continue,
-            },
-            (None, _) => {
-                if source_cols.is_none() {
-                    let params = RunParams::new(d.date());
-                    match describe_source(job, engine, &params) {
-                        Ok(cols) => source_cols = Some(cols),
-                        Err(_) => return Ok(out),
-                    }
-                }
-                match input_now(job, d, engine, source_cols.as_deref()) {
-                    Ok(Some(k)) => k,
-                    _ => continue,
-                }
-            }
-        };
-        if key == last.run_key && input.kind == last.fingerprint_kind {
-            out.insert(d, crate::run::skipped(job, d, &key, &input, &here, started));
+        let Ok(now) = input_now(job, d, engine, &mut source_cols) else { continue };
+        // A file source keyed on its files: the input is the one recorded.
+        let input = now.input.unwrap_or_else(|| Fingerprint { kind: last.fingerprint_kind.clone(), rows: last.input_rows, checksum: last.input_checksum.clone() });
+        if !now.key.is_empty() && now.key == last.run_key && input.kind == last.fingerprint_kind {
+            out.insert(d, crate::run::skipped(job, d, &now.key, &input, &here, started));
         }
     }
     Ok(out)
 }
 
-/// The run key and input fingerprint a run for `run_date` would have now,
-/// from the source's rows; `columns`: the source's columns when known.
-/// `None`: a file source's day without files.
-fn input_now(job: &Job, run_date: RunDate, engine: &mut dyn Engine, columns: Option<&[Column]>) -> Result<Option<(String, Fingerprint)>> {
-    crate::run::with_input(job, run_date, engine, |engine, input| {
+/// For each of `dates`: the ledger's latest entry, and (`replace_partition`,
+/// when the target exists) the partition's native fingerprint now. One
+/// ledger query; one grouped scan of the range's partitions when the
+/// partition column is a `DATE` (else one scan per date).
+fn look(job: &Job, dates: &[RunDate], engine: &mut dyn Engine) -> Result<Vec<(RunDate, Option<Entry>, Option<Fingerprint>)>> {
+    let (Some(&from), Some(&to)) = (dates.iter().min(), dates.iter().max()) else { return Ok(Vec::new()) };
+    let mut ledger = ledger::latest_per_date(engine, &job.name, from, to)?;
+    let mut current: std::collections::HashMap<RunDate, Fingerprint> = std::collections::HashMap::new();
+    let target_cols = match (job.strategy, &job.partition) {
+        (Strategy::ReplacePartition, Some(_)) => engine.table_columns(&job.target)?,
+        _ => None,
+    };
+    if let (Some(cols), Some(partition)) = (&target_cols, job.partition.as_deref()) {
+        let output_cols = fingerprinted(cols, &job.metadata);
+        if cols.iter().any(|c| c.name == partition && c.ty.eq_ignore_ascii_case("date")) {
+            let (hash, kind, signature) = crate::engine::row_hash(engine, Method::Native, "t", &output_cols)?;
+            let sum = if output_cols.is_empty() { "0".to_owned() } else { format!("sum({hash})") };
+            let mut sql = crate::sql::Sql::new();
+            sql.push("SELECT CAST(t.").ident(partition).push(" AS VARCHAR), count(*), ").push(&sum);
+            sql.push(" FROM ").push(&job.target.quoted()).push(" AS t WHERE t.").ident(partition).push(" >= ");
+            sql.typed_param(crate::sql::Value::Date(from.date()), "DATE");
+            sql.push(" AND t.").ident(partition).push(" <= ");
+            sql.typed_param(crate::sql::Value::Date(to.date()), "DATE");
+            sql.push(" GROUP BY t.").ident(partition);
+            let mut found = std::collections::HashMap::new();
+            for row in engine.query(&sql)?.rows {
+                let (Some(day), Some(rows)) = (row[0].as_str().and_then(|d| RunDate::parse(d).ok()), row[1].as_u64()) else {
+                    return Err(Error::Internal(format!("a grouped fingerprint returned {row:?}")));
+                };
+                found.insert(day, Fingerprint::from_sum(&kind, &signature, rows, engine.read_sum(&row[2])?));
+            }
+            for &d in dates {
+                let fp = found.remove(&d).unwrap_or_else(|| Fingerprint::from_sum(&kind, &signature, 0, 0));
+                current.insert(d, fp);
+            }
+        } else {
+            for &d in dates {
+                let scope = Scope::Table { table: &job.target, filter: Some(Filter::DateEquals(partition, d.date())) };
+                current.insert(d, fingerprint(engine, Method::Native, &scope, &output_cols)?);
+            }
+        }
+    }
+    Ok(dates.iter().map(|&d| (d, ledger.remove(&d.to_string()), current.remove(&d))).collect())
+}
+
+/// What a run for a date would start from now.
+struct Now {
+    /// Its run key (empty: a file source's day without files).
+    key: String,
+    /// The input fingerprint, when the source's rows were read for it
+    /// (`None` for a file source keyed on its files alone).
+    input: Option<Fingerprint>,
+    /// A file source's files.
+    files: Option<InputFiles>,
+    /// Why a file source has no input, when it has none.
+    note: Option<String>,
+}
+
+/// The run key and input a run for `run_date` would have now. A SQL
+/// source is described once (`source_cols` keeps its columns: they do not
+/// depend on the values bound); a file source's files are matched and
+/// hashed, and read only when its query also reads tables.
+fn input_now(job: &Job, run_date: RunDate, engine: &mut dyn Engine, source_cols: &mut Option<Vec<Column>>) -> Result<Now> {
+    let job_hash = job.definition_hash();
+    let files = match &job.source.files {
+        None => None,
+        Some(source) => match source.resolve(run_date) {
+            Ok(Some(files)) if job.source.key_from_files() => {
+                let key = run_key(&job_hash, run_date, &files.fingerprint());
+                return Ok(Now { key, input: None, files: Some(files), note: None });
+            }
+            Ok(Some(files)) => Some(files),
+            Ok(None) => {
+                let note = format!("no file matches {} (allow_missing = true: a run leaves the date as it is)", source.expand(run_date).display());
+                return Ok(Now { key: String::new(), input: None, files: None, note: Some(note) });
+            }
+            Err(e @ Error::Files { .. }) => return Ok(Now { key: String::new(), input: None, files: None, note: Some(e.to_string()) }),
+            Err(e) => return Err(e),
+        },
+    };
+    let fixed = job.source.files.is_none();
+    let read = crate::run::with_input(job, run_date, engine, |engine, input| {
         let params: &RunParams = &input.params;
-        let source_cols = match columns {
-            Some(c) => c.to_vec(),
-            None => describe_source(job, engine, params)?,
+        let cols = match source_cols {
+            Some(c) if fixed => c.clone(),
+            _ => describe_source(job, engine, params)?,
         };
-        let input_cols = fingerprinted(&source_cols, &job.metadata);
+        let input_cols = fingerprinted(&cols, &job.metadata);
         let fp = fingerprint(engine, Method::Native, &Scope::Source { template: job.source.template(), params }, &input_cols)?;
-        Ok((run_key(&job.definition_hash(), run_date, &fp), fp))
+        if fixed {
+            *source_cols = Some(cols);
+        }
+        Ok(fp)
+    })?;
+    Ok(match read {
+        Some(fp) => Now { key: run_key(&job_hash, run_date, &fp), input: Some(fp), files, note: None },
+        None => Now { key: String::new(), input: None, files, note: None },
     })
 }
 
@@ -344,7 +370,8 @@ pub fn run_key_now(job: &Job, run_date: RunDate, engine: &mut dyn Engine) -> Res
             None => (String::new(), None),
         });
     }
-    Ok(input_now(job, run_date, engine, None)?.map_or((String::new(), None), |(key, fp)| (key, Some(fp.rows))))
+    let now = input_now(job, run_date, engine, &mut None)?;
+    Ok((now.key, now.input.map(|fp| fp.rows)))
 }
 
 /// How a file source's files now differ from those of the last run:
@@ -371,63 +398,44 @@ pub fn files_changed(before: &InputFiles, now: &InputFiles) -> Vec<String> {
 /// run key now (for a file source, from the files' hashes, reading no row),
 /// the ledger's last entry, and the target's fingerprint now.
 pub fn status(job: &Job, run_date: RunDate, engine: &mut dyn Engine) -> Result<DateStatus> {
+    let mut all = status_range(job, &[run_date], engine)?;
+    all.pop().ok_or_else(|| Error::Internal("status of one date returned none".into()))
+}
+
+/// [`status`] of every date of `dates`, in their order, with one ledger
+/// query and one grouped scan of the target's partitions (not one per date).
+pub fn status_range(job: &Job, dates: &[RunDate], engine: &mut dyn Engine) -> Result<Vec<DateStatus>> {
     let job_hash = job.definition_hash();
-    let mut note = None;
-    let mut files_now = None;
-    let (key, input_rows_now) = match &job.source.files {
-        Some(source) => match source.resolve(run_date) {
-            Ok(Some(files)) if job.source.key_from_files() => {
-                let key = run_key(&job_hash, run_date, &files.fingerprint());
-                files_now = Some(files);
-                (key, None)
+    let mut source_cols = None;
+    let mut out = Vec::with_capacity(dates.len());
+    for (run_date, last, current) in look(job, dates, engine)? {
+        let now = input_now(job, run_date, engine, &mut source_cols)?;
+        let key = now.key;
+        let files_changed = match (&now.files, last.as_ref().and_then(|l| l.input_files.as_ref())) {
+            (Some(now), Some(before)) => files_changed(before, now),
+            _ => Vec::new(),
+        };
+        let state = match &last {
+            None if job.source.files.is_some() && key.is_empty() => DateState::NoInput,
+            None => DateState::Missing,
+            Some(l) if current.as_ref().is_some_and(|c| c.kind == l.fingerprint_kind && (c.rows, c.checksum.as_str()) != (l.output_rows, l.output_checksum.as_str())) => {
+                DateState::Drift
             }
-            Ok(Some(files)) => {
-                files_now = Some(files);
-                run_key_now(job, run_date, engine)?
-            }
-            Ok(None) => {
-                note = Some(format!("no file matches {} (allow_missing = true: a run leaves the date as it is)", source.expand(run_date).display()));
-                (String::new(), None)
-            }
-            Err(e @ Error::Files { .. }) => {
-                note = Some(e.to_string());
-                (String::new(), None)
-            }
-            Err(e) => return Err(e),
-        },
-        None => run_key_now(job, run_date, engine)?,
-    };
-    let last = ledger::entries(engine, Some(&job.name), Some(run_date), Some(1))?.into_iter().next();
-    let current: Option<Fingerprint> = match (job.strategy, &job.partition, engine.table_columns(&job.target)?) {
-        (Strategy::ReplacePartition, Some(p), Some(cols)) => {
-            let scope = Scope::Table { table: &job.target, filter: Some(Filter::DateEquals(p, run_date.date())) };
-            Some(fingerprint(engine, Method::Native, &scope, &fingerprinted(&cols, &job.metadata))?)
-        }
-        _ => None,
-    };
-    let files_changed = match (&files_now, last.as_ref().and_then(|l| l.input_files.as_ref())) {
-        (Some(now), Some(before)) => files_changed(before, now),
-        _ => Vec::new(),
-    };
-    let state = match &last {
-        None if job.source.files.is_some() && key.is_empty() => DateState::NoInput,
-        None => DateState::Missing,
-        Some(l) if current.as_ref().is_some_and(|c| c.kind == l.fingerprint_kind && (c.rows, c.checksum.as_str()) != (l.output_rows, l.output_checksum.as_str())) => {
-            DateState::Drift
-        }
-        Some(l) if l.job_hash != job_hash => DateState::JobChanged,
-        Some(_) if key.is_empty() => DateState::NoInput,
-        Some(l) if l.run_key != key => DateState::SourceChanged,
-        Some(_) => DateState::Ok,
-    };
-    Ok(DateStatus {
-        run_date: run_date.to_string(),
-        state,
-        last_run: last,
-        run_key_now: key,
-        input_rows_now,
-        rows_now: current.map(|c| c.rows),
-        files_changed,
-        note,
-    })
+            Some(l) if l.job_hash != job_hash => DateState::JobChanged,
+            Some(_) if key.is_empty() => DateState::NoInput,
+            Some(l) if l.run_key != key => DateState::SourceChanged,
+            Some(_) => DateState::Ok,
+        };
+        out.push(DateStatus {
+            run_date: run_date.to_string(),
+            state,
+            last_run: last,
+            run_key_now: key,
+            input_rows_now: now.input.map(|fp| fp.rows),
+            rows_now: current.map(|c| c.rows),
+            files_changed,
+            note: now.note,
+        });
+    }
+    Ok(out)
 }

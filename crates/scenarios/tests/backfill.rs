@@ -1,6 +1,6 @@
 //! backfill and status scenarios, run on every engine.
 
-use fixpoint_core::backfill::{backfill, done_dates, status, BackfillOptions, DateOutcome, DateState};
+use fixpoint_core::backfill::{backfill, done_dates, status, status_range, BackfillOptions, DateOutcome, DateState};
 use fixpoint_core::{Engine, FailPoint, FaultAction, RunDate, RunOptions};
 use fixpoint_scenarios::*;
 
@@ -93,6 +93,15 @@ fn status_reports_gaps_drift_and_late_rows(e: &dyn EngineUnderTest) {
     // A late row arrives for the 21st: the source changed.
     exec(db, "INSERT INTO bronze.orders VALUES (8, 1, 2.00, 'EUR', TIMESTAMP '2026-10-21 23:59:00', DATE '2026-10-21')");
     assert_eq!(states(db, &job), [DateState::Drift, DateState::Missing, DateState::SourceChanged]);
+    // The whole range at once (one ledger query, one grouped scan) says what each date says alone.
+    let dates = range("2026-10-18", "2026-10-22");
+    let together = status_range(&job, &dates, db).unwrap();
+    let alone: Vec<_> = dates.iter().map(|day| status(&job, *day, db).unwrap()).collect();
+    assert_eq!(format!("{together:?}"), format!("{alone:?}"));
+    assert_eq!(
+        together.iter().map(|s| (s.state, s.rows_now)).collect::<Vec<_>>(),
+        [(DateState::Missing, Some(0)), (DateState::Drift, Some(2)), (DateState::Missing, Some(0)), (DateState::SourceChanged, Some(1)), (DateState::Missing, Some(0))]
+    );
     // A backfill repairs both and fills the gap.
     let o = backfill(&job, &range("2026-10-19", "2026-10-21"), db, &BackfillOptions::default(), |_| {});
     assert_eq!(outcomes(&o), ["committed"; 3]);

@@ -366,6 +366,22 @@ sql = "SELECT order_id, total, :run_date AS dt FROM input"
     assert_eq!(actions, [("2026-10-18", "skipped"), ("2026-10-19", "reloaded"), ("2026-10-20", "skipped")]);
     assert_eq!(count(db, "SELECT count(*) FROM silver.daily WHERE dt = DATE '2026-10-19'"), 3);
     assert_eq!(count(db, "SELECT count(*) FROM silver.daily"), 7);
+    // A backfill over the window finds every day done from the files' hashes;
+    // a replaced file reruns its day only.
+    let days = fixpoint_core::RunDate::range(d("2026-10-18"), d("2026-10-20"));
+    let done = fixpoint_core::backfill::done_dates(&job, &days, db).unwrap();
+    assert_eq!(done.len(), 3);
+    assert_eq!(done[&d("2026-10-19")].output_rows, 3);
+    lake.text("daily/2026-10-18/orders.csv", "order_id,total\n1,18.50\n2,5.00\n");
+    let outcomes: Vec<String> = fixpoint_core::backfill::backfill(&job, &days, db, &Default::default(), |_| {})
+        .into_iter()
+        .map(|o| match o {
+            fixpoint_core::backfill::DateOutcome::Done(r) => r.outcome,
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(outcomes, ["committed", "skipped", "skipped"]);
+    assert_eq!(count(db, "SELECT count(*) FROM silver.daily WHERE total = 18.50"), 1);
 }
 
 /// A file source whose query also reads a table: the files alone cannot
