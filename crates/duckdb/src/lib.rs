@@ -115,7 +115,7 @@ impl DuckDb {
     }
 
     fn prepare(&self, sql: &Sql) -> Result<duckdb::Statement<'_>> {
-        self.conn.prepare(&sql.text).map_err(db_err(context_of(&sql.text)))
+        self.conn.prepare(&sql.text).map_err(|e| db_err(context_of(&sql.text))(e))
     }
 }
 
@@ -205,7 +205,7 @@ impl Engine for DuckDb {
         let mut stmt = self.prepare(sql)?;
         let n = stmt
             .execute(duckdb::params_from_iter(sql.params.iter().map(to_duck)))
-            .map_err(db_err(context_of(&sql.text)))?;
+            .map_err(|e| db_err(context_of(&sql.text))(e))?;
         Ok(n as u64)
     }
 
@@ -213,14 +213,14 @@ impl Engine for DuckDb {
         let mut stmt = self.prepare(sql)?;
         let mut rows = stmt
             .query(duckdb::params_from_iter(sql.params.iter().map(to_duck)))
-            .map_err(db_err(context_of(&sql.text)))?;
+            .map_err(|e| db_err(context_of(&sql.text))(e))?;
         let columns = rows.as_ref().map(|s| s.column_names()).unwrap_or_default();
         let n = columns.len();
         let mut out = Vec::new();
-        while let Some(row) = rows.next().map_err(db_err(context_of(&sql.text)))? {
+        while let Some(row) = rows.next().map_err(|e| db_err(context_of(&sql.text))(e))? {
             let mut values = Vec::with_capacity(n);
             for i in 0..n {
-                let v: DValue = row.get(i).map_err(db_err(context_of(&sql.text)))?;
+                let v: DValue = row.get(i).map_err(|e| db_err(context_of(&sql.text))(e))?;
                 values.push(from_duck(v));
             }
             out.push(values);

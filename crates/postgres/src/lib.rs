@@ -167,7 +167,7 @@ impl Postgres {
     fn prepare(&mut self, sql: &Sql) -> Result<postgres::Statement> {
         let types = vec![Type::TEXT; sql.params.len()];
         let text = sql.text.clone();
-        self.client().prepare_typed(&text, &types).map_err(pg_err(context_of(&text)))
+        self.client().prepare_typed(&text, &types).map_err(|e| pg_err(context_of(&text))(e))
     }
 }
 
@@ -295,12 +295,12 @@ impl Engine for Postgres {
         if sql.params.is_empty() && !sql.text.contains('$') {
             // Utility statements (BEGIN, CREATE …) cannot be prepared with parameters.
             let text = sql.text.clone();
-            return self.client().execute(&text, &[]).map_err(pg_err(context_of(&text)));
+            return self.client().execute(&text, &[]).map_err(|e| pg_err(context_of(&text))(e));
         }
         let stmt = self.prepare(sql)?;
         let params = Self::params(sql);
         let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-        self.client().execute(&stmt, &refs).map_err(pg_err(context_of(&sql.text)))
+        self.client().execute(&stmt, &refs).map_err(|e| pg_err(context_of(&sql.text))(e))
     }
 
     fn query(&mut self, sql: &Sql) -> Result<Rows> {
@@ -308,12 +308,12 @@ impl Engine for Postgres {
         let params = Self::params(sql);
         let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
         let columns: Vec<String> = stmt.columns().iter().map(|c| c.name().to_owned()).collect();
-        let rows = self.client().query(&stmt, &refs).map_err(pg_err(context_of(&sql.text)))?;
+        let rows = self.client().query(&stmt, &refs).map_err(|e| pg_err(context_of(&sql.text))(e))?;
         let mut out = Vec::with_capacity(rows.len());
         for r in rows {
             let mut values = Vec::with_capacity(columns.len());
             for i in 0..columns.len() {
-                let v: Raw = r.try_get(i).map_err(pg_err(context_of(&sql.text)))?;
+                let v: Raw = r.try_get(i).map_err(|e| pg_err(context_of(&sql.text))(e))?;
                 values.push(v.0);
             }
             out.push(values);
