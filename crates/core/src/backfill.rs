@@ -59,7 +59,7 @@ pub fn done_dates(job: &Job, dates: &[RunDate], engine: &mut dyn Engine) -> Resu
     let mut source_cols = None;
     for (d, last, current) in look(job, dates, engine)? {
         let (Some(last), Some(here)) = (last, current) else { continue };
-        if (here.kind.as_str(), here.rows, here.checksum.as_str()) != (last.fingerprint_kind.as_str(), last.output_rows, last.output_checksum.as_str()) {
+        if !holds(&here, &last) {
             continue;
         }
         let Ok(now) = input_now(job, d, engine, &mut source_cols) else { continue };
@@ -133,25 +133,23 @@ struct Now {
 /// The run key and input a run for `run_date` would have now. A SQL
 /// source is described once (`source_cols` keeps its columns: they do not
 /// depend on the values bound); a file source's files are matched and
-/// hashed, and read only when its query also reads tables.
+/// hashed once, and read only when its query also reads tables. A day
+/// without files under `allow_missing` has the empty key (which no run
+/// has); missing or unreadable files otherwise are an error, as in a run.
 fn input_now(job: &Job, run_date: RunDate, engine: &mut dyn Engine, source_cols: &mut Option<Vec<Column>>) -> Result<Now> {
     let job_hash = job.definition_hash();
-    let files = match &job.source.files {
-        None => None,
-        Some(source) => match source.resolve(run_date) {
-            Ok(Some(files)) if job.source.key_from_files() => {
-                let key = run_key(&job_hash, run_date, &files.fingerprint());
-                return Ok(Now { key, input: None, files: Some(files), note: None });
-            }
-            Ok(Some(files)) => Some(files),
-            Ok(None) => {
-                let note = format!("no file matches {} (allow_missing = true: a run leaves the date as it is)", source.expand(run_date).display());
-                return Ok(Now { key: String::new(), input: None, files: None, note: Some(note) });
-            }
-            Err(e @ Error::Files { .. }) => return Ok(Now { key: String::new(), input: None, files: None, note: Some(e.to_string()) }),
-            Err(e) => return Err(e),
-        },
+    let no_files = |source: &crate::files::FileSource| Now {
+        key: String::new(),
+        input: None,
+        files: None,
+        note: Some(format!("no file matches {} (allow_missing = true: a run leaves the date as it is)", source.expand(run_date).display())),
     };
+    if let (Some(source), true) = (&job.source.files, job.source.key_from_files()) {
+        return Ok(match source.resolve(run_date)? {
+            Some(files) => Now { key: run_key(&job_hash, run_date, &files.fingerprint()), input: None, files: Some(files), note: None },
+            None => no_files(source),
+        });
+    }
     let fixed = job.source.files.is_none();
     let read = crate::run::with_input(job, run_date, engine, |engine, input| {
         let params: &RunParams = &input.params;
@@ -164,12 +162,18 @@ fn input_now(job: &Job, run_date: RunDate, engine: &mut dyn Engine, source_cols:
         if fixed {
             *source_cols = Some(cols);
         }
-        Ok(fp)
+        Ok((fp, input.files.clone()))
     })?;
-    Ok(match read {
-        Some(fp) => Now { key: run_key(&job_hash, run_date, &fp), input: Some(fp), files, note: None },
-        None => Now { key: String::new(), input: None, files, note: None },
+    Ok(match (read, &job.source.files) {
+        (Some((fp, files)), _) => Now { key: run_key(&job_hash, run_date, &fp), input: Some(fp), files, note: None },
+        (None, Some(source)) => no_files(source),
+        (None, None) => return Err(Error::Internal("a SQL source without input".into())),
     })
+}
+
+/// Whether `fp` is the output `entry` recorded (same kind, rows and checksum).
+fn holds(fp: &Fingerprint, entry: &Entry) -> bool {
+    (fp.kind.as_str(), fp.rows, fp.checksum.as_str()) == (entry.fingerprint_kind.as_str(), entry.output_rows, entry.output_checksum.as_str())
 }
 
 /// Runs `job` for every date of `dates`, in order. Each date is its own
@@ -364,12 +368,6 @@ fn fingerprinted(cols: &[Column], metadata: &[String]) -> Vec<Column> {
 /// without reading a row). Nothing is written. A file source's day without
 /// files (with `allow_missing`) has the empty key, which no run has.
 pub fn run_key_now(job: &Job, run_date: RunDate, engine: &mut dyn Engine) -> Result<(String, Option<u64>)> {
-    if let (Some(source), true) = (&job.source.files, job.source.key_from_files()) {
-        return Ok(match source.resolve(run_date)? {
-            Some(files) => (run_key(&job.definition_hash(), run_date, &files.fingerprint()), None),
-            None => (String::new(), None),
-        });
-    }
     let now = input_now(job, run_date, engine, &mut None)?;
     Ok((now.key, now.input.map(|fp| fp.rows)))
 }
@@ -409,7 +407,11 @@ pub fn status_range(job: &Job, dates: &[RunDate], engine: &mut dyn Engine) -> Re
     let mut source_cols = None;
     let mut out = Vec::with_capacity(dates.len());
     for (run_date, last, current) in look(job, dates, engine)? {
-        let now = input_now(job, run_date, engine, &mut source_cols)?;
+        // Missing or unreadable files are this date's state, not the command's failure.
+        let now = match input_now(job, run_date, engine, &mut source_cols) {
+            Err(e @ Error::Files { .. }) => Now { key: String::new(), input: None, files: None, note: Some(e.to_string()) },
+            other => other?,
+        };
         let key = now.key;
         let files_changed = match (&now.files, last.as_ref().and_then(|l| l.input_files.as_ref())) {
             (Some(now), Some(before)) => files_changed(before, now),
@@ -418,9 +420,7 @@ pub fn status_range(job: &Job, dates: &[RunDate], engine: &mut dyn Engine) -> Re
         let state = match &last {
             None if job.source.files.is_some() && key.is_empty() => DateState::NoInput,
             None => DateState::Missing,
-            Some(l) if current.as_ref().is_some_and(|c| c.kind == l.fingerprint_kind && (c.rows, c.checksum.as_str()) != (l.output_rows, l.output_checksum.as_str())) => {
-                DateState::Drift
-            }
+            Some(l) if current.as_ref().is_some_and(|c| c.kind == l.fingerprint_kind && !holds(c, l)) => DateState::Drift,
             Some(l) if l.job_hash != job_hash => DateState::JobChanged,
             Some(_) if key.is_empty() => DateState::NoInput,
             Some(l) if l.run_key != key => DateState::SourceChanged,
