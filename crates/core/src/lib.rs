@@ -15,6 +15,7 @@ pub mod ident;
 pub mod ledger;
 pub mod lint;
 pub mod lookback;
+pub mod md5lanes;
 mod merge;
 pub mod mutate;
 pub mod prove;

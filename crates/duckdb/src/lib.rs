@@ -15,6 +15,8 @@ use fixpoint_core::ident::{quote_ident, TableName};
 use fixpoint_core::sql::{Sql, Value};
 use fixpoint_core::{Error, Result};
 
+pub mod portable;
+
 /// The temporary table holding a file source's paths, in order.
 const FILES_TABLE: &str = "temp.main.\"__fixpoint_files\"";
 /// The session variable the file readers take their list of paths from.
@@ -26,6 +28,10 @@ pub struct DuckDb {
     path: Option<PathBuf>,
     version: Option<String>,
     in_transaction: bool,
+    /// Whether the portable row hash functions are registered.
+    portable_registered: bool,
+    /// Whether portable fingerprints use them.
+    portable_functions: bool,
 }
 
 fn db_err(context: impl Into<String>) -> impl FnOnce(duckdb::Error) -> Error {
@@ -56,7 +62,7 @@ impl DuckDb {
         let mut announced = false;
         loop {
             match duckdb::Connection::open(path) {
-                Ok(conn) => return Ok(DuckDb { conn, path: Some(path.to_owned()), version: None, in_transaction: false }),
+                Ok(conn) => return Ok(DuckDb::new(conn, Some(path.to_owned()))),
                 Err(e) => {
                     let msg = e.to_string();
                     if let Some(problem) = open_problem(&msg) {
@@ -101,7 +107,28 @@ impl DuckDb {
     /// An in-memory database (tests).
     pub fn open_in_memory() -> Result<DuckDb> {
         let conn = duckdb::Connection::open_in_memory().map_err(db_err("opening an in-memory database"))?;
-        Ok(DuckDb { conn, path: None, version: None, in_transaction: false })
+        Ok(DuckDb::new(conn, None))
+    }
+
+    fn new(conn: duckdb::Connection, path: Option<PathBuf>) -> DuckDb {
+        // Without them the portable fingerprint is built in SQL: the same
+        // value, slower. Registering fails only on a broken connection,
+        // which the first statement reports.
+        let portable_registered = portable::register(&conn).is_ok();
+        DuckDb { conn, path, version: None, in_transaction: false, portable_registered, portable_functions: portable_registered }
+    }
+
+    /// The same connection without the Rust portable hash (tests compare
+    /// the two ways of computing it).
+    pub fn without_portable_functions(mut self) -> DuckDb {
+        self.portable_functions = false;
+        self
+    }
+
+    /// Back to the Rust portable hash (when it registered).
+    pub fn with_portable_functions(mut self) -> DuckDb {
+        self.portable_functions = self.portable_registered;
+        self
     }
 
     /// The file, if any.
@@ -360,6 +387,20 @@ impl Engine for DuckDb {
             ("other", format!("CAST({expr} AS VARCHAR)"))
         };
         (text, class)
+    }
+
+    fn portable_row_hash_direct(&self, alias: &str, columns: &[Column]) -> Option<String> {
+        if !self.portable_functions {
+            return None;
+        }
+        let fields: Vec<String> = columns
+            .iter()
+            .map(|c| {
+                let expr = format!("{alias}.{}", quote_ident(&c.name));
+                portable::field_expr(&expr, &c.ty, self.portable_value(&expr, c).1)
+            })
+            .collect();
+        Some(format!("{}(row({}))", portable::HASH_FUNCTION, fields.join(", ")))
     }
 
     fn portable_row_hash(&self, text_expr: &str) -> String {
