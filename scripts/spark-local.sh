@@ -13,7 +13,7 @@
 #   work/metastore/     Hive metastore on embedded Derby (derby.system.home)
 #   work/warehouse/     spark.sql.warehouse.dir
 #   work/worker/        worker scratch (executor stdout/stderr, app dirs)
-#   work/tmp/           spark.local.dir and java.io.tmpdir
+#   work/tmp/           SPARK_LOCAL_DIRS (shuffle/block files) and java.io.tmpdir
 #
 # Every process binds to 127.0.0.1 only. Only stderr is used, except `status`,
 # which prints sc://127.0.0.1:<port> on stdout when the server answers.
@@ -188,8 +188,8 @@ daemon() { # daemon.sh args..., stdout folded into stderr
   (cd "$WORK" && "$SPARK_HOME/sbin/spark-daemon.sh" "$@") >&2
 }
 
-wait_port() { # port timeout what
-  local port="$1" timeout="$2" what="$3" start=$SECONDS
+wait_port() { # port timeout
+  local port="$1" timeout="$2" start=$SECONDS
   while ! port_open "$port"; do
     if ((SECONDS - start >= timeout)); then
       return 1
@@ -252,11 +252,14 @@ cmd_start() {
     daemon start "$MASTER_CLASS" 1 \
       --host "$HOST" --port "$MASTER_PORT" --webui-port "$MASTER_UI_PORT"
   fi
-  if ! wait_port "$MASTER_PORT" 60 master; then
+  if ! wait_port "$MASTER_PORT" 60; then
     tail_logs
     die "master did not open $HOST:$MASTER_PORT within 60s"
   fi
 
+  # Worker and Connect server are launched side by side: spark-daemon.sh
+  # itself sleeps ~2.5 s after each launch to see whether the JVM survived.
+  local jobs=()
   if live_pid "$WORKER_CLASS" >/dev/null; then
     log "worker already running"
   else
@@ -264,7 +267,8 @@ cmd_start() {
     daemon start "$WORKER_CLASS" 1 \
       --host "$HOST" --webui-port "$WORKER_UI_PORT" \
       --cores 2 --memory 2g --work-dir "$WORK/worker" \
-      "spark://$HOST:$MASTER_PORT"
+      "spark://$HOST:$MASTER_PORT" &
+    jobs+=($!)
   fi
 
   if live_pid "$CONNECT_CLASS" >/dev/null; then
@@ -274,8 +278,13 @@ cmd_start() {
     daemon submit "$CONNECT_CLASS" 1 \
       --name "fixpoint Spark Connect server" \
       --master "spark://$HOST:$MASTER_PORT" \
-      --driver-memory 1g
+      --driver-memory 1g &
+    jobs+=($!)
   fi
+  local j
+  for j in "${jobs[@]}"; do
+    wait "$j" || die "spark-daemon.sh failed (see $WORK/logs)"
+  done
 
   local start=$SECONDS last=-1 elapsed
   while ! port_open "$CONNECT_PORT"; do

@@ -177,6 +177,26 @@ pub trait Engine {
         None
     }
 
+    /// A tap on the next `INSERT … SELECT` of a run's rows: an expression to
+    /// select as the partition column in place of `value` (the source's
+    /// DATE column, e.g. `s."dt"`), which passes it through and, as the rows
+    /// stream into the target, counts them, counts those whose partition is
+    /// not `day`, and sums their native row hashes over `hashed` (columns of
+    /// `alias`). Returns the expression and a token for
+    /// [`Engine::tap_close`]; `None` where the engine has no tap (the guards
+    /// and the fingerprint then scan on their own).
+    fn tap_partition(&mut self, value: &str, alias: &str, hashed: &[Column], day: NaiveDate) -> Option<(Sql, u64)> {
+        let _ = (value, alias, hashed, day);
+        None
+    }
+
+    /// What the tap saw: (rows whose partition was not NULL, of those the
+    /// rows outside `day`, the sum of their row hashes).
+    fn tap_close(&mut self, token: u64) -> Option<(u64, u64, i128)> {
+        let _ = token;
+        None
+    }
+
     /// Reads a sum from a query result into an i128.
     fn read_sum(&self, v: &Value) -> Result<i128> {
         v.as_i128().ok_or_else(|| Error::Internal(format!("{}: a checksum sum came back as {v:?}", self.name())))

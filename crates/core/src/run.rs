@@ -439,11 +439,33 @@ fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine,
         let before_writing = (file_key.is_none() && (last.is_some() || job.source.template().uses_any(&[RunParam::RunKey])))
             || output_cols != input_cols
             || engine.fingerprint_before_writing();
+        // Or, when nothing needs them before writing and the engine can tap
+        //    the insert (DuckDB), the guards and the output fingerprint are
+        //    taken as the rows stream into the delete + insert, and a failed
+        //    guard rolls both back: nothing changes either way, with no scan
+        //    of its own (see `Engine::tap_partition`).
+        let is_date = |cols: &[Column]| cols.iter().any(|c| c.name == partition && c.ty.eq_ignore_ascii_case("DATE"));
+        let tap = !before_writing
+            && !matches!(layout, DayPartition::Swappable { .. })
+            && !matches!(opts.fault, Some((FailPoint::MidInsert, _)))
+            && is_date(&source_cols)
+            && target_cols.as_deref().is_none_or(is_date);
         let (select, kind, signature) = if before_writing {
             fingerprint_select(engine, Method::Native, "s", &input_cols)?
         } else {
             ("count(*), 0".to_owned(), fingerprint_kind(engine, Method::Native)?, Vec::new())
         };
+        let out_of_partition = |engine: &mut dyn Engine, params: &RunParams, rows: u64| -> Result<Error> {
+            let mut sql = Sql::new();
+            sql.push("SELECT * FROM ");
+            Scope::Source { template: job.source.template(), params }.write_from(&mut sql, "s");
+            sql.push(" WHERE s.").ident(partition).push(" IS DISTINCT FROM ");
+            sql.typed_param(Value::Date(run_date.date()), "DATE").push(" LIMIT 1");
+            Ok(Error::OutOfPartition { rows, column: partition.to_owned(), run_date: run_date.to_string(), sample: first_row(engine, &sql)? })
+        };
+        let (input_rows, sum) = if tap {
+            (0, 0)
+        } else {
         let mut sql = Sql::new();
         sql.push("SELECT ").push(&select).push(", count(*) FILTER (WHERE s.").ident(partition);
         sql.push(" IS DISTINCT FROM ");
@@ -454,17 +476,7 @@ fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine,
         let sum = engine.read_sum(&row[1])?;
         let outside = row[2].as_u64().ok_or_else(|| Error::Internal("bad count".into()))?;
         if outside > 0 {
-            let mut sql = Sql::new();
-            sql.push("SELECT * FROM ");
-            Scope::Source { template: job.source.template(), params: &params }.write_from(&mut sql, "s");
-            sql.push(" WHERE s.").ident(partition).push(" IS DISTINCT FROM ");
-            sql.typed_param(Value::Date(run_date.date()), "DATE").push(" LIMIT 1");
-            return Err(Error::OutOfPartition {
-                rows: outside,
-                column: partition.to_owned(),
-                run_date: run_date.to_string(),
-                sample: first_row(engine, &sql)?,
-            });
+            return Err(out_of_partition(engine, &params, outside)?);
         }
         if let Some(min) = job.min_rows {
             if input_rows < min {
@@ -472,6 +484,8 @@ fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine,
             }
         }
         trace.step("guards");
+        (input_rows, sum)
+        };
         let early_input = before_writing.then(|| Fingerprint::from_sum(&kind, &signature, input_rows, sum));
         if let (Some(input), None) = (&early_input, &file_key) {
             params.run_key = run_key(&job_hash, run_date, input);
@@ -500,10 +514,23 @@ fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine,
         }
 
         let col_list = source_cols.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", ");
-        let insert = |into: &TableName, limit: Option<u64>| {
+        let insert_tapped = |into: &TableName, limit: Option<u64>, tapped: Option<&Sql>| {
             let mut sql = Sql::new();
             sql.push("INSERT INTO ").push(&into.quoted()).push(" (").push(&col_list).push(") SELECT ");
-            sql.push(&source_cols.iter().map(|c| format!("s.{}", quote_ident(&c.name))).collect::<Vec<_>>().join(", "));
+            for (i, c) in source_cols.iter().enumerate() {
+                if i > 0 {
+                    sql.push(", ");
+                }
+                match tapped {
+                    Some(t) if c.name == partition => {
+                        sql.text.push_str(&t.text);
+                        sql.params.extend(t.params.iter().cloned());
+                    }
+                    _ => {
+                        sql.push(&format!("s.{}", quote_ident(&c.name)));
+                    }
+                }
+            }
             sql.push(" FROM ");
             Scope::Source { template: job.source.template(), params: &params }.write_from(&mut sql, "s");
             if let Some(n) = limit {
@@ -511,6 +538,7 @@ fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine,
             }
             sql
         };
+        let insert = |into: &TableName, limit: Option<u64>| insert_tapped(into, limit, None);
         let (rows_deleted, rows_inserted, method, staged_fp) = match &layout {
             // 5a. Partition exchange: build the day as a standalone table
             //     (readers still see the old day, unblocked), then detach the
@@ -556,12 +584,38 @@ fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine,
                     engine.execute(&insert(&job.target, Some(input_rows / 2)))?;
                     opts.step(FailPoint::MidInsert)?;
                 }
-                let rows_inserted = engine.execute(&insert(&job.target, None))?;
-                trace.step("insert");
+                let tapped = if tap {
+                    engine.tap_partition(&format!("s.{}", quote_ident(partition)), "s", &input_cols, run_date.date())
+                } else {
+                    None
+                };
+                let (rows_inserted, tapped_fp) = match tapped {
+                    None => (engine.execute(&insert(&job.target, None))?, None),
+                    Some((expr, token)) => {
+                        let inserted = engine.execute(&insert_tapped(&job.target, None, Some(&expr)));
+                        let seen = engine.tap_close(token);
+                        let inserted = inserted?;
+                        let (seen, outside, sum) = seen.ok_or_else(|| Error::Internal("the insert's tap was lost".into()))?;
+                        // A NULL partition never reaches the tap: outside too.
+                        let outside = outside + inserted.saturating_sub(seen);
+                        if outside > 0 {
+                            return Err(out_of_partition(engine, &params, outside)?);
+                        }
+                        if let Some(min) = job.min_rows {
+                            if inserted < min {
+                                return Err(Error::TooFewRows { rows: inserted, min_rows: min, run_date: run_date.to_string() });
+                            }
+                        }
+                        let signature: Vec<String> = output_cols.iter().map(|c| format!("{} {}", c.name, c.ty)).collect();
+                        (inserted, Some(Fingerprint::from_sum(&kind, &signature, inserted, sum)))
+                    }
+                };
+                trace.step(if tapped_fp.is_some() { "insert (guards and fingerprint tapped)" } else { "insert" });
                 opts.step(FailPoint::AfterInsert)?;
-                (rows_deleted, rows_inserted, "delete+insert", None)
+                (rows_deleted, rows_inserted, "delete+insert", tapped_fp)
             }
         };
+        let input_rows = if tap { rows_inserted } else { input_rows };
 
         // 6. Fingerprint what was written, check it, record it.
         // The partition now holds exactly the source rows (the guard proved

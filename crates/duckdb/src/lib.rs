@@ -16,6 +16,7 @@ use fixpoint_core::sql::{Sql, Value};
 use fixpoint_core::{Error, Result};
 
 pub mod portable;
+pub mod tap;
 
 /// The temporary table holding a file source's paths, in order.
 const FILES_TABLE: &str = "temp.main.\"__fixpoint_files\"";
@@ -32,6 +33,8 @@ pub struct DuckDb {
     portable_registered: bool,
     /// Whether portable fingerprints use them.
     portable_functions: bool,
+    /// Whether the run tap (guards and fingerprint during the insert) is registered.
+    tap_registered: bool,
     /// Tables this connection described outside a transaction (committed,
     /// and no statement since could have dropped them): inside a
     /// transaction they are described at once, without first asking the
@@ -120,6 +123,7 @@ impl DuckDb {
         // value, slower. Registering fails only on a broken connection,
         // which the first statement reports.
         let portable_registered = portable::register(&conn).is_ok();
+        let tap_registered = tap::register(&conn).is_ok();
         DuckDb {
             conn,
             path,
@@ -127,6 +131,7 @@ impl DuckDb {
             in_transaction: false,
             portable_registered,
             portable_functions: portable_registered,
+            tap_registered,
             seen_tables: Default::default(),
         }
     }
@@ -421,6 +426,23 @@ impl Engine for DuckDb {
             ("other", format!("CAST({expr} AS VARCHAR)"))
         };
         (text, class)
+    }
+
+    fn tap_partition(&mut self, value: &str, alias: &str, hashed: &[Column], day: chrono::NaiveDate) -> Option<(Sql, u64)> {
+        if !self.tap_registered || hashed.is_empty() {
+            return None;
+        }
+        let hash = self.native_row_hash(alias, hashed)?;
+        let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).expect("a date");
+        let token = tap::open(i32::try_from((day - epoch).num_days()).ok()?);
+        let mut sql = Sql::new();
+        sql.push(&format!("{}(", tap::FUNCTION)).typed_param(Value::Int(token as i64), "UBIGINT");
+        sql.push(&format!(", {hash}, {value})"));
+        Some((sql, token))
+    }
+
+    fn tap_close(&mut self, token: u64) -> Option<(u64, u64, i128)> {
+        tap::close(token).map(|s| (s.rows, s.outside, s.sum))
     }
 
     fn portable_row_hash_direct(&self, alias: &str, columns: &[Column]) -> Option<String> {

@@ -117,6 +117,88 @@ fn too_few_rows_are_refused(e: &dyn EngineUnderTest) {
     assert_eq!(rows(db, "SELECT * FROM silver.orders"), before);
 }
 
+/// The seed job without `:run_key` (nothing then needs the input's
+/// fingerprint before writing: on DuckDB the guards and the fingerprint are
+/// taken as the rows stream into the insert).
+fn without_run_key(job_text: &str) -> String {
+    let t = job_text.replace(", :run_key AS load_id", "").replace("metadata = [\"load_id\"]\n", "");
+    assert!(!t.contains(":run_key") && t != job_text);
+    t
+}
+
+/// The guards hold on every path: a forced run (and a first run) may take
+/// them as the rows stream into the insert (DuckDB's tap) instead of in a
+/// scan before it; the errors, and the untouched target, are the same.
+fn guards_hold_when_forced(e: &dyn EngineUnderTest) {
+    for text in [SILVER_JOB.to_owned(), without_run_key(SILVER_JOB)] {
+        let mut db = e.fresh();
+        let db = db.as_mut();
+        exec(db, BRONZE);
+        let good = job(&text);
+        let first = good.load(d("2026-10-20"), db).unwrap();
+        let before = rows(db, "SELECT * FROM silver.orders ORDER BY order_id");
+        let ledger_rows = count(db, "SELECT count(*) FROM fixpoint.runs");
+
+        let bad = job(&text.replace("WHERE dt = :run_date", "WHERE dt >= :run_date"));
+        let err = bad.load_with(d("2026-10-20"), db, &force()).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, Error::OutOfPartition { rows: 1, .. }), "{msg}");
+        assert!(msg.contains("1 source row(s) have dt other than the run date 2026-10-20; nothing was changed"), "{msg}");
+        assert!(msg.contains("order_id: 7"), "the sample shows the row: {msg}");
+
+        // NULL partition values are outside too, counted with the others.
+        exec(db, "INSERT INTO bronze.orders VALUES (9, 1, 1.00, 'EUR', TIMESTAMP '2026-10-20 01:00:00', NULL), (10, 1, 2.00, 'EUR', TIMESTAMP '2026-10-20 02:00:00', NULL)");
+        let nulls = job(&text.replace("WHERE dt = :run_date", "WHERE dt >= :run_date OR dt IS NULL"));
+        let err = nulls.load_with(d("2026-10-20"), db, &force()).unwrap_err();
+        assert!(matches!(err, Error::OutOfPartition { rows: 3, .. }), "{err}");
+        exec(db, "DELETE FROM bronze.orders WHERE dt IS NULL");
+
+        let few = job(&text.replace("partition = \"dt\"\n", "partition = \"dt\"\nmin_rows = 5\n"));
+        let err = few.load_with(d("2026-10-20"), db, &force()).unwrap_err();
+        assert_eq!(err.to_string(), "the source has 4 row(s) for 2026-10-20, fewer than min_rows = 5; nothing was changed");
+
+        // On a database without the target, a refused run creates nothing.
+        let mut fresh = e.fresh();
+        exec(fresh.as_mut(), BRONZE);
+        assert!(matches!(bad.load(d("2026-10-20"), fresh.as_mut()).unwrap_err(), Error::OutOfPartition { rows: 1, .. }));
+        let t = fixpoint_core::TableName::parse("silver.orders").unwrap();
+        assert!(fresh.table_columns(&t).unwrap().is_none());
+
+        assert_eq!(rows(db, "SELECT * FROM silver.orders ORDER BY order_id"), before, "nothing changed");
+        assert_eq!(count(db, "SELECT count(*) FROM fixpoint.runs"), ledger_rows, "no ledger row for a refused run");
+        // A forced run that passes records the partition's fingerprint; a
+        // plain retry then finds it and skips.
+        let again = good.load_with(d("2026-10-20"), db, &force()).unwrap();
+        assert_eq!(again.output(), first.output());
+        let excluded: &[&str] = if text.contains("load_id") { &["load_id"] } else { &[] };
+        assert_eq!(day_fp(db, "silver.orders", "2026-10-20", excluded).checksum, again.output_checksum);
+        assert_eq!(good.load(d("2026-10-20"), db).unwrap().outcome, "skipped");
+    }
+}
+
+/// A failure at any step of the tapped path (no `:run_key`) keeps the
+/// previous contents too, and the retry reaches the clean state.
+fn failure_at_any_step_without_run_key(e: &dyn EngineUnderTest) {
+    let text = without_run_key(SILVER_JOB);
+    for point in FailPoint::ALL {
+        let mut db = e.fresh();
+        let db = db.as_mut();
+        exec(db, BRONZE);
+        let job = job(&text);
+        job.load(d("2026-10-20"), db).unwrap();
+        let before_rows = rows(db, "SELECT * FROM silver.orders ORDER BY order_id");
+        exec(db, "UPDATE bronze.orders SET order_total = 6.00 WHERE order_id = 3");
+        let opts = RunOptions { force: true, fault: Some((point, FaultAction::Error)), no_wait: false };
+        let err = job.load_with(d("2026-10-20"), db, &opts).unwrap_err();
+        assert!(matches!(err, Error::Injected(p) if p == point), "{point}: {err}");
+        assert_eq!(rows(db, "SELECT * FROM silver.orders ORDER BY order_id"), before_rows, "{point}: previous contents survive");
+        assert_eq!(count(db, "SELECT count(*) FROM fixpoint.runs"), 1, "{point}");
+        let retry = job.load(d("2026-10-20"), db).unwrap();
+        assert_eq!(retry.outcome, "committed", "{point}");
+        assert_eq!(day_fp(db, "silver.orders", "2026-10-20", &[]).checksum, retry.output_checksum, "{point}");
+    }
+}
+
 fn run_key_follows_the_input(e: &dyn EngineUnderTest) {
     let job = job(SILVER_JOB);
     let mut a = e.fresh();
@@ -230,6 +312,8 @@ scenarios!(
     failure_at_any_step_keeps_previous_contents,
     rows_outside_the_partition_are_refused,
     too_few_rows_are_refused,
+    guards_hold_when_forced,
+    failure_at_any_step_without_run_key,
     run_key_follows_the_input,
     target_is_created_and_checked,
     fingerprints_are_order_independent_and_collision_resistant,

@@ -1,0 +1,111 @@
+//! A tap on the rows of a run's `INSERT … SELECT`: as they stream into the
+//! target, a scalar function counts them, counts those outside the run's
+//! partition, and sums their native row hashes, passing the partition value
+//! through unchanged. The guards and the output fingerprint then cost no scan
+//! of their own (on a 5M-row day they were ~40 ms of a ~260 ms run).
+//!
+//! It sits in the SELECT list, as the partition column's value
+//! (`fixpoint_tap(token, hash(c1, …, cn), dt)`): a projection is evaluated
+//! once per row that reaches the INSERT, unlike a filter, which the optimizer
+//! may reorder before the source's own conditions. DuckDB skips a scalar
+//! function for a row with a NULL argument (the result is NULL, which is
+//! what passing NULL through means): such a row is inserted but not seen,
+//! and the caller counts it as outside the partition from the difference
+//! between rows inserted and rows seen.
+
+use std::collections::HashMap;
+use std::error::Error as StdError;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use duckdb::core::{DataChunkHandle, LogicalTypeId};
+use duckdb::vscalar::{ScalarFunctionSignature, VScalar};
+use duckdb::vtab::arrow::WritableVector;
+
+/// The SQL name.
+pub const FUNCTION: &str = "fixpoint_tap";
+
+/// What a tap saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// Rows that reached the function (all but those with a NULL partition).
+    pub rows: u64,
+    /// Of those, rows whose partition value was not the run's date.
+    pub outside: u64,
+    /// Sum of their row hashes.
+    pub sum: i128,
+}
+
+struct Open {
+    day: i32,
+    seen: Seen,
+}
+
+static TAPS: Mutex<Option<HashMap<u64, Open>>> = Mutex::new(None);
+static NEXT: AtomicU64 = AtomicU64::new(1);
+
+/// Opens a tap for rows of the date `day` (days since 1970-01-01); the token
+/// goes into the SQL as a bound parameter.
+pub fn open(day: i32) -> u64 {
+    let token = NEXT.fetch_add(1, Ordering::Relaxed);
+    TAPS.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(token, Open { day, seen: Seen::default() });
+    token
+}
+
+/// Closes a tap and returns what it saw.
+pub fn close(token: u64) -> Option<Seen> {
+    TAPS.lock().unwrap_or_else(|e| e.into_inner()).as_mut()?.remove(&token).map(|o| o.seen)
+}
+
+/// Registers the function on `conn`.
+pub fn register(conn: &duckdb::Connection) -> duckdb::Result<()> {
+    conn.register_scalar_function::<Tap>(FUNCTION)
+}
+
+struct Tap;
+
+impl VScalar for Tap {
+    type State = ();
+
+    fn invoke(_: &(), input: &mut DataChunkHandle, output: &mut dyn WritableVector) -> Result<(), Box<dyn StdError>> {
+        let rows = input.len();
+        if rows == 0 {
+            return Ok(());
+        }
+        // SAFETY: the signature is (UBIGINT, UBIGINT, DATE); DuckDB hands
+        // flattened vectors of `rows` values, none NULL (a row with a NULL
+        // argument never reaches the function).
+        let (v0, v1, v2) = (input.flat_vector(0), input.flat_vector(1), input.flat_vector(2));
+        let (tokens, hashes, days) =
+            unsafe { (v0.as_slice_with_len::<u64>(rows), v1.as_slice_with_len::<u64>(rows), v2.as_slice_with_len::<i32>(rows)) };
+        let mut out = output.flat_vector();
+        // SAFETY: the result is a DATE vector with room for `rows` values.
+        unsafe { out.as_mut_slice_with_len::<i32>(rows) }.copy_from_slice(days);
+        let token = tokens[0];
+        let mut taps = TAPS.lock().unwrap_or_else(|e| e.into_inner());
+        let open = taps
+            .as_mut()
+            .and_then(|t| t.get_mut(&token))
+            .ok_or_else(|| format!("{FUNCTION}: no open tap {token} (it is fixpoint's own; not for use in queries)"))?;
+        if tokens.iter().any(|&t| t != token) {
+            return Err(format!("{FUNCTION}: one token per statement").into());
+        }
+        let sum: i128 = hashes.iter().map(|&h| i128::from(h)).sum();
+        let outside = days.iter().filter(|&&d| d != open.day).count() as u64;
+        open.seen.rows += rows as u64;
+        open.seen.outside += outside;
+        open.seen.sum += sum;
+        Ok(())
+    }
+
+    fn signatures() -> Vec<ScalarFunctionSignature> {
+        vec![ScalarFunctionSignature::exact(
+            vec![LogicalTypeId::UBigint.into(), LogicalTypeId::UBigint.into(), LogicalTypeId::Date.into()],
+            LogicalTypeId::Date.into(),
+        )]
+    }
+
+    fn volatile() -> bool {
+        true
+    }
+}
