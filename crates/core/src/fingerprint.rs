@@ -65,3 +65,22 @@ impl std::fmt::Display for Fingerprint {
         write!(f, "{} rows, checksum {}", self.rows, self.checksum)
     }
 }
+
+/// Rows whose portable fingerprint every engine's tests pin to the same
+/// value ([`golden::CHECKSUM`]): engines that cannot be built together (the
+/// Spark client and DuckDB's bundled build) are compared through it.
+#[doc(hidden)]
+pub mod golden {
+    /// The columns, in order: `id` BIGINT, `small` SMALLINT, `amount`
+    /// DECIMAL(12,2), `name` text, `day` DATE, `ts` TIMESTAMP (no time
+    /// zone), `flag` BOOLEAN.
+    pub const ROWS: &str = "(1, 7, 12.50, 'plain', DATE '2026-10-20', TIMESTAMP '2026-10-20 08:00:00', true),
+ (2, -3, -0.05, '', DATE '1999-12-31', TIMESTAMP '2026-10-20 08:00:00.123456', false),
+ (3, NULL, NULL, NULL, NULL, NULL, NULL),
+ (4, 0, 99999.99, 'ünïcödé ✓ ''quoted'' a|b \\ c', DATE '2026-02-28', TIMESTAMP '1970-01-01 00:00:00', true),
+ (5, 1, 0.00, 'NULL', DATE '0001-01-01', TIMESTAMP '2026-10-21 23:59:59.999999', false),
+ (6, 2, 1.00, '\\N', DATE '9999-12-31', TIMESTAMP '2026-10-22 12:00:00.5', true),
+ (6, 2, 1.00, '\\N', DATE '9999-12-31', TIMESTAMP '2026-10-22 12:00:00.5', true)";
+    /// Their portable fingerprint's checksum (7 rows).
+    pub const CHECKSUM: &str = "b54d7271c1402e8b2fa088edac1dbf8e";
+}

@@ -114,3 +114,21 @@ fn fingerprints_are_the_same_with_and_without_the_rust_hash() {
     let mut fast = slow.with_portable_functions();
     assert_eq!(fingerprint(&mut fast, Method::Portable, &scope, &cols).unwrap(), c);
 }
+
+#[test]
+fn the_golden_rows_have_the_golden_checksum() {
+    use fixpoint_core::fingerprint::golden;
+    let mut db = DuckDb::open_in_memory().unwrap();
+    db.execute(&Sql::raw(format!(
+        "CREATE SCHEMA g; CREATE TABLE g.t (id BIGINT, small SMALLINT, amount DECIMAL(12,2), name VARCHAR, day DATE, ts TIMESTAMP, flag BOOLEAN); INSERT INTO g.t VALUES {}",
+        golden::ROWS
+    )))
+    .unwrap();
+    let t = TableName::parse("g.t").unwrap();
+    let cols = db.table_columns(&t).unwrap().unwrap();
+    let fast = fingerprint(&mut db, Method::Portable, &Scope::Table { table: &t, filter: None }, &cols).unwrap();
+    let mut slow = db.without_portable_functions();
+    let sql = fingerprint(&mut slow, Method::Portable, &Scope::Table { table: &t, filter: None }, &cols).unwrap();
+    assert_eq!(fast, sql);
+    assert_eq!((fast.rows, fast.checksum.as_str()), (7, golden::CHECKSUM), "the same value Spark's and PostgreSQL's tests pin");
+}

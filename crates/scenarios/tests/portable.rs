@@ -105,3 +105,18 @@ fn diff_between_duckdb_and_postgres_reports_exactly_the_changed_row() {
     assert_eq!(d.only_in_a_rows[0][0], "id='3'");
     assert!(d.only_in_a_rows[0][1..].iter().all(|c| c.ends_with("=NULL")), "{:?}", d.only_in_a_rows);
 }
+
+#[test]
+fn postgres_gives_the_golden_checksum() {
+    use fixpoint_core::fingerprint::golden;
+    let Some(pg) = PgUnderTest::get() else { return };
+    let mut pg = pg.fresh();
+    exec(pg.as_mut(), &format!(
+        "CREATE SCHEMA g;\nCREATE TABLE g.t (id BIGINT, small SMALLINT, amount NUMERIC(12,2), name TEXT, day DATE, ts TIMESTAMP, flag BOOLEAN);\nINSERT INTO g.t VALUES {}",
+        golden::ROWS
+    ));
+    let t = TableName::parse("g.t").unwrap();
+    let cols = pg.table_columns(&t).unwrap().unwrap();
+    let fp = fingerprint(pg.as_mut(), Method::Portable, &Scope::Table { table: &t, filter: None }, &cols).unwrap();
+    assert_eq!((fp.rows, fp.checksum.as_str()), (7, golden::CHECKSUM), "the value DuckDB's and Spark's tests pin");
+}

@@ -91,3 +91,26 @@ fn fingerprints_are_computed_by_the_cluster() {
     assert_ne!(p2, portable);
     exec(&mut db, "DROP TABLE fixpoint_t2.t");
 }
+
+/// The rows DuckDB's and PostgreSQL's tests pin to `golden::CHECKSUM` give
+/// the same portable checksum computed by the cluster; one changed value
+/// changes it. (Spark's client and DuckDB's bundled build are not built
+/// together, so the engines meet through the pinned value.)
+#[test]
+fn the_cluster_gives_the_golden_checksum() {
+    use fixpoint_core::fingerprint::golden;
+    let Some(mut db) = spark() else { return };
+    exec(&mut db, "CREATE DATABASE IF NOT EXISTS fixpoint_t3");
+    exec(&mut db, "DROP TABLE IF EXISTS fixpoint_t3.t");
+    exec(&mut db, "CREATE TABLE fixpoint_t3.t (id BIGINT, small SMALLINT, amount DECIMAL(12,2), name STRING, day DATE, ts TIMESTAMP_NTZ, flag BOOLEAN) USING parquet");
+    exec(&mut db, &format!("INSERT INTO fixpoint_t3.t VALUES {}", golden::ROWS));
+    let t = TableName::parse("fixpoint_t3.t").unwrap();
+    let cols = db.table_columns(&t).unwrap().unwrap();
+    let fp = fingerprint(&mut db, Method::Portable, &Scope::Table { table: &t, filter: None }, &cols).unwrap();
+    assert_eq!((fp.rows, fp.checksum.as_str()), (7, golden::CHECKSUM));
+    // (A table cannot be overwritten from itself on Spark: one more row instead.)
+    exec(&mut db, "INSERT INTO fixpoint_t3.t VALUES (1, 7, 12.50, 'plain', DATE '2026-10-20', TIMESTAMP_NTZ '2026-10-20 08:00:00', true)");
+    let changed = fingerprint(&mut db, Method::Portable, &Scope::Table { table: &t, filter: None }, &cols).unwrap();
+    assert_ne!(changed.checksum, golden::CHECKSUM);
+    exec(&mut db, "DROP TABLE fixpoint_t3.t");
+}
