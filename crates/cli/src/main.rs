@@ -281,6 +281,12 @@ pub(crate) fn open_engine(url: &str, wait: Duration) -> Result<Box<dyn Engine>, 
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         return Ok(Box::new(fixpoint_postgres::Postgres::connect(url)?));
     }
+    if url.starts_with("sc://") {
+        return Err(Error::argument(
+            format!("{:?}: Spark Connect is not supported by this fixpoint yet (the Spark engine is in progress)", output::redact_url(url)),
+            Some("run the job on DuckDB (duckdb:PATH) or PostgreSQL (postgres://user@host:port/db)"),
+        ));
+    }
     Err(Error::argument(
         format!("{:?} is not a database URL", output::redact_url(url)),
         Some("use duckdb:PATH or postgres://user@host:port/db"),
