@@ -445,11 +445,18 @@ fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine,
         //    guard rolls both back: nothing changes either way, with no scan
         //    of its own (see `Engine::tap_partition`).
         let is_date = |cols: &[Column]| cols.iter().any(|c| c.name == partition && c.ty.eq_ignore_ascii_case("DATE"));
-        let tap = !before_writing
+        let tapped = if !before_writing
             && !matches!(layout, DayPartition::Swappable { .. })
             && !matches!(opts.fault, Some((FailPoint::MidInsert, _)))
             && is_date(&source_cols)
-            && target_cols.as_deref().is_none_or(is_date);
+            && target_cols.as_deref().is_none_or(is_date)
+        {
+            // (Only a token: nothing is kept until the insert's rows arrive.)
+            engine.tap_partition(&format!("s.{}", quote_ident(partition)), "s", &input_cols, run_date.date())
+        } else {
+            None
+        };
+        let tap = tapped.is_some();
         let (select, kind, signature) = if before_writing {
             fingerprint_select(engine, Method::Native, "s", &input_cols)?
         } else {
@@ -466,25 +473,25 @@ fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine,
         let (input_rows, sum) = if tap {
             (0, 0)
         } else {
-        let mut sql = Sql::new();
-        sql.push("SELECT ").push(&select).push(", count(*) FILTER (WHERE s.").ident(partition);
-        sql.push(" IS DISTINCT FROM ");
-        sql.typed_param(Value::Date(run_date.date()), "DATE").push(") FROM ");
-        Scope::Source { template: job.source.template(), params: &params }.write_from(&mut sql, "s");
-        let row = engine.query(&sql)?.rows.into_iter().next().ok_or_else(|| Error::Internal("guard scan returned no row".into()))?;
-        let input_rows = row[0].as_u64().ok_or_else(|| Error::Internal("bad count".into()))?;
-        let sum = engine.read_sum(&row[1])?;
-        let outside = row[2].as_u64().ok_or_else(|| Error::Internal("bad count".into()))?;
-        if outside > 0 {
-            return Err(out_of_partition(engine, &params, outside)?);
-        }
-        if let Some(min) = job.min_rows {
-            if input_rows < min {
-                return Err(Error::TooFewRows { rows: input_rows, min_rows: min, run_date: run_date.to_string() });
+            let mut sql = Sql::new();
+            sql.push("SELECT ").push(&select).push(", count(*) FILTER (WHERE s.").ident(partition);
+            sql.push(" IS DISTINCT FROM ");
+            sql.typed_param(Value::Date(run_date.date()), "DATE").push(") FROM ");
+            Scope::Source { template: job.source.template(), params: &params }.write_from(&mut sql, "s");
+            let row = engine.query(&sql)?.rows.into_iter().next().ok_or_else(|| Error::Internal("guard scan returned no row".into()))?;
+            let input_rows = row[0].as_u64().ok_or_else(|| Error::Internal("bad count".into()))?;
+            let sum = engine.read_sum(&row[1])?;
+            let outside = row[2].as_u64().ok_or_else(|| Error::Internal("bad count".into()))?;
+            if outside > 0 {
+                return Err(out_of_partition(engine, &params, outside)?);
             }
-        }
-        trace.step("guards");
-        (input_rows, sum)
+            if let Some(min) = job.min_rows {
+                if input_rows < min {
+                    return Err(Error::TooFewRows { rows: input_rows, min_rows: min, run_date: run_date.to_string() });
+                }
+            }
+            trace.step("guards");
+            (input_rows, sum)
         };
         let early_input = before_writing.then(|| Fingerprint::from_sum(&kind, &signature, input_rows, sum));
         if let (Some(input), None) = (&early_input, &file_key) {
@@ -584,18 +591,18 @@ fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine,
                     engine.execute(&insert(&job.target, Some(input_rows / 2)))?;
                     opts.step(FailPoint::MidInsert)?;
                 }
-                let tapped = if tap {
-                    engine.tap_partition(&format!("s.{}", quote_ident(partition)), "s", &input_cols, run_date.date())
-                } else {
-                    None
-                };
-                let (rows_inserted, tapped_fp) = match tapped {
+                let (rows_inserted, tapped_fp) = match &tapped {
                     None => (engine.execute(&insert(&job.target, None))?, None),
                     Some((expr, token)) => {
-                        let inserted = engine.execute(&insert_tapped(&job.target, None, Some(&expr)));
-                        let seen = engine.tap_close(token);
+                        let inserted = engine.execute(&insert_tapped(&job.target, None, Some(expr)));
+                        let seen = engine.tap_close(*token);
                         let inserted = inserted?;
                         let (seen, outside, sum) = seen.ok_or_else(|| Error::Internal("the insert's tap was lost".into()))?;
+                        if seen > inserted {
+                            // The tap must see each inserted row once: its
+                            // fingerprint would be wrong.
+                            return Err(Error::Internal(format!("the insert's tap saw {seen} rows but {inserted} were inserted; rolled back")));
+                        }
                         // A NULL partition never reaches the tap: outside too.
                         let outside = outside + inserted.saturating_sub(seen);
                         if outside > 0 {

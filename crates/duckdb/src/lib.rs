@@ -433,16 +433,16 @@ impl Engine for DuckDb {
             return None;
         }
         let hash = self.native_row_hash(alias, hashed)?;
-        let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).expect("a date");
-        let token = tap::open(i32::try_from((day - epoch).num_days()).ok()?);
+        let token = tap::open();
         let mut sql = Sql::new();
         sql.push(&format!("{}(", tap::FUNCTION)).typed_param(Value::Int(token as i64), "UBIGINT");
-        sql.push(&format!(", {hash}, {value})"));
+        sql.push(&format!(", {hash}, {value}, ")).typed_param(Value::Date(day), "DATE").push(")");
         Some((sql, token))
     }
 
     fn tap_close(&mut self, token: u64) -> Option<(u64, u64, i128)> {
-        tap::close(token).map(|s| (s.rows, s.outside, s.sum))
+        let s = tap::close(token);
+        Some((s.rows, s.outside, s.sum))
     }
 
     fn portable_row_hash_direct(&self, alias: &str, columns: &[Column]) -> Option<String> {

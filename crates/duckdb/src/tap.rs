@@ -5,7 +5,7 @@
 //! of their own (on a 5M-row day they were ~40 ms of a ~260 ms run).
 //!
 //! It sits in the SELECT list, as the partition column's value
-//! (`fixpoint_tap(token, hash(c1, …, cn), dt)`): a projection is evaluated
+//! (`fixpoint_tap(token, hash(c1, …, cn), dt, run_date)`): a projection is evaluated
 //! once per row that reaches the INSERT, unlike a filter, which the optimizer
 //! may reorder before the source's own conditions. DuckDB skips a scalar
 //! function for a row with a NULL argument (the result is NULL, which is
@@ -36,25 +36,19 @@ pub struct Seen {
     pub sum: i128,
 }
 
-struct Open {
-    day: i32,
-    seen: Seen,
-}
-
-static TAPS: Mutex<Option<HashMap<u64, Open>>> = Mutex::new(None);
+static TAPS: Mutex<Option<HashMap<u64, Seen>>> = Mutex::new(None);
 static NEXT: AtomicU64 = AtomicU64::new(1);
 
-/// Opens a tap for rows of the date `day` (days since 1970-01-01); the token
-/// goes into the SQL as a bound parameter.
-pub fn open(day: i32) -> u64 {
-    let token = NEXT.fetch_add(1, Ordering::Relaxed);
-    TAPS.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(token, Open { day, seen: Seen::default() });
-    token
+/// A new tap's token (nothing is kept until rows arrive, so a run that stops
+/// before its insert leaves nothing behind); it goes into the SQL as a bound
+/// parameter.
+pub fn open() -> u64 {
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Closes a tap and returns what it saw.
-pub fn close(token: u64) -> Option<Seen> {
-    TAPS.lock().unwrap_or_else(|e| e.into_inner()).as_mut()?.remove(&token).map(|o| o.seen)
+/// Closes a tap and returns what it saw (nothing, when no row reached it).
+pub fn close(token: u64) -> Seen {
+    TAPS.lock().unwrap_or_else(|e| e.into_inner()).as_mut().and_then(|t| t.remove(&token)).unwrap_or_default()
 }
 
 /// Registers the function on `conn`.
@@ -72,35 +66,38 @@ impl VScalar for Tap {
         if rows == 0 {
             return Ok(());
         }
-        // SAFETY: the signature is (UBIGINT, UBIGINT, DATE); DuckDB hands
-        // flattened vectors of `rows` values, none NULL (a row with a NULL
-        // argument never reaches the function).
-        let (v0, v1, v2) = (input.flat_vector(0), input.flat_vector(1), input.flat_vector(2));
-        let (tokens, hashes, days) =
-            unsafe { (v0.as_slice_with_len::<u64>(rows), v1.as_slice_with_len::<u64>(rows), v2.as_slice_with_len::<i32>(rows)) };
+        // SAFETY: the signature is (UBIGINT, UBIGINT, DATE, DATE); DuckDB
+        // hands flattened vectors of `rows` values, none NULL (a row with a
+        // NULL argument never reaches the function).
+        let (v0, v1, v2, v3) = (input.flat_vector(0), input.flat_vector(1), input.flat_vector(2), input.flat_vector(3));
+        let (tokens, hashes, days, run_days) = unsafe {
+            (
+                v0.as_slice_with_len::<u64>(rows),
+                v1.as_slice_with_len::<u64>(rows),
+                v2.as_slice_with_len::<i32>(rows),
+                v3.as_slice_with_len::<i32>(rows),
+            )
+        };
         let mut out = output.flat_vector();
         // SAFETY: the result is a DATE vector with room for `rows` values.
         unsafe { out.as_mut_slice_with_len::<i32>(rows) }.copy_from_slice(days);
-        let token = tokens[0];
-        let mut taps = TAPS.lock().unwrap_or_else(|e| e.into_inner());
-        let open = taps
-            .as_mut()
-            .and_then(|t| t.get_mut(&token))
-            .ok_or_else(|| format!("{FUNCTION}: no open tap {token} (it is fixpoint's own; not for use in queries)"))?;
-        if tokens.iter().any(|&t| t != token) {
-            return Err(format!("{FUNCTION}: one token per statement").into());
+        let (token, day) = (tokens[0], run_days[0]);
+        if tokens.iter().any(|&t| t != token) || run_days.iter().any(|&d| d != day) {
+            return Err(format!("{FUNCTION}: one token and one run date per statement").into());
         }
         let sum: i128 = hashes.iter().map(|&h| i128::from(h)).sum();
-        let outside = days.iter().filter(|&&d| d != open.day).count() as u64;
-        open.seen.rows += rows as u64;
-        open.seen.outside += outside;
-        open.seen.sum += sum;
+        let outside = days.iter().filter(|&&d| d != day).count() as u64;
+        let mut taps = TAPS.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = taps.get_or_insert_with(HashMap::new).entry(token).or_default();
+        seen.rows += rows as u64;
+        seen.outside += outside;
+        seen.sum += sum;
         Ok(())
     }
 
     fn signatures() -> Vec<ScalarFunctionSignature> {
         vec![ScalarFunctionSignature::exact(
-            vec![LogicalTypeId::UBigint.into(), LogicalTypeId::UBigint.into(), LogicalTypeId::Date.into()],
+            vec![LogicalTypeId::UBigint.into(), LogicalTypeId::UBigint.into(), LogicalTypeId::Date.into(), LogicalTypeId::Date.into()],
             LogicalTypeId::Date.into(),
         )]
     }
