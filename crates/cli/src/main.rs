@@ -281,6 +281,10 @@ pub(crate) fn open_engine(url: &str, wait: Duration) -> Result<Box<dyn Engine>, 
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         return Ok(Box::new(fixpoint_postgres::Postgres::connect(url)?));
     }
+    #[cfg(feature = "spark")]
+    if fixpoint_spark::is_spark_url(url) {
+        return Ok(Box::new(fixpoint_spark::Spark::connect(url, wait.max(Duration::from_secs(10)))?));
+    }
     if url.starts_with("sc://") {
         return Err(Error::argument(
             format!("{:?}: Spark Connect is not supported by this fixpoint yet (the Spark engine is in progress)", output::redact_url(url)),
