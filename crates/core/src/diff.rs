@@ -199,7 +199,7 @@ fn segment_rows(
             .map(|c| {
                 let (text, class) = engine.portable_value(&format!("t.{}", quote_ident(&c.name)), c);
                 let _ = class;
-                format!("CAST({text} AS VARCHAR)")
+                format!("CAST({text} AS {})", engine.text_type())
             })
             .collect();
         sql.push("SELECT ").push(&exprs.join(", "));

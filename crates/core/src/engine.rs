@@ -197,6 +197,11 @@ pub trait Engine {
         None
     }
 
+    /// The SQL name of the text type to cast to (`VARCHAR`; Spark: `STRING`).
+    fn text_type(&self) -> &'static str {
+        "VARCHAR"
+    }
+
     /// Reads a sum from a query result into an i128.
     fn read_sum(&self, v: &Value) -> Result<i128> {
         v.as_i128().ok_or_else(|| Error::Internal(format!("{}: a checksum sum came back as {v:?}", self.name())))

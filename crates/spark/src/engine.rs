@@ -163,6 +163,10 @@ impl Engine for Spark {
         format!("CAST(conv(concat({}), 16, 10) AS DECIMAL(20, 0))", pairs.join(", "))
     }
 
+    fn text_type(&self) -> &'static str {
+        "STRING"
+    }
+
     fn read_sum(&self, v: &Value) -> Result<i128> {
         match v {
             Value::Null => Ok(0),
