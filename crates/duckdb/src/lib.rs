@@ -298,7 +298,11 @@ impl Engine for DuckDb {
         sql.push("\n) AS s LIMIT 0");
         self.execute(&sql)?;
         let cols = self.columns_of(&format!("temp.main.{}", quote_ident(probe)));
-        self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS temp.main.{}", quote_ident(probe))))?;
+        // Straight to the connection: dropping the probe cannot drop a
+        // described table, so it keeps them (see `forget_tables_if`).
+        self.conn
+            .execute_batch(&format!("DROP TABLE IF EXISTS temp.main.{}", quote_ident(probe)))
+            .map_err(db_err("dropping the describe probe"))?;
         cols
     }
 
