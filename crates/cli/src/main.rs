@@ -287,8 +287,8 @@ pub(crate) fn open_engine(url: &str, wait: Duration) -> Result<Box<dyn Engine>, 
     }
     if url.starts_with("sc://") {
         return Err(Error::argument(
-            format!("{:?}: Spark Connect is not supported by this fixpoint yet (the Spark engine is in progress)", output::redact_url(url)),
-            Some("run the job on DuckDB (duckdb:PATH) or PostgreSQL (postgres://user@host:port/db)"),
+            format!("{:?}: this fixpoint was built without Spark support (the cargo feature `spark`)", output::redact_url(url)),
+            Some("build it with `cargo build --release --features fixpoint-cli/spark` (needs protoc: apt-get install protobuf-compiler), or run the job on DuckDB (duckdb:PATH) or PostgreSQL (postgres://user@host:port/db)"),
         ));
     }
     Err(Error::argument(

@@ -141,7 +141,7 @@ fn cases() -> Vec<Case> {
         case("date before the job's start", r("partition = \"dt\"", "partition = \"dt\"\nstart = 2026-10-21"), RUN, 2, "--date 2026-10-20 is before the job's start 2026-10-21"),
         case("backfill range reversed", Some(REPLACE.into()), &["backfill", "case.toml", "--from", "2026-10-21", "--to", "2026-10-20", "--db", "duckdb:w.duckdb"], 2, "--from 2026-10-21 is after --to 2026-10-20"),
         case("unknown database URL", Some(REPLACE.into()), &["run", "case.toml", "--date", "2026-10-20", "--db", "mysql://u:secret@h/db"], 2, "\"mysql://u:***@h/db\" is not a database URL"),
-        case("Spark Connect URL (not supported yet)", Some(REPLACE.into()), &["run", "case.toml", "--date", "2026-10-20", "--db", "sc://127.0.0.1:15002"], 2, "Spark Connect is not supported by this fixpoint yet"),
+        case("Spark Connect URL (a build without the spark feature)", Some(REPLACE.into()), &["run", "case.toml", "--date", "2026-10-20", "--db", "sc://127.0.0.1:15002"], 2, "this fixpoint was built without Spark support"),
         // Injection attempts in every user-supplied string.
         case("injection in --date", Some(REPLACE.into()), &["run", "case.toml", "--date", "2026-10-20'; DROP TABLE bronze.orders; --", "--db", "duckdb:w.duckdb"], 2, "is not a date"),
         case("injection in the job name", r("name = \"silver_orders\"", "name = \"x'; DROP TABLE bronze.orders; --\""), RUN, 2, "name: \"x'; DROP TABLE bronze.orders; --\": expected letters, digits"),

@@ -197,6 +197,81 @@ pub trait Engine {
         None
     }
 
+    /// Whether statements can be grouped in one transaction. Engines
+    /// without multi-statement transactions (Spark on plain files) run the
+    /// plans of [`crate::overwrite`] instead: stage the input once, check
+    /// it, then replace whole partitions in one statement each, under a
+    /// lease ([`Engine::acquire_lease`]).
+    fn transactional(&self) -> bool {
+        true
+    }
+
+    /// Takes a lease on `scope` that holds across statements until
+    /// [`Engine::release_lease`] (for engines without transactions, where
+    /// [`Engine::lock_scope`] cannot last). With `wait`, waits while another
+    /// run holds it. `Ok(Err(holder))` when another run holds it (`holder`
+    /// says which, since when, until when).
+    fn acquire_lease(&mut self, scope: &str, wait: bool) -> Result<std::result::Result<(), String>> {
+        let _ = (scope, wait);
+        Err(Error::Unsupported { engine: self.name(), capability: "leases".into() })
+    }
+
+    /// Releases a lease taken by [`Engine::acquire_lease`] (nothing when not held).
+    fn release_lease(&mut self, scope: &str) -> Result<()> {
+        let _ = scope;
+        Ok(())
+    }
+
+    /// Materializes `query` once as the relation `name` (already quoted),
+    /// visible to this connection only, for the plans of
+    /// [`crate::overwrite`] (Spark: a cached temporary view).
+    fn stage(&mut self, name: &str, query: &Sql) -> Result<()> {
+        self.create_temp_table_as(name, query)
+    }
+
+    /// Drops what [`Engine::stage`] made (nothing when it is gone).
+    fn unstage(&mut self, name: &str) -> Result<()> {
+        self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {name}"))).map(|_| ())
+    }
+
+    /// Creates `table` with `columns`, stored partitioned by `partition`
+    /// where the engine partitions tables by value (Spark: `PARTITIONED
+    /// BY`); other engines make a plain table.
+    fn create_table(&mut self, table: &TableName, columns: &[Column], partition: Option<&str>) -> Result<()> {
+        let _ = partition;
+        let cols: Vec<String> = columns.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
+        self.execute(&Sql::raw(format!("CREATE TABLE {} ({})", table.quoted(), cols.join(", ")))).map(|_| ())
+    }
+
+    /// Adds a column to a table, unless it has it.
+    fn add_column(&mut self, table: &TableName, column: &Column) -> Result<()> {
+        let sql = format!("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}", table.quoted(), quote_ident(&column.name), column.ty);
+        self.execute(&Sql::raw(sql)).map(|_| ())
+    }
+
+    /// Whether `table` is stored partitioned by `column` (Spark's
+    /// `PARTITIONED BY`), so whole partitions can be overwritten.
+    fn partitioned_by(&mut self, table: &TableName, column: &str) -> Result<bool> {
+        let _ = (table, column);
+        Ok(false)
+    }
+
+    /// Replaces, in one statement, every partition of `table` that rows of
+    /// `select` fall in with those rows (`columns` in `select`'s order):
+    /// partitions it has no row for are left alone (Spark: `INSERT
+    /// OVERWRITE` with dynamic partition overwrite). Unpartitioned: the
+    /// whole table.
+    fn overwrite_partitions(&mut self, table: &TableName, columns: &[String], select: &Sql) -> Result<()> {
+        let _ = (table, columns, select);
+        Err(Error::Unsupported { engine: self.name(), capability: "partition overwrite".into() })
+    }
+
+    /// Drops the partition `column = value` of `table` with its rows, if it exists.
+    fn drop_partition_value(&mut self, table: &TableName, column: &str, value: &Value, ty: &str) -> Result<()> {
+        let _ = (table, column, value, ty);
+        Err(Error::Unsupported { engine: self.name(), capability: "partition overwrite".into() })
+    }
+
     /// The SQL name of the text type to cast to (`VARCHAR`; Spark: `STRING`).
     fn text_type(&self) -> &'static str {
         "VARCHAR"

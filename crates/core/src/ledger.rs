@@ -110,7 +110,9 @@ pub fn ensure(engine: &mut dyn Engine) -> Result<()> {
         if !missing.is_empty() {
             engine.lock_scope("fixpoint:ledger:create", true)?;
             for (name, ty) in missing {
-                engine.execute(&Sql::raw(format!("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {ty}", table(), crate::ident::quote_ident(name))))?;
+                // Added columns are nullable: old rows have no value.
+                let ty = ty.trim_end_matches(" NOT NULL").to_owned();
+                engine.add_column(&t, &crate::engine::Column { name: (*name).to_owned(), ty })?;
             }
         }
         return Ok(());

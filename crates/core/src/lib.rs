@@ -18,6 +18,7 @@ pub mod lookback;
 pub mod md5lanes;
 mod merge;
 pub mod mutate;
+mod overwrite;
 pub mod prove;
 pub mod run;
 pub mod runkey;

@@ -28,20 +28,20 @@ use crate::sql::Sql;
 
 const STAGE: &str = "\"__fixpoint_stage\"";
 const BATCH: &str = "\"__fixpoint_batch\"";
-const DELETED: &str = "__fixpoint_deleted";
+pub(crate) const DELETED: &str = "__fixpoint_deleted";
 /// Above this many touched partitions the prune filter is a subquery.
 const MAX_PRUNE_LIST: usize = 1000;
 
-fn q(alias: &str, col: &str) -> String {
+pub(crate) fn q(alias: &str, col: &str) -> String {
     format!("{alias}.{}", quote_ident(col))
 }
 
-fn keys_match(a: &str, b: &str, keys: &[String]) -> String {
+pub(crate) fn keys_match(a: &str, b: &str, keys: &[String]) -> String {
     keys.iter().map(|k| format!("{} = {}", q(a, k), q(b, k))).collect::<Vec<_>>().join(" AND ")
 }
 
 /// `a` sorts strictly before `b` over `cols` (ascending, NULLs first).
-fn sorts_before(a: &str, b: &str, cols: &[String]) -> String {
+pub(crate) fn sorts_before(a: &str, b: &str, cols: &[String]) -> String {
     if cols.is_empty() {
         return "false".into();
     }
@@ -54,7 +54,7 @@ fn sorts_before(a: &str, b: &str, cols: &[String]) -> String {
     s
 }
 
-fn rows_differ(a: &str, b: &str, cols: &[String]) -> String {
+pub(crate) fn rows_differ(a: &str, b: &str, cols: &[String]) -> String {
     if cols.is_empty() {
         return "false".into();
     }
@@ -65,7 +65,7 @@ pub(crate) fn tombstone_table(target: &TableName) -> TableName {
     TableName { schema: ledger::SCHEMA.into(), table: format!("tombstones__{}__{}", target.schema, target.table) }
 }
 
-fn count(engine: &mut dyn Engine, sql: &Sql) -> Result<Vec<u64>> {
+pub(crate) fn count(engine: &mut dyn Engine, sql: &Sql) -> Result<Vec<u64>> {
     let rows = engine.query(sql)?;
     let row = rows.rows.into_iter().next().ok_or_else(|| Error::Internal("a count returned no row".into()))?;
     row.iter().map(|v| v.as_u64().ok_or_else(|| Error::Internal(format!("bad count {v:?}")))).collect()
@@ -73,7 +73,13 @@ fn count(engine: &mut dyn Engine, sql: &Sql) -> Result<Vec<u64>> {
 
 pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
     let started = Instant::now();
-    let report = crate::run::with_input(job, run_date, engine, |engine, input| merge_with(job, run_date, engine, opts, input, started))?;
+    let report = crate::run::with_input(job, run_date, engine, |engine, input| {
+        if engine.transactional() {
+            merge_with(job, run_date, engine, opts, input, started)
+        } else {
+            crate::overwrite::merge_with(job, run_date, engine, opts, input, started)
+        }
+    })?;
     Ok(report.unwrap_or_else(|| crate::run::no_files_report(job, run_date, started)))
 }
 

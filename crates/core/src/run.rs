@@ -348,19 +348,18 @@ fn fingerprinted<'c>(columns: &'c [Column], metadata: &[String]) -> Vec<Column> 
 
 fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
     let started = Instant::now();
-    let report = with_input(job, run_date, engine, |engine, input| replace_partition_with(job, run_date, engine, opts, input, started))?;
+    let report = with_input(job, run_date, engine, |engine, input| {
+        if engine.transactional() {
+            replace_partition_with(job, run_date, engine, opts, input, started)
+        } else {
+            crate::overwrite::replace_partition_with(job, run_date, engine, opts, input, started)
+        }
+    })?;
     Ok(report.unwrap_or_else(|| no_files_report(job, run_date, started)))
 }
 
-fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions, run_input: &RunInput, started: Instant) -> Result<RunReport> {
-    let mut trace = Trace::new();
-    let started_at = chrono::Utc::now().naive_utc();
-    let partition = job.partition.as_deref().ok_or_else(|| Error::Internal("replace_partition without partition".into()))?;
-    let mut params = run_input.params.clone();
-
-    // 1. Describe the source and check it fits the target.
-    let source_cols = describe_source(job, engine, &params)?;
-    trace.step("describe source");
+/// The source has the partition column, and each column once.
+pub(crate) fn check_source_columns(job: &Job, source_cols: &[Column], partition: &str) -> Result<()> {
     if !source_cols.iter().any(|c| c.name == partition) {
         return Err(Error::Schema {
             message: format!("the source query of job {} has no column {partition:?} (the job's partition column)", job.name),
@@ -374,6 +373,19 @@ fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine,
             hint: Some("give each output column its own name with AS".into()),
         });
     }
+    Ok(())
+}
+
+fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions, run_input: &RunInput, started: Instant) -> Result<RunReport> {
+    let mut trace = Trace::new();
+    let started_at = chrono::Utc::now().naive_utc();
+    let partition = job.partition.as_deref().ok_or_else(|| Error::Internal("replace_partition without partition".into()))?;
+    let mut params = run_input.params.clone();
+
+    // 1. Describe the source and check it fits the target.
+    let source_cols = describe_source(job, engine, &params)?;
+    trace.step("describe source");
+    check_source_columns(job, &source_cols, partition)?;
     let target_cols = engine.table_columns(&job.target)?;
     // Schema drift: refused (naming the columns), or new columns to add in
     // the run's transaction.

@@ -174,7 +174,7 @@ pub fn reconcile(engine: &mut dyn Engine, job: &crate::Job, source: &[Column], e
 /// raced another one to the same column finds it there).
 pub fn append(engine: &mut dyn Engine, target: &TableName, columns: &[Column]) -> Result<()> {
     for c in columns {
-        engine.execute(&Sql::raw(format!("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}", target.quoted(), quote_ident(&c.name), c.ty)))?;
+        engine.add_column(target, c)?;
     }
     Ok(())
 }

@@ -69,6 +69,95 @@ impl EngineUnderTest for PgUnderTest {
     }
 }
 
+/// The Spark Connect server at `FIXPOINT_TEST_SPARK` (default
+/// `sc://127.0.0.1:15002`, as `scripts/spark-local.sh start` runs it). The
+/// cluster has one catalog, so "fresh" means emptied: `fresh()` drops every
+/// database but `default`, and the scenarios run one at a time (see
+/// [`SparkUnderTest::exclusive`]); an engine from an earlier `fresh()` sees
+/// the emptied catalog too.
+#[cfg(feature = "spark")]
+pub struct SparkUnderTest {
+    url: String,
+}
+
+#[cfg(feature = "spark")]
+static SPARK_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[cfg(feature = "spark")]
+impl SparkUnderTest {
+    /// The server's URL for tests.
+    pub fn url() -> String {
+        std::env::var("FIXPOINT_TEST_SPARK").unwrap_or_else(|_| "sc://127.0.0.1:15002".into())
+    }
+
+    /// The server, or `None` (after saying so) when it is unreachable and
+    /// this is not CI. Under `CI=true` an unreachable server fails the test.
+    pub fn get() -> Option<SparkUnderTest> {
+        static REACHABLE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+        let url = Self::url();
+        let r = REACHABLE.get_or_init(|| Self::connect(&url).map(|_| ()).map_err(|e| e.to_string()));
+        match r {
+            Ok(()) => Some(SparkUnderTest { url }),
+            Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("spark is unreachable under CI=true: {e}"),
+            Err(e) => {
+                eprintln!("skipped: spark is unreachable ({e}); start it with scripts/spark-local.sh start, or set FIXPOINT_TEST_SPARK");
+                None
+            }
+        }
+    }
+
+    /// A new session on the server.
+    pub fn connect(url: &str) -> fixpoint_core::Result<fixpoint_spark::Spark> {
+        fixpoint_spark::Spark::connect(url, std::time::Duration::from_secs(10))
+    }
+
+    /// Holds the cluster for one scenario (they share its catalog).
+    pub fn exclusive(&self) -> std::sync::MutexGuard<'static, ()> {
+        SPARK_LOCK.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Another session on the same server (concurrent runs).
+    pub fn session(&self) -> fixpoint_spark::Spark {
+        Self::connect(&self.url).unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+#[cfg(feature = "spark")]
+impl EngineUnderTest for SparkUnderTest {
+    fn fresh(&self) -> Box<dyn Engine> {
+        let mut spark = self.session();
+        let dbs = spark.query(&Sql::raw("SHOW DATABASES")).unwrap_or_else(|e| panic!("{e}"));
+        for r in dbs.rows {
+            let name = r[0].display().trim_matches('"').to_owned();
+            if name != "default" {
+                let stmt = format!("DROP DATABASE IF EXISTS {} CASCADE", fixpoint_core::ident::quote_ident(&name));
+                spark.execute(&Sql::raw(stmt)).unwrap_or_else(|e| panic!("{e}"));
+            }
+        }
+        Box::new(spark)
+    }
+}
+
+/// Instantiates scenario functions `fn(&dyn EngineUnderTest)` on Spark
+/// (feature `spark`), one at a time.
+#[macro_export]
+macro_rules! spark_scenarios {
+    ($($name:ident),* $(,)?) => {
+        #[cfg(feature = "spark")]
+        mod spark {
+            $(
+                #[test]
+                fn $name() {
+                    if let Some(spark) = $crate::SparkUnderTest::get() {
+                        let _one_at_a_time = spark.exclusive();
+                        super::$name(&spark);
+                    }
+                }
+            )*
+        }
+    };
+}
+
 /// Instantiates scenario functions `fn(&dyn EngineUnderTest)` for every engine.
 #[macro_export]
 macro_rules! scenarios {
@@ -99,6 +188,43 @@ pub fn exec(engine: &mut dyn Engine, script: &str) {
     for stmt in script.split(";\n").map(str::trim).filter(|s| !s.is_empty()) {
         engine.execute(&Sql::raw(stmt)).unwrap_or_else(|e| panic!("setup failed: {e}\n{stmt}"));
     }
+}
+
+/// Replaces the rows of `table` with those of `select` (which may read
+/// `table`), the way every engine can: a fixture's UPDATE or DELETE,
+/// written once for engines without them (Spark on parquet).
+pub fn rewrite(engine: &mut dyn Engine, table: &str, select: &str) {
+    let t = TableName::parse(table).unwrap();
+    let new = TableName { schema: t.schema.clone(), table: format!("{}__rewritten", t.table) };
+    exec(
+        engine,
+        &format!(
+            "CREATE TABLE {new} AS {select};\nDROP TABLE {old};\nALTER TABLE {new} RENAME TO {name}",
+            new = new.quoted(),
+            old = t.quoted(),
+            name = fixpoint_core::ident::quote_ident(&t.table)
+        ),
+    );
+}
+
+/// The bronze orders with order 3's total set to 6.00 (the scenarios' one
+/// changed input row).
+pub fn change_order_3(engine: &mut dyn Engine) {
+    rewrite(
+        engine,
+        "bronze.orders",
+        "SELECT order_id, customer_id, CAST(CASE WHEN order_id = 3 THEN 6.00 ELSE order_total END AS DECIMAL(12,2)) AS order_total, currency, updated_at, dt FROM bronze.orders",
+    );
+}
+
+/// Whether a failure at `point` comes before the run's commit point on
+/// `engine`. On a transactional engine every point does (the transaction
+/// rolls back); without transactions (Spark) the commit point is the one
+/// statement that overwrites the partitions: after it, the run's output is
+/// in place, complete, with no ledger row (the next run rewrites and records it).
+pub fn before_commit_point(engine: &dyn Engine, point: fixpoint_core::FailPoint) -> bool {
+    use fixpoint_core::FailPoint::*;
+    engine.transactional() || matches!(point, AfterGuards | AfterDelete | MidInsert)
 }
 
 /// A job from TOML text.

@@ -57,23 +57,31 @@ fn failure_at_any_step_keeps_previous_contents(e: &dyn EngineUnderTest) {
         let before = job.load(d("2026-10-20"), db).unwrap();
         let before_rows = rows(db, "SELECT * FROM silver.orders");
         // New input for the day: one order changes, one arrives.
-        exec(db, "UPDATE bronze.orders SET order_total = 6.00 WHERE order_id = 3;\nINSERT INTO bronze.orders VALUES (8, 16, 1.00, 'EUR', TIMESTAMP '2026-10-20 13:00:00', DATE '2026-10-20')");
+        change_order_3(db);
+        exec(db, "INSERT INTO bronze.orders VALUES (8, 16, 1.00, 'EUR', TIMESTAMP '2026-10-20 13:00:00', DATE '2026-10-20')");
         let opts = RunOptions { force: false, fault: Some((point, FaultAction::Error)), no_wait: false };
         let err = job.load_with(d("2026-10-20"), db, &opts).unwrap_err();
         assert!(matches!(err, Error::Injected(p) if p == point), "{point}: {err}");
-        assert_eq!(rows(db, "SELECT * FROM silver.orders"), before_rows, "{point}: previous contents survive");
-        assert_eq!(day_fp(db, "silver.orders", "2026-10-20", &["load_id"]), before.output(), "{point}");
         let entries = ledger::entries(db, Some("silver_orders"), None, None).unwrap();
         assert_eq!(entries.len(), 1, "{point}: no committed ledger row for the failed attempt");
+        let after_failure = rows(db, "SELECT * FROM silver.orders");
+        if before_commit_point(db, point) {
+            assert_eq!(after_failure, before_rows, "{point}: previous contents survive");
+            assert_eq!(day_fp(db, "silver.orders", "2026-10-20", &["load_id"]), before.output(), "{point}");
+        } else {
+            assert_eq!(day_fp(db, "silver.orders", "2026-10-20", &["load_id"]).rows, 5, "{point}: the new day, whole");
+        }
         // The retry reaches the clean state: that of one run on a fresh database.
         let retry = job.load(d("2026-10-20"), db).unwrap();
+        assert_eq!(retry.outcome, "committed", "{point}: recorded by the retry");
+        assert_eq!(retry.output_rows, 5);
         let mut clean = e.fresh();
         exec(clean.as_mut(), BRONZE);
-        exec(clean.as_mut(), "UPDATE bronze.orders SET order_total = 6.00 WHERE order_id = 3;\nINSERT INTO bronze.orders VALUES (8, 16, 1.00, 'EUR', TIMESTAMP '2026-10-20 13:00:00', DATE '2026-10-20')");
+        change_order_3(clean.as_mut());
+        exec(clean.as_mut(), "INSERT INTO bronze.orders VALUES (8, 16, 1.00, 'EUR', TIMESTAMP '2026-10-20 13:00:00', DATE '2026-10-20')");
         let clean_run = job.load(d("2026-10-20"), clean.as_mut()).unwrap();
         assert_eq!(retry.output(), clean_run.output(), "{point}");
         assert_eq!(retry.run_key, clean_run.run_key, "{point}");
-        assert_eq!(retry.output_rows, 5);
     }
 }
 
@@ -111,7 +119,7 @@ fn too_few_rows_are_refused(e: &dyn EngineUnderTest) {
     let job1 = job(&SILVER_JOB.replace("metadata = [\"load_id\"]", "metadata = [\"load_id\"]\nmin_rows = 1"));
     job1.load(d("2026-10-20"), db).unwrap();
     let before = rows(db, "SELECT * FROM silver.orders");
-    exec(db, "DELETE FROM bronze.orders WHERE dt = DATE '2026-10-20'");
+    rewrite(db, "bronze.orders", "SELECT * FROM bronze.orders WHERE dt <> DATE '2026-10-20'");
     let err = job1.load(d("2026-10-20"), db).unwrap_err();
     assert_eq!(err.to_string(), "the source has 0 row(s) for 2026-10-20, fewer than min_rows = 1; nothing was changed");
     assert_eq!(rows(db, "SELECT * FROM silver.orders"), before);
@@ -187,11 +195,13 @@ fn failure_at_any_step_without_run_key(e: &dyn EngineUnderTest) {
         let job = job(&text);
         job.load(d("2026-10-20"), db).unwrap();
         let before_rows = rows(db, "SELECT * FROM silver.orders ORDER BY order_id");
-        exec(db, "UPDATE bronze.orders SET order_total = 6.00 WHERE order_id = 3");
+        change_order_3(db);
         let opts = RunOptions { force: true, fault: Some((point, FaultAction::Error)), no_wait: false };
         let err = job.load_with(d("2026-10-20"), db, &opts).unwrap_err();
         assert!(matches!(err, Error::Injected(p) if p == point), "{point}: {err}");
-        assert_eq!(rows(db, "SELECT * FROM silver.orders ORDER BY order_id"), before_rows, "{point}: previous contents survive");
+        if before_commit_point(db, point) {
+            assert_eq!(rows(db, "SELECT * FROM silver.orders ORDER BY order_id"), before_rows, "{point}: previous contents survive");
+        }
         assert_eq!(count(db, "SELECT count(*) FROM fixpoint.runs"), 1, "{point}");
         let retry = job.load(d("2026-10-20"), db).unwrap();
         assert_eq!(retry.outcome, "committed", "{point}");
@@ -317,4 +327,12 @@ scenarios!(
     run_key_follows_the_input,
     target_is_created_and_checked,
     fingerprints_are_order_independent_and_collision_resistant,
+);
+
+spark_scenarios!(
+    five_runs_equal_one_run,
+    failure_at_any_step_keeps_previous_contents,
+    rows_outside_the_partition_are_refused,
+    too_few_rows_are_refused,
+    failure_at_any_step_without_run_key,
 );

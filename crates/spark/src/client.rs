@@ -268,6 +268,22 @@ pub fn named_markers(sql: &str) -> (String, Vec<(String, usize)>) {
                 i = j;
                 continue;
             }
+            c if c.is_ascii_alphabetic() || c == b'_' => {
+                let mut j = i + 1;
+                while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'_') {
+                    j += 1;
+                }
+                let word = &sql[i..j];
+                let sized = sql[j..].trim_start().starts_with('(');
+                if word.eq_ignore_ascii_case("VARCHAR") && !sized {
+                    // The standard's text type without a length (what
+                    // fixpoint's own SQL casts to): Spark's is STRING.
+                    out.push_str("STRING");
+                    i = j;
+                    continue;
+                }
+                j
+            }
             _ => i + 1,
         };
         out.push_str(&sql[i..next]);
@@ -285,6 +301,8 @@ mod tests {
         let (sql, names) = named_markers("SELECT $1, '$2 it''s', \"$3\", `$4`, $2 -- $5\n/* $6 */ + $10, $1, '\\N', '\\'");
         assert_eq!(sql, "SELECT :p_1, '$2 it''s', \"$3\", `$4`, :p_2 -- $5\n/* $6 */ + :p_10, :p_1, '\\\\N', '\\\\'");
         assert_eq!(names, vec![("p_1".to_owned(), 1), ("p_2".to_owned(), 2), ("p_10".to_owned(), 10)]);
+        let (sql, _) = named_markers("SELECT CAST($1 AS VARCHAR), CAST(x AS varchar(3)), 'VARCHAR', \"varchar\", my_varchar, varchar_x FROM t");
+        assert_eq!(sql, "SELECT CAST(:p_1 AS STRING), CAST(x AS varchar(3)), 'VARCHAR', \"varchar\", my_varchar, varchar_x FROM t");
         assert_eq!(endpoint("sc://127.0.0.1:15002/;user_id=x").unwrap(), "http://127.0.0.1:15002");
         assert_eq!(endpoint("sc://spark").unwrap(), "http://spark:15002");
         assert!(endpoint("http://x").is_err());

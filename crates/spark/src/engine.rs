@@ -17,6 +17,24 @@ use crate::client::{Client, SparkError};
 pub struct Spark {
     client: Client,
     url: String,
+    /// The leases this session holds: scope -> (view, owner token).
+    leases: std::collections::HashMap<String, (TableName, String)>,
+}
+
+/// How long a lease lasts when its run dies without releasing it
+/// (`FIXPOINT_SPARK_LEASE_SECONDS`, default one hour).
+fn lease_seconds() -> u64 {
+    std::env::var("FIXPOINT_SPARK_LEASE_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3600)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// A string literal for the few values fixpoint makes itself and Spark's
+/// grammar takes only as literals (table properties): quotes doubled.
+fn lit(s: &str) -> String {
+    format!("'{}'", s.replace('\\', "").replace('\'', "''"))
 }
 
 fn err(context: &str) -> impl FnOnce(SparkError) -> Error + '_ {
@@ -31,10 +49,17 @@ impl Spark {
             context: format!("connecting to {url}"),
             message: e.to_string(),
         })?;
-        let mut spark = Spark { client, url: url.to_owned() };
+        let mut spark = Spark { client, url: url.to_owned(), leases: Default::default() };
         // fixpoint's SQL quotes identifiers the standard way ("name"), which
         // Spark reads as identifiers only with this setting (and ANSI mode).
-        for setting in ["SET spark.sql.ansi.enabled = true", "SET spark.sql.ansi.doubleQuotedIdentifiers = true"] {
+        // An INSERT OVERWRITE replaces only the partitions its rows fall
+        // in, written aside and swapped in when the job commits (static
+        // mode would delete first, and wipe a whole table).
+        for setting in [
+            "SET spark.sql.ansi.enabled = true",
+            "SET spark.sql.ansi.doubleQuotedIdentifiers = true",
+            "SET spark.sql.sources.partitionOverwriteMode = dynamic",
+        ] {
             spark.client.execute(setting, &[]).map_err(err("setting up the session"))?;
         }
         Ok(spark)
@@ -43,6 +68,52 @@ impl Spark {
     /// The server's URL.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The lease's view: `fixpoint.lease__<hash of the scope>`.
+    fn lease_view(scope: &str) -> TableName {
+        let h = &fixpoint_core::runkey::hash_hex(&["fixpoint-lease-v1", scope])[..16];
+        TableName { schema: fixpoint_core::ledger::SCHEMA.into(), table: format!("lease__{h}") }
+    }
+
+    /// A lease's owner token and expiry (ms since the epoch), if it exists.
+    fn lease_holder(&mut self, view: &TableName) -> Result<Option<(String, u64)>> {
+        match self.client.query(&format!("SHOW TBLPROPERTIES {}", view.quoted()), &[]) {
+            Ok(batches) => {
+                let rows = to_rows(&batches)?;
+                let prop = |k: &str| {
+                    rows.rows.iter().find(|r| r.first() == Some(&Value::Text(k.into()))).and_then(|r| r.get(1)).and_then(|v| v.as_str().map(str::to_owned))
+                };
+                Ok(Some((prop("fixpoint.owner").unwrap_or_default(), prop("fixpoint.expires_ms").and_then(|v| v.parse().ok()).unwrap_or(0))))
+            }
+            Err(e) if e.error_class.as_deref() == Some("TABLE_OR_VIEW_NOT_FOUND") => Ok(None),
+            Err(e) => Err(err("reading a lease")(e)),
+        }
+    }
+
+    /// The partition columns of a table (`DESCRIBE TABLE`'s partition section).
+    fn partition_columns(&mut self, table: &TableName) -> Result<Vec<String>> {
+        let rows = match self.client.query(&format!("DESCRIBE TABLE {}", table.quoted()), &[]) {
+            Ok(b) => to_rows(&b)?,
+            Err(e) if e.error_class.as_deref() == Some("TABLE_OR_VIEW_NOT_FOUND") => return Ok(Vec::new()),
+            Err(e) => return Err(err("describing a table")(e)),
+        };
+        let mut out = Vec::new();
+        let mut in_section = false;
+        for r in rows.rows {
+            let name = r.first().and_then(|v| v.as_str()).unwrap_or("").to_owned();
+            if name == "# Partition Information" {
+                in_section = true;
+            } else if in_section {
+                if name.is_empty() || (name.starts_with('#') && name != "# col_name") {
+                    break;
+                }
+                if !name.starts_with('#') {
+                    out.push(name);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// The columns of `DESCRIBE …` output, up to its first `#` section.
@@ -81,7 +152,7 @@ impl Engine for Spark {
     fn begin(&mut self) -> Result<()> {
         Err(Error::Unsupported {
             engine: "spark",
-            capability: "transactions (a run on Spark needs the strategies' Spark plans, not written yet)".into(),
+            capability: "transactions (runs on Spark replace whole partitions, one statement each, under a lease; this command needs a transaction)".into(),
         })
     }
 
@@ -165,6 +236,120 @@ impl Engine for Spark {
 
     fn text_type(&self) -> &'static str {
         "STRING"
+    }
+
+    fn transactional(&self) -> bool {
+        false
+    }
+
+    /// A lease is a view `fixpoint.lease__<hash>`: creating a view that
+    /// exists fails in the metastore, atomically, so exactly one run
+    /// creates it. Its properties hold the owner's token and an expiry,
+    /// after which a dead run's lease is broken.
+    fn acquire_lease(&mut self, scope: &str, wait: bool) -> Result<std::result::Result<(), String>> {
+        let view = Self::lease_view(scope);
+        self.client
+            .execute(&format!("CREATE DATABASE IF NOT EXISTS {}", quote_ident(fixpoint_core::ledger::SCHEMA)), &[])
+            .map_err(err("creating the fixpoint database"))?;
+        let owner = uuid::Uuid::new_v4().to_string();
+        let mut waited = false;
+        loop {
+            let expires = now_ms() + lease_seconds() * 1000;
+            let create = format!(
+                "CREATE VIEW {} TBLPROPERTIES ('fixpoint.owner' = {}, 'fixpoint.expires_ms' = {}) AS SELECT 1 AS held",
+                view.quoted(),
+                lit(&owner),
+                lit(&expires.to_string())
+            );
+            match self.client.execute(&create, &[]) {
+                Ok(()) => {
+                    if waited {
+                        eprintln!("fixpoint: got the lease on {scope}");
+                    }
+                    self.leases.insert(scope.to_owned(), (view, owner));
+                    return Ok(Ok(()));
+                }
+                Err(e) if e.error_class.as_deref().is_some_and(|c| c.contains("ALREADY_EXISTS")) => {}
+                Err(e) => return Err(err("taking a lease")(e)),
+            }
+            let Some((holder, until)) = self.lease_holder(&view)? else { continue };
+            let now = now_ms();
+            if until <= now {
+                // Its run died without releasing it: break it, unless it
+                // was renewed meanwhile.
+                if self.lease_holder(&view)?.is_some_and(|(h, _)| h == holder) {
+                    eprintln!("fixpoint: breaking the expired lease on {scope} (held by run {holder})");
+                    self.client.execute(&format!("DROP VIEW IF EXISTS {}", view.quoted()), &[]).map_err(err("breaking an expired lease"))?;
+                }
+                continue;
+            }
+            let desc = format!("run {holder}, for up to {} s more (lease {})", (until - now) / 1000, view);
+            if !wait {
+                return Ok(Err(desc));
+            }
+            if !waited {
+                eprintln!("fixpoint: waiting for another run holding the lease on {scope}: {desc}");
+                waited = true;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    fn release_lease(&mut self, scope: &str) -> Result<()> {
+        let Some((view, owner)) = self.leases.remove(scope) else { return Ok(()) };
+        match self.lease_holder(&view)? {
+            Some((holder, _)) if holder == owner => {
+                self.client.execute(&format!("DROP VIEW IF EXISTS {}", view.quoted()), &[]).map_err(err("releasing a lease"))
+            }
+            // Broken by another run after it expired: not ours any more.
+            _ => Ok(()),
+        }
+    }
+
+    /// A cached temporary view, materialized at once (`CACHE TABLE … AS`).
+    fn stage(&mut self, name: &str, query: &Sql) -> Result<()> {
+        self.unstage(name)?;
+        let text = format!("CACHE TABLE {name} AS {}", query.text);
+        self.client.execute(&text, &query.params).map_err(err(&text))
+    }
+
+    fn unstage(&mut self, name: &str) -> Result<()> {
+        for stmt in [format!("UNCACHE TABLE IF EXISTS {name}"), format!("DROP VIEW IF EXISTS {name}")] {
+            self.client.execute(&stmt, &[]).map_err(err(&stmt))?;
+        }
+        Ok(())
+    }
+
+    fn create_table(&mut self, table: &TableName, columns: &[Column], partition: Option<&str>) -> Result<()> {
+        let cols: Vec<String> = columns.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
+        let mut stmt = format!("CREATE TABLE {} ({}) USING parquet", table.quoted(), cols.join(", "));
+        if let Some(p) = partition {
+            stmt.push_str(&format!(" PARTITIONED BY ({})", quote_ident(p)));
+        }
+        self.client.execute(&stmt, &[]).map_err(err(&stmt))
+    }
+
+    fn add_column(&mut self, table: &TableName, column: &Column) -> Result<()> {
+        if self.table_columns(table)?.is_some_and(|cols| cols.iter().any(|c| c.name == column.name)) {
+            return Ok(());
+        }
+        let stmt = format!("ALTER TABLE {} ADD COLUMNS ({} {})", table.quoted(), quote_ident(&column.name), column.ty);
+        self.client.execute(&stmt, &[]).map_err(err(&stmt))
+    }
+
+    fn partitioned_by(&mut self, table: &TableName, column: &str) -> Result<bool> {
+        Ok(self.partition_columns(table)? == [column.to_owned()])
+    }
+
+    fn overwrite_partitions(&mut self, table: &TableName, columns: &[String], select: &Sql) -> Result<()> {
+        let cols: Vec<String> = columns.iter().map(|c| quote_ident(c)).collect();
+        let text = format!("INSERT OVERWRITE TABLE {} ({}) {}", table.quoted(), cols.join(", "), select.text);
+        self.client.execute(&text, &select.params).map_err(err(&text))
+    }
+
+    fn drop_partition_value(&mut self, table: &TableName, column: &str, value: &Value, _ty: &str) -> Result<()> {
+        let text = format!("ALTER TABLE {} DROP IF EXISTS PARTITION ({} = $1)", table.quoted(), quote_ident(column));
+        self.client.execute(&text, std::slice::from_ref(value)).map_err(err(&text))
     }
 
     fn read_sum(&self, v: &Value) -> Result<i128> {

@@ -2,13 +2,13 @@
 //! cluster over Spark Connect (`--db sc://host:port`), never the data pulled
 //! into fixpoint.
 //!
-//! Status: the connection, statements and queries with bound parameters,
-//! Spark's errors (error class, SQLSTATE), table and query descriptions, the
-//! native row hash and the portable fingerprint's canonical text. Spark has
-//! no transactions across statements, so the strategies' Spark plans
-//! (`INSERT OVERWRITE` of a partition, copy-on-write merge, a lease in the
-//! ledger) are separate work; until they exist a run on Spark is refused
-//! with a clear error instead of being run without its guarantees.
+//! The engine: statements and queries with bound parameters, Spark's
+//! errors (error class, SQLSTATE), table and query descriptions, the native
+//! row hash and the portable fingerprint's canonical text, and what the
+//! plans for engines without transactions need (`fixpoint_core`'s
+//! `overwrite` module): cached stages, `INSERT OVERWRITE` with dynamic
+//! partition overwrite, partition drops, and leases (a view per scope,
+//! created atomically by the metastore).
 #![cfg_attr(not(feature = "spark"), allow(unused))]
 #![deny(missing_docs)]
 
