@@ -35,6 +35,9 @@ pub enum BenchStrategy {
     /// `cat`, and a day of Parquet files loaded into DuckDB and PostgreSQL
     /// (`--db`; `--db none` skips it) against the hand-written load.
     Files,
+    /// Spark (`--db sc://host:port`, feature `spark`): a day replaced and a
+    /// batch merged (copy-on-write) against the hand-written Spark SQL.
+    Spark,
     /// Fingerprint throughput (native, portable) against
     /// `SELECT count(*), sum(hash(cols))`, and a diff of two tables with one
     /// differing row.
@@ -242,6 +245,16 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
         let rows = if args.rows == 20_000_000 { 5_000_000 } else { args.rows };
         let pg = (args.db != "none").then_some(args.db.as_str());
         return crate::bench_files::run(rows, args.rounds, &args.dir, pg, out);
+    }
+    if args.strategy == BenchStrategy::Spark {
+        #[cfg(feature = "spark")]
+        {
+            let (rows, days) = if args.rows == 20_000_000 && args.days == 4 { (2_000_000, 2) } else { (args.rows, args.days) };
+            let changes = if args.changes == 200_000 { 100_000 } else { args.changes };
+            return crate::bench_spark::run(&args.db, rows, days, changes, args.rounds, &args.dir, out);
+        }
+        #[cfg(not(feature = "spark"))]
+        return Err(Error::argument("--strategy spark needs a fixpoint built with the cargo feature `spark`", Some("cargo build --release --features fixpoint-cli/spark")));
     }
     if args.strategy == BenchStrategy::Postgres {
         return crate::bench_pg::run(&args.db, args.rows, args.days, args.changes, args.rounds, &args.dir, out);

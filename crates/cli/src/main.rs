@@ -4,6 +4,8 @@
 mod bench;
 mod bench_files;
 mod bench_pg;
+#[cfg(feature = "spark")]
+mod bench_spark;
 mod demo;
 mod output;
 

@@ -249,11 +249,11 @@ pub trait Engine {
         self.execute(&Sql::raw(sql)).map(|_| ())
     }
 
-    /// Whether `table` is stored partitioned by `column` (Spark's
-    /// `PARTITIONED BY`), so whole partitions can be overwritten.
-    fn partitioned_by(&mut self, table: &TableName, column: &str) -> Result<bool> {
-        let _ = (table, column);
-        Ok(false)
+    /// The columns `table` is stored partitioned by (Spark's `PARTITIONED
+    /// BY`), whose partitions can be overwritten whole; none for others.
+    fn partition_columns(&mut self, table: &TableName) -> Result<Vec<String>> {
+        let _ = table;
+        Ok(Vec::new())
     }
 
     /// Replaces, in one statement, every partition of `table` that rows of

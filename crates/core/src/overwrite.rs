@@ -58,6 +58,11 @@ fn fingerprinted(cols: &[Column], metadata: &[String]) -> Vec<Column> {
     cols.iter().filter(|c| !metadata.contains(&c.name)).cloned().collect()
 }
 
+/// The native fingerprint's signature of `cols` (as `fingerprint_select` makes it).
+fn signature_of(cols: &[Column]) -> Vec<String> {
+    cols.iter().map(|c| format!("{} {}", c.name, c.ty)).collect()
+}
+
 fn one_row(engine: &mut dyn Engine, sql: &Sql, what: &str) -> Result<Vec<Value>> {
     engine.query(sql)?.rows.into_iter().next().ok_or_else(|| Error::Internal(format!("{what} returned no row")))
 }
@@ -84,7 +89,7 @@ pub(crate) fn replace_partition_with(
     crate::run::check_source_columns(job, &source_cols, partition)?;
     let target_cols = engine.table_columns(&job.target)?;
     let added = crate::schema::reconcile(engine, job, &source_cols, target_cols.as_deref())?;
-    if target_cols.is_some() && !engine.partitioned_by(&job.target, partition)? {
+    if target_cols.is_some() && engine.partition_columns(&job.target)? != [partition.to_owned()] {
         return Err(Error::Schema {
             message: format!(
                 "{} is not stored partitioned by {partition}: on {} a run replaces the day's partition whole, and this table has none",
@@ -212,10 +217,31 @@ pub(crate) fn replace_partition_with(
         trace.step("overwrite");
         opts.step(FailPoint::AfterInsert)?;
 
-        // 4. The day as written.
-        let output = fingerprint(engine, Method::Native, &scope, &output_cols)?;
+        // 4. The day as written: its fingerprint (over the target's
+        //    columns, as recorded) and, in the same scan, over the source's
+        //    columns in the source's order, which must be the input's.
+        let (output, as_input) = {
+            let (select, kind, signature) = fingerprint_select(engine, Method::Native, "fp", &output_cols)?;
+            let check = input_cols.iter().all(|c| output_cols.iter().any(|o| o.name == c.name));
+            let mut sql = Sql::new();
+            sql.push("SELECT ").push(&select);
+            if check && !input_cols.is_empty() {
+                let hash = engine.native_row_hash("fp", &input_cols).unwrap_or_else(|| "0".into());
+                sql.push(&format!(", sum({hash})"));
+            }
+            sql.push(" FROM ");
+            scope.write_from(&mut sql, "fp");
+            let row = one_row(engine, &sql, "the output scan")?;
+            let rows = as_count(&row[0])?;
+            let output = Fingerprint::from_sum(&kind, &signature, rows, engine.read_sum(&row[1])?);
+            let as_input = match row.get(2) {
+                Some(v) => Some(Fingerprint::from_sum(&input.kind, &signature_of(&input_cols), rows, engine.read_sum(v)?)),
+                None => None,
+            };
+            (output, as_input)
+        };
         trace.step("output fp");
-        if output.rows != input_rows || (output_cols == input_cols && output != input) {
+        if output.rows != input_rows || as_input.is_some_and(|f| f != input) {
             return Err(Error::DataRefused {
                 message: format!(
                     "the source of job {} changed while the run read it: it gave {input_rows} rows (checksum {}) and the partition {partition} = {run_date} now holds {} rows (checksum {}); the partition holds a complete later read of the source, and no ledger row was written",
@@ -285,8 +311,20 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
     let existing = engine.table_columns(&job.target)?;
     let added = crate::schema::reconcile(engine, job, &source_cols, existing.as_deref())?;
     let prune = job.partition.as_deref().filter(|p| has(&source_cols, p) && existing.as_ref().is_none_or(|t| has(t, p)));
-    if let (Some(p), Some(_)) = (prune, &existing) {
-        if !engine.partitioned_by(&job.target, p)? {
+    // How the target is stored: the partitions a rewrite replaces whole.
+    let stored_by = match &existing {
+        Some(_) => engine.partition_columns(&job.target)?,
+        None => prune.map(str::to_owned).into_iter().collect(),
+    };
+    if stored_by.len() > 1 {
+        return Err(Error::Schema {
+            message: format!("{} is partitioned by {} columns ({}): a merge on {} rewrites partitions of one column", job.target, stored_by.len(), stored_by.join(", "), engine.name()),
+            hint: Some(format!("recreate {} partitioned by one column (the job's `partition`)", job.target)),
+        });
+    }
+    let stored_by = stored_by.into_iter().next();
+    if let Some(p) = prune {
+        if stored_by.as_deref() != Some(p) {
             return Err(Error::Schema {
                 message: format!("{} is not stored partitioned by {p}: on {} a merge rewrites the partitions it touches, and this table has none", job.target, engine.name()),
                 hint: Some(format!("recreate {} with PARTITIONED BY ({p}), or remove `partition` from the job to rewrite the whole table", job.target)),
@@ -305,14 +343,17 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
 
     leased(engine, job, "all", opts, |engine| {
         ledger::ensure(engine)?;
+        // Nothing is created until the checks have passed (a refused run
+        // leaves no empty table behind): a missing target reads as empty.
         let created_target = existing.is_none();
-        if created_target {
-            engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&job.target.schema))))?;
-            engine.create_table(&job.target, &source_cols, prune)?;
-        }
-        crate::schema::append(engine, &job.target, &added)?;
-        let target_cols = engine.table_columns(&job.target)?.unwrap_or_default();
-        let output_cols: Vec<Column> = target_cols.iter().filter(|c| !is_meta(&c.name)).cloned().collect();
+        let empty = match &existing {
+            Some(_) => None,
+            None => {
+                let cols = source_cols.iter().map(|c| format!("CAST(NULL AS {}) AS {}", c.ty, quote_ident(&c.name))).collect::<Vec<_>>().join(", ");
+                Some(format!("(SELECT {cols} WHERE false)"))
+            }
+        };
+        let target_rel = empty.clone().unwrap_or_else(|| job.target.quoted());
         trace.step("describe, ledger");
 
         // 1. The source, read once, with its tombstone flag.
@@ -388,17 +429,8 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
         //    tombstone, or by one at its own version unless it is that
         //    tombstone itself (a retry re-applies it).
         let tomb = tombstone_table(&job.target);
-        let has_tombs = spec.deleted.is_some() || engine.table_columns(&tomb)?.is_some();
+        let has_tombs = engine.table_columns(&tomb)?.is_some();
         if has_tombs {
-            let cols: Vec<Column> = spec
-                .key
-                .iter()
-                .chain([&spec.version])
-                .map(|k| Column { name: k.clone(), ty: source_cols.iter().find(|c| &c.name == k).expect("described").ty.clone() })
-                .collect();
-            if engine.table_columns(&tomb)?.is_none() {
-                engine.create_table(&tomb, &cols, None)?;
-            }
             engine.stage(BATCH, &Sql::raw(format!(
                 "SELECT * FROM {DEDUP} AS b WHERE NOT EXISTS (SELECT 1 FROM {} AS d WHERE {} AND (d.{version} > b.{version} OR (d.{version} = b.{version} AND NOT {del})))",
                 tomb.quoted(),
@@ -407,14 +439,13 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
         } else {
             engine.stage(BATCH, &Sql::raw(format!("SELECT * FROM {DEDUP}")))?;
         }
-        let batch_rows = count(engine, &Sql::raw(format!("SELECT count(*) FROM {BATCH}")))?[0];
         trace.step("ties, tombstones");
 
         // 6. The partitions the batch touches, bound as values.
         let mut prune_sql = Sql::new();
         let mut touched: Vec<Value> = Vec::new();
         let mut touches_null = false;
-        let part_ty = prune.map(|p| target_cols.iter().find(|c| c.name == p).map(|c| c.ty.clone()).unwrap_or_default());
+        let part_ty = prune.map(|p| source_cols.iter().find(|c| c.name == p).map(|c| c.ty.clone()).unwrap_or_default());
         if let (Some(p), Some(ty)) = (prune, &part_ty) {
             for r in engine.query(&Sql::raw(format!("SELECT DISTINCT {} FROM {BATCH}", quote_ident(p))))?.rows {
                 match &r[0] {
@@ -456,9 +487,8 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
             "SELECT count(*) FILTER (WHERE {is_insert}), count(*) FILTER (WHERE {is_update}), count(*) FILTER (WHERE {is_delete}), \
              count(*) FILTER (WHERE {matched} AND NOT {del} AND b.{version} = t.{version} AND ({})), \
              count(*) FILTER (WHERE {matched} AND NOT ({in_scope})) \
-             FROM {BATCH} AS b LEFT JOIN {} AS t ON {}",
+             FROM {BATCH} AS b LEFT JOIN {target_rel} AS t ON {}",
             rows_differ("b", "t", &compared),
-            job.target.quoted(),
             keys_match("t", "b", &spec.key)
         ));
         sql.params.extend(prune_sql.params.iter().cloned());
@@ -505,18 +535,35 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
 
         let touched_keys = |sql: &mut Sql| {
             sql.push(&format!(
-                "(SELECT t.* FROM {} AS t WHERE EXISTS (SELECT 1 FROM {BATCH} AS b WHERE {})) AS a",
-                job.target.quoted(),
+                "(SELECT t.* FROM {target_rel} AS t WHERE EXISTS (SELECT 1 FROM {BATCH} AS b WHERE {})) AS a",
                 keys_match("t", "b", &spec.key)
             ));
         };
+        // The target, created now when missing (partitioned by the job's
+        // column), with the source's new columns.
+        if created_target {
+            engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&job.target.schema))))?;
+            engine.create_table(&job.target, &source_cols, prune)?;
+        }
+        crate::schema::append(engine, &job.target, &added)?;
+        let target_cols = engine.table_columns(&job.target)?.unwrap_or_default();
+        let output_cols: Vec<Column> = target_cols.iter().filter(|c| !is_meta(&c.name)).cloned().collect();
         let mut audits = Vec::new();
         if inserts + updates + deletes > 0 {
             // 8. The batch's tombstones first: a failure after this point
             //    and before the rewrite leaves them recorded with the key
             //    still in the target, which the retry deletes (it re-applies
             //    a tombstone at its own version).
-            if spec.deleted.is_some() && deletes + count(engine, &Sql::raw(format!("SELECT count(*) FROM {BATCH} AS b WHERE {del}")))?[0] > 0 {
+            if spec.deleted.is_some() && count(engine, &Sql::raw(format!("SELECT count(*) FROM {BATCH} AS b WHERE {del}")))?[0] > 0 {
+                if !has_tombs {
+                    let cols: Vec<Column> = spec
+                        .key
+                        .iter()
+                        .chain([&spec.version])
+                        .map(|k| Column { name: k.clone(), ty: source_cols.iter().find(|c| &c.name == k).expect("described").ty.clone() })
+                        .collect();
+                    engine.create_table(&tomb, &cols, None)?;
+                }
                 let kv = spec.key.iter().chain([&spec.version]).map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
                 engine.execute(&Sql::raw(format!("INSERT INTO {} ({kv}) SELECT {kv} FROM {BATCH} AS b WHERE {del}", tomb.quoted())))?;
             }
@@ -546,6 +593,12 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
                 job.target.quoted()
             ));
             sql.params.extend(prune_sql.params.iter().cloned());
+            // A rewrite of the whole table replaces the partitions its rows
+            // fall in: those it leaves empty are dropped after.
+            let whole_table_partitions: Vec<Value> = match (prune, &stored_by, created_target) {
+                (None, Some(pc), false) => engine.query(&Sql::raw(format!("SELECT DISTINCT {} FROM {}", quote_ident(pc), job.target.quoted())))?.rows.into_iter().map(|mut r| r.remove(0)).collect(),
+                _ => Vec::new(),
+            };
             engine.stage(MERGED, &sql)?;
             trace.step("merged");
             // The touched keys as they will be published, audited before
@@ -569,10 +622,12 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
             // 10. Written over the touched partitions in one statement; a
             //     touched partition left without rows is dropped after.
             engine.overwrite_partitions(&job.target, &out_names, &Sql::raw(format!("SELECT {out_list} FROM {MERGED}")))?;
-            if let (Some(p), Some(ty)) = (prune, &part_ty) {
-                let left: Vec<Value> = engine.query(&Sql::raw(format!("SELECT DISTINCT {} FROM {MERGED}", quote_ident(p))))?.rows.into_iter().map(|mut r| r.remove(0)).collect();
-                for v in touched.iter().filter(|v| !left.contains(v)) {
-                    engine.drop_partition_value(&job.target, p, v, ty)?;
+            if let Some(pc) = &stored_by {
+                let ty = target_cols.iter().find(|c| &c.name == pc).map(|c| c.ty.clone()).unwrap_or_default();
+                let left: Vec<Value> = engine.query(&Sql::raw(format!("SELECT DISTINCT {} FROM {MERGED}", quote_ident(pc))))?.rows.into_iter().map(|mut r| r.remove(0)).collect();
+                let replaced = if prune.is_some() { &touched } else { &whole_table_partitions };
+                for v in replaced.iter().filter(|v| !matches!(v, Value::Null) && !left.contains(v)) {
+                    engine.drop_partition_value(&job.target, pc, v, &ty)?;
                 }
             }
             trace.step("overwrite");
@@ -598,7 +653,7 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
         report.rows_deleted = deletes;
         report.rows_inserted = inserts;
         report.rows_updated = updates;
-        report.rows_unchanged = batch_rows - inserts - updates - deletes;
+        report.rows_unchanged = dedup_rows - inserts - updates - deletes;
         report.duplicates_collapsed = duplicates_collapsed;
         report.created_target = created_target;
         report.method = if prune.is_some() { "copy-on-write of touched partitions".into() } else { "copy-on-write of the table".into() };

@@ -17,7 +17,7 @@
 
 use crate::engine::{Column, Engine};
 use crate::error::{Error, Result};
-use crate::ident::{quote_ident, TableName};
+use crate::ident::TableName;
 use crate::sql::{Sql, Value};
 
 /// What a run does when the source's columns differ from the target's.

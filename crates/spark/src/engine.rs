@@ -92,7 +92,7 @@ impl Spark {
     }
 
     /// The partition columns of a table (`DESCRIBE TABLE`'s partition section).
-    fn partition_columns(&mut self, table: &TableName) -> Result<Vec<String>> {
+    fn described_partitions(&mut self, table: &TableName) -> Result<Vec<String>> {
         let rows = match self.client.query(&format!("DESCRIBE TABLE {}", table.quoted()), &[]) {
             Ok(b) => to_rows(&b)?,
             Err(e) if e.error_class.as_deref() == Some("TABLE_OR_VIEW_NOT_FOUND") => return Ok(Vec::new()),
@@ -337,8 +337,8 @@ impl Engine for Spark {
         self.client.execute(&stmt, &[]).map_err(err(&stmt))
     }
 
-    fn partitioned_by(&mut self, table: &TableName, column: &str) -> Result<bool> {
-        Ok(self.partition_columns(table)? == [column.to_owned()])
+    fn partition_columns(&mut self, table: &TableName) -> Result<Vec<String>> {
+        self.described_partitions(table)
     }
 
     fn overwrite_partitions(&mut self, table: &TableName, columns: &[String], select: &Sql) -> Result<()> {
