@@ -97,7 +97,7 @@ INSERT OVERWRITE TABLE silver.orders (order_id, customer_id, order_total, curren
 UNCACHE TABLE hand_merged;
 DROP VIEW hand_merged";
 
-pub fn run(url: &str, rows: u64, days: u64, n_changes: u64, rounds: u32, dir: &Path, out: Output) -> Result<(), Error> {
+pub fn run(url: &str, rows: u64, days: u64, n_changes: u64, rounds: u32, dir: &Path, out: &Output) -> Result<(), Error> {
     let mut db = Spark::connect(url, std::time::Duration::from_secs(30))?;
     let per_day = rows / days;
     setup(&mut db, per_day, days)?;
@@ -153,8 +153,8 @@ pub fn run(url: &str, rows: u64, days: u64, n_changes: u64, rounds: u32, dir: &P
         "merge": {"hand_written_s": hm, "fixpoint_s": om, "ratio": om / hm, "rows_changed": changed},
         "client_peak_rss_mb": rss,
     });
-    if out == Output::Json {
-        println!("{report}");
+    if out.is_json() {
+        out.json(&report);
     } else {
         println!("spark, {days} days x {per_day} rows, median of {rounds}:");
         println!("  replace_partition (one {per_day}-row day): hand-written INSERT OVERWRITE {hand_m:.2} s, fixpoint {ours_m:.2} s = {:.2}x; a skipped retry {skip_m:.2} s", ours_m / hand_m);

@@ -238,7 +238,7 @@ fn entries_where(engine: &mut dyn Engine, job: Option<&str>, dates: Option<(RunD
     }
     sql.push(" ORDER BY \"finished_at\" DESC, \"started_at\" DESC, \"run_key\" DESC");
     if let Some(n) = limit {
-        sql.push(" LIMIT ").typed_param(Value::Int(n as i64), "BIGINT");
+        sql.push(" LIMIT ").typed_param(Value::Int(n.min(i32::MAX as u64) as i64), "INTEGER");
     }
     let rows = engine.query(&sql)?;
     rows.rows.iter().map(|r| entry_from_row(r)).collect()

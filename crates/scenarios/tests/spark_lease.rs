@@ -8,7 +8,7 @@
 mod spark {
     use std::time::Duration;
 
-    use fixpoint_core::{ledger, Engine, Error, FailPoint, FaultAction, RunOptions, Sql};
+    use fixpoint_core::{ledger, Error, FailPoint, FaultAction, RunOptions, Sql};
     use fixpoint_scenarios::*;
 
     fn lease_view(job: &str, target: &str, scope: &str) -> String {
