@@ -87,30 +87,32 @@ pub(crate) fn replace_partition_with(
 
     let source_cols = describe_source(job, engine, &params)?;
     crate::run::check_source_columns(job, &source_cols, partition)?;
-    let target_cols = engine.table_columns(&job.target)?;
-    let added = crate::schema::reconcile(engine, job, &source_cols, target_cols.as_deref())?;
-    if target_cols.is_some() && engine.partition_columns(&job.target)? != [partition.to_owned()] {
-        return Err(Error::Schema {
-            message: format!(
-                "{} is not stored partitioned by {partition}: on {} a run replaces the day's partition whole, and this table has none",
-                job.target,
-                engine.name()
-            ),
-            hint: Some(format!("recreate {} with PARTITIONED BY ({partition}), or drop it and let the first run create it", job.target)),
-        });
-    }
-    let target_cols = target_cols.map(|mut cols| {
-        cols.extend(added.iter().cloned());
-        cols
-    });
-    let input_cols = fingerprinted(&source_cols, &job.metadata);
-    let output_cols = match &target_cols {
-        Some(cols) => fingerprinted(cols, &job.metadata),
-        None => input_cols.clone(),
-    };
-    trace.step("describe");
 
+    // The target is looked at under the lease: a run that waited for
+    // another sees what that one left (a table it created, say).
     leased(engine, job, &run_date.to_string(), opts, |engine| {
+        let target_cols = engine.table_columns(&job.target)?;
+        let added = crate::schema::reconcile(engine, job, &source_cols, target_cols.as_deref())?;
+        if target_cols.is_some() && engine.partition_columns(&job.target)? != [partition.to_owned()] {
+            return Err(Error::Schema {
+                message: format!(
+                    "{} is not stored partitioned by {partition}: on {} a run replaces the day's partition whole, and this table has none",
+                    job.target,
+                    engine.name()
+                ),
+                hint: Some(format!("recreate {} with PARTITIONED BY ({partition}), or drop it and let the first run create it", job.target)),
+            });
+        }
+        let target_cols = target_cols.map(|mut cols| {
+            cols.extend(added.iter().cloned());
+            cols
+        });
+        let input_cols = fingerprinted(&source_cols, &job.metadata);
+        let output_cols = match &target_cols {
+            Some(cols) => fingerprinted(cols, &job.metadata),
+            None => input_cols.clone(),
+        };
+        trace.step("describe");
         ledger::ensure(engine)?;
         let job_hash = job.definition_hash();
         let file_key = run_input.file_key(&job_hash, run_date);
@@ -259,8 +261,10 @@ pub(crate) fn replace_partition_with(
         report.audits = audits;
         report.input_files = run_input.files.clone();
         report.method = "partition overwrite".into();
-        ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
+        // The data is committed already; a failure here leaves the run's
+        // output without its ledger row (the next run rewrites and records).
         opts.step(FailPoint::BeforeCommit)?;
+        ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
         trace.step("ledger row");
         report.elapsed_ms = started.elapsed().as_millis() as u64;
         Ok(report)
@@ -308,29 +312,6 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
     if has(&source_cols, DELETED) {
         return Err(Error::Schema { message: format!("the source may not return a column named {DELETED}"), hint: None });
     }
-    let existing = engine.table_columns(&job.target)?;
-    let added = crate::schema::reconcile(engine, job, &source_cols, existing.as_deref())?;
-    let prune = job.partition.as_deref().filter(|p| has(&source_cols, p) && existing.as_ref().is_none_or(|t| has(t, p)));
-    // How the target is stored: the partitions a rewrite replaces whole.
-    let stored_by = match &existing {
-        Some(_) => engine.partition_columns(&job.target)?,
-        None => prune.map(str::to_owned).into_iter().collect(),
-    };
-    if stored_by.len() > 1 {
-        return Err(Error::Schema {
-            message: format!("{} is partitioned by {} columns ({}): a merge on {} rewrites partitions of one column", job.target, stored_by.len(), stored_by.join(", "), engine.name()),
-            hint: Some(format!("recreate {} partitioned by one column (the job's `partition`)", job.target)),
-        });
-    }
-    let stored_by = stored_by.into_iter().next();
-    if let Some(p) = prune {
-        if stored_by.as_deref() != Some(p) {
-            return Err(Error::Schema {
-                message: format!("{} is not stored partitioned by {p}: on {} a merge rewrites the partitions it touches, and this table has none", job.target, engine.name()),
-                hint: Some(format!("recreate {} with PARTITIONED BY ({p}), or remove `partition` from the job to rewrite the whole table", job.target)),
-            });
-        }
-    }
     let names: Vec<String> = source_cols.iter().map(|c| c.name.clone()).collect();
     let is_meta = |c: &String| job.metadata.contains(c);
     let compared: Vec<String> = names.iter().filter(|c| !spec.key.contains(c) && **c != spec.version && !is_meta(c)).cloned().collect();
@@ -341,7 +322,45 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
     let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
     let del = format!("b.{}", quote_ident(DELETED));
 
+    // The target is looked at under the lease (see replace_partition).
     leased(engine, job, "all", opts, |engine| {
+        let existing = engine.table_columns(&job.target)?;
+        let added = crate::schema::reconcile(engine, job, &source_cols, existing.as_deref())?;
+        let prune = job.partition.as_deref().filter(|p| has(&source_cols, p) && existing.as_ref().is_none_or(|t| has(t, p)));
+        // How the target is stored: the partitions a rewrite replaces whole.
+        let stored_by = match &existing {
+            Some(_) => engine.partition_columns(&job.target)?,
+            None => prune.map(str::to_owned).into_iter().collect(),
+        };
+        if stored_by.len() > 1 {
+            return Err(Error::Schema {
+                message: format!("{} is partitioned by {} columns ({}): a merge on {} rewrites partitions of one column", job.target, stored_by.len(), stored_by.join(", "), engine.name()),
+                hint: Some(format!("recreate {} partitioned by one column (the job's `partition`)", job.target)),
+            });
+        }
+        let stored_by = stored_by.into_iter().next();
+        if stored_by.is_none() {
+            // An unpartitioned table can only be overwritten whole by deleting
+            // its files first (Spark's static overwrite): a failure midway would
+            // leave it empty. Refused rather than run without that guarantee.
+            return Err(Error::Schema {
+                message: format!(
+                    "{} {}: on {} a merge rewrites whole partitions, and only a partitioned table is rewritten without first deleting its files",
+                    job.target,
+                    if existing.is_some() { "is not partitioned" } else { "would be created unpartitioned (the job has no `partition`)" },
+                    engine.name()
+                ),
+                hint: Some(format!("set `partition` in the job (a column the source carries, e.g. dt), or recreate {} with PARTITIONED BY (…)", job.target)),
+            });
+        }
+        if let Some(p) = prune {
+            if stored_by.as_deref() != Some(p) {
+                return Err(Error::Schema {
+                    message: format!("{} is not stored partitioned by {p}: on {} a merge rewrites the partitions it touches, and this table has none", job.target, engine.name()),
+                    hint: Some(format!("recreate {} with PARTITIONED BY ({p}), or remove `partition` from the job to rewrite the whole table", job.target)),
+                });
+            }
+        }
         ledger::ensure(engine)?;
         // Nothing is created until the checks have passed (a refused run
         // leaves no empty table behind): a missing target reads as empty.
@@ -657,8 +676,8 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
         report.duplicates_collapsed = duplicates_collapsed;
         report.created_target = created_target;
         report.method = if prune.is_some() { "copy-on-write of touched partitions".into() } else { "copy-on-write of the table".into() };
-        ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
         opts.step(FailPoint::BeforeCommit)?;
+        ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
         trace.step("ledger row");
         report.elapsed_ms = started.elapsed().as_millis() as u64;
         Ok(report)

@@ -242,6 +242,20 @@ fn merge_without_tombstones_or_partition(e: &dyn EngineUnderTest) {
     assert!(db.table_columns(&t).unwrap().is_none(), "no tombstone table without `deleted`");
 }
 
+/// Spark rewrites an unpartitioned table only by deleting its files first:
+/// a merge there is refused, naming the fix, and nothing is created.
+#[allow(dead_code)]
+fn unpartitioned_merge_is_refused_on_spark(e: &dyn EngineUnderTest) {
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    seed(db);
+    let plain = job(&MERGE_JOB.replace("partition = \"dt\"\n", ""));
+    let err = plain.load(d("2026-10-19"), db).unwrap_err();
+    assert!(err.to_string().contains("silver.orders would be created unpartitioned (the job has no `partition`)"), "{err}");
+    assert!(err.hint().unwrap().contains("set `partition` in the job"), "{err}");
+    assert!(db.table_columns(&fixpoint_core::TableName::parse("silver.orders").unwrap()).unwrap().is_none(), "nothing created");
+}
+
 fn merge_backfills_batch_by_batch(e: &dyn EngineUnderTest) {
     use fixpoint_core::backfill::{backfill, BackfillOptions, DateOutcome};
     let mut db = e.fresh();
@@ -289,7 +303,7 @@ scenarios!(
 
 spark_scenarios!(
     merge_backfills_batch_by_batch,
-    merge_without_tombstones_or_partition,
+    unpartitioned_merge_is_refused_on_spark,
     seed_feed_replays_and_out_of_order,
     tombstones_delete_and_never_resurrect,
     ties_error_or_deterministic,
