@@ -125,6 +125,24 @@ fn too_few_rows_are_refused(e: &dyn EngineUnderTest) {
     assert_eq!(rows(db, "SELECT * FROM silver.orders"), before);
 }
 
+/// A day whose source is now empty (no `min_rows`) is emptied, on every
+/// engine (Spark drops the partition); the other days stay.
+fn an_empty_day_empties_the_partition(e: &dyn EngineUnderTest) {
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    exec(db, BRONZE);
+    let job = job(SILVER_JOB);
+    let first19 = job.load(d("2026-10-19"), db).unwrap();
+    assert_eq!(job.load(d("2026-10-20"), db).unwrap().output_rows, 4);
+    rewrite(db, "bronze.orders", "SELECT * FROM bronze.orders WHERE dt <> DATE '2026-10-20'");
+    let r = job.load(d("2026-10-20"), db).unwrap();
+    assert_eq!((r.outcome.as_str(), r.input_rows, r.rows_deleted, r.rows_inserted, r.output_rows), ("committed", 0, 4, 0, 0));
+    assert_eq!(count(db, "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'"), 0);
+    assert_eq!(day_fp(db, "silver.orders", "2026-10-19", &["load_id"]).checksum, first19.output_checksum, "the 19th untouched");
+    // Run again: the empty day is as recorded.
+    assert_eq!(job.load(d("2026-10-20"), db).unwrap().outcome, "skipped");
+}
+
 /// The seed job without `:run_key` (nothing then needs the input's
 /// fingerprint before writing: on DuckDB the guards and the fingerprint are
 /// taken as the rows stream into the insert).
@@ -327,10 +345,12 @@ scenarios!(
     run_key_follows_the_input,
     target_is_created_and_checked,
     fingerprints_are_order_independent_and_collision_resistant,
+    an_empty_day_empties_the_partition,
 );
 
 spark_scenarios!(
     five_runs_equal_one_run,
+    an_empty_day_empties_the_partition,
     failure_at_any_step_keeps_previous_contents,
     rows_outside_the_partition_are_refused,
     too_few_rows_are_refused,

@@ -1,8 +1,9 @@
-//! Concurrent runs on Spark, which has no transactions across statements:
-//! a run holds a lease (a view in the `fixpoint` database, created
-//! atomically by the metastore) from its guards to its ledger row, so two
-//! runs of one partition at once end as one run.
-//! (Feature `spark`; skipped without a server, failing under CI=true.)
+//! What only Spark has: concurrent runs without transactions across
+//! statements (a run holds a lease, a view in the `fixpoint` database that
+//! the metastore creates atomically, from its guards to its ledger row, so
+//! two runs of one partition at once end as one run), and tables stored
+//! partitioned. (Feature `spark`; skipped without a server, failing under
+//! CI=true.)
 
 #[cfg(feature = "spark")]
 mod spark {
@@ -71,5 +72,24 @@ mod spark {
         let err = job.load_with(d("2026-10-20"), db.as_mut(), &RunOptions { no_wait: true, force: true, ..Default::default() }).unwrap_err();
         assert!(err.to_string().contains("run live-run"), "{err}");
         exec(db.as_mut(), &format!("DROP VIEW {view}"));
+    }
+
+    #[test]
+    fn a_target_not_partitioned_by_the_day_is_refused() {
+        let Some(spark) = SparkUnderTest::get() else { return };
+        let _one_at_a_time = spark.exclusive();
+        let mut db = spark.fresh();
+        exec(db.as_mut(), BRONZE);
+        exec(db.as_mut(), "CREATE SCHEMA silver;\nCREATE TABLE silver.orders (order_id BIGINT, customer_id BIGINT, order_total DECIMAL(12,2), currency STRING, updated_at TIMESTAMP, dt DATE, load_id STRING) USING parquet");
+        let err = job(SILVER_JOB).load(d("2026-10-20"), db.as_mut()).unwrap_err();
+        assert!(matches!(err, Error::Schema { .. }), "{err}");
+        assert!(err.to_string().contains("silver.orders is not stored partitioned by dt"), "{err}");
+        assert!(err.hint().unwrap().contains("PARTITIONED BY (dt)"), "{err}");
+        assert_eq!(count(db.as_mut(), "SELECT count(*) FROM silver.orders"), 0);
+        // A table the first run creates is partitioned by the job's column.
+        exec(db.as_mut(), "DROP TABLE silver.orders");
+        job(SILVER_JOB).load(d("2026-10-20"), db.as_mut()).unwrap();
+        let parts = rows(db.as_mut(), "SHOW PARTITIONS silver.orders");
+        assert_eq!(parts, vec![vec!["\"dt=2026-10-20\"".to_owned()]]);
     }
 }
