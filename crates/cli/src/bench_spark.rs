@@ -125,7 +125,9 @@ pub fn run(url: &str, rows: u64, days: u64, n_changes: u64, rounds: u32, dir: &P
     }
     let (hand_m, ours_m, skip_m) = (median(hand.clone()), median(ours.clone()), median(skip.clone()));
 
-    // Merge: each side applies its own batch per round (newer each time).
+    // Merge: each side applies its own batch per round (newer each time),
+    // on the table as built (an earlier bench run left newer versions).
+    exec(&mut db, &format!("INSERT OVERWRITE TABLE silver.orders ({COLUMNS}) SELECT {COLUMNS} FROM bronze.orders"))?;
     let (mut hand_merge, mut ours_merge) = (Vec::new(), Vec::new());
     let mut changed = 0;
     for round in 0..rounds as u64 {

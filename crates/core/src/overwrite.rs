@@ -147,17 +147,25 @@ pub(crate) fn replace_partition_with(
         trace.step("guards, input fp");
 
         // 2. A retry over the same input, the day still as recorded: nothing to do.
-        let before = match &target_cols {
-            Some(_) => Some(fingerprint(engine, Method::Native, &scope, &output_cols)?),
-            None => None,
+        // (The day is fingerprinted only when the ledger's last entry has
+        // this run key; otherwise counted, for the report.)
+        let last = match (&target_cols, opts.force) {
+            (Some(_), false) => ledger::entries_of_existing(engine, Some(&job.name), Some(run_date), Some(1))?.into_iter().next(),
+            _ => None,
         };
-        if let (false, Some(now)) = (opts.force, &before) {
-            let last = ledger::entries_of_existing(engine, Some(&job.name), Some(run_date), Some(1))?.into_iter().next();
-            if let Some(last) = last {
-                if last.run_key == key && last.fingerprint_kind == now.kind && last.output_rows == now.rows && last.output_checksum == now.checksum {
-                    return Ok(skipped(job, run_date, &key, &input, now, started));
-                }
+        let mut rows_before = None;
+        if let Some(last) = last.filter(|l| l.run_key == key) {
+            let now = fingerprint(engine, Method::Native, &scope, &output_cols)?;
+            if last.fingerprint_kind == now.kind && last.output_rows == now.rows && last.output_checksum == now.checksum {
+                return Ok(skipped(job, run_date, &key, &input, &now, started));
             }
+            rows_before = Some(now.rows);
+        }
+        if let (None, Some(_)) = (rows_before, &target_cols) {
+            let mut sql = Sql::new();
+            sql.push("SELECT count(*) FROM ");
+            scope.write_from(&mut sql, "fp");
+            rows_before = Some(as_count(&one_row(engine, &sql, "the day's count")?[0])?);
         }
         trace.step("ledger, target fp");
 
@@ -172,7 +180,7 @@ pub(crate) fn replace_partition_with(
                 Scope::Source { template: job.source.template(), params: &params }.write_from(sql, "s");
                 sql.push(") AS a");
             };
-            let audit_scope = crate::audit::AuditScope { from: &from, previous_rows: before.as_ref().map(|b| b.rows), run_date: run_date.date() };
+            let audit_scope = crate::audit::AuditScope { from: &from, previous_rows: rows_before, run_date: run_date.date() };
             crate::audit::audit(&job.audits, engine, &audit_scope)?
         };
         opts.step(FailPoint::AfterGuards)?;
@@ -255,7 +263,7 @@ pub(crate) fn replace_partition_with(
 
         // 5. Record it.
         let mut report = RunReport::new(job, run_date, key, "committed", &input, &output);
-        report.rows_deleted = before.as_ref().map_or(0, |b| b.rows);
+        report.rows_deleted = rows_before.unwrap_or(0);
         report.rows_inserted = input_rows;
         report.created_target = created_target;
         report.audits = audits;
@@ -282,7 +290,8 @@ const MERGED: &str = "\"__fixpoint_merged\"";
 /// tombstone first at equal version, ties refused or ordered, older
 /// upserts never resurrect a deleted key.
 pub(crate) fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions, run_input: &RunInput, started: Instant) -> Result<RunReport> {
-    let staged = [STAGE, DEDUP, BATCH, MERGED];
+    // Dependents first: each stage reads the one before.
+    let staged = [MERGED, BATCH, DEDUP, STAGE];
     let result = merge_staged(job, run_date, engine, opts, run_input, started);
     for name in staged {
         if let Err(e) = engine.unstage(name) {

@@ -248,9 +248,6 @@ impl Engine for Spark {
     /// after which a dead run's lease is broken.
     fn acquire_lease(&mut self, scope: &str, wait: bool) -> Result<std::result::Result<(), String>> {
         let view = Self::lease_view(scope);
-        self.client
-            .execute(&format!("CREATE DATABASE IF NOT EXISTS {}", quote_ident(fixpoint_core::ledger::SCHEMA)), &[])
-            .map_err(err("creating the fixpoint database"))?;
         let owner = uuid::Uuid::new_v4().to_string();
         let mut waited = false;
         loop {
@@ -270,6 +267,13 @@ impl Engine for Spark {
                     return Ok(Ok(()));
                 }
                 Err(e) if e.error_class.as_deref().is_some_and(|c| c.contains("ALREADY_EXISTS")) => {}
+                Err(e) if e.error_class.as_deref() == Some("SCHEMA_NOT_FOUND") => {
+                    // The first run on this cluster: the lease's database.
+                    self.client
+                        .execute(&format!("CREATE DATABASE IF NOT EXISTS {}", quote_ident(fixpoint_core::ledger::SCHEMA)), &[])
+                        .map_err(err("creating the fixpoint database"))?;
+                    continue;
+                }
                 Err(e) => return Err(err("taking a lease")(e)),
             }
             let Some((holder, until)) = self.lease_holder(&view)? else { continue };
@@ -314,10 +318,9 @@ impl Engine for Spark {
     }
 
     fn unstage(&mut self, name: &str) -> Result<()> {
-        for stmt in [format!("UNCACHE TABLE IF EXISTS {name}"), format!("DROP VIEW IF EXISTS {name}")] {
-            self.client.execute(&stmt, &[]).map_err(err(&stmt))?;
-        }
-        Ok(())
+        // Dropping a cached temporary view uncaches it.
+        let stmt = format!("DROP VIEW IF EXISTS {name}");
+        self.client.execute(&stmt, &[]).map_err(err(&stmt))
     }
 
     fn create_table(&mut self, table: &TableName, columns: &[Column], partition: Option<&str>) -> Result<()> {
