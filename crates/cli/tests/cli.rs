@@ -551,3 +551,66 @@ fn a_file_source_runs_reruns_reports_and_refuses_a_missing_day() {
     assert_eq!(p["mutation"]["outcome"], "passed", "{}", prove.stdout);
     assert_eq!(p["mutation"]["table"], "input (the day's files)");
 }
+
+/// The binary against a Spark Connect server (feature `spark`): a day
+/// replaced then skipped, a merge, a refused day, as exit codes and JSON.
+#[cfg(feature = "spark")]
+mod spark {
+    use super::fixpoint;
+    use fixpoint_core::{Engine, Sql};
+
+    #[test]
+    fn runs_on_spark_with_exit_codes_and_json() {
+        let url = std::env::var("FIXPOINT_TEST_SPARK").unwrap_or_else(|_| "sc://127.0.0.1:15002".into());
+        let mut db = match fixpoint_spark::Spark::connect(&url, std::time::Duration::from_secs(10)) {
+            Ok(db) => db,
+            Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("spark is unreachable under CI=true: {e}"),
+            Err(e) => {
+                eprintln!("skipped: spark is unreachable ({e})");
+                return;
+            }
+        };
+        for stmt in [
+            "DROP DATABASE IF EXISTS bronze CASCADE",
+            "DROP DATABASE IF EXISTS silver CASCADE",
+            "DROP DATABASE IF EXISTS fixpoint CASCADE",
+            "CREATE DATABASE bronze",
+            "CREATE TABLE bronze.orders (order_id BIGINT, order_total DECIMAL(12,2), updated_at TIMESTAMP, dt DATE)",
+            "INSERT INTO bronze.orders VALUES (1, 1.50, TIMESTAMP '2026-10-20 08:00:00', DATE '2026-10-20'), (2, 2.50, TIMESTAMP '2026-10-20 09:00:00', DATE '2026-10-20'), (2, 2.75, TIMESTAMP '2026-10-20 10:00:00', DATE '2026-10-20'), (3, 3.50, TIMESTAMP '2026-10-21 08:00:00', DATE '2026-10-21')",
+        ] {
+            db.execute(&Sql::raw(stmt)).unwrap_or_else(|e| panic!("{e}"));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let replace = "name = \"day\"\ntarget = \"silver.orders\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n\n[source]\nsql = \"SELECT order_id, order_total, updated_at, dt FROM bronze.orders WHERE dt = :run_date\"\n";
+        std::fs::write(dir.path().join("day.toml"), replace).unwrap();
+        std::fs::write(dir.path().join("wide.toml"), replace.replace("WHERE dt = :run_date", "WHERE dt >= :run_date")).unwrap();
+        let merge = "name = \"latest\"\ntarget = \"silver.latest\"\nstrategy = \"merge\"\nkey = [\"order_id\"]\nversion = \"updated_at\"\npartition = \"dt\"\n\n[source]\nsql = \"SELECT order_id, order_total, updated_at, dt FROM bronze.orders WHERE dt = :run_date\"\n";
+        std::fs::write(dir.path().join("latest.toml"), merge).unwrap();
+        let run = |job: &str| fixpoint(dir.path(), &["run", job, "--date", "2026-10-20", "--db", &url, "--output", "json"]);
+
+        let first = run("day.toml");
+        assert_eq!(first.code, 0, "{}", first.stderr);
+        let r: serde_json::Value = serde_json::from_str(&first.stdout).unwrap();
+        assert_eq!((r["outcome"].as_str(), r["rows_inserted"].as_u64(), r["method"].as_str()), (Some("committed"), Some(3), Some("partition overwrite")));
+        let again = run("day.toml");
+        assert_eq!(again.code, 0, "{}", again.stderr);
+        let a: serde_json::Value = serde_json::from_str(&again.stdout).unwrap();
+        assert_eq!(a["outcome"], "skipped");
+        assert_eq!(a["output_checksum"], r["output_checksum"]);
+        let fp = fixpoint(dir.path(), &["fingerprint", "silver.orders", "--where", "dt = DATE '2026-10-20'", "--db", &url, "--output", "json"]);
+        let f: serde_json::Value = serde_json::from_str(&fp.stdout).unwrap();
+        assert_eq!((f["rows"].as_u64(), &f["checksum"]), (Some(3), &r["output_checksum"]), "the ledger's fingerprint is the table's");
+
+        let wide = run("wide.toml");
+        assert_eq!(wide.code, 3, "rows outside the day: a data error. {}", wide.stderr);
+        assert!(wide.stderr.contains("1 source row(s) have dt other than the run date 2026-10-20; nothing was changed"), "{}", wide.stderr);
+
+        let m = run("latest.toml");
+        assert_eq!(m.code, 0, "{}", m.stderr);
+        let m: serde_json::Value = serde_json::from_str(&m.stdout).unwrap();
+        assert_eq!((m["rows_inserted"].as_u64(), m["duplicates_collapsed"].as_u64()), (Some(2), Some(1)));
+        let rows = db.query(&Sql::raw("SELECT order_id, CAST(order_total AS STRING) FROM silver.latest ORDER BY order_id")).unwrap();
+        let rows: Vec<Vec<String>> = rows.rows.iter().map(|r| r.iter().map(|v| v.display()).collect()).collect();
+        assert_eq!(rows, vec![vec!["1".to_owned(), "\"1.50\"".to_owned()], vec!["2".to_owned(), "\"2.75\"".to_owned()]]);
+    }
+}

@@ -197,6 +197,19 @@ pub trait Engine {
         None
     }
 
+    /// The columns of `table` that have a DEFAULT, with its expression
+    /// (from `information_schema.columns`), for the lint of generated keys.
+    fn column_defaults(&mut self, table: &TableName) -> Result<Vec<(String, String)>> {
+        let mut sql = Sql::new();
+        sql.push("SELECT column_name, CAST(column_default AS VARCHAR) FROM information_schema.columns WHERE table_schema = ")
+            .param(Value::Text(table.schema.clone()))
+            .push(" AND table_name = ")
+            .param(Value::Text(table.table.clone()))
+            .push(" AND column_default IS NOT NULL");
+        let rows = self.query(&sql)?;
+        Ok(rows.rows.into_iter().filter_map(|r| Some((r.first()?.as_str()?.to_owned(), r.get(1)?.as_str()?.to_owned()))).collect())
+    }
+
     /// Whether statements can be grouped in one transaction. Engines
     /// without multi-statement transactions (Spark on plain files) run the
     /// plans of [`crate::overwrite`] instead: stage the input once, check

@@ -333,15 +333,9 @@ pub fn lint_target(job: &Job, engine: &mut dyn crate::engine::Engine) -> Result<
     if engine.table_columns(&job.target)?.is_none() {
         return Ok(Vec::new());
     }
-    let mut sql = crate::sql::Sql::new();
-    sql.push("SELECT column_name, CAST(column_default AS VARCHAR) FROM information_schema.columns WHERE table_schema = ")
-        .param(crate::sql::Value::Text(job.target.schema.clone()))
-        .push(" AND table_name = ")
-        .param(crate::sql::Value::Text(job.target.table.clone()));
-    let rows = engine.query(&sql)?;
     let mut out = Vec::new();
-    for r in rows.rows {
-        let (Some(name), Some(default)) = (r[0].as_str(), r[1].as_str()) else { continue };
+    for (name, default) in engine.column_defaults(&job.target)? {
+        let (name, default) = (name.as_str(), default.as_str());
         let d = default.to_ascii_lowercase();
         let generated = ["nextval", "uuid", "random", "identity", "gen_random"].iter().any(|g| d.contains(g));
         if generated && m.key.iter().any(|k| k.eq_ignore_ascii_case(name)) {

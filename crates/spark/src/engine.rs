@@ -242,6 +242,13 @@ impl Engine for Spark {
         false
     }
 
+    /// Spark has no information_schema in its session catalog, and its
+    /// column defaults must be constants (no sequences, no uuid()): no
+    /// generated keys to find.
+    fn column_defaults(&mut self, _table: &TableName) -> Result<Vec<(String, String)>> {
+        Ok(Vec::new())
+    }
+
     /// A lease is a view `fixpoint.lease__<hash>`: creating a view that
     /// exists fails in the metastore, atomically, so exactly one run
     /// creates it. Its properties hold the owner's token and an expiry,
