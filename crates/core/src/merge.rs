@@ -71,6 +71,91 @@ pub(crate) fn count(engine: &mut dyn Engine, sql: &Sql) -> Result<Vec<u64>> {
     row.iter().map(|v| v.as_u64().ok_or_else(|| Error::Internal(format!("bad count {v:?}")))).collect()
 }
 
+/// The source carries the key and the version, and no column of ours.
+pub(crate) fn check_source(job: &Job, spec: &MergeSpec, source_cols: &[Column]) -> Result<()> {
+    let has = |name: &str| source_cols.iter().any(|c| c.name == name);
+    for (what, col) in spec.key.iter().map(|k| ("key", k)).chain([("version", &spec.version)]) {
+        if !has(col) {
+            return Err(Error::Schema {
+                message: format!("the source query of job {} has no column {col:?} (the job's {what})", job.name),
+                hint: Some(format!("select {col} in the source, or fix `{what}` in the job file")),
+            });
+        }
+    }
+    if has(DELETED) {
+        return Err(Error::Schema { message: format!("the source may not return a column named {DELETED}"), hint: None });
+    }
+    Ok(())
+}
+
+/// The refusal of a batch whose rows have a NULL key or version: how many,
+/// one of them (from `stage`).
+pub(crate) fn refuse_nulls(engine: &mut dyn Engine, spec: &MergeSpec, stage: &str, source_list: &str, null_keys: u64, null_versions: u64) -> Result<()> {
+    let null_key = spec.key.iter().map(|k| format!("{} IS NULL", quote_ident(k))).collect::<Vec<_>>().join(" OR ");
+    let version = quote_ident(&spec.version);
+    for (n, what, cond) in [(null_keys, format!("a NULL in the key ({})", spec.key.join(", ")), null_key), (null_versions, format!("a NULL version ({})", spec.version), format!("{version} IS NULL"))] {
+        if n > 0 {
+            let sample = first_row(engine, &Sql::raw(format!("SELECT {source_list} FROM {stage} WHERE {cond} LIMIT 1")))?;
+            return Err(Error::DataRefused {
+                message: format!("{n} source row(s) have {what}; one of them: {sample}"),
+                hint: Some("a merge matches on the key and orders by the version: fix the upstream rows or filter them out in the source".into()),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The refusal of `ties` keys with two different rows at one version in
+/// the batch: one key, both rows (`s` from `stage`, `b` from `batch`, joined on `tie_cond`).
+pub(crate) fn tie_error(engine: &mut dyn Engine, spec: &MergeSpec, names: &[String], stage: &str, batch: &str, tie_cond: &str, ties: u64) -> Result<Error> {
+    let by_key = spec.key.iter().map(|k| q("b", k)).collect::<Vec<_>>().join(", ");
+    let kept = first_row(engine, &Sql::raw(format!("SELECT {} FROM {stage} AS s JOIN {batch} AS b ON {tie_cond} ORDER BY {by_key} LIMIT 1", names.iter().map(|c| q("b", c)).collect::<Vec<_>>().join(", "))))?;
+    let other = first_row(engine, &Sql::raw(format!("SELECT {} FROM {stage} AS s JOIN {batch} AS b ON {tie_cond} ORDER BY {by_key} LIMIT 1", names.iter().map(|c| q("s", c)).collect::<Vec<_>>().join(", "))))?;
+    let key_desc = spec.key.iter().map(|k| format!("{k} = {}", kept.0.iter().find(|(c, _)| c == k).map(|(_, v)| v.as_str()).unwrap_or("?"))).collect::<Vec<_>>().join(", ");
+    Ok(Error::DataRefused {
+        message: format!("{ties} key(s) have two different rows at the same version ({}), e.g. {key_desc}: {kept} vs {other}", spec.version),
+        hint: Some("bump the version upstream, or set on_tie = \"deterministic\" to pick the row whose values sort first".into()),
+    })
+}
+
+/// The refusal of `moved` batch keys that the target holds in a partition
+/// (`p`) the batch does not touch (`in_scope` false, with `params`).
+pub(crate) fn moved_error(engine: &mut dyn Engine, job: &Job, spec: &MergeSpec, p: &str, batch: &str, in_scope: &str, params: &[crate::sql::Value], moved: u64) -> Result<Error> {
+    let mut sql = Sql::new();
+    sql.push(&format!(
+        "SELECT {}, t.{} AS target_{p}, b.{} AS batch_{p} FROM {batch} AS b JOIN {} AS t ON {} WHERE NOT {in_scope} ORDER BY 1 LIMIT 1",
+        spec.key.iter().map(|k| q("t", k)).collect::<Vec<_>>().join(", "),
+        quote_ident(p),
+        quote_ident(p),
+        job.target.quoted(),
+        keys_match("t", "b", &spec.key)
+    ));
+    sql.params.extend(params.iter().cloned());
+    let m = first_row(engine, &sql)?;
+    Ok(Error::DataRefused {
+        message: format!(
+            "{moved} key(s) of the batch are held by the target in a partition the batch does not touch, so a merge pruned to the batch's partitions would duplicate them, e.g. {m}"
+        ),
+        hint: Some(format!("keep each key in one {p}, or remove `partition` from the job to merge over the whole table")),
+    })
+}
+
+/// The refusal of `ties` batch keys whose target row differs at the same
+/// version (`b` from `batch` joined to the target `t` on `on`).
+pub(crate) fn cross_tie_error(engine: &mut dyn Engine, job: &Job, spec: &MergeSpec, batch: &str, on: &Sql, compared: &[String], ties: u64) -> Result<Error> {
+    let version = quote_ident(&spec.version);
+    let mut sql = Sql::new();
+    sql.push(&format!("SELECT {} FROM {batch} AS b JOIN {} AS t ON ", spec.key.iter().map(|k| q("t", k)).chain([format!("t.{version}")]).collect::<Vec<_>>().join(", "), job.target.quoted()));
+    sql.text.push_str(&on.text);
+    sql.params.extend(on.params.iter().cloned());
+    sql.push(&format!(" WHERE NOT b.{} AND b.{version} = t.{version} AND ({}) LIMIT 1", quote_ident(DELETED), rows_differ("b", "t", compared)));
+    let s = first_row(engine, &sql)?;
+    Ok(Error::DataRefused {
+        message: format!("{ties} key(s) of the batch have a different row in the target at the same version, e.g. {s}"),
+        hint: Some("bump the version upstream, or set on_tie = \"deterministic\" to pick the row whose values sort first".into()),
+    })
+}
+
 pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
     let started = Instant::now();
     let report = crate::run::with_input(job, run_date, engine, |engine, input| {
@@ -91,17 +176,7 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
     let params = run_input.params.clone();
     let source_cols = crate::run::describe_source(job, engine, &params)?;
     let has = |cols: &[Column], name: &str| cols.iter().any(|c| c.name == name);
-    for (what, col) in spec.key.iter().map(|k| ("key", k)).chain([("version", &spec.version)]) {
-        if !has(&source_cols, col) {
-            return Err(Error::Schema {
-                message: format!("the source query of job {} has no column {col:?} (the job's {what})", job.name),
-                hint: Some(format!("select {col} in the source, or fix `{what}` in the job file")),
-            });
-        }
-    }
-    if has(&source_cols, DELETED) {
-        return Err(Error::Schema { message: format!("the source may not return a column named {DELETED}"), hint: None });
-    }
+    check_source(job, spec, &source_cols)?;
     let target_cols = engine.table_columns(&job.target)?;
     let added = crate::schema::reconcile(engine, job, &source_cols, target_cols.as_deref())?;
     let prune = job.partition.as_deref().filter(|p| has(&source_cols, p) && target_cols.as_ref().is_none_or(|t| has(t, p)));
@@ -155,15 +230,7 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
         let input_rows = row[0].as_u64().unwrap_or(0);
         let sum = engine.read_sum(&row[1])?;
         let (null_keys, null_versions) = (row[2].as_u64().unwrap_or(0), row[3].as_u64().unwrap_or(0));
-        for (n, what, cond) in [(null_keys, format!("a NULL in the key ({})", spec.key.join(", ")), null_key.clone()), (null_versions, format!("a NULL version ({})", spec.version), format!("{version} IS NULL"))] {
-            if n > 0 {
-                let sample = first_row(engine, &Sql::raw(format!("SELECT {source_list} FROM {STAGE} WHERE {cond} LIMIT 1")))?;
-                return Err(Error::DataRefused {
-                    message: format!("{n} source row(s) have {what}; one of them: {sample}"),
-                    hint: Some("a merge matches on the key and orders by the version: fix the upstream rows or filter them out in the source".into()),
-                });
-            }
-        }
+        refuse_nulls(engine, spec, STAGE, &source_list, null_keys, null_versions)?;
         let input = Fingerprint::from_sum(&kind, &signature, input_rows, sum);
         let job_hash = job.definition_hash();
         let key = run_input.file_key(&job_hash, run_date).unwrap_or_else(|| run_key(&job_hash, run_date, &input));
@@ -192,14 +259,7 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
             let ties = count(engine, &Sql::raw(format!("SELECT count(DISTINCT ({key_list_b})) FROM {STAGE} AS s JOIN {BATCH} AS b ON {tie_cond}",
                 key_list_b = spec.key.iter().map(|k| q("b", k)).chain(["true".to_owned()]).collect::<Vec<_>>().join(", "))))?[0];
             if ties > 0 {
-                let cols = names.iter().map(|c| q("b", c)).collect::<Vec<_>>().join(", ");
-                let kept = first_row(engine, &Sql::raw(format!("SELECT {cols} FROM {STAGE} AS s JOIN {BATCH} AS b ON {tie_cond} ORDER BY {} LIMIT 1", spec.key.iter().map(|k| q("b", k)).collect::<Vec<_>>().join(", "))))?;
-                let other = first_row(engine, &Sql::raw(format!("SELECT {} FROM {STAGE} AS s JOIN {BATCH} AS b ON {tie_cond} ORDER BY {} LIMIT 1", names.iter().map(|c| q("s", c)).collect::<Vec<_>>().join(", "), spec.key.iter().map(|k| q("b", k)).collect::<Vec<_>>().join(", "))))?;
-                let key_desc = spec.key.iter().map(|k| format!("{k} = {}", kept.0.iter().find(|(c, _)| c == k).map(|(_, v)| v.as_str()).unwrap_or("?"))).collect::<Vec<_>>().join(", ");
-                return Err(Error::DataRefused {
-                    message: format!("{ties} key(s) have two different rows at the same version ({}), e.g. {key_desc}: {kept} vs {other}", spec.version),
-                    hint: Some("bump the version upstream, or set on_tie = \"deterministic\" to pick the row whose values sort first".into()),
-                });
+                return Err(tie_error(engine, spec, &names, STAGE, BATCH, &tie_cond, ties)?);
             }
             trace.step("batch ties");
         }
@@ -300,36 +360,10 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
         trace.step("classify");
         if moved > 0 {
             let p = prune.expect("moved only counted when pruning");
-            let mut sql = Sql::new();
-            sql.push(&format!(
-                "SELECT {}, t.{} AS target_{p}, b.{} AS batch_{p} FROM {BATCH} AS b JOIN {} AS t ON {} WHERE NOT {in_scope} ORDER BY 1 LIMIT 1",
-                spec.key.iter().map(|k| q("t", k)).collect::<Vec<_>>().join(", "),
-                quote_ident(p),
-                quote_ident(p),
-                job.target.quoted(),
-                keys_match("t", "b", &spec.key)
-            ));
-            sql.params.extend(prune_sql.params.iter().cloned());
-            let m = first_row(engine, &sql)?;
-            return Err(Error::DataRefused {
-                message: format!(
-                    "{moved} key(s) of the batch are held by the target in a partition the batch does not touch, so a merge pruned to the batch's partitions would duplicate them, e.g. {m}"
-                ),
-                hint: Some(format!("keep each key in one {p}, or remove `partition` from the job to merge over the whole table")),
-            });
+            return Err(moved_error(engine, job, spec, p, BATCH, &in_scope, &prune_sql.params, moved)?);
         }
         if spec.on_tie == OnTie::Error && cross_ties > 0 {
-            let mut sql = Sql::new();
-            sql.push(&format!("SELECT {} FROM {BATCH} AS b JOIN {} AS t ON ",
-                spec.key.iter().map(|k| q("t", k)).chain([format!("t.{version}")]).collect::<Vec<_>>().join(", "), job.target.quoted()));
-            sql.text.push_str(&on.text);
-            sql.params.extend(on.params.iter().cloned());
-            sql.push(&format!(" WHERE NOT {del} AND b.{version} = t.{version} AND ({}) LIMIT 1", rows_differ("b", "t", &compared)));
-            let s = first_row(engine, &sql)?;
-            return Err(Error::DataRefused {
-                message: format!("{cross_ties} key(s) of the batch have a different row in the target at the same version, e.g. {s}"),
-                hint: Some("bump the version upstream, or set on_tie = \"deterministic\" to pick the row whose values sort first".into()),
-            });
+            return Err(cross_tie_error(engine, job, spec, BATCH, &on, &compared, cross_ties)?);
         }
         opts.step(FailPoint::AfterGuards)?;
 

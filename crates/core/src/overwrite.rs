@@ -310,17 +310,7 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
     let params = run_input.params.clone();
     let source_cols = describe_source(job, engine, &params)?;
     let has = |cols: &[Column], name: &str| cols.iter().any(|c| c.name == name);
-    for (what, col) in spec.key.iter().map(|k| ("key", k)).chain([("version", &spec.version)]) {
-        if !has(&source_cols, col) {
-            return Err(Error::Schema {
-                message: format!("the source query of job {} has no column {col:?} (the job's {what})", job.name),
-                hint: Some(format!("select {col} in the source, or fix `{what}` in the job file")),
-            });
-        }
-    }
-    if has(&source_cols, DELETED) {
-        return Err(Error::Schema { message: format!("the source may not return a column named {DELETED}"), hint: None });
-    }
+    crate::merge::check_source(job, spec, &source_cols)?;
     let names: Vec<String> = source_cols.iter().map(|c| c.name.clone()).collect();
     let is_meta = |c: &String| job.metadata.contains(c);
     let compared: Vec<String> = names.iter().filter(|c| !spec.key.contains(c) && **c != spec.version && !is_meta(c)).cloned().collect();
@@ -406,18 +396,7 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
         )?;
         let input_rows = as_count(&row[0])?;
         let input = Fingerprint::from_sum(&kind, &signature, input_rows, engine.read_sum(&row[1])?);
-        for (n, what, cond) in [
-            (as_count(&row[2])?, format!("a NULL in the key ({})", spec.key.join(", ")), null_key.clone()),
-            (as_count(&row[3])?, format!("a NULL version ({})", spec.version), format!("{version} IS NULL")),
-        ] {
-            if n > 0 {
-                let sample = first_row(engine, &Sql::raw(format!("SELECT {source_list} FROM {STAGE} WHERE {cond} LIMIT 1")))?;
-                return Err(Error::DataRefused {
-                    message: format!("{n} source row(s) have {what}; one of them: {sample}"),
-                    hint: Some("a merge matches on the key and orders by the version: fix the upstream rows or filter them out in the source".into()),
-                });
-            }
-        }
+        crate::merge::refuse_nulls(engine, spec, STAGE, &source_list, as_count(&row[2])?, as_count(&row[3])?)?;
         let job_hash = job.definition_hash();
         let key = run_input.file_key(&job_hash, run_date).unwrap_or_else(|| run_key(&job_hash, run_date, &input));
 
@@ -442,13 +421,7 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
             let tie_cond = format!("{} AND s.{version} = b.{version} AND ({})", keys_match("s", "b", &spec.key), rows_differ("s", "b", &with_flag));
             let ties = count(engine, &Sql::raw(format!("SELECT count(*) FROM {DEDUP} AS b WHERE EXISTS (SELECT 1 FROM {STAGE} AS s WHERE {tie_cond})")))?[0];
             if ties > 0 {
-                let kept = first_row(engine, &Sql::raw(format!("SELECT {} FROM {STAGE} AS s JOIN {DEDUP} AS b ON {tie_cond} ORDER BY {} LIMIT 1", names.iter().map(|c| q("b", c)).collect::<Vec<_>>().join(", "), spec.key.iter().map(|k| q("b", k)).collect::<Vec<_>>().join(", "))))?;
-                let other = first_row(engine, &Sql::raw(format!("SELECT {} FROM {STAGE} AS s JOIN {DEDUP} AS b ON {tie_cond} ORDER BY {} LIMIT 1", names.iter().map(|c| q("s", c)).collect::<Vec<_>>().join(", "), spec.key.iter().map(|k| q("b", k)).collect::<Vec<_>>().join(", "))))?;
-                let key_desc = spec.key.iter().map(|k| format!("{k} = {}", kept.0.iter().find(|(c, _)| c == k).map(|(_, v)| v.as_str()).unwrap_or("?"))).collect::<Vec<_>>().join(", ");
-                return Err(Error::DataRefused {
-                    message: format!("{ties} key(s) have two different rows at the same version ({}), e.g. {key_desc}: {kept} vs {other}", spec.version),
-                    hint: Some("bump the version upstream, or set on_tie = \"deterministic\" to pick the row whose values sort first".into()),
-                });
+                return Err(crate::merge::tie_error(engine, spec, &names, STAGE, DEDUP, &tie_cond, ties)?);
             }
         }
 
@@ -526,38 +499,11 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
         trace.step("classify");
         if moved > 0 {
             let p = prune.expect("moved only counted when pruning");
-            let mut sql = Sql::new();
-            sql.push(&format!(
-                "SELECT {}, t.{} AS target_{p}, b.{} AS batch_{p} FROM {BATCH} AS b JOIN {} AS t ON {} WHERE NOT {in_scope} ORDER BY 1 LIMIT 1",
-                spec.key.iter().map(|k| q("t", k)).collect::<Vec<_>>().join(", "),
-                quote_ident(p),
-                quote_ident(p),
-                job.target.quoted(),
-                keys_match("t", "b", &spec.key)
-            ));
-            sql.params.extend(prune_sql.params.iter().cloned());
-            let m = first_row(engine, &sql)?;
-            return Err(Error::DataRefused {
-                message: format!(
-                    "{moved} key(s) of the batch are held by the target in a partition the batch does not touch, so a merge pruned to the batch's partitions would duplicate them, e.g. {m}"
-                ),
-                hint: Some(format!("keep each key in one {p}, or remove `partition` from the job to merge over the whole table")),
-            });
+            return Err(crate::merge::moved_error(engine, job, spec, p, BATCH, &in_scope, &prune_sql.params, moved)?);
         }
         if spec.on_tie == OnTie::Error && cross_ties > 0 {
-            let mut sql = Sql::new();
-            sql.push(&format!(
-                "SELECT {} FROM {BATCH} AS b JOIN {} AS t ON {} WHERE NOT {del} AND b.{version} = t.{version} AND ({}) LIMIT 1",
-                spec.key.iter().map(|k| q("t", k)).chain([format!("t.{version}")]).collect::<Vec<_>>().join(", "),
-                job.target.quoted(),
-                keys_match("t", "b", &spec.key),
-                rows_differ("b", "t", &compared)
-            ));
-            let s = first_row(engine, &sql)?;
-            return Err(Error::DataRefused {
-                message: format!("{cross_ties} key(s) of the batch have a different row in the target at the same version, e.g. {s}"),
-                hint: Some("bump the version upstream, or set on_tie = \"deterministic\" to pick the row whose values sort first".into()),
-            });
+            let on = Sql::raw(keys_match("t", "b", &spec.key));
+            return Err(crate::merge::cross_tie_error(engine, job, spec, BATCH, &on, &compared, cross_ties)?);
         }
         opts.step(FailPoint::AfterGuards)?;
 
