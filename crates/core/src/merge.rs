@@ -71,6 +71,21 @@ pub(crate) fn count(engine: &mut dyn Engine, sql: &Sql) -> Result<Vec<u64>> {
     row.iter().map(|v| v.as_u64().ok_or_else(|| Error::Internal(format!("bad count {v:?}")))).collect()
 }
 
+/// One row per key of `stage`: the newest version, a tombstone first at
+/// equal version, then the values' total order (`compared`, then the
+/// metadata columns, ascending, NULLs first).
+pub(crate) fn dedup_sql(spec: &MergeSpec, names: &[String], compared: &[String], meta_cols: &[String], stage: &str) -> String {
+    let version = quote_ident(&spec.version);
+    let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
+    let order = std::iter::once(format!("{version} DESC"))
+        .chain([format!("{} DESC", quote_ident(DELETED))])
+        .chain(compared.iter().chain(meta_cols.iter()).map(|c| format!("{} ASC NULLS FIRST", quote_ident(c))))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let all = names.iter().map(|c| quote_ident(c)).chain([quote_ident(DELETED)]).collect::<Vec<_>>().join(", ");
+    format!("SELECT {all} FROM (SELECT *, row_number() OVER (PARTITION BY {key_list} ORDER BY {order}) AS \"__fixpoint_rank\" FROM {stage}) AS r WHERE \"__fixpoint_rank\" = 1")
+}
+
 /// The source carries the key and the version, and no column of ours.
 pub(crate) fn check_source(job: &Job, spec: &MergeSpec, source_cols: &[Column]) -> Result<()> {
     let has = |name: &str| source_cols.iter().any(|c| c.name == name);
@@ -188,7 +203,6 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
     let input_cols: Vec<Column> = source_cols.iter().filter(|c| !is_meta(&c.name)).cloned().collect();
     let version = quote_ident(&spec.version);
     let source_list = names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
-    let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
 
     in_transaction(engine, |engine| {
         // Keys may move across partitions: a merge fences the whole table.
@@ -238,15 +252,7 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
         trace.step("null check, input fp");
         // 3. One row per key: newest version, tombstone first at equal
         //    version, then the values' total order.
-        let order = std::iter::once(format!("{version} DESC"))
-            .chain([format!("{} DESC", quote_ident(DELETED))])
-            .chain(compared.iter().chain(meta_cols.iter()).map(|c| format!("{} ASC NULLS FIRST", quote_ident(c))))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let all = names.iter().map(|c| quote_ident(c)).chain([quote_ident(DELETED)]).collect::<Vec<_>>().join(", ");
-        engine.create_temp_table_as(BATCH, &Sql::raw(format!(
-            "SELECT {all} FROM (SELECT *, row_number() OVER (PARTITION BY {key_list} ORDER BY {order}) AS \"__fixpoint_rank\" FROM {STAGE}) AS r WHERE \"__fixpoint_rank\" = 1"
-        )))?;
+        engine.create_temp_table_as(BATCH, &Sql::raw(dedup_sql(spec, &names, &compared, &meta_cols, STAGE)))?;
         let batch_rows = count(engine, &Sql::raw(format!("SELECT count(*) FROM {BATCH}")))?[0];
         let duplicates_collapsed = input_rows - batch_rows;
         trace.step("dedup");

@@ -402,15 +402,7 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
 
         // 3. One row per key: newest version, tombstone first at equal
         //    version, then the values' total order.
-        let order = std::iter::once(format!("{version} DESC"))
-            .chain([format!("{} DESC", quote_ident(DELETED))])
-            .chain(compared.iter().chain(meta_cols.iter()).map(|c| format!("{} ASC NULLS FIRST", quote_ident(c))))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let all = names.iter().map(|c| quote_ident(c)).chain([quote_ident(DELETED)]).collect::<Vec<_>>().join(", ");
-        engine.stage(DEDUP, &Sql::raw(format!(
-            "SELECT {all} FROM (SELECT *, row_number() OVER (PARTITION BY {key_list} ORDER BY {order}) AS \"__fixpoint_rank\" FROM {STAGE}) AS r WHERE \"__fixpoint_rank\" = 1"
-        )))?;
+        engine.stage(DEDUP, &Sql::raw(crate::merge::dedup_sql(spec, &names, &compared, &meta_cols, STAGE)))?;
         let dedup_rows = count(engine, &Sql::raw(format!("SELECT count(*) FROM {DEDUP}")))?[0];
         let duplicates_collapsed = input_rows - dedup_rows;
         trace.step("dedup");
