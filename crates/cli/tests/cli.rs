@@ -96,7 +96,7 @@ fn fingerprint_env_db_and_exclude() {
     assert_eq!(f["rows"], 4);
     let portable = fixpoint(tmp.path(), &["fingerprint", "bronze.orders", "--portable", "--db", "duckdb:w.duckdb", "--output", "json"]);
     let p: serde_json::Value = serde_json::from_str(&portable.stdout).unwrap();
-    assert_eq!(p["kind"], "portable-v2");
+    assert_eq!(p["kind"], "portable-v3");
     assert_ne!(p["checksum"], f["checksum"]);
     let bad = fixpoint(tmp.path(), &["fingerprint", "bronze.orders", "--exclude", "nope", "--db", "duckdb:w.duckdb"]);
     assert_eq!(bad.code, 2);

@@ -193,22 +193,27 @@ fn segment_rows(
     let mut out = Vec::new();
     for chunk in ids.chunks(500) {
         let mut sql = Sql::new();
+        let mut floats = Vec::new();
         let exprs: Vec<String> = key
             .iter()
             .chain(cols)
             .map(|c| {
                 let (text, class) = engine.portable_value(&format!("t.{}", quote_ident(&c.name)), c);
-                let _ = class;
+                floats.push(class == "float");
                 format!("CAST({text} AS {})", engine.text_type())
             })
             .collect();
         sql.push("SELECT ").push(&exprs.join(", "));
         side.from(&mut sql, predicate, Some((bits, chunk)));
         for r in engine.query(&sql)?.rows {
+            // A float's canonical text (its bits) is compared as it is and
+            // shown as the number (one text per double either way).
             let texts: Vec<Option<String>> = r
                 .iter()
-                .map(|v| match v {
+                .zip(&floats)
+                .map(|(v, &float)| match v {
                     Value::Null => None,
+                    Value::Text(s) if float => Some(crate::fingerprint::float_display(s)),
                     Value::Text(s) => Some(s.clone()),
                     other => Some(other.display()),
                 })

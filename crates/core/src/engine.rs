@@ -190,6 +190,25 @@ pub trait Engine {
         None
     }
 
+    /// A counting tap: a BOOLEAN expression, TRUE for each row where `hash`
+    /// (a UBIGINT expression, typically a native row hash under a CASE) is
+    /// not NULL and NULL where it is, that counts those rows and sums the
+    /// hashes as it is evaluated. It goes where the engine evaluates it
+    /// exactly once per row: a projection, or a `MERGE … WHEN … AND`
+    /// condition. Closed with [`Engine::tap_close`] (the middle figure is
+    /// 0); `None` where the engine has no taps.
+    fn tap_rows(&mut self, hash: &str) -> Option<(Sql, u64)> {
+        let _ = hash;
+        None
+    }
+
+    /// Whether `MERGE` takes `WHEN [NOT] MATCHED AND … THEN ERROR 'message'`
+    /// clauses (a refusal inside the statement, so it needs no join of its
+    /// own) and `INSERT`/`UPDATE` actions whose conditions hold taps.
+    fn merge_refuses_in_statement(&self) -> bool {
+        false
+    }
+
     /// What the tap saw: (rows whose partition was not NULL, of those the
     /// rows outside `day`, the sum of their row hashes).
     fn tap_close(&mut self, token: u64) -> Option<(u64, u64, i128)> {

@@ -171,6 +171,300 @@ pub(crate) fn cross_tie_error(engine: &mut dyn Engine, job: &Job, spec: &MergeSp
     })
 }
 
+/// The message of a refusal raised inside the MERGE (`THEN ERROR`).
+const REFUSED_IN_MERGE: &str = "fixpoint: a batch key is refused (moved or tied)";
+
+/// What both merge plans know before they start.
+struct Plan<'a> {
+    job: &'a Job,
+    spec: &'a MergeSpec,
+    run_date: RunDate,
+    opts: &'a RunOptions,
+    run_input: &'a crate::run::RunInput,
+    params: &'a crate::sql::RunParams,
+    source_cols: &'a [Column],
+    added: &'a [Column],
+    created_target: bool,
+    prune: Option<&'a str>,
+    names: &'a [String],
+    compared: &'a [String],
+    meta_cols: &'a [String],
+    input_cols: &'a [Column],
+    started_at: chrono::NaiveDateTime,
+}
+
+/// Takes the run's lock, makes sure of the ledger, adds the source's new
+/// columns and creates the target when missing; returns its columns.
+fn prepare(engine: &mut dyn Engine, job: &Job, opts: &RunOptions, source_cols: &[Column], added: &[Column], created: bool) -> Result<Vec<Column>> {
+    // Keys may move across partitions: a merge fences the whole table.
+    crate::run::fence(engine, job, "all", opts)?;
+    ledger::ensure(engine)?;
+    crate::schema::append(engine, &job.target, added)?;
+    if created {
+        engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&job.target.schema))))?;
+        let cols: Vec<String> = source_cols.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
+        engine.execute(&Sql::raw(format!("CREATE TABLE {} ({})", job.target.quoted(), cols.join(", "))))?;
+    }
+    Ok(engine.table_columns(&job.target)?.unwrap_or_default())
+}
+
+/// The merge in two statements, for engines whose MERGE refuses rows and
+/// holds taps ([`Engine::merge_refuses_in_statement`]; DuckDB): the batch
+/// deduplicated straight from the source (its input fingerprint tapped as
+/// the rows stream into the window, ties in the batch flagged by the same
+/// window), then one MERGE over the keys whose first clauses refuse a key
+/// held in a partition the batch does not touch or tied with the target,
+/// and whose conditions count the inserts and updates and hash the rows
+/// written. The checks the other plan makes with joins of their own ride
+/// on the two statements the hand-written SQL runs anyway.
+///
+/// `Ok(None)` (and a refusal raised inside the MERGE) means "roll back and
+/// run the other plan": a NULL key or version, a tie in the batch (to
+/// refuse, or to resolve by the total order), a refused key: rare, and the
+/// other plan explains each with the rows involved.
+fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crate::run::Trace) -> Result<Option<RunReport>> {
+    let Plan { job, spec, run_date, opts, run_input, params, source_cols, added, created_target, prune, names, compared, meta_cols, input_cols, started_at } = *plan;
+    let is_meta = |c: &String| job.metadata.contains(c);
+    let target_cols = prepare(engine, job, opts, source_cols, added, created_target)?;
+    let output_cols: Vec<Column> = target_cols.iter().filter(|c| !is_meta(&c.name)).cloned().collect();
+    let version = quote_ident(&spec.version);
+    let del = quote_ident(DELETED);
+
+    // 1. The batch: one row per key, straight from the source. The input
+    //    fingerprint is tapped in the innermost projection, which the window
+    //    orders by (last, so it decides nothing) and so has to evaluate once
+    //    per source row. Two different rows at a key's newest version are
+    //    adjacent in the window's total order: `lead` flags them (by a hash
+    //    of what tells rows apart), and the flagged rows are kept too.
+    engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {BATCH}")))?;
+    let (input_hash, kind, signature) = crate::engine::row_hash(engine, Method::Native, "s", input_cols)?;
+    let (seen, seen_token) = engine.tap_rows(&input_hash).ok_or_else(|| Error::Internal("the engine has no taps".into()))?;
+    let told_apart: Vec<Column> = std::iter::once(Column { name: DELETED.into(), ty: "BOOLEAN".into() })
+        .chain(compared.iter().map(|c| source_cols.iter().find(|s| &s.name == c).expect("described").clone()))
+        .collect();
+    let tie_hash = engine.native_row_hash("x", &told_apart).ok_or_else(|| Error::Internal("the engine has no native row hash".into()))?;
+    let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
+    let order = [format!("{version} DESC NULLS FIRST"), format!("{del} DESC")]
+        .into_iter()
+        .chain(compared.iter().chain(meta_cols.iter()).map(|c| format!("{} ASC NULLS FIRST", quote_ident(c))))
+        .chain(["\"__fixpoint_seen\"".to_owned()])
+        .collect::<Vec<_>>()
+        .join(", ");
+    let all = names.iter().map(|c| quote_ident(c)).chain([del.clone()]).collect::<Vec<_>>().join(", ");
+    let mut sql = Sql::new();
+    sql.push(&format!(
+        "SELECT {all}, \"__fixpoint_rank\", \"__fixpoint_tie\" FROM (SELECT *, row_number() OVER w AS \"__fixpoint_rank\", \
+         coalesce(lead({version}) OVER w = {version} AND lead(\"__fixpoint_h\") OVER w <> \"__fixpoint_h\" AND {version} = first_value({version}) OVER w, false) AS \"__fixpoint_tie\" \
+         FROM (SELECT x.*, {tie_hash} AS \"__fixpoint_h\" FROM (SELECT s.*, "
+    ));
+    match &spec.deleted {
+        Some(pred) => sql.push(&format!("coalesce(({pred}), false)")),
+        None => sql.push("false"),
+    };
+    sql.push(&format!(" AS {del}, "));
+    sql.append(&seen);
+    sql.push(" AS \"__fixpoint_seen\" FROM ");
+    Scope::Source { template: job.source.template(), params }.write_from(&mut sql, "s");
+    sql.push(&format!(") AS x) AS x WINDOW w AS (PARTITION BY {key_list} ORDER BY {order})) AS r WHERE \"__fixpoint_rank\" = 1 OR \"__fixpoint_tie\""));
+    let made = engine.create_temp_table_as(BATCH, &sql);
+    let (input_rows, _, input_sum) = engine.tap_close(seen_token).unwrap_or_default();
+    made?;
+    trace.step("dedup, input fp");
+
+    // 2. What the other plan refuses or resolves: NULL keys and versions
+    //    (a NULL key's rows share a window, a NULL version sorts first:
+    //    either way a kept row shows it), ties.
+    let null_key = spec.key.iter().map(|k| format!("{} IS NULL", quote_ident(k))).chain([format!("{version} IS NULL")]).collect::<Vec<_>>().join(" OR ");
+    let [batch_rows, ties, nulls] = count(
+        engine,
+        &Sql::raw(format!(
+            "SELECT count(*) FILTER (WHERE \"__fixpoint_rank\" = 1), count(*) FILTER (WHERE \"__fixpoint_tie\"), count(*) FILTER (WHERE {null_key}) FROM {BATCH}"
+        )),
+    )?[..] else {
+        return Err(Error::Internal("the batch scan".into()));
+    };
+    if ties > 0 || nulls > 0 {
+        return Ok(None);
+    }
+    let input = Fingerprint::from_sum(&kind, &signature, input_rows, input_sum);
+    let job_hash = job.definition_hash();
+    let key = run_input.file_key(&job_hash, run_date).unwrap_or_else(|| run_key(&job_hash, run_date, &input));
+    let duplicates_collapsed = input_rows.checked_sub(batch_rows).ok_or_else(|| Error::Internal(format!("the batch has {batch_rows} keys but the tap saw {input_rows} rows")))?;
+    trace.step("batch scan");
+
+    // 3. Tombstones: an older (or equal) version of a deleted key is
+    //    already beaten; drop it from the batch.
+    let tomb = tombstone_table(&job.target);
+    let mut beaten = 0;
+    if spec.deleted.is_some() || engine.table_columns(&tomb)?.is_some() {
+        let cols: Vec<String> = spec
+            .key
+            .iter()
+            .chain([&spec.version])
+            .map(|k| format!("{} {}", quote_ident(k), source_cols.iter().find(|c| &c.name == k).expect("described").ty))
+            .collect();
+        engine.execute(&Sql::raw(format!("CREATE TABLE IF NOT EXISTS {} ({})", tomb.quoted(), cols.join(", "))))?;
+        beaten = engine.execute(&Sql::raw(format!(
+            "DELETE FROM {BATCH} AS b WHERE EXISTS (SELECT 1 FROM {} AS d WHERE {} AND b.{version} <= d.{version})",
+            tomb.quoted(),
+            keys_match("d", "b", &spec.key)
+        )))?;
+    }
+    trace.step("tombstones");
+
+    // 4. The partitions the batch touches, bound as values.
+    let mut in_scope = Sql::new();
+    if let Some(p) = prune {
+        let ty = &target_cols.iter().find(|c| c.name == p).expect("checked").ty;
+        let parts = engine.query(&Sql::raw(format!("SELECT DISTINCT {} FROM {BATCH} WHERE {} IS NOT NULL ORDER BY 1", quote_ident(p), quote_ident(p))))?.rows;
+        in_scope.push(&format!("coalesce({}", q("t", p)));
+        if parts.is_empty() {
+            in_scope.push(" IS NULL AND false");
+        } else if parts.len() <= MAX_PRUNE_LIST {
+            in_scope.push(" IN (");
+            for (i, v) in parts.iter().enumerate() {
+                if i > 0 {
+                    in_scope.push(", ");
+                }
+                in_scope.typed_param(v[0].clone(), ty);
+            }
+            in_scope.push(")");
+        } else {
+            in_scope.push(&format!(" IN (SELECT {} FROM {BATCH})", quote_ident(p)));
+        }
+        in_scope.push(", false)");
+    }
+
+    // The touched keys' rows as the target holds them (audits).
+    let touched = |sql: &mut Sql| {
+        sql.push(&format!(
+            "(SELECT t.* FROM {} AS t WHERE EXISTS (SELECT 1 FROM {BATCH} AS b WHERE {})) AS a",
+            job.target.quoted(),
+            keys_match("t", "b", &spec.key)
+        ));
+    };
+    let rows_before = if job.audits.iter().any(|a| matches!(a.kind, crate::audit::AuditKind::RowCountChange { .. })) {
+        let mut sql = Sql::new();
+        sql.push("SELECT count(*) FROM ");
+        touched(&mut sql);
+        Some(count(engine, &sql)?[0])
+    } else {
+        None
+    };
+    opts.step(FailPoint::AfterGuards)?;
+
+    // 5. One MERGE over the keys. Its first clauses refuse what the other
+    //    plan explains: a key the target holds in a partition the batch
+    //    does not touch (a merge pruned to the batch's partitions would
+    //    duplicate it), a target row that differs at the same version. The
+    //    conditions of the INSERT and the UPDATE are taps: they count the
+    //    rows and, when the target's columns are the source's, sum the
+    //    hashes of the rows as written.
+    let newer = format!("(b.{version} > t.{version}{})", match spec.on_tie {
+        OnTie::Deterministic => format!(" OR (b.{version} = t.{version} AND {})", sorts_before("b", "t", compared)),
+        OnTie::Error => String::new(),
+    });
+    let by_construction = output_cols == input_cols;
+    let written_hash = if by_construction { engine.native_row_hash("b", &output_cols).unwrap_or_else(|| "0".into()) } else { "0".into() };
+    let set = names
+        .iter()
+        .filter(|c| !spec.key.contains(c))
+        .map(|c| format!("{} = b.{}", quote_ident(c), quote_ident(c)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let col_list = names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
+    let values = names.iter().map(|c| q("b", c)).collect::<Vec<_>>().join(", ");
+    let mut sql = Sql::new();
+    sql.push(&format!("MERGE INTO {} AS t USING {BATCH} AS b ON ({}) ", job.target.quoted(), keys_match("t", "b", &spec.key)));
+    if prune.is_some() {
+        sql.push("WHEN MATCHED AND NOT ");
+        sql.append(&in_scope);
+        sql.push(&format!(" THEN ERROR '{REFUSED_IN_MERGE}' "));
+    }
+    if spec.on_tie == OnTie::Error && !compared.is_empty() {
+        sql.push(&format!(
+            "WHEN MATCHED AND NOT b.{del} AND b.{version} = t.{version} AND ({}) THEN ERROR '{REFUSED_IN_MERGE}' ",
+            rows_differ("b", "t", compared)
+        ));
+    }
+    sql.push(&format!("WHEN MATCHED AND b.{del} AND b.{version} >= t.{version} THEN DELETE "));
+    let mut update_token = None;
+    if !set.is_empty() {
+        let (tap, token) = engine.tap_rows(&format!("CASE WHEN NOT b.{del} AND {newer} THEN {written_hash} END")).ok_or_else(|| Error::Internal("the engine has no taps".into()))?;
+        update_token = Some(token);
+        sql.push("WHEN MATCHED AND ");
+        sql.append(&tap);
+        sql.push(&format!(" THEN UPDATE SET {set} "));
+    }
+    let (tap, insert_token) = engine.tap_rows(&format!("CASE WHEN NOT b.{del} THEN {written_hash} END")).ok_or_else(|| Error::Internal("the engine has no taps".into()))?;
+    sql.push("WHEN NOT MATCHED AND ");
+    sql.append(&tap);
+    sql.push(&format!(" THEN INSERT ({col_list}) VALUES ({values})"));
+    let changed = engine.execute(&sql);
+    let (inserts, _, inserted_sum) = engine.tap_close(insert_token).unwrap_or_default();
+    let (updates, _, updated_sum) = update_token.and_then(|t| engine.tap_close(t)).unwrap_or_default();
+    let changed = changed?;
+    trace.step("merge");
+    opts.step(FailPoint::AfterDelete)?;
+    opts.step(FailPoint::MidInsert)?;
+    let deletes = changed.checked_sub(inserts + updates).ok_or_else(|| {
+        Error::Internal(format!("the merge changed {changed} rows but its taps counted {inserts} inserts and {updates} updates; rolled back"))
+    })?;
+
+    // 6. Remember this batch's tombstones.
+    if spec.deleted.is_some() {
+        engine.execute(&Sql::raw(format!(
+            "DELETE FROM {} AS d WHERE EXISTS (SELECT 1 FROM {BATCH} AS b WHERE b.{del} AND {})",
+            tomb.quoted(),
+            keys_match("d", "b", &spec.key)
+        )))?;
+        let kv = spec.key.iter().chain([&spec.version]).map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
+        engine.execute(&Sql::raw(format!("INSERT INTO {} ({kv}) SELECT {kv} FROM {BATCH} WHERE {del}", tomb.quoted())))?;
+    }
+    opts.step(FailPoint::AfterInsert)?;
+
+    // 7. The output: the batch's keys as the target now holds them. When
+    //    every key of the batch was inserted, updated or deleted, the taps
+    //    saw all of it; otherwise the keys left alone are read.
+    let (_, okind, osig) = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
+    let left_alone = (batch_rows - beaten).checked_sub(changed).ok_or_else(|| Error::Internal("the merge changed more rows than the batch holds".into()))?;
+    let output = if by_construction && left_alone == 0 {
+        Fingerprint::from_sum(&okind, &osig, inserts + updates, inserted_sum + updated_sum)
+    } else {
+        let (select, _, _) = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
+        // The batch holds one row per key, so a join is a semi-join.
+        let sql = Sql::raw(format!("SELECT {select} FROM {} AS t JOIN {BATCH} AS b ON {}", job.target.quoted(), keys_match("t", "b", &spec.key)));
+        let row = engine.query(&sql)?.rows.into_iter().next().ok_or_else(|| Error::Internal("output scan".into()))?;
+        Fingerprint::from_sum(&okind, &osig, row[0].as_u64().unwrap_or(0), engine.read_sum(&row[1])?)
+    };
+    trace.step("output fp");
+
+    // 8. Audit the touched keys as they will be published.
+    let audits = if job.audits.is_empty() {
+        Vec::new()
+    } else {
+        let scope = crate::audit::AuditScope { from: &touched, previous_rows: rows_before, run_date: run_date.date() };
+        let results = crate::audit::audit(&job.audits, engine, &scope)?;
+        trace.step("audits");
+        results
+    };
+    let mut report = RunReport::new(job, run_date, key, "committed", &input, &output);
+    report.audits = audits;
+    report.input_files = run_input.files.clone();
+    report.rows_deleted = deletes;
+    report.rows_inserted = inserts;
+    report.rows_updated = updates;
+    report.rows_unchanged = batch_rows - inserts - updates - deletes;
+    report.duplicates_collapsed = duplicates_collapsed;
+    report.created_target = created_target;
+    report.method = "merge, checks in the statement".into();
+    ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
+    opts.step(FailPoint::BeforeCommit)?;
+    engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {BATCH}")))?;
+    trace.step("ledger, cleanup");
+    Ok(Some(report))
+}
+
 pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
     let started = Instant::now();
     let report = crate::run::with_input(job, run_date, engine, |engine, input| {
@@ -204,18 +498,47 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
     let version = quote_ident(&spec.version);
     let source_list = names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
 
-    in_transaction(engine, |engine| {
-        // Keys may move across partitions: a merge fences the whole table.
-        crate::run::fence(engine, job, "all", opts)?;
-        ledger::ensure(engine)?;
-        crate::schema::append(engine, &job.target, &added)?;
-        let created_target = target_cols.is_none();
-        if created_target {
-            engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&job.target.schema))))?;
-            let cols: Vec<String> = source_cols.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
-            engine.execute(&Sql::raw(format!("CREATE TABLE {} ({})", job.target.quoted(), cols.join(", "))))?;
+    if engine.merge_refuses_in_statement() {
+        let plan = Plan {
+            job,
+            spec,
+            run_date,
+            opts,
+            run_input,
+            params: &params,
+            source_cols: &source_cols,
+            added: &added,
+            created_target: target_cols.is_none(),
+            prune,
+            names: &names,
+            compared: &compared,
+            meta_cols: &meta_cols,
+            input_cols: &input_cols,
+            started_at,
+        };
+        engine.begin()?;
+        match merge_in_statement(engine, &plan, &mut trace) {
+            Ok(Some(mut report)) => {
+                engine.commit()?;
+                trace.step("commit");
+                report.elapsed_ms = started.elapsed().as_millis() as u64;
+                return Ok(report);
+            }
+            // A refusal, a tie to resolve or a NULL to report: rolled back,
+            // and the run made again by the plan below, which explains it.
+            Ok(None) => engine.rollback()?,
+            Err(Error::Database { message, .. }) if message.contains(REFUSED_IN_MERGE) => engine.rollback()?,
+            Err(e) => {
+                let _ = engine.rollback();
+                return Err(e);
+            }
         }
-        let target_cols = engine.table_columns(&job.target)?.unwrap_or_default();
+        trace.step("rolled back, explain");
+    }
+
+    in_transaction(engine, |engine| {
+        let created_target = target_cols.is_none();
+        let target_cols = prepare(engine, job, opts, &source_cols, &added, created_target)?;
         let output_cols: Vec<Column> = target_cols.iter().filter(|c| !is_meta(&c.name)).cloned().collect();
 
         // 1. Stage the source once, with its tombstone flag.

@@ -143,6 +143,13 @@ impl DuckDb {
         self
     }
 
+    /// The same connection without its taps: the plans of engines that
+    /// have none (tests compare the two).
+    pub fn without_taps(mut self) -> DuckDb {
+        self.tap_registered = false;
+        self
+    }
+
     /// Back to the Rust portable hash (when it registered).
     pub fn with_portable_functions(mut self) -> DuckDb {
         self.portable_functions = self.portable_registered;
@@ -409,10 +416,13 @@ impl Engine for DuckDb {
         } else if ty.starts_with("DECIMAL") {
             ("decimal", format!("CAST({expr} AS VARCHAR)"))
         } else if ty == "FLOAT" || ty == "DOUBLE" {
-            // C's %.16e (17 significant digits: every double exactly); PostgreSQL writes the same.
+            // The bits of the absolute value (fixpoint_core::fingerprint::write_float).
+            let x = format!("CAST({expr} AS DOUBLE)");
+            let a = format!("(CASE WHEN isfinite({x}) AND {x} <> 0 THEN abs({x}) ELSE 1.0 END)");
             ("float", format!(
-                "CASE WHEN isnan(CAST({expr} AS DOUBLE)) THEN 'nan' WHEN isinf(CAST({expr} AS DOUBLE)) THEN (CASE WHEN CAST({expr} AS DOUBLE) > 0 THEN 'inf' ELSE '-inf' END) \
-                 ELSE printf('%.16e', CAST({expr} AS DOUBLE)) END"
+                "CASE WHEN isnan({x}) THEN 'nan' WHEN isinf({x}) THEN (CASE WHEN {x} > 0 THEN 'inf' ELSE '-inf' END) WHEN {x} = 0 THEN '0' \
+                 ELSE (CASE WHEN {x} < 0 THEN '-' ELSE '' END) || CAST({} AS VARCHAR) END",
+                fixpoint_core::fingerprint::float_bits_sql(&a)
             ))
         } else if ty == "VARCHAR" || ty.starts_with("VARCHAR(") {
             ("text", expr.to_owned())
@@ -442,6 +452,21 @@ impl Engine for DuckDb {
         sql.push(&format!("{}(", tap::FUNCTION)).typed_param(Value::Int(token as i64), "UBIGINT");
         sql.push(&format!(", {hash}, {value}, ")).typed_param(Value::Date(day), "DATE").push(")");
         Some((sql, token))
+    }
+
+    fn tap_rows(&mut self, hash: &str) -> Option<(Sql, u64)> {
+        if !self.tap_registered {
+            return None;
+        }
+        let token = tap::open();
+        let mut sql = Sql::new();
+        sql.push(&format!("{}(", tap::ROWS_FUNCTION)).typed_param(Value::Int(token as i64), "UBIGINT");
+        sql.push(&format!(", CAST({hash} AS UBIGINT))"));
+        Some((sql, token))
+    }
+
+    fn merge_refuses_in_statement(&self) -> bool {
+        self.tap_registered
     }
 
     fn tap_close(&mut self, token: u64) -> Option<(u64, u64, i128)> {

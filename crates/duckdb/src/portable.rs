@@ -439,28 +439,9 @@ pub(crate) fn write_decimal(buf: &mut Vec<u8>, v: i128, scale: u8) {
     }
 }
 
-/// C's `%.16e` (17 significant digits, a sign and at least two exponent
-/// digits), with `nan`, `inf`, `-inf` as the SQL form writes them.
+/// A float's canonical text (see `fixpoint_core::fingerprint::write_float`).
 pub(crate) fn write_double(buf: &mut Vec<u8>, v: f64) {
-    if v.is_nan() {
-        buf.extend_from_slice(b"nan");
-    } else if v.is_infinite() {
-        buf.extend_from_slice(if v > 0.0 { b"inf" } else { b"-inf" });
-    } else {
-        let start = buf.len();
-        let _ = write!(buf, "{v:.16e}");
-        let e = start + buf[start..].iter().position(|&b| b == b'e').expect("an exponent");
-        let exp: Vec<u8> = buf.drain(e + 1..).collect();
-        let (sign, digits) = match exp.first() {
-            Some(b'-') => (b'-', &exp[1..]),
-            _ => (b'+', &exp[..]),
-        };
-        buf.push(sign);
-        if digits.len() < 2 {
-            buf.push(b'0');
-        }
-        buf.extend_from_slice(digits);
-    }
+    fixpoint_core::fingerprint::write_float(buf, v);
 }
 
 /// `CAST(DATE AS VARCHAR)`: `YYYY-MM-DD`, the year at least 4 digits;
@@ -523,9 +504,9 @@ mod tests {
         assert_eq!(text(|b| write_decimal(b, -50, 2)), "-0.50");
         assert_eq!(text(|b| write_decimal(b, 7, 3)), "0.007");
         assert_eq!(text(|b| write_decimal(b, -12, 0)), "-12");
-        assert_eq!(text(|b| write_double(b, 1234.5)), "1.2345000000000000e+03");
-        assert_eq!(text(|b| write_double(b, -1e-300)), "-1.0000000000000000e-300");
-        assert_eq!(text(|b| write_double(b, 0.0)), "0.0000000000000000e+00");
+        assert_eq!(text(|b| write_double(b, 1234.5)), 1234.5f64.to_bits().to_string());
+        assert_eq!(text(|b| write_double(b, -1e-300)), format!("-{}", 1e-300f64.to_bits()));
+        assert_eq!(text(|b| write_double(b, -0.0)), "0");
         assert_eq!(text(|b| write_date(b, 0)), "1970-01-01");
         assert_eq!(text(|b| write_date(b, 20_746)), "2026-10-20");
         assert_eq!(text(|b| write_date(b, -719_162)), "0001-01-01");

@@ -24,6 +24,10 @@ use duckdb::vtab::arrow::WritableVector;
 
 /// The SQL name.
 pub const FUNCTION: &str = "fixpoint_tap";
+/// The counting tap's SQL name: `fixpoint_tap_rows(token, hash) -> BOOLEAN`,
+/// TRUE for every row it sees (a row whose hash is NULL is not seen, and
+/// the result is NULL), counting the rows and summing the hashes.
+pub const ROWS_FUNCTION: &str = "fixpoint_tap_rows";
 
 /// What a tap saw.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -53,7 +57,50 @@ pub fn close(token: u64) -> Seen {
 
 /// Registers the function on `conn`.
 pub fn register(conn: &duckdb::Connection) -> duckdb::Result<()> {
-    conn.register_scalar_function::<Tap>(FUNCTION)
+    conn.register_scalar_function::<Tap>(FUNCTION)?;
+    conn.register_scalar_function::<TapRows>(ROWS_FUNCTION)
+}
+
+fn add(token: u64, rows: u64, outside: u64, sum: i128) {
+    let mut taps = TAPS.lock().unwrap_or_else(|e| e.into_inner());
+    let seen = taps.get_or_insert_with(HashMap::new).entry(token).or_default();
+    seen.rows += rows;
+    seen.outside += outside;
+    seen.sum += sum;
+}
+
+struct TapRows;
+
+impl VScalar for TapRows {
+    type State = ();
+
+    fn invoke(_: &(), input: &mut DataChunkHandle, output: &mut dyn WritableVector) -> Result<(), Box<dyn StdError>> {
+        let rows = input.len();
+        if rows == 0 {
+            return Ok(());
+        }
+        // SAFETY: the signature is (UBIGINT, UBIGINT); DuckDB hands flattened
+        // vectors of `rows` values, none NULL.
+        let (v0, v1) = (input.flat_vector(0), input.flat_vector(1));
+        let (tokens, hashes) = unsafe { (v0.as_slice_with_len::<u64>(rows), v1.as_slice_with_len::<u64>(rows)) };
+        let mut out = output.flat_vector();
+        // SAFETY: the result is a BOOLEAN vector with room for `rows` values.
+        unsafe { out.as_mut_slice_with_len::<bool>(rows) }.fill(true);
+        let token = tokens[0];
+        if tokens.iter().any(|&t| t != token) {
+            return Err(format!("{ROWS_FUNCTION}: one token per call site").into());
+        }
+        add(token, rows as u64, 0, hashes.iter().map(|&h| i128::from(h)).sum());
+        Ok(())
+    }
+
+    fn signatures() -> Vec<ScalarFunctionSignature> {
+        vec![ScalarFunctionSignature::exact(vec![LogicalTypeId::UBigint.into(), LogicalTypeId::UBigint.into()], LogicalTypeId::Boolean.into())]
+    }
+
+    fn volatile() -> bool {
+        true
+    }
 }
 
 struct Tap;
@@ -87,11 +134,7 @@ impl VScalar for Tap {
         }
         let sum: i128 = hashes.iter().map(|&h| i128::from(h)).sum();
         let outside = days.iter().filter(|&&d| d != day).count() as u64;
-        let mut taps = TAPS.lock().unwrap_or_else(|e| e.into_inner());
-        let seen = taps.get_or_insert_with(HashMap::new).entry(token).or_default();
-        seen.rows += rows as u64;
-        seen.outside += outside;
-        seen.sum += sum;
+        add(token, rows as u64, outside, sum);
         Ok(())
     }
 

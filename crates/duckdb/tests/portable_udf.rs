@@ -33,6 +33,9 @@ SELECT i AS id,
   CASE WHEN hash(i, 11) % 10 = 0 THEN NULL
        WHEN i = 2 THEN CAST('nan' AS DOUBLE) WHEN i = 3 THEN CAST('inf' AS DOUBLE) WHEN i = 4 THEN CAST('-inf' AS DOUBLE)
        WHEN i = 5 THEN CAST('-0.0' AS DOUBLE) WHEN i = 6 THEN 5e-324 WHEN i = 7 THEN 1.7976931348623157e308 WHEN i = 8 THEN 0.1
+       WHEN i = 18 THEN -2.5e-310 WHEN i = 19 THEN 2.2250738585072014e-308 WHEN i = 20 THEN 2.2250738585072009e-308 WHEN i = 21 THEN 1.0
+       WHEN i = 22 THEN 0.5 WHEN i = 23 THEN 4.0 WHEN i = 24 THEN -8.98846567431158e307 WHEN i = 25 THEN 1.0000000000000002 WHEN i = 26 THEN 0.9999999999999999
+       WHEN i = 27 THEN 3e-320 WHEN i BETWEEN 28 AND 500 THEN pow(2.0, CAST(i AS INTEGER) * 4 - 1100) * (1 + (CAST(hash(i, 3) % 3 AS DOUBLE) - 1) * pow(2.0, -53))
        ELSE (CAST(hash(i, 1) % 1000000007 AS DOUBLE) / 7.0 - 70000000.0) * pow(10.0, CAST(hash(i, 2) % 600 AS INTEGER) - 300) END AS dbl,
   CASE WHEN hash(i, 12) % 10 = 0 THEN NULL WHEN i = 9 THEN CAST('nan' AS FLOAT)
        ELSE CAST((CAST(hash(i, 1) % 1000003 AS DOUBLE) / 3.0 - 1000.0) * pow(10.0, CAST(hash(i, 2) % 60 AS INTEGER) - 30) AS FLOAT) END AS flt,
@@ -120,7 +123,7 @@ fn the_golden_rows_have_the_golden_checksum() {
     use fixpoint_core::fingerprint::golden;
     let mut db = DuckDb::open_in_memory().unwrap();
     db.execute(&Sql::raw(format!(
-        "CREATE SCHEMA g; CREATE TABLE g.t (id BIGINT, small SMALLINT, amount DECIMAL(12,2), name VARCHAR, day DATE, ts TIMESTAMP, flag BOOLEAN); INSERT INTO g.t VALUES {}",
+        "CREATE SCHEMA g; CREATE TABLE g.t (id BIGINT, small SMALLINT, amount DECIMAL(12,2), name VARCHAR, day DATE, ts TIMESTAMP, flag BOOLEAN, ratio DOUBLE); INSERT INTO g.t VALUES {}",
         golden::ROWS
     )))
     .unwrap();

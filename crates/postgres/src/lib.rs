@@ -544,10 +544,12 @@ impl Engine for Postgres {
         } else if ty.starts_with("numeric") {
             ("decimal", format!("CAST({expr} AS TEXT)"))
         } else if ty == "real" || ty == "double precision" {
-            // C's %.16e (17 significant digits: every double exactly), as DuckDB's printf writes it.
+            // The bits of the absolute value (fixpoint_core::fingerprint::write_float),
+            // read as the binary send format writes them (big-endian IEEE 754).
+            let x = format!("CAST({expr} AS DOUBLE PRECISION)");
             ("float", format!(
-                "CASE WHEN CAST({expr} AS DOUBLE PRECISION) = 'NaN' THEN 'nan' WHEN CAST({expr} AS DOUBLE PRECISION) = 'Infinity' THEN 'inf' \
-                 WHEN CAST({expr} AS DOUBLE PRECISION) = '-Infinity' THEN '-inf' ELSE ltrim(to_char(CAST({expr} AS DOUBLE PRECISION), '9.9999999999999999EEEE')) END"
+                "CASE WHEN {x} = 'NaN' THEN 'nan' WHEN {x} = 'Infinity' THEN 'inf' WHEN {x} = '-Infinity' THEN '-inf' WHEN {x} = 0 THEN '0' \
+                 ELSE (CASE WHEN {x} < 0 THEN '-' ELSE '' END) || CAST(CAST(CAST(('x' || encode(float8send(abs({x})), 'hex')) AS bit(64)) AS BIGINT) AS TEXT) END"
             ))
         } else if ty.starts_with("character varying") || ty == "text" || ty.starts_with("character") {
             ("text", format!("CAST({expr} AS TEXT)"))

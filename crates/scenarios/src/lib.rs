@@ -23,6 +23,17 @@ impl EngineUnderTest for DuckDbUnderTest {
     }
 }
 
+/// Embedded DuckDB, in memory, without its taps: it runs the plans an
+/// engine without them runs (the merge's checks as joins of their own, the
+/// guards as a scan), so tests can compare the two on one engine.
+pub struct DuckDbWithoutTapsUnderTest;
+
+impl EngineUnderTest for DuckDbWithoutTapsUnderTest {
+    fn fresh(&self) -> Box<dyn Engine> {
+        Box::new(fixpoint_duckdb::DuckDb::open_in_memory().expect("in-memory duckdb").without_taps())
+    }
+}
+
 /// PostgreSQL at `FIXPOINT_TEST_PG` (default `postgres://root@127.0.0.1:5432/test`):
 /// each `fresh()` is a new database, dropped when the engine is dropped.
 pub struct PgUnderTest {

@@ -289,6 +289,11 @@ fn generated_target_key_is_found(e: &dyn EngineUnderTest) {
     assert_eq!(lint_target(&job(MERGE_JOB), db).unwrap(), vec![]);
 }
 
+#[test]
+fn duckdb_plans_agree() {
+    both_duckdb_plans_agree(&DuckDbUnderTest);
+}
+
 scenarios!(
     generated_target_key_is_found,
     merge_backfills_batch_by_batch,
@@ -300,6 +305,67 @@ scenarios!(
     pruning_refuses_keys_in_untouched_partitions,
     merge_failure_keeps_previous_contents,
 );
+
+/// Every merge scenario again on DuckDB without its taps: the plan the
+/// other transactional engines run, on the engine whose default plan
+/// folds the checks into its two statements.
+macro_rules! without_taps {
+    ($($name:ident),* $(,)?) => {
+        mod duckdb_without_taps {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name(&fixpoint_scenarios::DuckDbWithoutTapsUnderTest);
+                }
+            )*
+        }
+    };
+}
+
+without_taps!(
+    merge_backfills_batch_by_batch,
+    merge_without_tombstones_or_partition,
+    seed_feed_replays_and_out_of_order,
+    tombstones_delete_and_never_resurrect,
+    ties_error_or_deterministic,
+    null_keys_and_versions_are_refused,
+    pruning_refuses_keys_in_untouched_partitions,
+    merge_failure_keeps_previous_contents,
+    both_duckdb_plans_agree,
+);
+
+/// The two DuckDB plans (checks folded into the statements; checks as
+/// joins of their own) give the same reports — counts, input and output
+/// fingerprints, run keys — and the same table, batch after batch; the
+/// folded plan is the one taken when nothing needs explaining.
+fn both_duckdb_plans_agree(_: &dyn EngineUnderTest) {
+    let mut fast = DuckDbUnderTest.fresh();
+    let mut slow = fixpoint_scenarios::DuckDbWithoutTapsUnderTest.fresh();
+    for db in [&mut fast, &mut slow] {
+        seed(db.as_mut());
+        add(db.as_mut(), "2026-10-23", &[
+            "1, 11, 12.00, 'EUR', TIMESTAMP '2026-10-23 08:00:00', DATE '2026-10-19', 'U'",
+            "9, 19, 90.00, 'USD', TIMESTAMP '2026-10-23 08:00:00', DATE '2026-10-23', 'U'",
+            "9, 19, 90.00, 'USD', TIMESTAMP '2026-10-23 08:00:00', DATE '2026-10-23', 'U'",
+            "3, 13, 0.00, 'EUR', TIMESTAMP '2026-10-23 09:00:00', DATE '2026-10-20', 'D'",
+        ]);
+    }
+    let job = job(MERGE_JOB);
+    let unpruned = job_unpruned();
+    let days = ["2026-10-19", "2026-10-20", "2026-10-21", "2026-10-19", "2026-10-23", "2026-10-23", "2026-10-20"];
+    let mut methods = Vec::new();
+    for (i, day) in days.iter().enumerate() {
+        let j = if i % 2 == 0 { &job } else { &unpruned };
+        let a = j.load(d(day), fast.as_mut()).unwrap();
+        let b = j.load(d(day), slow.as_mut()).unwrap();
+        let summary = |r: &RunReport| (counts(r), r.run_key.clone(), r.input_rows, r.input_checksum.clone(), r.output_rows, r.output_checksum.clone());
+        assert_eq!(summary(&a), summary(&b), "{day}");
+        assert_eq!(b.method, "merge", "{day}");
+        methods.push(a.method.clone());
+        assert_eq!(target(fast.as_mut()), target(slow.as_mut()), "{day}");
+    }
+    assert!(methods.iter().all(|m| m == "merge, checks in the statement"), "{methods:?}");
+}
 
 spark_scenarios!(
     merge_backfills_batch_by_batch,

@@ -101,7 +101,7 @@ fn diff_between_duckdb_and_postgres_reports_exactly_the_changed_row() {
     assert_eq!((d.only_in_a, d.only_in_b, d.changed), (1, 0, 1), "{d:?}");
     assert_eq!(d.changed_rows[0].key, vec!["id='1'"]);
     let changes: Vec<String> = d.changed_rows[0].changes.iter().map(|c| format!("{}: {} -> {}", c.column, c.a, c.b)).collect();
-    assert_eq!(changes, vec!["ratio: '1.0000000000000001e-01' -> '2.5000000000000000e-01'", "name: 'plain' -> 'plain!'"]);
+    assert_eq!(changes, vec!["ratio: '0.1' -> '0.25'", "name: 'plain' -> 'plain!'"]);
     assert_eq!(d.only_in_a_rows[0][0], "id='3'");
     assert!(d.only_in_a_rows[0][1..].iter().all(|c| c.ends_with("=NULL")), "{:?}", d.only_in_a_rows);
 }
@@ -112,11 +112,44 @@ fn postgres_gives_the_golden_checksum() {
     let Some(pg) = PgUnderTest::get() else { return };
     let mut pg = pg.fresh();
     exec(pg.as_mut(), &format!(
-        "CREATE SCHEMA g;\nCREATE TABLE g.t (id BIGINT, small SMALLINT, amount NUMERIC(12,2), name TEXT, day DATE, ts TIMESTAMP, flag BOOLEAN);\nINSERT INTO g.t VALUES {}",
+        "CREATE SCHEMA g;\nCREATE TABLE g.t (id BIGINT, small SMALLINT, amount NUMERIC(12,2), name TEXT, day DATE, ts TIMESTAMP, flag BOOLEAN, ratio DOUBLE PRECISION);\nINSERT INTO g.t VALUES {}",
         golden::ROWS
     ));
     let t = TableName::parse("g.t").unwrap();
     let cols = pg.table_columns(&t).unwrap().unwrap();
     let fp = fingerprint(pg.as_mut(), Method::Portable, &Scope::Table { table: &t, filter: None }, &cols).unwrap();
     assert_eq!((fp.rows, fp.checksum.as_str()), (7, golden::CHECKSUM), "the value DuckDB's and Spark's tests pin");
+}
+
+/// PostgreSQL writes every double, edge values included, as the canonical
+/// text fixpoint's Rust code writes (which DuckDB's SQL and Spark's are
+/// tested against too).
+#[test]
+fn postgres_writes_each_float_as_its_bits() {
+    let Some(pg) = PgUnderTest::get() else { return };
+    let mut pg = pg.fresh();
+    let values = [
+        "NaN", "Infinity", "-Infinity", "0", "-0", "4.9e-324", "-2.5e-310", "2.2250738585072009e-308", "2.2250738585072014e-308",
+        "1.7976931348623157e308", "-8.98846567431158e307", "0.1", "0.30000000000000004", "1", "0.5", "1e300", "-1234.5", "1.0000000000000002",
+    ];
+    let col = fixpoint_core::engine::Column { name: "v".into(), ty: "double precision".into() };
+    let (text, class) = pg.portable_value("x.v", &col);
+    assert_eq!(class, "float");
+    let literals: Vec<String> = values.iter().enumerate().map(|(i, v)| format!("({i}, CAST('{v}' AS DOUBLE PRECISION))")).collect();
+    let rows = pg.query(&fixpoint_core::sql::Sql::raw(format!("SELECT x.i, {text} FROM (VALUES {}) AS x(i, v) ORDER BY x.i", literals.join(", ")))).unwrap();
+    let got: Vec<String> = rows.rows.iter().map(|r| r[1].display()).collect();
+    let want: Vec<String> = values
+        .iter()
+        .map(|v| {
+            let mut b = Vec::new();
+            fixpoint_core::fingerprint::write_float(&mut b, v.parse::<f64>().unwrap());
+            String::from_utf8(b).unwrap()
+        })
+        .collect();
+    assert_eq!(got, want);
+    // A REAL is widened exactly.
+    let real = fixpoint_core::engine::Column { name: "v".into(), ty: "real".into() };
+    let (text, _) = pg.portable_value("x.v", &real);
+    let rows = pg.query(&fixpoint_core::sql::Sql::raw(format!("SELECT {text} FROM (VALUES (CAST('0.1' AS REAL))) AS x(v)"))).unwrap();
+    assert_eq!(rows.rows[0][0].display(), f64::from(0.1f32).to_bits().to_string());
 }

@@ -202,11 +202,17 @@ impl Engine for Spark {
         } else if ty.starts_with("decimal") {
             ("decimal", format!("CAST({expr} AS STRING)"))
         } else if ty == "float" || ty == "double" {
-            // Java's %.16e pads the shortest decimal with zeros where C's
-            // prints the exact value's digits: not the same text (see the
-            // crate's tests); kept apart as its own class until the
-            // canonical encoding of floats changes.
-            ("float-java", format!("format_string('%.16e', CAST({expr} AS DOUBLE))"))
+            // The bits of the absolute value (fixpoint_core::fingerprint::write_float),
+            // computed with exact arithmetic: Java's %.16e pads the shortest
+            // decimal with zeros where C's prints the exact value's digits.
+            let x = format!("CAST({expr} AS DOUBLE)");
+            let inf = "CAST('Infinity' AS DOUBLE)";
+            let a = format!("(CASE WHEN isnan({x}) OR abs({x}) = {inf} OR {x} = 0 THEN 1.0D ELSE abs({x}) END)");
+            ("float", format!(
+                "CASE WHEN isnan({x}) THEN 'nan' WHEN {x} = {inf} THEN 'inf' WHEN {x} = -{inf} THEN '-inf' WHEN {x} = 0 THEN '0' \
+                 ELSE concat(CASE WHEN {x} < 0 THEN '-' ELSE '' END, CAST({} AS STRING)) END",
+                fixpoint_core::fingerprint::float_bits_sql(&a)
+            ))
         } else if ty == "string" || ty.starts_with("varchar") || ty.starts_with("char") {
             ("text", format!("CAST({expr} AS STRING)"))
         } else if ty == "date" {

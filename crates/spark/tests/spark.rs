@@ -102,15 +102,59 @@ fn the_cluster_gives_the_golden_checksum() {
     let Some(mut db) = spark() else { return };
     exec(&mut db, "CREATE DATABASE IF NOT EXISTS fixpoint_t3");
     exec(&mut db, "DROP TABLE IF EXISTS fixpoint_t3.t");
-    exec(&mut db, "CREATE TABLE fixpoint_t3.t (id BIGINT, small SMALLINT, amount DECIMAL(12,2), name STRING, day DATE, ts TIMESTAMP_NTZ, flag BOOLEAN) USING parquet");
+    exec(&mut db, "CREATE TABLE fixpoint_t3.t (id BIGINT, small SMALLINT, amount DECIMAL(12,2), name STRING, day DATE, ts TIMESTAMP_NTZ, flag BOOLEAN, ratio DOUBLE) USING parquet");
     exec(&mut db, &format!("INSERT INTO fixpoint_t3.t VALUES {}", golden::ROWS));
     let t = TableName::parse("fixpoint_t3.t").unwrap();
     let cols = db.table_columns(&t).unwrap().unwrap();
     let fp = fingerprint(&mut db, Method::Portable, &Scope::Table { table: &t, filter: None }, &cols).unwrap();
     assert_eq!((fp.rows, fp.checksum.as_str()), (7, golden::CHECKSUM));
     // (A table cannot be overwritten from itself on Spark: one more row instead.)
-    exec(&mut db, "INSERT INTO fixpoint_t3.t VALUES (1, 7, 12.50, 'plain', DATE '2026-10-20', TIMESTAMP_NTZ '2026-10-20 08:00:00', true)");
+    exec(&mut db, "INSERT INTO fixpoint_t3.t VALUES (1, 7, 12.50, 'plain', DATE '2026-10-20', TIMESTAMP_NTZ '2026-10-20 08:00:00', true, 0.1)");
     let changed = fingerprint(&mut db, Method::Portable, &Scope::Table { table: &t, filter: None }, &cols).unwrap();
     assert_ne!(changed.checksum, golden::CHECKSUM);
     exec(&mut db, "DROP TABLE fixpoint_t3.t");
+}
+
+/// The cluster writes every double, edge values included, as the canonical
+/// text fixpoint's Rust code writes (DuckDB's and PostgreSQL's tests hold
+/// their engines to the same function), with exact arithmetic only.
+#[test]
+fn the_cluster_writes_each_float_as_its_bits() {
+    let Some(mut db) = spark() else { return };
+    let mut values: Vec<String> = [
+        "NaN", "Infinity", "-Infinity", "0", "-0", "4.9e-324", "-2.5e-310", "3e-320", "2.2250738585072009e-308", "2.2250738585072014e-308",
+        "1.7976931348623157e308", "-8.98846567431158e307", "0.1", "0.30000000000000004", "1", "0.5", "1e300", "-1234.5", "1.0000000000000002",
+        "0.9999999999999999",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    // Powers of two and their neighbours over the whole range, where a
+    // rounded logarithm would land on the wrong side.
+    for e in (-1074..1024).step_by(7) {
+        let p = 2f64.powi(e);
+        values.push(format!("{p:e}"));
+        values.push(format!("{:e}", f64::from_bits(p.to_bits() + 1)));
+        if p.to_bits() > 1 {
+            values.push(format!("{:e}", f64::from_bits(p.to_bits() - 1)));
+        }
+    }
+    let col = fixpoint_core::engine::Column { name: "v".into(), ty: "double".into() };
+    let (text, class) = db.portable_value("x.v", &col);
+    assert_eq!(class, "float");
+    let literals: Vec<String> = values.iter().enumerate().map(|(i, v)| format!("({i}, CAST('{v}' AS DOUBLE))")).collect();
+    let rows = db.query(&Sql::raw(format!("SELECT x.i, {text} FROM VALUES {} AS x(i, v) ORDER BY x.i", literals.join(", ")))).unwrap();
+    let got: Vec<String> = rows.rows.iter().map(|r| r[1].display()).collect();
+    let want: Vec<String> = values
+        .iter()
+        .map(|v| {
+            let mut b = Vec::new();
+            fixpoint_core::fingerprint::write_float(&mut b, v.parse::<f64>().unwrap());
+            String::from_utf8(b).unwrap()
+        })
+        .collect();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "{}", values[i]);
+    }
+    assert_eq!(got.len(), want.len());
 }
