@@ -615,7 +615,7 @@ fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine,
                             // fingerprint would be wrong.
                             return Err(Error::Internal(format!("the insert's tap saw {seen} rows but {inserted} were inserted; rolled back")));
                         }
-                        // A NULL partition never reaches the tap: outside too.
+                        // A NULL partition is not seen by the tap: outside too.
                         let outside = outside + inserted.saturating_sub(seen);
                         if outside > 0 {
                             return Err(out_of_partition(engine, &params, outside)?);

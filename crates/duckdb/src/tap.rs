@@ -7,9 +7,10 @@
 //! It sits in the SELECT list, as the partition column's value
 //! (`fixpoint_tap(token, hash(c1, …, cn), dt, run_date)`): a projection is evaluated
 //! once per row that reaches the INSERT, unlike a filter, which the optimizer
-//! may reorder before the source's own conditions. DuckDB skips a scalar
-//! function for a row with a NULL argument (the result is NULL, which is
-//! what passing NULL through means): such a row is inserted but not seen,
+//! may reorder before the source's own conditions. DuckDB hands a C API
+//! scalar function every row of a chunk, NULLs included (only a constant
+//! NULL argument folds the call away), so the function reads the validity
+//! itself: a NULL partition value passes through as NULL and is not seen,
 //! and the caller counts it as outside the partition from the difference
 //! between rows inserted and rows seen.
 
@@ -61,6 +62,18 @@ pub fn register(conn: &duckdb::Connection) -> duckdb::Result<()> {
     conn.register_scalar_function::<TapRows>(ROWS_FUNCTION)
 }
 
+/// The validity mask of column `idx` of `input`: one bit per row, 0 for
+/// NULL; a null pointer when every row is valid.
+fn validity(input: &DataChunkHandle, idx: u64) -> *const u64 {
+    // SAFETY: `idx` is a column of the chunk the signature declares.
+    unsafe { duckdb::ffi::duckdb_vector_get_validity(duckdb::ffi::duckdb_data_chunk_get_vector(input.get_ptr(), idx)) }
+}
+
+fn is_null(mask: *const u64, row: usize) -> bool {
+    // SAFETY: a non-null mask holds one bit per row of the chunk.
+    !mask.is_null() && unsafe { *mask.add(row / 64) } & (1u64 << (row % 64)) == 0
+}
+
 fn add(token: u64, rows: u64, outside: u64, sum: i128) {
     let mut taps = TAPS.lock().unwrap_or_else(|e| e.into_inner());
     let seen = taps.get_or_insert_with(HashMap::new).entry(token).or_default();
@@ -80,17 +93,28 @@ impl VScalar for TapRows {
             return Ok(());
         }
         // SAFETY: the signature is (UBIGINT, UBIGINT); DuckDB hands flattened
-        // vectors of `rows` values, none NULL.
+        // vectors of `rows` values. A NULL hash is not seen and gives NULL
+        // (checked here: a chunk may reach the function with NULL rows).
         let (v0, v1) = (input.flat_vector(0), input.flat_vector(1));
         let (tokens, hashes) = unsafe { (v0.as_slice_with_len::<u64>(rows), v1.as_slice_with_len::<u64>(rows)) };
-        let mut out = output.flat_vector();
-        // SAFETY: the result is a BOOLEAN vector with room for `rows` values.
-        unsafe { out.as_mut_slice_with_len::<bool>(rows) }.fill(true);
         let token = tokens[0];
         if tokens.iter().any(|&t| t != token) {
             return Err(format!("{ROWS_FUNCTION}: one token per call site").into());
         }
-        add(token, rows as u64, 0, hashes.iter().map(|&h| i128::from(h)).sum());
+        let mut out = output.flat_vector();
+        // SAFETY: the result is a BOOLEAN vector with room for `rows` values.
+        unsafe { out.as_mut_slice_with_len::<bool>(rows) }.fill(true);
+        let (mut seen, mut sum) = (0u64, 0i128);
+        let mask = validity(input, 1);
+        for (r, &h) in hashes.iter().enumerate() {
+            if is_null(mask, r) {
+                out.set_null(r);
+            } else {
+                seen += 1;
+                sum += i128::from(h);
+            }
+        }
+        add(token, seen, 0, sum);
         Ok(())
     }
 
@@ -114,8 +138,9 @@ impl VScalar for Tap {
             return Ok(());
         }
         // SAFETY: the signature is (UBIGINT, UBIGINT, DATE, DATE); DuckDB
-        // hands flattened vectors of `rows` values, none NULL (a row with a
-        // NULL argument never reaches the function).
+        // hands flattened vectors of `rows` values. The token, the hash and
+        // the run date are never NULL; a NULL partition value is passed
+        // through as NULL and not seen (its slot holds no date).
         let (v0, v1, v2, v3) = (input.flat_vector(0), input.flat_vector(1), input.flat_vector(2), input.flat_vector(3));
         let (tokens, hashes, days, run_days) = unsafe {
             (
@@ -132,9 +157,24 @@ impl VScalar for Tap {
         if tokens.iter().any(|&t| t != token) || run_days.iter().any(|&d| d != day) {
             return Err(format!("{FUNCTION}: one token and one run date per statement").into());
         }
-        let sum: i128 = hashes.iter().map(|&h| i128::from(h)).sum();
-        let outside = days.iter().filter(|&&d| d != day).count() as u64;
-        add(token, rows as u64, outside, sum);
+        let (mut seen, mut outside, mut sum) = (0u64, 0u64, 0i128);
+        let mask = validity(input, 2);
+        if mask.is_null() {
+            // Every row valid: the common case, without a branch per row.
+            seen = rows as u64;
+            outside = days.iter().filter(|&&d| d != day).count() as u64;
+            sum = hashes.iter().map(|&h| i128::from(h)).sum();
+        }
+        for (r, (&d, &h)) in days.iter().zip(hashes).enumerate().filter(|_| !mask.is_null()) {
+            if is_null(mask, r) {
+                out.set_null(r);
+            } else {
+                seen += 1;
+                outside += u64::from(d != day);
+                sum += i128::from(h);
+            }
+        }
+        add(token, seen, outside, sum);
         Ok(())
     }
 

@@ -110,6 +110,14 @@ fn rows_outside_the_partition_are_refused(e: &dyn EngineUnderTest) {
     exec(db, "INSERT INTO bronze.orders VALUES (9, 1, 1.00, 'EUR', TIMESTAMP '2026-10-20 01:00:00', NULL)");
     let nulls = job(&SILVER_JOB.replace("WHERE dt = :run_date", "WHERE dt = :run_date OR dt IS NULL"));
     assert!(matches!(nulls.load(d("2026-10-20"), db).unwrap_err(), Error::OutOfPartition { rows: 1, .. }));
+    // Also on 1970-01-01, the day a DATE holds as 0 (what a NULL's slot may
+    // hold): a NULL is no date, written or counted.
+    exec(db, "INSERT INTO bronze.orders VALUES (11, 1, 1.00, 'EUR', TIMESTAMP '1970-01-01 01:00:00', DATE '1970-01-01')");
+    for opts in [RunOptions::default(), force()] {
+        let err = nulls.load_with(d("1970-01-01"), db, &opts).unwrap_err();
+        assert!(matches!(err, Error::OutOfPartition { rows: 1, .. }), "{err}");
+    }
+    assert_eq!(rows(db, "SELECT * FROM silver.orders"), before);
 }
 
 fn too_few_rows_are_refused(e: &dyn EngineUnderTest) {

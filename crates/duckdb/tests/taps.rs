@@ -1,0 +1,58 @@
+//! The taps (`fixpoint_tap`, `fixpoint_tap_rows`) on rows with NULLs: a row
+//! whose tapped value is NULL is not seen and stays NULL. (DuckDB hands a C
+//! API scalar function every row of a chunk, NULLs included; only a
+//! constant NULL argument folds the call away.)
+
+use fixpoint_duckdb::{tap, DuckDb};
+
+fn db() -> DuckDb {
+    DuckDb::open_in_memory().unwrap()
+}
+
+#[test]
+fn the_partition_tap_passes_nulls_through_unseen() {
+    let db = db();
+    let token = tap::open();
+    let (rows, nulls, epoch): (i64, i64, i64) = db
+        .connection()
+        .query_row(
+            &format!(
+                "SELECT count(*), count(*) FILTER (WHERE d IS NULL), count(*) FILTER (WHERE d = DATE '1970-01-01') FROM (
+                   SELECT {}(CAST(? AS UBIGINT), hash(i), CASE WHEN i % 2 = 0 THEN NULL ELSE DATE '1970-01-01' + CAST(i % 3 AS INTEGER) END, DATE '1970-01-01') AS d
+                   FROM range(10000) AS r(i))",
+                tap::FUNCTION
+            ),
+            [token as i64],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    let seen = tap::close(token);
+    assert_eq!((rows, nulls), (10000, 5000), "NULL stays NULL");
+    assert_eq!(seen.rows, 5000, "a NULL is not seen");
+    // Of the odd i, those with i % 3 == 0 are on the day; the others are outside.
+    let on_day = (0..10000).filter(|i| i % 2 == 1 && i % 3 == 0).count() as i64;
+    assert_eq!(epoch, on_day);
+    assert_eq!(seen.outside, 5000 - on_day as u64);
+}
+
+#[test]
+fn the_counting_tap_sees_only_non_null_hashes() {
+    let db = db();
+    let token = tap::open();
+    let (trues, nulls, expected): (i64, i64, String) = db
+        .connection()
+        .query_row(
+            &format!(
+                "SELECT count(*) FILTER (WHERE m), count(*) FILTER (WHERE m IS NULL), CAST(sum(h) FILTER (WHERE i % 3 <> 0) AS VARCHAR) FROM (
+                   SELECT i, hash(i) AS h, {}(CAST(? AS UBIGINT), CASE WHEN i % 3 <> 0 THEN hash(i) END) AS m FROM range(10000) AS r(i))",
+                tap::ROWS_FUNCTION
+            ),
+            [token as i64],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    let seen = tap::close(token);
+    let n = (0..10000).filter(|i| i % 3 != 0).count() as i64;
+    assert_eq!((trues, nulls), (n, 10000 - n));
+    assert_eq!((seen.rows as i64, seen.sum.to_string()), (n, expected));
+}
