@@ -420,7 +420,7 @@ impl Engine for DuckDb {
             let x = format!("CAST({expr} AS DOUBLE)");
             let a = format!("(CASE WHEN isfinite({x}) AND {x} <> 0 THEN abs({x}) ELSE 1.0 END)");
             ("float", format!(
-                "CASE WHEN isnan({x}) THEN 'nan' WHEN isinf({x}) THEN (CASE WHEN {x} > 0 THEN 'inf' ELSE '-inf' END) WHEN {x} = 0 THEN '0' \
+                "CASE WHEN {x} IS NULL THEN NULL WHEN isnan({x}) THEN 'nan' WHEN isinf({x}) THEN (CASE WHEN {x} > 0 THEN 'inf' ELSE '-inf' END) WHEN {x} = 0 THEN '0' \
                  ELSE (CASE WHEN {x} < 0 THEN '-' ELSE '' END) || CAST({} AS VARCHAR) END",
                 fixpoint_core::fingerprint::float_bits_sql(&a)
             ))

@@ -548,7 +548,7 @@ impl Engine for Postgres {
             // read as the binary send format writes them (big-endian IEEE 754).
             let x = format!("CAST({expr} AS DOUBLE PRECISION)");
             ("float", format!(
-                "CASE WHEN {x} = 'NaN' THEN 'nan' WHEN {x} = 'Infinity' THEN 'inf' WHEN {x} = '-Infinity' THEN '-inf' WHEN {x} = 0 THEN '0' \
+                "CASE WHEN {x} IS NULL THEN NULL WHEN {x} = 'NaN' THEN 'nan' WHEN {x} = 'Infinity' THEN 'inf' WHEN {x} = '-Infinity' THEN '-inf' WHEN {x} = 0 THEN '0' \
                  ELSE (CASE WHEN {x} < 0 THEN '-' ELSE '' END) || CAST(CAST(CAST(('x' || encode(float8send(abs({x})), 'hex')) AS bit(64)) AS BIGINT) AS TEXT) END"
             ))
         } else if ty.starts_with("character varying") || ty == "text" || ty.starts_with("character") {

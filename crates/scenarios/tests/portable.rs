@@ -137,7 +137,7 @@ fn postgres_writes_each_float_as_its_bits() {
     assert_eq!(class, "float");
     let literals: Vec<String> = values.iter().enumerate().map(|(i, v)| format!("({i}, CAST('{v}' AS DOUBLE PRECISION))")).collect();
     let rows = pg.query(&fixpoint_core::sql::Sql::raw(format!("SELECT x.i, {text} FROM (VALUES {}) AS x(i, v) ORDER BY x.i", literals.join(", ")))).unwrap();
-    let got: Vec<String> = rows.rows.iter().map(|r| r[1].display()).collect();
+    let got: Vec<String> = rows.rows.iter().map(|r| r[1].display().trim_matches('"').to_owned()).collect();
     let want: Vec<String> = values
         .iter()
         .map(|v| {
@@ -151,5 +151,5 @@ fn postgres_writes_each_float_as_its_bits() {
     let real = fixpoint_core::engine::Column { name: "v".into(), ty: "real".into() };
     let (text, _) = pg.portable_value("x.v", &real);
     let rows = pg.query(&fixpoint_core::sql::Sql::raw(format!("SELECT {text} FROM (VALUES (CAST('0.1' AS REAL))) AS x(v)"))).unwrap();
-    assert_eq!(rows.rows[0][0].display(), f64::from(0.1f32).to_bits().to_string());
+    assert_eq!(rows.rows[0][0].display().trim_matches('"'), f64::from(0.1f32).to_bits().to_string());
 }

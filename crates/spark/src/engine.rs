@@ -209,7 +209,7 @@ impl Engine for Spark {
             let inf = "CAST('Infinity' AS DOUBLE)";
             let a = format!("(CASE WHEN isnan({x}) OR abs({x}) = {inf} OR {x} = 0 THEN 1.0D ELSE abs({x}) END)");
             ("float", format!(
-                "CASE WHEN isnan({x}) THEN 'nan' WHEN {x} = {inf} THEN 'inf' WHEN {x} = -{inf} THEN '-inf' WHEN {x} = 0 THEN '0' \
+                "CASE WHEN {x} IS NULL THEN NULL WHEN isnan({x}) THEN 'nan' WHEN {x} = {inf} THEN 'inf' WHEN {x} = -{inf} THEN '-inf' WHEN {x} = 0 THEN '0' \
                  ELSE concat(CASE WHEN {x} < 0 THEN '-' ELSE '' END, CAST({} AS STRING)) END",
                 fixpoint_core::fingerprint::float_bits_sql(&a)
             ))

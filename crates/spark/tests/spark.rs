@@ -144,7 +144,7 @@ fn the_cluster_writes_each_float_as_its_bits() {
     assert_eq!(class, "float");
     let literals: Vec<String> = values.iter().enumerate().map(|(i, v)| format!("({i}, CAST('{v}' AS DOUBLE))")).collect();
     let rows = db.query(&Sql::raw(format!("SELECT x.i, {text} FROM VALUES {} AS x(i, v) ORDER BY x.i", literals.join(", ")))).unwrap();
-    let got: Vec<String> = rows.rows.iter().map(|r| r[1].display()).collect();
+    let got: Vec<String> = rows.rows.iter().map(|r| r[1].display().trim_matches('"').to_owned()).collect();
     let want: Vec<String> = values
         .iter()
         .map(|v| {
