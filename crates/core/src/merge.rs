@@ -172,7 +172,7 @@ pub(crate) fn cross_tie_error(engine: &mut dyn Engine, job: &Job, spec: &MergeSp
 }
 
 /// The message of a refusal raised inside the MERGE (`THEN ERROR`).
-const REFUSED_IN_MERGE: &str = "fixpoint: a batch key is refused (moved or tied)";
+const REFUSED_IN_MERGE: &str = "fixpoint: a batch key is held in a partition the batch does not touch";
 
 /// What both merge plans know before they start.
 struct Plan<'a> {
@@ -212,20 +212,24 @@ fn prepare(engine: &mut dyn Engine, job: &Job, opts: &RunOptions, source_cols: &
 /// holds taps ([`Engine::merge_refuses_in_statement`]; DuckDB): the batch
 /// deduplicated straight from the source (its input fingerprint tapped as
 /// the rows stream into the window, ties in the batch flagged by the same
-/// window), then one MERGE over the keys whose first clauses refuse a key
-/// held in a partition the batch does not touch or tied with the target,
-/// and whose conditions count the inserts and updates and hash the rows
-/// written. The checks the other plan makes with joins of their own ride
-/// on the two statements the hand-written SQL runs anyway.
+/// window), then one MERGE over the keys whose first clause refuses a key
+/// held in a partition the batch does not touch and whose INSERT (and
+/// DELETE) conditions count their rows. When every batch key was written,
+/// the output fingerprint is the batch's; otherwise one join reads the
+/// keys left alone and looks there for ties with the target. The checks
+/// the other plan makes with joins of their own ride on the two
+/// statements the hand-written SQL runs anyway.
 ///
 /// `Ok(None)` (and a refusal raised inside the MERGE) means "roll back and
 /// run the other plan": a NULL key or version, a tie in the batch (to
-/// refuse, or to resolve by the total order), a refused key: rare, and the
-/// other plan explains each with the rows involved.
+/// refuse, or to resolve by the total order) or with the target, a key
+/// held elsewhere: rare, and the other plan explains each with the rows
+/// involved.
 fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crate::run::Trace) -> Result<Option<RunReport>> {
     let Plan { job, spec, run_date, opts, run_input, params, source_cols, added, created_target, prune, names, compared, meta_cols, input_cols, started_at } = *plan;
     let is_meta = |c: &String| job.metadata.contains(c);
     let target_cols = prepare(engine, job, opts, source_cols, added, created_target)?;
+    trace.step("prepare");
     let output_cols: Vec<Column> = target_cols.iter().filter(|c| !is_meta(&c.name)).cloned().collect();
     let version = quote_ident(&spec.version);
     let del = quote_ident(DELETED);
@@ -233,9 +237,11 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     // 1. The batch: one row per key, straight from the source. The input
     //    fingerprint is tapped in the innermost projection, which the window
     //    orders by (last, so it decides nothing) and so has to evaluate once
-    //    per source row. Two different rows at a key's newest version are
-    //    adjacent in the window's total order: `lead` flags them (by a hash
-    //    of what tells rows apart), and the flagged rows are kept too.
+    //    per source row. Two different rows of a key at one version are
+    //    adjacent in the window's order: `lead` flags them (by a hash of
+    //    what tells rows apart), and the flagged rows are kept too. (A flag
+    //    below the newest version is no tie, but the other plan sorts that
+    //    out: rare, and never wrong.)
     engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {BATCH}")))?;
     let (input_hash, kind, signature) = crate::engine::row_hash(engine, Method::Native, "s", input_cols)?;
     let (seen, seen_token) = engine.tap_rows(&input_hash).ok_or_else(|| Error::Internal("the engine has no taps".into()))?;
@@ -244,9 +250,13 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
         .collect();
     let tie_hash = engine.native_row_hash("x", &told_apart).ok_or_else(|| Error::Internal("the engine has no native row hash".into()))?;
     let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
-    let order = [format!("{version} DESC NULLS FIRST"), format!("{del} DESC")]
+    // Without a tie, the rows at a key's newest version are copies (equal
+    // hashes): ordering by the hash instead of the values picks the same
+    // row as the other plan's total order (the metadata columns decide
+    // between copies); with one, the other plan runs.
+    let order = [format!("{version} DESC NULLS FIRST"), format!("{del} DESC"), "\"__fixpoint_h\"".to_owned()]
         .into_iter()
-        .chain(compared.iter().chain(meta_cols.iter()).map(|c| format!("{} ASC NULLS FIRST", quote_ident(c))))
+        .chain(meta_cols.iter().map(|c| format!("{} ASC NULLS FIRST", quote_ident(c))))
         .chain(["\"__fixpoint_seen\"".to_owned()])
         .collect::<Vec<_>>()
         .join(", ");
@@ -254,7 +264,7 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     let mut sql = Sql::new();
     sql.push(&format!(
         "SELECT {all}, \"__fixpoint_rank\", \"__fixpoint_tie\" FROM (SELECT *, row_number() OVER w AS \"__fixpoint_rank\", \
-         coalesce(lead({version}) OVER w = {version} AND lead(\"__fixpoint_h\") OVER w <> \"__fixpoint_h\" AND {version} = first_value({version}) OVER w, false) AS \"__fixpoint_tie\" \
+         coalesce(lead({version}) OVER w = {version} AND lead(\"__fixpoint_h\") OVER w <> \"__fixpoint_h\", false) AS \"__fixpoint_tie\" \
          FROM (SELECT x.*, {tie_hash} AS \"__fixpoint_h\" FROM (SELECT s.*, "
     ));
     match &spec.deleted {
@@ -275,10 +285,10 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     //    (a NULL key's rows share a window, a NULL version sorts first:
     //    either way a kept row shows it), ties.
     let null_key = spec.key.iter().map(|k| format!("{} IS NULL", quote_ident(k))).chain([format!("{version} IS NULL")]).collect::<Vec<_>>().join(" OR ");
-    let [batch_rows, ties, nulls] = count(
+    let [batch_rows, ties, nulls, tombstones] = count(
         engine,
         &Sql::raw(format!(
-            "SELECT count(*) FILTER (WHERE \"__fixpoint_rank\" = 1), count(*) FILTER (WHERE \"__fixpoint_tie\"), count(*) FILTER (WHERE {null_key}) FROM {BATCH}"
+            "SELECT count(*) FILTER (WHERE \"__fixpoint_rank\" = 1), count(*) FILTER (WHERE \"__fixpoint_tie\"), count(*) FILTER (WHERE {null_key}), count(*) FILTER (WHERE {del}) FROM {BATCH}"
         )),
     )?[..] else {
         return Err(Error::Internal("the batch scan".into()));
@@ -353,19 +363,19 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     };
     opts.step(FailPoint::AfterGuards)?;
 
-    // 5. One MERGE over the keys. Its first clauses refuse what the other
-    //    plan explains: a key the target holds in a partition the batch
-    //    does not touch (a merge pruned to the batch's partitions would
-    //    duplicate it), a target row that differs at the same version. The
-    //    conditions of the INSERT and the UPDATE are taps: they count the
-    //    rows and, when the target's columns are the source's, sum the
-    //    hashes of the rows as written.
+    // 5. One MERGE over the keys. Its first clause refuses a key the
+    //    target holds in a partition the batch does not touch (a merge
+    //    pruned to the batch's partitions would duplicate it). The INSERT
+    //    and, when the batch has tombstones, the DELETE conditions are
+    //    taps that count their rows; the UPDATE, the bulk of a change
+    //    feed, runs untapped: its count is what the statement changed
+    //    besides. (A target row that differs at the same version is left
+    //    alone by the version guard; it is looked for below, with the rows
+    //    left alone.)
     let newer = format!("(b.{version} > t.{version}{})", match spec.on_tie {
         OnTie::Deterministic => format!(" OR (b.{version} = t.{version} AND {})", sorts_before("b", "t", compared)),
         OnTie::Error => String::new(),
     });
-    let by_construction = output_cols == input_cols;
-    let written_hash = if by_construction { engine.native_row_hash("b", &output_cols).unwrap_or_else(|| "0".into()) } else { "0".into() };
     let set = names
         .iter()
         .filter(|c| !spec.key.contains(c))
@@ -374,6 +384,7 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
         .join(", ");
     let col_list = names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
     let values = names.iter().map(|c| q("b", c)).collect::<Vec<_>>().join(", ");
+    let no_taps = || Error::Internal("the engine has no taps".into());
     let mut sql = Sql::new();
     sql.push(&format!("MERGE INTO {} AS t USING {BATCH} AS b ON ({}) ", job.target.quoted(), keys_match("t", "b", &spec.key)));
     if prune.is_some() {
@@ -381,34 +392,31 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
         sql.append(&in_scope);
         sql.push(&format!(" THEN ERROR '{REFUSED_IN_MERGE}' "));
     }
-    if spec.on_tie == OnTie::Error && !compared.is_empty() {
-        sql.push(&format!(
-            "WHEN MATCHED AND NOT b.{del} AND b.{version} = t.{version} AND ({}) THEN ERROR '{REFUSED_IN_MERGE}' ",
-            rows_differ("b", "t", compared)
-        ));
-    }
-    sql.push(&format!("WHEN MATCHED AND b.{del} AND b.{version} >= t.{version} THEN DELETE "));
-    let mut update_token = None;
-    if !set.is_empty() {
-        let (tap, token) = engine.tap_rows(&format!("CASE WHEN NOT b.{del} AND {newer} THEN {written_hash} END")).ok_or_else(|| Error::Internal("the engine has no taps".into()))?;
-        update_token = Some(token);
+    let is_delete = format!("b.{del} AND b.{version} >= t.{version}");
+    let mut delete_token = None;
+    if tombstones > 0 {
+        let (tap, token) = engine.tap_rows(&format!("CASE WHEN {is_delete} THEN 0 END")).ok_or_else(no_taps)?;
+        delete_token = Some(token);
         sql.push("WHEN MATCHED AND ");
         sql.append(&tap);
-        sql.push(&format!(" THEN UPDATE SET {set} "));
+        sql.push(" THEN DELETE ");
     }
-    let (tap, insert_token) = engine.tap_rows(&format!("CASE WHEN NOT b.{del} THEN {written_hash} END")).ok_or_else(|| Error::Internal("the engine has no taps".into()))?;
+    if !set.is_empty() {
+        sql.push(&format!("WHEN MATCHED AND NOT b.{del} AND {newer} THEN UPDATE SET {set} "));
+    }
+    let (tap, insert_token) = engine.tap_rows(&format!("CASE WHEN NOT b.{del} THEN 0 END")).ok_or_else(no_taps)?;
     sql.push("WHEN NOT MATCHED AND ");
     sql.append(&tap);
     sql.push(&format!(" THEN INSERT ({col_list}) VALUES ({values})"));
     let changed = engine.execute(&sql);
-    let (inserts, _, inserted_sum) = engine.tap_close(insert_token).unwrap_or_default();
-    let (updates, _, updated_sum) = update_token.and_then(|t| engine.tap_close(t)).unwrap_or_default();
+    let (inserts, _, _) = engine.tap_close(insert_token).unwrap_or_default();
+    let (deletes, _, _) = delete_token.and_then(|t| engine.tap_close(t)).unwrap_or_default();
     let changed = changed?;
     trace.step("merge");
     opts.step(FailPoint::AfterDelete)?;
     opts.step(FailPoint::MidInsert)?;
-    let deletes = changed.checked_sub(inserts + updates).ok_or_else(|| {
-        Error::Internal(format!("the merge changed {changed} rows but its taps counted {inserts} inserts and {updates} updates; rolled back"))
+    let updates = changed.checked_sub(inserts + deletes).ok_or_else(|| {
+        Error::Internal(format!("the merge changed {changed} rows but its taps counted {inserts} inserts and {deletes} deletes; rolled back"))
     })?;
 
     // 6. Remember this batch's tombstones.
@@ -424,17 +432,36 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     opts.step(FailPoint::AfterInsert)?;
 
     // 7. The output: the batch's keys as the target now holds them. When
-    //    every key of the batch was inserted, updated or deleted, the taps
-    //    saw all of it; otherwise the keys left alone are read.
+    //    every key of the batch was inserted, updated or deleted, that is
+    //    the batch's upserts as the target's columns hold them; otherwise
+    //    the keys left alone are read, and those that differ from the
+    //    batch at the same version refused (`on_tie = "error"`).
     let (_, okind, osig) = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
     let left_alone = (batch_rows - beaten).checked_sub(changed).ok_or_else(|| Error::Internal("the merge changed more rows than the batch holds".into()))?;
-    let output = if by_construction && left_alone == 0 {
-        Fingerprint::from_sum(&okind, &osig, inserts + updates, inserted_sum + updated_sum)
+    let from_batch = output_cols.iter().all(|c| names.contains(&c.name));
+    let output = if left_alone == 0 && from_batch {
+        let (select, _, _) = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
+        let cast = output_cols.iter().map(|c| format!("CAST({} AS {}) AS {}", q("b", &c.name), c.ty, quote_ident(&c.name))).collect::<Vec<_>>().join(", ");
+        let sql = Sql::raw(format!("SELECT {select} FROM (SELECT {cast} FROM {BATCH} AS b WHERE NOT b.{del}) AS t"));
+        let row = engine.query(&sql)?.rows.into_iter().next().ok_or_else(|| Error::Internal("output scan".into()))?;
+        let fp = Fingerprint::from_sum(&okind, &osig, row[0].as_u64().unwrap_or(0), engine.read_sum(&row[1])?);
+        if fp.rows != inserts + updates {
+            return Err(Error::Internal(format!("{} upserts in the batch, but the merge wrote {inserts} and updated {updates}; rolled back", fp.rows)));
+        }
+        fp
     } else {
         let (select, _, _) = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
+        let ties = if spec.on_tie == OnTie::Error {
+            format!(", count(*) FILTER (WHERE NOT b.{del} AND b.{version} = t.{version} AND ({}))", rows_differ("b", "t", compared))
+        } else {
+            ", 0".to_owned()
+        };
         // The batch holds one row per key, so a join is a semi-join.
-        let sql = Sql::raw(format!("SELECT {select} FROM {} AS t JOIN {BATCH} AS b ON {}", job.target.quoted(), keys_match("t", "b", &spec.key)));
+        let sql = Sql::raw(format!("SELECT {select}{ties} FROM {} AS t JOIN {BATCH} AS b ON {}", job.target.quoted(), keys_match("t", "b", &spec.key)));
         let row = engine.query(&sql)?.rows.into_iter().next().ok_or_else(|| Error::Internal("output scan".into()))?;
+        if row[2].as_u64().unwrap_or(0) > 0 {
+            return Ok(None);
+        }
         Fingerprint::from_sum(&okind, &osig, row[0].as_u64().unwrap_or(0), engine.read_sum(&row[1])?)
     };
     trace.step("output fp");
@@ -488,6 +515,7 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
     check_source(job, spec, &source_cols)?;
     let target_cols = engine.table_columns(&job.target)?;
     let added = crate::schema::reconcile(engine, job, &source_cols, target_cols.as_deref())?;
+    trace.step("describe");
     let prune = job.partition.as_deref().filter(|p| has(&source_cols, p) && target_cols.as_ref().is_none_or(|t| has(t, p)));
     let names: Vec<String> = source_cols.iter().map(|c| c.name.clone()).collect();
     let is_meta = |c: &String| job.metadata.contains(c);
