@@ -171,6 +171,134 @@ pub(crate) fn cross_tie_error(engine: &mut dyn Engine, job: &Job, spec: &MergeSp
     })
 }
 
+/// Makes sure of the tombstone table when the job marks tombstones (or
+/// once did), and drops from the batch the rows a tombstone already beats
+/// (an older or equal version of a deleted key). Returns the table and how
+/// many rows were dropped.
+fn drop_beaten(engine: &mut dyn Engine, job: &Job, spec: &MergeSpec, source_cols: &[Column]) -> Result<(TableName, u64)> {
+    let tomb = tombstone_table(&job.target);
+    if spec.deleted.is_none() && engine.table_columns(&tomb)?.is_none() {
+        return Ok((tomb, 0));
+    }
+    let version = quote_ident(&spec.version);
+    let cols: Vec<String> = spec
+        .key
+        .iter()
+        .chain([&spec.version])
+        .map(|k| format!("{} {}", quote_ident(k), source_cols.iter().find(|c| &c.name == k).expect("described").ty))
+        .collect();
+    engine.execute(&Sql::raw(format!("CREATE TABLE IF NOT EXISTS {} ({})", tomb.quoted(), cols.join(", "))))?;
+    let beaten = engine.execute(&Sql::raw(format!(
+        "DELETE FROM {BATCH} AS b WHERE EXISTS (SELECT 1 FROM {} AS d WHERE {} AND b.{version} <= d.{version})",
+        tomb.quoted(),
+        keys_match("d", "b", &spec.key)
+    )))?;
+    Ok((tomb, beaten))
+}
+
+/// `t.<p> IN (…)`: the partitions the batch touches, bound as values so the
+/// engine can skip the others (a subquery past [`MAX_PRUNE_LIST`]).
+fn touched_partitions(engine: &mut dyn Engine, p: &str, ty: &str) -> Result<Sql> {
+    let parts = engine.query(&Sql::raw(format!("SELECT DISTINCT {} FROM {BATCH} WHERE {} IS NOT NULL ORDER BY 1", quote_ident(p), quote_ident(p))))?.rows;
+    let mut sql = Sql::new();
+    sql.push(&q("t", p));
+    if parts.is_empty() {
+        sql.push(" IS NULL AND false");
+    } else if parts.len() <= MAX_PRUNE_LIST {
+        sql.push(" IN (");
+        for (i, v) in parts.iter().enumerate() {
+            if i > 0 {
+                sql.push(", ");
+            }
+            sql.typed_param(v[0].clone(), ty);
+        }
+        sql.push(")");
+    } else {
+        sql.push(&format!(" IN (SELECT {} FROM {BATCH})", quote_ident(p)));
+    }
+    Ok(sql)
+}
+
+/// The touched keys' rows as the target holds them (audits), as a FROM item.
+fn touched_rows(job: &Job, spec: &MergeSpec, sql: &mut Sql) {
+    sql.push(&format!(
+        "(SELECT t.* FROM {} AS t WHERE EXISTS (SELECT 1 FROM {BATCH} AS b WHERE {})) AS a",
+        job.target.quoted(),
+        keys_match("t", "b", &spec.key)
+    ));
+}
+
+/// How many rows the touched keys have before the merge, when an audit
+/// compares row counts.
+fn rows_before(engine: &mut dyn Engine, job: &Job, spec: &MergeSpec) -> Result<Option<u64>> {
+    if !job.audits.iter().any(|a| matches!(a.kind, crate::audit::AuditKind::RowCountChange { .. })) {
+        return Ok(None);
+    }
+    let mut sql = Sql::new();
+    sql.push("SELECT count(*) FROM ");
+    touched_rows(job, spec, &mut sql);
+    Ok(Some(count(engine, &sql)?[0]))
+}
+
+/// Replaces the remembered tombstones of the batch's deleted keys with the
+/// batch's.
+fn remember_tombstones(engine: &mut dyn Engine, spec: &MergeSpec, tomb: &TableName) -> Result<()> {
+    if spec.deleted.is_none() {
+        return Ok(());
+    }
+    let del = quote_ident(DELETED);
+    engine.execute(&Sql::raw(format!(
+        "DELETE FROM {} AS d WHERE EXISTS (SELECT 1 FROM {BATCH} AS b WHERE b.{del} AND {})",
+        tomb.quoted(),
+        keys_match("d", "b", &spec.key)
+    )))?;
+    let kv = spec.key.iter().chain([&spec.version]).map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
+    engine.execute(&Sql::raw(format!("INSERT INTO {} ({kv}) SELECT {kv} FROM {BATCH} WHERE {del}", tomb.quoted())))?;
+    Ok(())
+}
+
+/// What a merge did, for its report.
+struct Outcome {
+    key: String,
+    input: Fingerprint,
+    output: Fingerprint,
+    inserts: u64,
+    updates: u64,
+    deletes: u64,
+    batch_rows: u64,
+    duplicates_collapsed: u64,
+    rows_before: Option<u64>,
+    method: &'static str,
+}
+
+/// Audits the touched keys as they will be published, writes the report
+/// and the ledger row, and stops at the last fail point before COMMIT.
+fn publish(engine: &mut dyn Engine, plan: &Plan<'_>, o: Outcome, trace: &mut crate::run::Trace) -> Result<RunReport> {
+    let job = plan.job;
+    let audits = if job.audits.is_empty() {
+        Vec::new()
+    } else {
+        let touched = |sql: &mut Sql| touched_rows(job, plan.spec, sql);
+        let scope = crate::audit::AuditScope { from: &touched, previous_rows: o.rows_before, run_date: plan.run_date.date() };
+        let results = crate::audit::audit(&job.audits, engine, &scope)?;
+        trace.step("audits");
+        results
+    };
+    let mut report = RunReport::new(job, plan.run_date, o.key, "committed", &o.input, &o.output);
+    report.audits = audits;
+    report.input_files = plan.run_input.files.clone();
+    report.rows_deleted = o.deletes;
+    report.rows_inserted = o.inserts;
+    report.rows_updated = o.updates;
+    report.rows_unchanged = o.batch_rows - o.inserts - o.updates - o.deletes;
+    report.duplicates_collapsed = o.duplicates_collapsed;
+    report.created_target = plan.created_target;
+    report.method = o.method.into();
+    ledger::record(engine, &entry(job, &job.definition_hash(), &report, plan.started_at))?;
+    plan.opts.step(FailPoint::BeforeCommit)?;
+    Ok(report)
+}
+
 /// The message of a refusal raised inside the MERGE (`THEN ERROR`).
 const REFUSED_IN_MERGE: &str = "fixpoint: a batch key is held in a partition the batch does not touch";
 
@@ -226,7 +354,7 @@ fn prepare(engine: &mut dyn Engine, job: &Job, opts: &RunOptions, source_cols: &
 /// held elsewhere: rare, and the other plan explains each with the rows
 /// involved.
 fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crate::run::Trace) -> Result<Option<RunReport>> {
-    let Plan { job, spec, run_date, opts, run_input, params, source_cols, added, created_target, prune, names, compared, meta_cols, input_cols, started_at } = *plan;
+    let Plan { job, spec, run_date, opts, run_input, params, source_cols, added, created_target, prune, names, compared, meta_cols, input_cols, started_at: _ } = *plan;
     let is_meta = |c: &String| job.metadata.contains(c);
     let target_cols = prepare(engine, job, opts, source_cols, added, created_target)?;
     trace.step("prepare");
@@ -304,63 +432,17 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
 
     // 3. Tombstones: an older (or equal) version of a deleted key is
     //    already beaten; drop it from the batch.
-    let tomb = tombstone_table(&job.target);
-    let mut beaten = 0;
-    if spec.deleted.is_some() || engine.table_columns(&tomb)?.is_some() {
-        let cols: Vec<String> = spec
-            .key
-            .iter()
-            .chain([&spec.version])
-            .map(|k| format!("{} {}", quote_ident(k), source_cols.iter().find(|c| &c.name == k).expect("described").ty))
-            .collect();
-        engine.execute(&Sql::raw(format!("CREATE TABLE IF NOT EXISTS {} ({})", tomb.quoted(), cols.join(", "))))?;
-        beaten = engine.execute(&Sql::raw(format!(
-            "DELETE FROM {BATCH} AS b WHERE EXISTS (SELECT 1 FROM {} AS d WHERE {} AND b.{version} <= d.{version})",
-            tomb.quoted(),
-            keys_match("d", "b", &spec.key)
-        )))?;
-    }
+    let (tomb, beaten) = drop_beaten(engine, job, spec, source_cols)?;
     trace.step("tombstones");
 
     // 4. The partitions the batch touches, bound as values.
     let mut in_scope = Sql::new();
     if let Some(p) = prune {
         let ty = &target_cols.iter().find(|c| c.name == p).expect("checked").ty;
-        let parts = engine.query(&Sql::raw(format!("SELECT DISTINCT {} FROM {BATCH} WHERE {} IS NOT NULL ORDER BY 1", quote_ident(p), quote_ident(p))))?.rows;
-        in_scope.push(&format!("coalesce({}", q("t", p)));
-        if parts.is_empty() {
-            in_scope.push(" IS NULL AND false");
-        } else if parts.len() <= MAX_PRUNE_LIST {
-            in_scope.push(" IN (");
-            for (i, v) in parts.iter().enumerate() {
-                if i > 0 {
-                    in_scope.push(", ");
-                }
-                in_scope.typed_param(v[0].clone(), ty);
-            }
-            in_scope.push(")");
-        } else {
-            in_scope.push(&format!(" IN (SELECT {} FROM {BATCH})", quote_ident(p)));
-        }
-        in_scope.push(", false)");
+        in_scope.push("coalesce(").append(&touched_partitions(engine, p, ty)?).push(", false)");
     }
 
-    // The touched keys' rows as the target holds them (audits).
-    let touched = |sql: &mut Sql| {
-        sql.push(&format!(
-            "(SELECT t.* FROM {} AS t WHERE EXISTS (SELECT 1 FROM {BATCH} AS b WHERE {})) AS a",
-            job.target.quoted(),
-            keys_match("t", "b", &spec.key)
-        ));
-    };
-    let rows_before = if job.audits.iter().any(|a| matches!(a.kind, crate::audit::AuditKind::RowCountChange { .. })) {
-        let mut sql = Sql::new();
-        sql.push("SELECT count(*) FROM ");
-        touched(&mut sql);
-        Some(count(engine, &sql)?[0])
-    } else {
-        None
-    };
+    let rows_before = rows_before(engine, job, spec)?;
     opts.step(FailPoint::AfterGuards)?;
 
     // 5. One MERGE over the keys. Its first clause refuses a key the
@@ -420,15 +502,7 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     })?;
 
     // 6. Remember this batch's tombstones.
-    if spec.deleted.is_some() {
-        engine.execute(&Sql::raw(format!(
-            "DELETE FROM {} AS d WHERE EXISTS (SELECT 1 FROM {BATCH} AS b WHERE b.{del} AND {})",
-            tomb.quoted(),
-            keys_match("d", "b", &spec.key)
-        )))?;
-        let kv = spec.key.iter().chain([&spec.version]).map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
-        engine.execute(&Sql::raw(format!("INSERT INTO {} ({kv}) SELECT {kv} FROM {BATCH} WHERE {del}", tomb.quoted())))?;
-    }
+    remember_tombstones(engine, spec, &tomb)?;
     opts.step(FailPoint::AfterInsert)?;
 
     // 7. The output: the batch's keys as the target now holds them. When
@@ -466,27 +540,9 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     };
     trace.step("output fp");
 
-    // 8. Audit the touched keys as they will be published.
-    let audits = if job.audits.is_empty() {
-        Vec::new()
-    } else {
-        let scope = crate::audit::AuditScope { from: &touched, previous_rows: rows_before, run_date: run_date.date() };
-        let results = crate::audit::audit(&job.audits, engine, &scope)?;
-        trace.step("audits");
-        results
-    };
-    let mut report = RunReport::new(job, run_date, key, "committed", &input, &output);
-    report.audits = audits;
-    report.input_files = run_input.files.clone();
-    report.rows_deleted = deletes;
-    report.rows_inserted = inserts;
-    report.rows_updated = updates;
-    report.rows_unchanged = batch_rows - inserts - updates - deletes;
-    report.duplicates_collapsed = duplicates_collapsed;
-    report.created_target = created_target;
-    report.method = "merge, checks in the statement".into();
-    ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
-    opts.step(FailPoint::BeforeCommit)?;
+    // 8. Audits, the report, the ledger row.
+    let outcome = Outcome { key, input, output, inserts, updates, deletes, batch_rows, duplicates_collapsed, rows_before, method: "merge, checks in the statement" };
+    let report = publish(engine, plan, outcome, trace)?;
     engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {BATCH}")))?;
     trace.step("ledger, cleanup");
     Ok(Some(report))
@@ -526,24 +582,24 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
     let version = quote_ident(&spec.version);
     let source_list = names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
 
+    let plan = Plan {
+        job,
+        spec,
+        run_date,
+        opts,
+        run_input,
+        params: &params,
+        source_cols: &source_cols,
+        added: &added,
+        created_target: target_cols.is_none(),
+        prune,
+        names: &names,
+        compared: &compared,
+        meta_cols: &meta_cols,
+        input_cols: &input_cols,
+        started_at,
+    };
     if engine.merge_refuses_in_statement() {
-        let plan = Plan {
-            job,
-            spec,
-            run_date,
-            opts,
-            run_input,
-            params: &params,
-            source_cols: &source_cols,
-            added: &added,
-            created_target: target_cols.is_none(),
-            prune,
-            names: &names,
-            compared: &compared,
-            meta_cols: &meta_cols,
-            input_cols: &input_cols,
-            started_at,
-        };
         engine.begin()?;
         match merge_in_statement(engine, &plan, &mut trace) {
             Ok(Some(mut report)) => {
@@ -623,21 +679,7 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
 
         // 5. Tombstones: an older (or equal) version of a deleted key is
         //    already beaten; drop it from the batch.
-        let tomb = tombstone_table(&job.target);
-        if spec.deleted.is_some() || engine.table_columns(&tomb)?.is_some() {
-            let cols: Vec<String> = spec
-                .key
-                .iter()
-                .chain([&spec.version])
-                .map(|k| format!("{} {}", quote_ident(k), source_cols.iter().find(|c| &c.name == k).expect("described").ty))
-                .collect();
-            engine.execute(&Sql::raw(format!("CREATE TABLE IF NOT EXISTS {} ({})", tomb.quoted(), cols.join(", "))))?;
-            engine.execute(&Sql::raw(format!(
-                "DELETE FROM {BATCH} AS b WHERE EXISTS (SELECT 1 FROM {} AS d WHERE {} AND b.{version} <= d.{version})",
-                tomb.quoted(),
-                keys_match("d", "b", &spec.key)
-            )))?;
-        }
+        let (tomb, _) = drop_beaten(engine, job, spec, &source_cols)?;
         trace.step("tombstones");
 
         // 6. Pruning: the partitions the batch touches, bound as values so
@@ -645,22 +687,7 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
         let mut prune_sql = Sql::new();
         if let Some(p) = prune {
             let ty = &target_cols.iter().find(|c| c.name == p).expect("checked").ty;
-            let parts = engine.query(&Sql::raw(format!("SELECT DISTINCT {} FROM {BATCH} WHERE {} IS NOT NULL ORDER BY 1", quote_ident(p), quote_ident(p))))?.rows;
-            prune_sql.push(&q("t", p));
-            if parts.is_empty() {
-                prune_sql.push(" IS NULL AND false");
-            } else if parts.len() <= MAX_PRUNE_LIST {
-                prune_sql.push(" IN (");
-                for (i, v) in parts.iter().enumerate() {
-                    if i > 0 {
-                        prune_sql.push(", ");
-                    }
-                    prune_sql.typed_param(v[0].clone(), ty);
-                }
-                prune_sql.push(")");
-            } else {
-                prune_sql.push(&format!(" IN (SELECT {} FROM {BATCH})", quote_ident(p)));
-            }
+            prune_sql = touched_partitions(engine, p, ty)?;
         }
         let in_scope = if prune.is_some() { format!("coalesce({}, false)", prune_sql.text) } else { "true".to_owned() };
         let on = {
@@ -724,22 +751,7 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
         }
         opts.step(FailPoint::AfterGuards)?;
 
-        // The touched keys' rows as the target holds them (audits).
-        let touched = |sql: &mut Sql| {
-            sql.push(&format!(
-                "(SELECT t.* FROM {} AS t WHERE EXISTS (SELECT 1 FROM {BATCH} AS b WHERE {})) AS a",
-                job.target.quoted(),
-                keys_match("t", "b", &spec.key)
-            ));
-        };
-        let rows_before = if job.audits.iter().any(|a| matches!(a.kind, crate::audit::AuditKind::RowCountChange { .. })) {
-            let mut sql = Sql::new();
-            sql.push("SELECT count(*) FROM ");
-            touched(&mut sql);
-            Some(count(engine, &sql)?[0])
-        } else {
-            None
-        };
+        let rows_before = rows_before(engine, job, spec)?;
 
         // 8. One MERGE, pruned.
         let set = names
@@ -770,15 +782,7 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
         }
 
         // 9. Remember this batch's tombstones.
-        if spec.deleted.is_some() {
-            engine.execute(&Sql::raw(format!(
-                "DELETE FROM {} AS d WHERE EXISTS (SELECT 1 FROM {BATCH} AS b WHERE {del} AND {})",
-                tomb.quoted(),
-                keys_match("d", "b", &spec.key)
-            )))?;
-            let kv = spec.key.iter().chain([&spec.version]).map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
-            engine.execute(&Sql::raw(format!("INSERT INTO {} ({kv}) SELECT {kv} FROM {BATCH} WHERE {}", tomb.quoted(), quote_ident(DELETED))))?;
-        }
+        remember_tombstones(engine, spec, &tomb)?;
         opts.step(FailPoint::AfterInsert)?;
 
         // 10. The output: the batch's keys as the target now holds them.
@@ -797,27 +801,9 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
         };
 
         trace.step("output fp");
-        // 11. Audit the touched keys as they will be published.
-        let audits = if job.audits.is_empty() {
-            Vec::new()
-        } else {
-            let scope = crate::audit::AuditScope { from: &touched, previous_rows: rows_before, run_date: run_date.date() };
-            let results = crate::audit::audit(&job.audits, engine, &scope)?;
-            trace.step("audits");
-            results
-        };
-        let mut report = RunReport::new(job, run_date, key, "committed", &input, &output);
-        report.audits = audits;
-        report.input_files = run_input.files.clone();
-        report.rows_deleted = deletes;
-        report.rows_inserted = inserts;
-        report.rows_updated = updates;
-        report.rows_unchanged = batch_rows - inserts - updates - deletes;
-        report.duplicates_collapsed = duplicates_collapsed;
-        report.created_target = created_target;
-        report.method = "merge".into();
-        ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
-        opts.step(FailPoint::BeforeCommit)?;
+        // 11. Audits, the report, the ledger row.
+        let outcome = Outcome { key, input, output, inserts, updates, deletes, batch_rows, duplicates_collapsed, rows_before, method: "merge" };
+        let report = publish(engine, &plan, outcome, &mut trace)?;
         engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {STAGE}")))?;
         engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {BATCH}")))?;
         trace.step("ledger, cleanup");
