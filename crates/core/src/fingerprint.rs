@@ -64,6 +64,13 @@ pub fn write_float(buf: &mut Vec<u8>, v: f64) {
     }
 }
 
+/// [`write_float`] as a `String`.
+pub fn float_text(v: f64) -> String {
+    let mut b = Vec::new();
+    write_float(&mut b, v);
+    String::from_utf8(b).expect("ASCII")
+}
+
 /// The value a float's canonical text stands for, written for people
 /// (Rust's shortest round-trip form: `0.1`, `1e300`); other texts as they are.
 pub fn float_display(text: &str) -> String {
@@ -150,9 +157,7 @@ mod tests {
     use super::*;
 
     fn text(v: f64) -> String {
-        let mut b = Vec::new();
-        write_float(&mut b, v);
-        String::from_utf8(b).unwrap()
+        float_text(v)
     }
 
     #[test]

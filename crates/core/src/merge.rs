@@ -299,6 +299,20 @@ fn publish(engine: &mut dyn Engine, plan: &Plan<'_>, o: Outcome, trace: &mut cra
     Ok(report)
 }
 
+/// The MERGE's actions from batch `b`: the UPDATE's SET list (every column
+/// but the key), the INSERT's column list and its values.
+fn merge_actions(spec: &MergeSpec, names: &[String]) -> (String, String, String) {
+    let set = names
+        .iter()
+        .filter(|c| !spec.key.contains(c))
+        .map(|c| format!("{} = b.{}", quote_ident(c), quote_ident(c)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let col_list = names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
+    let values = names.iter().map(|c| q("b", c)).collect::<Vec<_>>().join(", ");
+    (set, col_list, values)
+}
+
 /// The message of a refusal raised inside the MERGE (`THEN ERROR`).
 const REFUSED_IN_MERGE: &str = "fixpoint: a batch key is held in a partition the batch does not touch";
 
@@ -458,14 +472,7 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
         OnTie::Deterministic => format!(" OR (b.{version} = t.{version} AND {})", sorts_before("b", "t", compared)),
         OnTie::Error => String::new(),
     });
-    let set = names
-        .iter()
-        .filter(|c| !spec.key.contains(c))
-        .map(|c| format!("{} = b.{}", quote_ident(c), quote_ident(c)))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let col_list = names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
-    let values = names.iter().map(|c| q("b", c)).collect::<Vec<_>>().join(", ");
+    let (set, col_list, values) = merge_actions(spec, names);
     let no_taps = || Error::Internal("the engine has no taps".into());
     let mut sql = Sql::new();
     sql.push(&format!("MERGE INTO {} AS t USING {BATCH} AS b ON ({}) ", job.target.quoted(), keys_match("t", "b", &spec.key)));
@@ -754,14 +761,7 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
         let rows_before = rows_before(engine, job, spec)?;
 
         // 8. One MERGE, pruned.
-        let set = names
-            .iter()
-            .filter(|c| !spec.key.contains(c))
-            .map(|c| format!("{} = b.{}", quote_ident(c), quote_ident(c)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let col_list = names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
-        let values = names.iter().map(|c| q("b", c)).collect::<Vec<_>>().join(", ");
+        let (set, col_list, values) = merge_actions(spec, &names);
         let mut sql = Sql::new();
         sql.push(&format!("MERGE INTO {} AS t USING {BATCH} AS b ON (", job.target.quoted()));
         sql.text.push_str(&on.text);

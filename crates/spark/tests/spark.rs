@@ -147,11 +147,7 @@ fn the_cluster_writes_each_float_as_its_bits() {
     let got: Vec<String> = rows.rows.iter().map(|r| r[1].display().trim_matches('"').to_owned()).collect();
     let want: Vec<String> = values
         .iter()
-        .map(|v| {
-            let mut b = Vec::new();
-            fixpoint_core::fingerprint::write_float(&mut b, v.parse::<f64>().unwrap());
-            String::from_utf8(b).unwrap()
-        })
+        .map(|v| fixpoint_core::fingerprint::float_text(v.parse::<f64>().unwrap()))
         .collect();
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g, w, "{}", values[i]);
