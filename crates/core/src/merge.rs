@@ -517,11 +517,10 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     //    the batch's upserts as the target's columns hold them; otherwise
     //    the keys left alone are read, and those that differ from the
     //    batch at the same version refused (`on_tie = "error"`).
-    let (_, okind, osig) = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
+    let (select, okind, osig) = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
     let left_alone = (batch_rows - beaten).checked_sub(changed).ok_or_else(|| Error::Internal("the merge changed more rows than the batch holds".into()))?;
     let from_batch = output_cols.iter().all(|c| names.contains(&c.name));
     let output = if left_alone == 0 && from_batch {
-        let (select, _, _) = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
         let cast = output_cols.iter().map(|c| format!("CAST({} AS {}) AS {}", q("b", &c.name), c.ty, quote_ident(&c.name))).collect::<Vec<_>>().join(", ");
         let sql = Sql::raw(format!("SELECT {select} FROM (SELECT {cast} FROM {BATCH} AS b WHERE NOT b.{del}) AS t"));
         let row = engine.query(&sql)?.rows.into_iter().next().ok_or_else(|| Error::Internal("output scan".into()))?;
@@ -531,7 +530,6 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
         }
         fp
     } else {
-        let (select, _, _) = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
         let ties = if spec.on_tie == OnTie::Error {
             format!(", count(*) FILTER (WHERE NOT b.{del} AND b.{version} = t.{version} AND ({}))", rows_differ("b", "t", compared))
         } else {
