@@ -202,6 +202,18 @@ pub trait Engine {
         None
     }
 
+    /// A dedup tap: a BOOLEAN expression (TRUE) that counts the rows it
+    /// is evaluated on and sums `hash` (UBIGINT) over them, and finds ties:
+    /// two rows with the same `pair` (a hash of key and version) whose
+    /// `row` hashes (NULL: not compared) differ. Closed with
+    /// [`Engine::tap_close`]: (rows, ties, sum); ties is at least 1 when the
+    /// tap could not remember every pair. `None` where the engine has no
+    /// taps.
+    fn tap_dedup(&mut self, hash: &str, pair: &str, row: &str) -> Option<(Sql, u64)> {
+        let _ = (hash, pair, row);
+        None
+    }
+
     /// Whether `MERGE` takes `WHEN [NOT] MATCHED AND … THEN ERROR 'message'`
     /// clauses (a refusal inside the statement, so it needs no join of its
     /// own) and `INSERT`/`UPDATE` actions whose conditions hold taps.

@@ -61,6 +61,19 @@ pub(crate) fn rows_differ(a: &str, b: &str, cols: &[String]) -> String {
     cols.iter().map(|c| format!("{} IS DISTINCT FROM {}", q(a, c), q(b, c))).collect::<Vec<_>>().join(" OR ")
 }
 
+/// A tie in the batch: a source row `s` of the kept row `b`'s key at its
+/// version, both upserts, that differs from it in `compared`. A tombstone
+/// at the newest version wins over any upsert there (the dedup orders it
+/// first), so only two upserts can tie.
+pub(crate) fn batch_tie_cond(spec: &MergeSpec, compared: &[String]) -> String {
+    let (version, del) = (quote_ident(&spec.version), quote_ident(DELETED));
+    format!(
+        "{} AND s.{version} = b.{version} AND NOT s.{del} AND NOT b.{del} AND ({})",
+        keys_match("s", "b", &spec.key),
+        rows_differ("s", "b", compared)
+    )
+}
+
 pub(crate) fn tombstone_table(target: &TableName) -> TableName {
     TableName { schema: ledger::SCHEMA.into(), table: format!("tombstones__{}__{}", target.schema, target.table) }
 }
@@ -376,50 +389,78 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     let version = quote_ident(&spec.version);
     let del = quote_ident(DELETED);
 
-    // 1. The batch: one row per key, straight from the source. The input
-    //    fingerprint is tapped in the innermost projection, which the window
-    //    orders by (last, so it decides nothing) and so has to evaluate once
-    //    per source row. Two different rows of a key at one version are
-    //    adjacent in the window's order: `lead` flags them (by a hash of
-    //    what tells rows apart), and the flagged rows are kept too. (A flag
-    //    below the newest version is no tie, but the other plan sorts that
-    //    out: rare, and never wrong.)
+    // 1. The batch: one row per key, straight from the source. A tap in
+    //    the projection the window orders by (last, so it decides nothing,
+    //    and is evaluated once per source row) sums the input fingerprint
+    //    and looks for ties: two upserts of one key at one version whose
+    //    values differ (a tombstone wins at its version, so it ties with
+    //    nothing). A tie anywhere, even below the newest version, sends
+    //    the run to the other plan: rare, and never wrong. Without a tie,
+    //    the rows of a key's newest version are copies, so the window's
+    //    order (version, tombstone first, the metadata columns) picks the
+    //    row the other plan's total order picks.
     engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {BATCH}")))?;
-    let (input_hash, kind, signature) = crate::engine::row_hash(engine, Method::Native, "s", input_cols)?;
-    let (seen, seen_token) = engine.tap_rows(&input_hash).ok_or_else(|| Error::Internal("the engine has no taps".into()))?;
-    let told_apart: Vec<Column> = std::iter::once(Column { name: DELETED.into(), ty: "BOOLEAN".into() })
-        .chain(compared.iter().map(|c| source_cols.iter().find(|s| &s.name == c).expect("described").clone()))
-        .collect();
-    let tie_hash = engine.native_row_hash("x", &told_apart).ok_or_else(|| Error::Internal("the engine has no native row hash".into()))?;
+    let (input_hash, kind, signature) = crate::engine::row_hash(engine, Method::Native, "x", input_cols)?;
+    let described = |c: &String| source_cols.iter().find(|s| &s.name == c).expect("described").clone();
+    // Tombstones get pairs of their own (the flag is hashed with key and
+    // version) and row hash 0: they never tie. (No argument may be a
+    // constant NULL, which DuckDB folds the whole call into, as it can in
+    // one branch of a UNION ALL source.)
+    let flag = Column { name: DELETED.into(), ty: "BOOLEAN".into() };
+    let pair_cols: Vec<Column> = spec.key.iter().chain([&spec.version]).map(described).chain([flag]).collect();
+    let compared_cols: Vec<Column> = compared.iter().map(described).collect();
+    let no_hash = || Error::Internal("the engine has no native row hash".into());
+    let pair_hash = engine.native_row_hash("x", &pair_cols).ok_or_else(no_hash)?;
+    let row_hash = if compared_cols.is_empty() {
+        "0".to_owned()
+    } else {
+        format!("CASE WHEN x.{del} THEN 0 ELSE {} END", engine.native_row_hash("x", &compared_cols).ok_or_else(no_hash)?)
+    };
+    let (seen, seen_token) = engine.tap_dedup(&input_hash, &pair_hash, &row_hash).ok_or_else(|| Error::Internal("the engine has no taps".into()))?;
     let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
-    // Without a tie, the rows at a key's newest version are copies (equal
-    // hashes): ordering by the hash instead of the values picks the same
-    // row as the other plan's total order (the metadata columns decide
-    // between copies); with one, the other plan runs.
-    let order = [format!("{version} DESC NULLS FIRST"), format!("{del} DESC"), "\"__fixpoint_h\"".to_owned()]
-        .into_iter()
+    let order = std::iter::once(format!("{version} DESC NULLS FIRST"))
+        .chain(spec.deleted.as_ref().map(|_| format!("{del} DESC")))
         .chain(meta_cols.iter().map(|c| format!("{} ASC NULLS FIRST", quote_ident(c))))
         .chain(["\"__fixpoint_seen\"".to_owned()])
         .collect::<Vec<_>>()
         .join(", ");
     let all = names.iter().map(|c| quote_ident(c)).chain([del.clone()]).collect::<Vec<_>>().join(", ");
+    // The kept upserts as the target's columns will hold them, hashed by a
+    // counting tap on the way into the batch: the output fingerprint when
+    // the MERGE writes every key (checked below).
+    let from_batch = !output_cols.is_empty() && output_cols.iter().all(|c| names.contains(&c.name));
+    let cast_name = |i: usize| format!("__fixpoint_o{i}");
+    let out_tap = if from_batch {
+        let renamed: Vec<Column> = output_cols.iter().enumerate().map(|(i, c)| Column { name: cast_name(i), ty: c.ty.clone() }).collect();
+        let hash = engine.native_row_hash("o", &renamed).ok_or_else(no_hash)?;
+        engine.tap_rows(&format!("CASE WHEN NOT o.{del} THEN {hash} END"))
+    } else {
+        None
+    };
     let mut sql = Sql::new();
-    sql.push(&format!(
-        "SELECT {all}, \"__fixpoint_rank\", \"__fixpoint_tie\" FROM (SELECT *, row_number() OVER w AS \"__fixpoint_rank\", \
-         coalesce(lead({version}) OVER w = {version} AND lead(\"__fixpoint_h\") OVER w <> \"__fixpoint_h\", false) AS \"__fixpoint_tie\" \
-         FROM (SELECT x.*, {tie_hash} AS \"__fixpoint_h\" FROM (SELECT s.*, "
-    ));
+    sql.push(&format!("SELECT {all}"));
+    if let Some((tap, _)) = &out_tap {
+        sql.push(", ").append(tap).push(" AS \"__fixpoint_out\"");
+    }
+    sql.push(" FROM (SELECT r.*");
+    if out_tap.is_some() {
+        for (i, c) in output_cols.iter().enumerate() {
+            sql.push(&format!(", CAST({} AS {}) AS {}", q("r", &c.name), c.ty, quote_ident(&cast_name(i))));
+        }
+    }
+    sql.push(&format!(" FROM (SELECT *, row_number() OVER (PARTITION BY {key_list} ORDER BY {order}) AS \"__fixpoint_rank\" FROM (SELECT x.*, "));
+    sql.append(&seen);
+    sql.push(" AS \"__fixpoint_seen\" FROM (SELECT s.*, ");
     match &spec.deleted {
         Some(pred) => sql.push(&format!("coalesce(({pred}), false)")),
         None => sql.push("false"),
     };
-    sql.push(&format!(" AS {del}, "));
-    sql.append(&seen);
-    sql.push(" AS \"__fixpoint_seen\" FROM ");
+    sql.push(&format!(" AS {del} FROM "));
     Scope::Source { template: job.source.template(), params }.write_from(&mut sql, "s");
-    sql.push(&format!(") AS x) AS x WINDOW w AS (PARTITION BY {key_list} ORDER BY {order})) AS r WHERE \"__fixpoint_rank\" = 1 OR \"__fixpoint_tie\""));
+    sql.push(") AS x) AS x) AS r WHERE \"__fixpoint_rank\" = 1) AS o");
     let made = engine.create_temp_table_as(BATCH, &sql);
-    let (input_rows, _, input_sum) = engine.tap_close(seen_token).unwrap_or_default();
+    let (input_rows, ties, input_sum) = engine.tap_close(seen_token).unwrap_or_default();
+    let kept_upserts = out_tap.and_then(|(_, token)| engine.tap_close(token));
     made?;
     trace.step("dedup, input fp");
 
@@ -427,11 +468,9 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     //    (a NULL key's rows share a window, a NULL version sorts first:
     //    either way a kept row shows it), ties.
     let null_key = spec.key.iter().map(|k| format!("{} IS NULL", quote_ident(k))).chain([format!("{version} IS NULL")]).collect::<Vec<_>>().join(" OR ");
-    let [batch_rows, ties, nulls, tombstones] = count(
+    let [batch_rows, nulls, tombstones] = count(
         engine,
-        &Sql::raw(format!(
-            "SELECT count(*) FILTER (WHERE \"__fixpoint_rank\" = 1), count(*) FILTER (WHERE \"__fixpoint_tie\"), count(*) FILTER (WHERE {null_key}), count(*) FILTER (WHERE {del}) FROM {BATCH}"
-        )),
+        &Sql::raw(format!("SELECT count(*), count(*) FILTER (WHERE {null_key}), count(*) FILTER (WHERE {del}) FROM {BATCH}")),
     )?[..] else {
         return Err(Error::Internal("the batch scan".into()));
     };
@@ -519,12 +558,8 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     //    batch at the same version refused (`on_tie = "error"`).
     let (select, okind, osig) = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
     let left_alone = (batch_rows - beaten).checked_sub(changed).ok_or_else(|| Error::Internal("the merge changed more rows than the batch holds".into()))?;
-    let from_batch = output_cols.iter().all(|c| names.contains(&c.name));
-    let output = if left_alone == 0 && from_batch {
-        let cast = output_cols.iter().map(|c| format!("CAST({} AS {}) AS {}", q("b", &c.name), c.ty, quote_ident(&c.name))).collect::<Vec<_>>().join(", ");
-        let sql = Sql::raw(format!("SELECT {select} FROM (SELECT {cast} FROM {BATCH} AS b WHERE NOT b.{del}) AS t"));
-        let row = engine.query(&sql)?.rows.into_iter().next().ok_or_else(|| Error::Internal("output scan".into()))?;
-        let fp = Fingerprint::from_sum(&okind, &osig, row[0].as_u64().unwrap_or(0), engine.read_sum(&row[1])?);
+    let output = if let (0, 0, Some((rows, _, sum))) = (left_alone, beaten, kept_upserts) {
+        let fp = Fingerprint::from_sum(&okind, &osig, rows, sum);
         if fp.rows != inserts + updates {
             return Err(Error::Internal(format!("{} upserts in the batch, but the merge wrote {inserts} and updated {updates}; rolled back", fp.rows)));
         }
@@ -671,8 +706,7 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
 
         // 4. Ties inside the batch: another row of a key at its newest
         //    version that differs from the kept one.
-        let with_flag: Vec<String> = compared.iter().cloned().chain([DELETED.to_owned()]).collect();
-        let tie_cond = format!("{} AND s.{version} = b.{version} AND ({})", keys_match("s", "b", &spec.key), rows_differ("s", "b", &with_flag));
+        let tie_cond = batch_tie_cond(spec, &compared);
         if spec.on_tie == OnTie::Error {
             let ties = count(engine, &Sql::raw(format!("SELECT count(DISTINCT ({key_list_b})) FROM {STAGE} AS s JOIN {BATCH} AS b ON {tie_cond}",
                 key_list_b = spec.key.iter().map(|k| q("b", k)).chain(["true".to_owned()]).collect::<Vec<_>>().join(", "))))?[0];

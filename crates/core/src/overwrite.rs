@@ -408,9 +408,8 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
         trace.step("dedup");
 
         // 4. Ties inside the batch.
-        let with_flag: Vec<String> = compared.iter().cloned().chain([DELETED.to_owned()]).collect();
         if spec.on_tie == OnTie::Error {
-            let tie_cond = format!("{} AND s.{version} = b.{version} AND ({})", keys_match("s", "b", &spec.key), rows_differ("s", "b", &with_flag));
+            let tie_cond = crate::merge::batch_tie_cond(spec, &compared);
             let ties = count(engine, &Sql::raw(format!("SELECT count(*) FROM {DEDUP} AS b WHERE EXISTS (SELECT 1 FROM {STAGE} AS s WHERE {tie_cond})")))?[0];
             if ties > 0 {
                 return Err(crate::merge::tie_error(engine, spec, &names, STAGE, DEDUP, &tie_cond, ties)?);

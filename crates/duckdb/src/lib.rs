@@ -465,11 +465,26 @@ impl Engine for DuckDb {
         Some((sql, token))
     }
 
+    fn tap_dedup(&mut self, hash: &str, pair: &str, row: &str) -> Option<(Sql, u64)> {
+        if !self.tap_registered {
+            return None;
+        }
+        let token = tap::open_dedup();
+        let mut sql = Sql::new();
+        sql.push(&format!("{}(", tap::DEDUP_FUNCTION)).typed_param(Value::Int(token as i64), "UBIGINT");
+        sql.push(&format!(", CAST({hash} AS UBIGINT), CAST({pair} AS UBIGINT), CAST({row} AS UBIGINT))"));
+        Some((sql, token))
+    }
+
     fn merge_refuses_in_statement(&self) -> bool {
         self.tap_registered
     }
 
     fn tap_close(&mut self, token: u64) -> Option<(u64, u64, i128)> {
+        if tap::is_dedup(token) {
+            let d = tap::close_dedup(token);
+            return Some((d.rows, d.ties, d.sum));
+        }
         let s = tap::close(token);
         Some((s.rows, s.outside, s.sum))
     }

@@ -16,7 +16,8 @@
 
 use std::collections::HashMap;
 use std::error::Error as StdError;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use duckdb::core::{DataChunkHandle, LogicalTypeId};
@@ -29,6 +30,23 @@ pub const FUNCTION: &str = "fixpoint_tap";
 /// TRUE for every row it sees (a row whose hash is NULL is not seen, and
 /// the result is NULL), counting the rows and summing the hashes.
 pub const ROWS_FUNCTION: &str = "fixpoint_tap_rows";
+/// The dedup tap's SQL name: `fixpoint_tap_dedup(token, hash, kv, row) ->
+/// BOOLEAN`, TRUE for every row: counts the rows and sums their hashes (the
+/// input fingerprint of a merge batch), and looks for ties: two rows with
+/// the same `kv` (a hash of key and version) and different `row` hashes (of
+/// what tells rows apart; a NULL `row`, a tombstone's, is not compared).
+pub const DEDUP_FUNCTION: &str = "fixpoint_tap_dedup";
+
+/// How many (key, version) pairs the dedup tap remembers by default (16
+/// bytes each, ~150 MiB at the limit). Past it the tap reports a possible
+/// tie and the caller takes the plan that checks ties with a join.
+pub const DEDUP_LIMIT: usize = 8 << 20;
+static LIMIT: AtomicUsize = AtomicUsize::new(DEDUP_LIMIT);
+
+/// Sets how many pairs the dedup taps opened from now on remember (tests).
+pub fn set_dedup_limit(pairs: usize) {
+    LIMIT.store(pairs, Ordering::Relaxed);
+}
 
 /// What a tap saw.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -42,13 +60,71 @@ pub struct Seen {
 }
 
 static TAPS: Mutex<Option<HashMap<u64, Seen>>> = Mutex::new(None);
+static DEDUPS: Mutex<Option<HashMap<u64, Dedup>>> = Mutex::new(None);
+
+/// What the dedup tap saw.
+#[derive(Debug, Default)]
+pub struct Dedup {
+    /// Rows that reached the function.
+    pub rows: u64,
+    /// Sum of their hashes.
+    pub sum: i128,
+    /// Rows whose (key, version) came before with another row hash; or 1
+    /// when more pairs came than the tap remembers.
+    pub ties: u64,
+    /// The first row hash of each (key, version).
+    first: HashMap<u64, u64, BuildHasherDefault<Passthrough>>,
+    /// More pairs came than `limit`.
+    overflow: bool,
+    /// How many pairs it remembers.
+    limit: usize,
+}
+
+/// The (key, version) hashes are hashes already: used as they are.
+#[derive(Default)]
+struct Passthrough(u64);
+
+impl Hasher for Passthrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// Closes a dedup tap and returns what it saw (its memory freed).
+pub fn close_dedup(token: u64) -> Dedup {
+    let mut d = DEDUPS.lock().unwrap_or_else(|e| e.into_inner()).as_mut().and_then(|t| t.remove(&token)).unwrap_or_default();
+    if d.overflow {
+        d.ties = d.ties.max(1);
+    }
+    d.first = HashMap::default();
+    d
+}
 static NEXT: AtomicU64 = AtomicU64::new(1);
 
 /// A new tap's token (nothing is kept until rows arrive, so a run that stops
 /// before its insert leaves nothing behind); it goes into the SQL as a bound
 /// parameter.
 pub fn open() -> u64 {
-    NEXT.fetch_add(1, Ordering::Relaxed)
+    NEXT.fetch_add(1, Ordering::Relaxed) * 2
+}
+
+/// A new dedup tap's token (tokens of dedup taps are odd, the others'
+/// even: [`is_dedup`] tells which `close` a token takes).
+pub fn open_dedup() -> u64 {
+    NEXT.fetch_add(1, Ordering::Relaxed) * 2 + 1
+}
+
+/// Whether `token` is a dedup tap's.
+pub fn is_dedup(token: u64) -> bool {
+    token % 2 == 1
 }
 
 /// Closes a tap and returns what it saw (nothing, when no row reached it).
@@ -59,7 +135,8 @@ pub fn close(token: u64) -> Seen {
 /// Registers the function on `conn`.
 pub fn register(conn: &duckdb::Connection) -> duckdb::Result<()> {
     conn.register_scalar_function::<Tap>(FUNCTION)?;
-    conn.register_scalar_function::<TapRows>(ROWS_FUNCTION)
+    conn.register_scalar_function::<TapRows>(ROWS_FUNCTION)?;
+    conn.register_scalar_function::<TapDedup>(DEDUP_FUNCTION)
 }
 
 /// The validity mask of column `idx` of `input`: one bit per row, 0 for
@@ -120,6 +197,69 @@ impl VScalar for TapRows {
 
     fn signatures() -> Vec<ScalarFunctionSignature> {
         vec![ScalarFunctionSignature::exact(vec![LogicalTypeId::UBigint.into(), LogicalTypeId::UBigint.into()], LogicalTypeId::Boolean.into())]
+    }
+
+    fn volatile() -> bool {
+        true
+    }
+}
+
+struct TapDedup;
+
+impl VScalar for TapDedup {
+    type State = ();
+
+    fn invoke(_: &(), input: &mut DataChunkHandle, output: &mut dyn WritableVector) -> Result<(), Box<dyn StdError>> {
+        let rows = input.len();
+        if rows == 0 {
+            return Ok(());
+        }
+        // SAFETY: the signature is (UBIGINT, UBIGINT, UBIGINT, UBIGINT);
+        // DuckDB hands flattened vectors of `rows` values. The token, the
+        // hash and the pair are never NULL (hashes); a NULL row hash is
+        // read from the validity and not compared.
+        let (v0, v1, v2, v3) = (input.flat_vector(0), input.flat_vector(1), input.flat_vector(2), input.flat_vector(3));
+        let (tokens, hashes, pairs, row_hashes) = unsafe {
+            (
+                v0.as_slice_with_len::<u64>(rows),
+                v1.as_slice_with_len::<u64>(rows),
+                v2.as_slice_with_len::<u64>(rows),
+                v3.as_slice_with_len::<u64>(rows),
+            )
+        };
+        let token = tokens[0];
+        if tokens.iter().any(|&t| t != token) {
+            return Err(format!("{DEDUP_FUNCTION}: one token per call site").into());
+        }
+        let mut out = output.flat_vector();
+        // SAFETY: the result is a BOOLEAN vector with room for `rows` values.
+        unsafe { out.as_mut_slice_with_len::<bool>(rows) }.fill(true);
+        let sum: i128 = hashes.iter().map(|&h| i128::from(h)).sum();
+        let mask = validity(input, 3);
+        let mut taps = DEDUPS.lock().unwrap_or_else(|e| e.into_inner());
+        let d = taps.get_or_insert_with(HashMap::new).entry(token).or_insert_with(|| Dedup { limit: LIMIT.load(Ordering::Relaxed), ..Dedup::default() });
+        d.rows += rows as u64;
+        d.sum += sum;
+        if d.overflow {
+            return Ok(());
+        }
+        for (r, (&kv, &h)) in pairs.iter().zip(row_hashes).enumerate() {
+            if is_null(mask, r) {
+                continue;
+            }
+            if d.first.len() >= d.limit && !d.first.contains_key(&kv) {
+                d.overflow = true;
+                d.first = HashMap::default();
+                break;
+            }
+            let first = *d.first.entry(kv).or_insert(h);
+            d.ties += u64::from(first != h);
+        }
+        Ok(())
+    }
+
+    fn signatures() -> Vec<ScalarFunctionSignature> {
+        vec![ScalarFunctionSignature::exact((0..4).map(|_| LogicalTypeId::UBigint.into()).collect(), LogicalTypeId::Boolean.into())]
     }
 
     fn volatile() -> bool {

@@ -56,3 +56,47 @@ fn the_counting_tap_sees_only_non_null_hashes() {
     assert_eq!((trues, nulls), (n, 10000 - n));
     assert_eq!((seen.rows as i64, seen.sum.to_string()), (n, expected));
 }
+
+/// `fixpoint_tap_dedup(token, hash, pair, row)` over `sql`'s rows (columns
+/// h, pair, row): what it returned and what it saw.
+fn dedup(db: &DuckDb, from: &str) -> (i64, tap::Dedup) {
+    let token = tap::open_dedup();
+    let trues: i64 = db
+        .connection()
+        .query_row(
+            &format!("SELECT count(*) FILTER (WHERE m) FROM (SELECT {}(CAST(? AS UBIGINT), CAST(h AS UBIGINT), CAST(pair AS UBIGINT), CAST(row AS UBIGINT)) AS m FROM ({from}))", tap::DEDUP_FUNCTION),
+            [token as i64],
+            |r| r.get(0),
+        )
+        .unwrap();
+    (trues, tap::close_dedup(token))
+}
+
+#[test]
+fn the_dedup_tap_counts_sums_and_finds_ties() {
+    let db = db();
+    // 10,000 rows over 1,000 pairs, every row of a pair a copy: no tie.
+    let copies = "SELECT hash(i) AS h, hash(i % 1000) AS pair, hash(i % 1000, 'v') AS row FROM range(10000) AS r(i)";
+    let expected: String = db.connection().query_row("SELECT CAST(sum(hash(i)) AS VARCHAR) FROM range(10000) AS r(i)", [], |r| r.get(0)).unwrap();
+    let (trues, seen) = dedup(&db, copies);
+    assert_eq!((trues, seen.rows, seen.sum.to_string(), seen.ties), (10000, 10000, expected, 0));
+    // Pair 7 gets a second, different row: one tie.
+    // (Each row that differs from the pair's first counts: 1 if the odd row
+    // came last, 10 if it came first.)
+    let (_, seen) = dedup(&db, &format!("{copies} UNION ALL SELECT 1, hash(7), 42"));
+    assert_eq!(seen.rows, 10001);
+    assert!((1..=10).contains(&seen.ties), "{seen:?}");
+    // A NULL row hash is not compared, and the row still counted. (The
+    // merge passes none: a chunk whose argument is all NULL may skip the
+    // call, as a constant NULL does.)
+    let mixed = "SELECT hash(i) AS h, hash(i % 999) AS pair, CASE WHEN i % 2 = 0 THEN NULL ELSE hash(i % 999, 'v') END AS row FROM range(10000) AS r(i)";
+    let (trues, seen) = dedup(&db, mixed);
+    assert_eq!((trues, seen.rows, seen.ties), (10000, 10000, 0));
+    // Past its limit the tap reports a possible tie.
+    tap::set_dedup_limit(999);
+    let (_, seen) = dedup(&db, copies);
+    tap::set_dedup_limit(tap::DEDUP_LIMIT);
+    assert_eq!((seen.rows, seen.ties), (10000, 1));
+    let (_, seen) = dedup(&db, copies);
+    assert_eq!(seen.ties, 0, "the limit restored");
+}

@@ -152,6 +152,18 @@ fn ties_error_or_deterministic(e: &dyn EngineUnderTest) {
     // Exact duplicates are never a tie.
     add(db.as_mut(), "2026-10-21", &["6, 1, 1.00, 'EUR', TIMESTAMP '2026-10-21 08:00:00', DATE '2026-10-21', 'U'"; 3]);
     assert_eq!(counts(&job(MERGE_JOB).load(d("2026-10-21"), db.as_mut()).unwrap()), (1, 0, 0, 0, 2));
+    // An upsert and a tombstone of one key at one version are no tie: the tombstone wins.
+    add(db.as_mut(), "2026-10-22", &[
+        "6, 1, 2.00, 'EUR', TIMESTAMP '2026-10-22 08:00:00', DATE '2026-10-21', 'U'",
+        "6, 1, 3.00, 'EUR', TIMESTAMP '2026-10-22 08:00:00', DATE '2026-10-21', 'D'",
+        "6, 1, 4.00, 'EUR', TIMESTAMP '2026-10-22 08:00:00', DATE '2026-10-21', 'U'",
+    ]);
+    assert_eq!(counts(&job(MERGE_JOB).load(d("2026-10-22"), db.as_mut()).unwrap()), (0, 0, 1, 0, 2));
+    assert_eq!(count(db.as_mut(), "SELECT count(*) FROM silver.orders WHERE order_id = 6"), 0);
+    // Replayed, it changes nothing; an older upsert does not bring the key back.
+    assert_eq!(counts(&job(MERGE_JOB).load(d("2026-10-22"), db.as_mut()).unwrap()), (0, 0, 0, 1, 2));
+    assert_eq!(counts(&job(MERGE_JOB).load(d("2026-10-21"), db.as_mut()).unwrap()), (0, 0, 0, 1, 2));
+    assert_eq!(count(db.as_mut(), "SELECT count(*) FROM silver.orders WHERE order_id = 6"), 0);
     // The two tied rows in the other order: the same winner.
     let mut rev = e.fresh();
     exec(rev.as_mut(), CHANGES);
