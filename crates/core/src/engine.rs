@@ -197,7 +197,7 @@ pub trait Engine {
     /// exactly once per row: a projection, or a `MERGE … WHEN … AND`
     /// condition. Closed with [`Engine::tap_close`] (the middle figure is
     /// 0); `None` where the engine has no taps.
-    fn tap_rows(&mut self, hash: &str) -> Option<(Sql, u64)> {
+    fn tap_rows(&mut self, hash: &Sql) -> Option<(Sql, u64)> {
         let _ = hash;
         None
     }

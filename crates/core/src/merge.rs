@@ -433,7 +433,7 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     let out_tap = if from_batch {
         let renamed: Vec<Column> = output_cols.iter().enumerate().map(|(i, c)| Column { name: cast_name(i), ty: c.ty.clone() }).collect();
         let hash = engine.native_row_hash("o", &renamed).ok_or_else(no_hash)?;
-        engine.tap_rows(&format!("CASE WHEN NOT o.{del} THEN {hash} END"))
+        engine.tap_rows(&Sql::raw(format!("CASE WHEN NOT o.{del} THEN {hash} END")))
     } else {
         None
     };
@@ -498,11 +498,14 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     let rows_before = rows_before(engine, job, spec)?;
     opts.step(FailPoint::AfterGuards)?;
 
-    // 5. One MERGE over the keys. Its first clause refuses a key the
-    //    target holds in a partition the batch does not touch (a merge
-    //    pruned to the batch's partitions would duplicate it). The INSERT
-    //    and, when the batch has tombstones, the DELETE conditions are
-    //    taps that count their rows; the UPDATE, the bulk of a change
+    // 5. One MERGE over the keys. A key the target holds in a partition
+    //    the batch does not touch (a merge pruned to the batch's partitions
+    //    would duplicate it) is refused by the UPDATE's and the DELETE's
+    //    conditions, which raise an error for it (a key left alone is
+    //    checked below, with the rows left alone): cheaper than a clause
+    //    of its own, which makes the MERGE split every matched row. The
+    //    INSERT and, when the batch has tombstones, the DELETE conditions
+    //    are taps that count their rows; the UPDATE, the bulk of a change
     //    feed, runs untapped: its count is what the statement changed
     //    besides. (A target row that differs at the same version is left
     //    alone by the version guard; it is looked for below, with the rows
@@ -513,26 +516,40 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     });
     let (set, col_list, values) = merge_actions(spec, names);
     let no_taps = || Error::Internal("the engine has no taps".into());
+    // The key's target row is in a partition the batch touches (its own
+    // partition in the batch, the common case, decides at once).
+    let mut held_here = Sql::new();
+    if let Some(p) = prune {
+        held_here.push(&format!("({} = {} OR ", q("t", p), q("b", p))).append(&in_scope).push(")");
+    }
+    let refuse = format!("error('{REFUSED_IN_MERGE}')");
     let mut sql = Sql::new();
     sql.push(&format!("MERGE INTO {} AS t USING {BATCH} AS b ON ({}) ", job.target.quoted(), keys_match("t", "b", &spec.key)));
-    if prune.is_some() {
-        sql.push("WHEN MATCHED AND NOT ");
-        sql.append(&in_scope);
-        sql.push(&format!(" THEN ERROR '{REFUSED_IN_MERGE}' "));
-    }
     let is_delete = format!("b.{del} AND b.{version} >= t.{version}");
     let mut delete_token = None;
     if tombstones > 0 {
-        let (tap, token) = engine.tap_rows(&format!("CASE WHEN {is_delete} THEN 0 END")).ok_or_else(no_taps)?;
+        let mut counted = Sql::new();
+        counted.push(&format!("CASE WHEN {is_delete} THEN "));
+        if prune.is_some() {
+            counted.push("CASE WHEN ").append(&held_here).push(&format!(" THEN 0 ELSE {refuse} END"));
+        } else {
+            counted.push("0");
+        }
+        counted.push(" END");
+        let (tap, token) = engine.tap_rows(&counted).ok_or_else(no_taps)?;
         delete_token = Some(token);
         sql.push("WHEN MATCHED AND ");
         sql.append(&tap);
         sql.push(" THEN DELETE ");
     }
     if !set.is_empty() {
-        sql.push(&format!("WHEN MATCHED AND NOT b.{del} AND {newer} THEN UPDATE SET {set} "));
+        sql.push(&format!("WHEN MATCHED AND NOT b.{del} AND {newer} "));
+        if prune.is_some() {
+            sql.push("AND CASE WHEN ").append(&held_here).push(&format!(" THEN true ELSE {refuse} END "));
+        }
+        sql.push(&format!("THEN UPDATE SET {set} "));
     }
-    let (tap, insert_token) = engine.tap_rows(&format!("CASE WHEN NOT b.{del} THEN 0 END")).ok_or_else(no_taps)?;
+    let (tap, insert_token) = engine.tap_rows(&Sql::raw(format!("CASE WHEN NOT b.{del} THEN 0 END"))).ok_or_else(no_taps)?;
     sql.push("WHEN NOT MATCHED AND ");
     sql.append(&tap);
     sql.push(&format!(" THEN INSERT ({col_list}) VALUES ({values})"));
@@ -570,10 +587,19 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
         } else {
             ", 0".to_owned()
         };
-        // The batch holds one row per key, so a join is a semi-join.
-        let sql = Sql::raw(format!("SELECT {select}{ties} FROM {} AS t JOIN {BATCH} AS b ON {}", job.target.quoted(), keys_match("t", "b", &spec.key)));
+        // The batch holds one row per key, so a join is a semi-join. A key
+        // left alone in a partition the batch does not touch is refused by
+        // the other plan.
+        let mut sql = Sql::new();
+        sql.push(&format!("SELECT {select}{ties}, "));
+        if prune.is_some() {
+            sql.push("count(*) FILTER (WHERE NOT coalesce(").append(&held_here).push(", false))");
+        } else {
+            sql.push("0");
+        }
+        sql.push(&format!(" FROM {} AS t JOIN {BATCH} AS b ON {}", job.target.quoted(), keys_match("t", "b", &spec.key)));
         let row = engine.query(&sql)?.rows.into_iter().next().ok_or_else(|| Error::Internal("output scan".into()))?;
-        if row[2].as_u64().unwrap_or(0) > 0 {
+        if row[2].as_u64().unwrap_or(0) > 0 || row[3].as_u64().unwrap_or(0) > 0 {
             return Ok(None);
         }
         Fingerprint::from_sum(&okind, &osig, row[0].as_u64().unwrap_or(0), engine.read_sum(&row[1])?)

@@ -454,14 +454,14 @@ impl Engine for DuckDb {
         Some((sql, token))
     }
 
-    fn tap_rows(&mut self, hash: &str) -> Option<(Sql, u64)> {
+    fn tap_rows(&mut self, hash: &Sql) -> Option<(Sql, u64)> {
         if !self.tap_registered {
             return None;
         }
         let token = tap::open();
         let mut sql = Sql::new();
         sql.push(&format!("{}(", tap::ROWS_FUNCTION)).typed_param(Value::Int(token as i64), "UBIGINT");
-        sql.push(&format!(", CAST({hash} AS UBIGINT))"));
+        sql.push(", CAST(").append(hash).push(" AS UBIGINT))");
         Some((sql, token))
     }
 

@@ -203,6 +203,14 @@ fn pruning_refuses_keys_in_untouched_partitions(e: &dyn EngineUnderTest) {
     assert!(err.contains("held by the target in a partition the batch does not touch"), "{err}");
     assert!(err.contains("order_id: 4") && err.contains("target_dt: 2026-10-20") && err.contains("batch_dt: 2026-10-25"), "{err}");
     assert_eq!(target(db), before);
+    // The same key at an older version (left alone) or as a tombstone: refused all the same.
+    add(db, "2026-10-26", &["4, 13, 39.00, 'GBP', TIMESTAMP '2026-10-01 09:00:00', DATE '2026-10-26', 'U'"]);
+    add(db, "2026-10-27", &["4, 13, NULL, NULL, TIMESTAMP '2026-10-27 09:00:00', DATE '2026-10-27', 'D'"]);
+    for day in ["2026-10-26", "2026-10-27"] {
+        let err = job.load(d(day), db).unwrap_err().to_string();
+        assert!(err.contains("held by the target in a partition the batch does not touch") && err.contains("order_id: 4"), "{day}: {err}");
+        assert_eq!(target(db), before);
+    }
     // Without `partition` the merge runs over the whole table and moves the row.
     let unpruned = job_unpruned();
     let r = unpruned.load(d("2026-10-25"), db).unwrap();
