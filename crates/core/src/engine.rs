@@ -145,13 +145,14 @@ pub trait Engine {
         ("rowid", "BIGINT", true)
     }
 
-    /// Creates a temporary table `name` (already quoted) holding `query`'s rows.
-    fn create_temp_table_as(&mut self, name: &str, query: &Sql) -> Result<()> {
+    /// Creates a temporary table `name` (already quoted) holding `query`'s
+    /// rows; returns how many.
+    fn create_temp_table_as(&mut self, name: &str, query: &Sql) -> Result<u64> {
         let mut sql = Sql::new();
         sql.push(&format!("CREATE TEMPORARY TABLE {name} AS "));
         sql.text.push_str(&query.text);
         sql.params = query.params.clone();
-        self.execute(&sql).map(|_| ())
+        self.execute(&sql)
     }
 
     /// An expression hashing one row of `alias` over `columns` to a 64-bit
@@ -270,7 +271,7 @@ pub trait Engine {
     /// visible to this connection only, for the plans of
     /// [`crate::overwrite`] (Spark: a cached temporary view).
     fn stage(&mut self, name: &str, query: &Sql) -> Result<()> {
-        self.create_temp_table_as(name, query)
+        self.create_temp_table_as(name, query).map(|_| ())
     }
 
     /// Drops what [`Engine::stage`] made (nothing when it is gone).

@@ -437,10 +437,21 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     } else {
         None
     };
+    // What the other plan refuses (a NULL key's rows share a window, a
+    // NULL version sorts first: either way a kept row shows it) and the
+    // tombstones, counted on the way in too.
+    let null_key = spec.key.iter().map(|k| format!("o.{} IS NULL", quote_ident(k))).chain([format!("o.{version} IS NULL")]).collect::<Vec<_>>().join(" OR ");
+    let no_taps = || Error::Internal("the engine has no taps".into());
+    let (null_tap, null_token) = engine.tap_rows(&Sql::raw(format!("CASE WHEN {null_key} THEN 0 END"))).ok_or_else(no_taps)?;
+    let tomb_tap = match spec.deleted {
+        Some(_) => Some(engine.tap_rows(&Sql::raw(format!("CASE WHEN o.{del} THEN 0 END"))).ok_or_else(no_taps)?),
+        None => None,
+    };
     let mut sql = Sql::new();
-    sql.push(&format!("SELECT {all}"));
-    if let Some((tap, _)) = &out_tap {
-        sql.push(", ").append(tap).push(" AS \"__fixpoint_out\"");
+    sql.push(&format!("CREATE TEMPORARY TABLE {BATCH} AS SELECT {all}, "));
+    sql.append(&null_tap).push(" AS \"__fixpoint_null\"");
+    for (tap, name) in out_tap.iter().map(|(t, _)| (t, "out")).chain(tomb_tap.iter().map(|(t, _)| (t, "tomb"))) {
+        sql.push(", ").append(tap).push(&format!(" AS \"__fixpoint_{name}\""));
     }
     sql.push(" FROM (SELECT r.*");
     if out_tap.is_some() {
@@ -458,22 +469,16 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     sql.push(&format!(" AS {del} FROM "));
     Scope::Source { template: job.source.template(), params }.write_from(&mut sql, "s");
     sql.push(") AS x) AS x) AS r WHERE \"__fixpoint_rank\" = 1) AS o");
-    let made = engine.create_temp_table_as(BATCH, &sql);
+    let made = engine.execute(&sql);
     let (input_rows, ties, input_sum) = engine.tap_close(seen_token).unwrap_or_default();
     let kept_upserts = out_tap.and_then(|(_, token)| engine.tap_close(token));
-    made?;
+    let (nulls, _, _) = engine.tap_close(null_token).unwrap_or_default();
+    let tombstones = tomb_tap.and_then(|(_, token)| engine.tap_close(token)).map_or(0, |t| t.0);
+    let batch_rows = made?;
     trace.step("dedup, input fp");
 
-    // 2. What the other plan refuses or resolves: NULL keys and versions
-    //    (a NULL key's rows share a window, a NULL version sorts first:
-    //    either way a kept row shows it), ties.
-    let null_key = spec.key.iter().map(|k| format!("{} IS NULL", quote_ident(k))).chain([format!("{version} IS NULL")]).collect::<Vec<_>>().join(" OR ");
-    let [batch_rows, nulls, tombstones] = count(
-        engine,
-        &Sql::raw(format!("SELECT count(*), count(*) FILTER (WHERE {null_key}), count(*) FILTER (WHERE {del}) FROM {BATCH}")),
-    )?[..] else {
-        return Err(Error::Internal("the batch scan".into()));
-    };
+    // 2. What the other plan refuses or resolves: NULL keys and versions,
+    //    ties.
     if ties > 0 || nulls > 0 {
         return Ok(None);
     }
@@ -481,7 +486,7 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     let job_hash = job.definition_hash();
     let key = run_input.file_key(&job_hash, run_date).unwrap_or_else(|| run_key(&job_hash, run_date, &input));
     let duplicates_collapsed = input_rows.checked_sub(batch_rows).ok_or_else(|| Error::Internal(format!("the batch has {batch_rows} keys but the tap saw {input_rows} rows")))?;
-    trace.step("batch scan");
+    trace.step("run key");
 
     // 3. Tombstones: an older (or equal) version of a deleted key is
     //    already beaten; drop it from the batch.

@@ -237,7 +237,11 @@ impl VScalar for TapDedup {
         let sum: i128 = hashes.iter().map(|&h| i128::from(h)).sum();
         let mask = validity(input, 3);
         let mut taps = DEDUPS.lock().unwrap_or_else(|e| e.into_inner());
-        let d = taps.get_or_insert_with(HashMap::new).entry(token).or_insert_with(|| Dedup { limit: LIMIT.load(Ordering::Relaxed), ..Dedup::default() });
+        let d = taps.get_or_insert_with(HashMap::new).entry(token).or_insert_with(|| {
+            let limit = LIMIT.load(Ordering::Relaxed);
+            // Room for a typical batch up front: growing rehashes every pair.
+            Dedup { limit, first: HashMap::with_capacity_and_hasher(limit.min(1 << 16), Default::default()), ..Dedup::default() }
+        });
         d.rows += rows as u64;
         d.sum += sum;
         if d.overflow {

@@ -516,7 +516,7 @@ impl Engine for Postgres {
         self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {}", files::STAGE))).map(|_| ())
     }
 
-    fn create_temp_table_as(&mut self, name: &str, query: &Sql) -> Result<()> {
+    fn create_temp_table_as(&mut self, name: &str, query: &Sql) -> Result<u64> {
         // CREATE TABLE AS cannot take parameters here: create, then insert.
         let cols = self.describe(query)?;
         let defs: Vec<String> = cols.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
@@ -525,11 +525,11 @@ impl Engine for Postgres {
         sql.push(&format!("INSERT INTO {name} "));
         sql.text.push_str(&query.text);
         sql.params = query.params.clone();
-        self.execute(&sql)?;
+        let rows = self.execute(&sql)?;
         // Autovacuum never analyzes temporary tables: without statistics the
         // planner guesses their size and picks nested loops over millions of rows.
         self.execute(&Sql::raw(format!("ANALYZE {name}")))?;
-        Ok(())
+        Ok(rows)
     }
 
     fn native_row_hash(&self, alias: &str, columns: &[Column]) -> Option<String> {
