@@ -206,7 +206,8 @@ pub trait Engine {
     /// A dedup tap: a BOOLEAN expression (TRUE) that counts the rows it
     /// is evaluated on and sums `hash` (UBIGINT) over them, and finds ties:
     /// two rows with the same `pair` (a hash of key and version) whose
-    /// `row` hashes (NULL: not compared) differ. Closed with
+    /// `row` hashes (NULL: not compared) differ. No argument may be a NULL
+    /// DuckDB can fold: the call would be skipped and its rows not counted. Closed with
     /// [`Engine::tap_close`]: (rows, ties, sum); ties is at least 1 when the
     /// tap could not remember every pair. `None` where the engine has no
     /// taps.
@@ -215,9 +216,9 @@ pub trait Engine {
         None
     }
 
-    /// Whether `MERGE` takes `WHEN [NOT] MATCHED AND … THEN ERROR 'message'`
-    /// clauses (a refusal inside the statement, so it needs no join of its
-    /// own) and `INSERT`/`UPDATE` actions whose conditions hold taps.
+    /// Whether `MERGE` conditions may raise `error('message')` (a refusal
+    /// inside the statement, so it needs no join of its own) and hold taps
+    /// ([`Engine::tap_rows`], [`Engine::tap_dedup`]).
     fn merge_refuses_in_statement(&self) -> bool {
         false
     }

@@ -326,7 +326,7 @@ fn merge_actions(spec: &MergeSpec, names: &[String]) -> (String, String, String)
     (set, col_list, values)
 }
 
-/// The message of a refusal raised inside the MERGE (`THEN ERROR`).
+/// The message of a refusal raised inside the MERGE (`error(…)` in a condition).
 const REFUSED_IN_MERGE: &str = "fixpoint: a batch key is held in a partition the batch does not touch";
 
 /// What both merge plans know before they start.

@@ -30,11 +30,13 @@ pub const FUNCTION: &str = "fixpoint_tap";
 /// TRUE for every row it sees (a row whose hash is NULL is not seen, and
 /// the result is NULL), counting the rows and summing the hashes.
 pub const ROWS_FUNCTION: &str = "fixpoint_tap_rows";
-/// The dedup tap's SQL name: `fixpoint_tap_dedup(token, hash, kv, row) ->
+/// The dedup tap's SQL name: `fixpoint_tap_dedup(token, hash, pair, row) ->
 /// BOOLEAN`, TRUE for every row: counts the rows and sums their hashes (the
 /// input fingerprint of a merge batch), and looks for ties: two rows with
-/// the same `kv` (a hash of key and version) and different `row` hashes (of
-/// what tells rows apart; a NULL `row`, a tombstone's, is not compared).
+/// the same `pair` (a hash of key, version and tombstone flag) and different
+/// `row` hashes (of what tells rows apart). A NULL `row` is not compared,
+/// but no argument of it may be NULL where every row must be counted: DuckDB
+/// skips the call for a chunk whose argument is a constant NULL.
 pub const DEDUP_FUNCTION: &str = "fixpoint_tap_dedup";
 
 /// How many (key, version) pairs the dedup tap remembers by default (16
