@@ -39,10 +39,11 @@ pub const ROWS_FUNCTION: &str = "fixpoint_tap_rows";
 /// skips the call for a chunk whose argument is a constant NULL.
 pub const DEDUP_FUNCTION: &str = "fixpoint_tap_dedup";
 
-/// How many (key, version) pairs the dedup tap remembers by default (16
-/// bytes each, ~150 MiB at the limit). Past it the tap reports a possible
-/// tie and the caller takes the plan that checks ties with a join.
-pub const DEDUP_LIMIT: usize = 8 << 20;
+/// How many (key, version) pairs the dedup tap remembers by default: as
+/// many as a table of 2^23 slots holds (17 bytes a slot, ~136 MiB at the
+/// limit; one more pair would double it). Past it the tap reports a
+/// possible tie and the caller takes the plan that checks ties with a join.
+pub const DEDUP_LIMIT: usize = 7 << 20;
 static LIMIT: AtomicUsize = AtomicUsize::new(DEDUP_LIMIT);
 
 /// Sets how many pairs the dedup taps opened from now on remember (tests).
