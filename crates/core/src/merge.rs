@@ -410,13 +410,14 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     let pair_cols: Vec<Column> = spec.key.iter().chain([&spec.version]).map(described).chain([flag]).collect();
     let compared_cols: Vec<Column> = compared.iter().map(described).collect();
     let no_hash = || Error::Internal("the engine has no native row hash".into());
+    let no_taps = || Error::Internal("the engine has no taps".into());
     let pair_hash = engine.native_row_hash("x", &pair_cols).ok_or_else(no_hash)?;
     let row_hash = if compared_cols.is_empty() {
         "0".to_owned()
     } else {
         format!("CASE WHEN x.{del} THEN 0 ELSE {} END", engine.native_row_hash("x", &compared_cols).ok_or_else(no_hash)?)
     };
-    let (seen, seen_token) = engine.tap_dedup(&input_hash, &pair_hash, &row_hash).ok_or_else(|| Error::Internal("the engine has no taps".into()))?;
+    let (seen, seen_token) = engine.tap_dedup(&input_hash, &pair_hash, &row_hash).ok_or_else(no_taps)?;
     let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
     let order = std::iter::once(format!("{version} DESC NULLS FIRST"))
         .chain(spec.deleted.as_ref().map(|_| format!("{del} DESC")))
@@ -441,7 +442,6 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     // NULL version sorts first: either way a kept row shows it) and the
     // tombstones, counted on the way in too.
     let null_key = spec.key.iter().map(|k| format!("o.{} IS NULL", quote_ident(k))).chain([format!("o.{version} IS NULL")]).collect::<Vec<_>>().join(" OR ");
-    let no_taps = || Error::Internal("the engine has no taps".into());
     let (null_tap, null_token) = engine.tap_rows(&Sql::raw(format!("CASE WHEN {null_key} THEN 0 END"))).ok_or_else(no_taps)?;
     let tomb_tap = match spec.deleted {
         Some(_) => Some(engine.tap_rows(&Sql::raw(format!("CASE WHEN o.{del} THEN 0 END"))).ok_or_else(no_taps)?),
@@ -520,7 +520,6 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
         OnTie::Error => String::new(),
     });
     let (set, col_list, values) = merge_actions(spec, names);
-    let no_taps = || Error::Internal("the engine has no taps".into());
     // The key's target row is in a partition the batch touches (its own
     // partition in the batch, the common case, decides at once).
     let mut held_here = Sql::new();
