@@ -151,6 +151,8 @@ pub(crate) struct Sample {
     pub(crate) wall: f64,
     pub(crate) inner: f64,
     pub(crate) rss_mb: f64,
+    /// Minor page faults (first touches of memory), from wait4.
+    pub(crate) faults: u64,
 }
 
 pub(crate) fn measure(cmd: &mut Command) -> Result<(Sample, serde_json::Value), Error> {
@@ -170,7 +172,7 @@ pub(crate) fn measure(cmd: &mut Command) -> Result<(Sample, serde_json::Value), 
     }
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Internal(format!("bad child output {text:?}: {e}")))?;
     let inner = v["elapsed_ms"].as_f64().unwrap_or(f64::NAN) / 1000.0;
-    Ok((Sample { wall, inner, rss_mb: usage.ru_maxrss as f64 / 1024.0 }, v))
+    Ok((Sample { wall, inner, rss_mb: usage.ru_maxrss as f64 / 1024.0, faults: usage.ru_minflt as u64 }, v))
 }
 
 /// The median of the rounds' own ratios `a[i] / b[i]` (each round runs both
@@ -178,6 +180,11 @@ pub(crate) fn measure(cmd: &mut Command) -> Result<(Sample, serde_json::Value), 
 /// reported beside the ratio of the medians.
 pub(crate) fn paired_ratio(a: &[Sample], b: &[Sample]) -> f64 {
     median(a.iter().zip(b).map(|(x, y)| x.inner / y.inner).collect())
+}
+
+/// The median of the samples' minor page faults.
+pub(crate) fn faults(v: &[Sample]) -> f64 {
+    median(v.iter().map(|s| s.faults as f64).collect())
 }
 
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
@@ -317,6 +324,7 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
         "fixpoint_process_s": fx_wall, "hand_written_process_s": hw_wall, "process_ratio": fx_wall / hw_wall,
         "skip_run_s": sk_in, "skip_process_s": sk_wall,
         "fixpoint_peak_rss_mb": rss(&fx), "hand_written_peak_rss_mb": rss(&hw), "skip_peak_rss_mb": rss(&skip),
+        "fixpoint_page_faults": faults(&fx), "hand_written_page_faults": faults(&hw),
     });
     if out.is_json() {
         out.json(&result);
@@ -329,6 +337,7 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
         println!("| fixpoint run, retry skipped (same input, same output) | {sk_in:.3} | {sk_wall:.3} | {:.0} |", rss(&skip));
         println!("ratio fixpoint / hand-written: {:.3} (load), {:.3} (whole process)", fx_in / hw_in, fx_wall / hw_wall);
         println!("median of the rounds' own load ratios: {:.3}", paired_ratio(&fx, &hw));
+        println!("page faults per process (median): {:.0} fixpoint, {:.0} hand-written", faults(&fx), faults(&hw));
     }
     Ok(())
 }
@@ -421,6 +430,7 @@ fn run_merge(args: BenchArgs, out: &Output) -> Result<(), Error> {
         "paired_ratio": paired_ratio(&fx, &hw), "paired_ratio_unpruned": paired_ratio(&un, &hw),
         "hand_written_replay_s": med(&hw_replay), "fixpoint_replay_s": med(&fx_replay),
         "hand_written_peak_rss_mb": rss(&hw), "fixpoint_peak_rss_mb": rss(&fx), "fixpoint_unpruned_peak_rss_mb": rss(&un),
+        "hand_written_page_faults": faults(&hw), "fixpoint_page_faults": faults(&fx), "fixpoint_unpruned_page_faults": faults(&un),
     });
     if out.is_json() {
         out.json(&result);
@@ -433,6 +443,7 @@ fn run_merge(args: BenchArgs, out: &Output) -> Result<(), Error> {
         println!("| fixpoint run, unpruned | {:.3} | | {:.0} |", med(&un), rss(&un));
         println!("ratio fixpoint / hand-written: {:.3} (pruned), {:.3} (unpruned)", med(&fx) / med(&hw), med(&un) / med(&hw));
         println!("median of the rounds' own ratios: {:.3} (pruned), {:.3} (unpruned)", paired_ratio(&fx, &hw), paired_ratio(&un, &hw));
+        println!("page faults per process (median): {:.0} hand-written, {:.0} pruned, {:.0} unpruned", faults(&hw), faults(&fx), faults(&un));
         println!("fixpoint's last report: {last}");
     }
     Ok(())

@@ -223,6 +223,13 @@ pub trait Engine {
         false
     }
 
+    /// Whether an upsert-only merge may first try the plan that is one
+    /// `MERGE` over the dedup, every check in its clauses (needs
+    /// [`Engine::merge_refuses_in_statement`]).
+    fn merge_in_one_statement(&self) -> bool {
+        false
+    }
+
     /// What the tap saw: (rows whose partition was not NULL, of those the
     /// rows outside `day`, the sum of their row hashes).
     fn tap_close(&mut self, token: u64) -> Option<(u64, u64, i128)> {

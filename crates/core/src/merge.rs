@@ -618,6 +618,164 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     Ok(Some(report))
 }
 
+/// The message of a refusal raised inside the one-statement MERGE for a
+/// batch the plan that explains it must take (a NULL key or version, a
+/// tie with the target).
+const EXPLAIN_IN_MERGE: &str = "fixpoint: the batch needs the plan that names its rows";
+
+/// Whether the merge can be one statement ([`merge_one_statement`]): no
+/// tombstones to honour or remember, no audits (both read the batch), and
+/// the target's columns, metadata aside, all come from the source (the
+/// output fingerprint is then the batch's rows as written).
+fn fits_one_statement(engine: &mut dyn Engine, plan: &Plan<'_>, target_cols: Option<&[Column]>) -> Result<bool> {
+    let Plan { job, spec, names, .. } = *plan;
+    if spec.deleted.is_some() || !job.audits.is_empty() || !engine.merge_in_one_statement() {
+        return Ok(false);
+    }
+    let output_from_source = target_cols.is_none_or(|t| t.iter().filter(|c| !job.metadata.contains(&c.name)).all(|c| names.contains(&c.name)));
+    Ok(output_from_source && engine.table_columns(&tombstone_table(&job.target))?.is_none())
+}
+
+/// The merge as one statement, for an upsert-only batch on an engine whose
+/// MERGE refuses rows and holds taps (DuckDB), when [`fits_one_statement`]:
+/// the hand-written SQL's own `MERGE` over its `row_number()` dedup, and
+/// nothing else but the ledger row. Every check rides on it:
+///
+/// - the dedup tap in the projection the window orders by (evaluated once
+///   per source row) sums the input fingerprint and looks for ties in the
+///   batch;
+/// - each clause's condition is one tap whose argument is NULL for the
+///   rows the clause does not take (a clause sees only the rows no earlier
+///   clause took): the UPDATE's and the INSERT's sum the written rows'
+///   hashes as the target's columns hold them, the last MATCHED clause
+///   (`DO NOTHING`) sums the hashes of the target rows left alone; the
+///   output fingerprint is their total, and the counts are the report's;
+/// - the same arguments raise an error for what this plan does not decide:
+///   a NULL key or version, a row tied with the target (`on_tie =
+///   "error"`), a key the target holds in another partition than the
+///   batch's (pruned merges; moved within the touched partitions, it is
+///   the two-statement plan's to allow, otherwise to refuse).
+///
+/// `Ok(None)`, and a refusal raised inside the MERGE, mean "roll back and
+/// run another plan".
+fn merge_one_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crate::run::Trace) -> Result<Option<RunReport>> {
+    let Plan { job, spec, run_date, opts, run_input, params, source_cols, added, created_target, prune, names, compared, meta_cols, input_cols, started_at: _ } = *plan;
+    let is_meta = |c: &String| job.metadata.contains(c);
+    let target_cols = prepare(engine, job, opts, source_cols, added, created_target)?;
+    trace.step("prepare");
+    let output_cols: Vec<Column> = target_cols.iter().filter(|c| !is_meta(&c.name)).cloned().collect();
+    if output_cols.is_empty() || !output_cols.iter().all(|c| names.contains(&c.name)) {
+        return Ok(None);
+    }
+    let version = quote_ident(&spec.version);
+    let no_hash = || Error::Internal("the engine has no native row hash".into());
+    let no_taps = || Error::Internal("the engine has no taps".into());
+
+    // The batch: the dedup window over the source, the input fingerprint
+    // and the in-batch ties tapped in the projection it orders by.
+    let (input_hash, kind, signature) = crate::engine::row_hash(engine, Method::Native, "x", input_cols)?;
+    let described = |c: &String| source_cols.iter().find(|s| &s.name == c).expect("described").clone();
+    let pair_cols: Vec<Column> = spec.key.iter().chain([&spec.version]).map(described).collect();
+    let compared_cols: Vec<Column> = compared.iter().map(described).collect();
+    let pair_hash = engine.native_row_hash("x", &pair_cols).ok_or_else(no_hash)?;
+    let row_hash = if compared_cols.is_empty() { "0".to_owned() } else { engine.native_row_hash("x", &compared_cols).ok_or_else(no_hash)? };
+    let (seen, seen_token) = engine.tap_dedup(&input_hash, &pair_hash, &row_hash).ok_or_else(no_taps)?;
+    let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
+    let order = std::iter::once(format!("{version} DESC NULLS FIRST"))
+        .chain(meta_cols.iter().map(|c| format!("{} ASC NULLS FIRST", quote_ident(c))))
+        .chain(["\"__fixpoint_seen\"".to_owned()])
+        .collect::<Vec<_>>()
+        .join(", ");
+    // The batch's values as the target's columns hold them, for the hash
+    // of the rows written.
+    let cast_name = |i: usize| format!("__fixpoint_o{i}");
+    let renamed: Vec<Column> = output_cols.iter().enumerate().map(|(i, c)| Column { name: cast_name(i), ty: c.ty.clone() }).collect();
+    let written_hash = engine.native_row_hash("b", &renamed).ok_or_else(no_hash)?;
+    let kept_hash = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
+    let (okind, osig) = (kept_hash.1, kept_hash.2);
+    let alone_hash = engine.native_row_hash("t", &output_cols).ok_or_else(no_hash)?;
+
+    let refuse = |message: &str| format!("error('{message}')");
+    let held = match prune {
+        Some(p) => format!("{} = {}", q("t", p), q("b", p)),
+        None => "true".to_owned(),
+    };
+    let newer = format!("(b.{version} > t.{version}{})", match spec.on_tie {
+        OnTie::Deterministic => format!(" OR (b.{version} = t.{version} AND {})", sorts_before("b", "t", compared)),
+        OnTie::Error => String::new(),
+    });
+    let tie = match spec.on_tie {
+        OnTie::Error if !compared.is_empty() => format!(" OR (b.{version} = t.{version} AND ({}))", rows_differ("b", "t", compared)),
+        _ => String::new(),
+    };
+    let null_key = spec.key.iter().map(|k| format!("{} IS NULL", q("b", k))).chain([format!("b.{version} IS NULL")]).collect::<Vec<_>>().join(" OR ");
+
+    let mut sql = Sql::new();
+    sql.push(&format!("MERGE INTO {} AS t USING (SELECT r.*", job.target.quoted()));
+    for (i, c) in output_cols.iter().enumerate() {
+        sql.push(&format!(", CAST({} AS {}) AS {}", q("r", &c.name), c.ty, quote_ident(&cast_name(i))));
+    }
+    sql.push(&format!(" FROM (SELECT *, row_number() OVER (PARTITION BY {key_list} ORDER BY {order}) AS \"__fixpoint_rank\" FROM (SELECT x.*, "));
+    sql.append(&seen);
+    sql.push(" AS \"__fixpoint_seen\" FROM ");
+    Scope::Source { template: job.source.template(), params }.write_from(&mut sql, "x");
+    sql.push(&format!(") AS x) AS r WHERE \"__fixpoint_rank\" = 1) AS b ON ({}) ", keys_match("t", "b", &spec.key)));
+    let (set, col_list, values) = merge_actions(spec, names);
+    let mut update_token = None;
+    if !set.is_empty() {
+        let (tap, token) = engine
+            .tap_rows(&Sql::raw(format!(
+                "CASE WHEN {newer} THEN CASE WHEN {held} THEN {written_hash} ELSE {} END END",
+                refuse(REFUSED_IN_MERGE)
+            )))
+            .ok_or_else(no_taps)?;
+        update_token = Some(token);
+        sql.push("WHEN MATCHED AND ").append(&tap).push(&format!(" THEN UPDATE SET {set} "));
+    }
+    let (tap, alone_token) = engine
+        .tap_rows(&Sql::raw(format!(
+            "CASE WHEN b.{version} IS NULL{tie} THEN {} WHEN NOT coalesce({held}, false) THEN {} ELSE {alone_hash} END",
+            refuse(EXPLAIN_IN_MERGE),
+            refuse(REFUSED_IN_MERGE)
+        )))
+        .ok_or_else(no_taps)?;
+    sql.push("WHEN MATCHED AND ").append(&tap).push(" THEN DO NOTHING ");
+    let (tap, insert_token) = engine
+        .tap_rows(&Sql::raw(format!("CASE WHEN {null_key} THEN {} ELSE {written_hash} END", refuse(EXPLAIN_IN_MERGE))))
+        .ok_or_else(no_taps)?;
+    sql.push("WHEN NOT MATCHED AND ").append(&tap).push(&format!(" THEN INSERT ({col_list}) VALUES ({values})"));
+
+    opts.step(FailPoint::AfterGuards)?;
+    let changed = engine.execute(&sql);
+    let (input_rows, ties, input_sum) = engine.tap_close(seen_token).unwrap_or_default();
+    let (updates, _, updated_sum) = update_token.and_then(|t| engine.tap_close(t)).unwrap_or_default();
+    let (alone, _, alone_sum) = engine.tap_close(alone_token).unwrap_or_default();
+    let (inserts, _, inserted_sum) = engine.tap_close(insert_token).unwrap_or_default();
+    let changed = changed?;
+    trace.step("merge");
+    if ties > 0 {
+        return Ok(None);
+    }
+    opts.step(FailPoint::AfterDelete)?;
+    opts.step(FailPoint::MidInsert)?;
+    if changed != inserts + updates {
+        return Err(Error::Internal(format!("the merge changed {changed} rows but its taps counted {inserts} inserts and {updates} updates; rolled back")));
+    }
+    let batch_rows = inserts + updates + alone;
+    let duplicates_collapsed = input_rows.checked_sub(batch_rows).ok_or_else(|| Error::Internal(format!("the batch has {batch_rows} keys but the tap saw {input_rows} rows")))?;
+    let input = Fingerprint::from_sum(&kind, &signature, input_rows, input_sum);
+    let job_hash = job.definition_hash();
+    let key = run_input.file_key(&job_hash, run_date).unwrap_or_else(|| run_key(&job_hash, run_date, &input));
+    let output = Fingerprint::from_sum(&okind, &osig, batch_rows, updated_sum + alone_sum + inserted_sum);
+    opts.step(FailPoint::AfterInsert)?;
+    trace.step("fingerprints");
+
+    let outcome = Outcome { key, input, output, inserts, updates, deletes: 0, batch_rows, duplicates_collapsed, rows_before: None, method: "merge, one statement" };
+    let report = publish(engine, plan, outcome, trace)?;
+    trace.step("ledger");
+    Ok(Some(report))
+}
+
 pub(crate) fn merge(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
     let started = Instant::now();
     let report = crate::run::with_input(job, run_date, engine, |engine, input| {
@@ -670,24 +828,41 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
         started_at,
     };
     if engine.merge_refuses_in_statement() {
-        engine.begin()?;
-        match merge_in_statement(engine, &plan, &mut trace) {
-            Ok(Some(mut report)) => {
-                engine.commit()?;
-                trace.step("commit");
-                report.elapsed_ms = started.elapsed().as_millis() as u64;
-                return Ok(report);
-            }
-            // A refusal, a tie to resolve or a NULL to report: rolled back,
-            // and the run made again by the plan below, which explains it.
-            Ok(None) => engine.rollback()?,
-            Err(Error::Database { message, .. }) if message.contains(REFUSED_IN_MERGE) => engine.rollback()?,
-            Err(e) => {
-                let _ = engine.rollback();
-                return Err(e);
-            }
+        // The plans that ride on the hand-written SQL's statements, the
+        // cheapest first; each attempt that finds something it does not
+        // decide rolls back and leaves it to the next.
+        type Attempt = fn(&mut dyn Engine, &Plan<'_>, &mut crate::run::Trace) -> Result<Option<RunReport>>;
+        let mut attempts: Vec<(Attempt, &str)> = Vec::new();
+        if fits_one_statement(engine, &plan, target_cols.as_deref())? {
+            attempts.push((merge_one_statement, "rolled back, two statements"));
         }
-        trace.step("rolled back, explain");
+        attempts.push((merge_in_statement, "rolled back, explain"));
+        for (attempt, next) in attempts {
+            engine.begin()?;
+            match attempt(engine, &plan, &mut trace) {
+                Ok(Some(mut report)) => {
+                    engine.commit()?;
+                    trace.step("commit");
+                    report.elapsed_ms = started.elapsed().as_millis() as u64;
+                    return Ok(report);
+                }
+                // A refusal, a tie to resolve or a NULL to report: rolled
+                // back, and the run made again by the next plan (the last,
+                // below, explains it).
+                Ok(None) => engine.rollback()?,
+                Err(Error::Database { message, .. }) if message.contains(REFUSED_IN_MERGE) => engine.rollback()?,
+                Err(Error::Database { message, .. }) if message.contains(EXPLAIN_IN_MERGE) => {
+                    engine.rollback()?;
+                    trace.step("rolled back, explain");
+                    break;
+                }
+                Err(e) => {
+                    let _ = engine.rollback();
+                    return Err(e);
+                }
+            }
+            trace.step(next);
+        }
     }
 
     in_transaction(engine, |engine| {

@@ -35,6 +35,8 @@ pub struct DuckDb {
     portable_functions: bool,
     /// Whether the run tap (guards and fingerprint during the insert) is registered.
     tap_registered: bool,
+    /// Whether an upsert-only merge tries the one-statement plan first.
+    one_statement_merge: bool,
     /// Tables this connection described outside a transaction (committed,
     /// and no statement since could have dropped them): inside a
     /// transaction they are described at once, without first asking the
@@ -132,6 +134,7 @@ impl DuckDb {
             portable_registered,
             portable_functions: portable_registered,
             tap_registered,
+            one_statement_merge: true,
             seen_tables: Default::default(),
         }
     }
@@ -147,6 +150,13 @@ impl DuckDb {
     /// have none (tests compare the two).
     pub fn without_taps(mut self) -> DuckDb {
         self.tap_registered = false;
+        self
+    }
+
+    /// The same connection, its merges never one statement: the
+    /// two-statement plan runs where that one would (tests compare them).
+    pub fn without_one_statement_merge(mut self) -> DuckDb {
+        self.one_statement_merge = false;
         self
     }
 
@@ -478,6 +488,10 @@ impl Engine for DuckDb {
 
     fn merge_refuses_in_statement(&self) -> bool {
         self.tap_registered
+    }
+
+    fn merge_in_one_statement(&self) -> bool {
+        self.tap_registered && self.one_statement_merge
     }
 
     fn tap_close(&mut self, token: u64) -> Option<(u64, u64, i128)> {

@@ -34,6 +34,17 @@ impl EngineUnderTest for DuckDbWithoutTapsUnderTest {
     }
 }
 
+/// Embedded DuckDB, in memory, its merges never one statement: where the
+/// one-statement plan would run, the two-statement plan does (tests
+/// compare the three DuckDB plans).
+pub struct DuckDbTwoStatementsUnderTest;
+
+impl EngineUnderTest for DuckDbTwoStatementsUnderTest {
+    fn fresh(&self) -> Box<dyn Engine> {
+        Box::new(fixpoint_duckdb::DuckDb::open_in_memory().expect("in-memory duckdb").without_one_statement_merge())
+    }
+}
+
 /// PostgreSQL at `FIXPOINT_TEST_PG` (default `postgres://root@127.0.0.1:5432/test`):
 /// each `fresh()` is a new database, dropped when the engine is dropped.
 pub struct PgUnderTest {
