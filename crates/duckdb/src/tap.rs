@@ -16,7 +16,6 @@
 
 use std::collections::HashMap;
 use std::error::Error as StdError;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -39,14 +38,14 @@ pub const ROWS_FUNCTION: &str = "fixpoint_tap_rows";
 /// skips the call for a chunk whose argument is a constant NULL.
 pub const DEDUP_FUNCTION: &str = "fixpoint_tap_dedup";
 
-/// How many (key, version) pairs the dedup tap remembers by default: as
-/// many as a table of 2^23 slots holds (17 bytes a slot, ~136 MiB at the
-/// limit; one more pair would double it). Past it the tap reports a
-/// possible tie and the caller takes the plan that checks ties with a join.
+/// How many rows' (key, version) pairs the dedup tap remembers by default
+/// (16 bytes a row, at most ~134 MiB with the list's spare room). Past it
+/// the tap reports a possible tie and the caller takes the plan that checks
+/// ties with a join.
 pub const DEDUP_LIMIT: usize = 7 << 20;
 static LIMIT: AtomicUsize = AtomicUsize::new(DEDUP_LIMIT);
 
-/// Sets how many pairs the dedup taps opened from now on remember (tests).
+/// Sets how many rows the dedup taps opened from now on remember (tests).
 pub fn set_dedup_limit(pairs: usize) {
     LIMIT.store(pairs, Ordering::Relaxed);
 }
@@ -72,42 +71,31 @@ pub struct Dedup {
     pub rows: u64,
     /// Sum of their hashes.
     pub sum: i128,
-    /// Rows whose (key, version) came before with another row hash; or 1
-    /// when more pairs came than the tap remembers.
+    /// Rows whose (key, version) has another row hash, the smallest row
+    /// hash of the pair aside; or 1 when more rows came than the tap
+    /// remembers.
     pub ties: u64,
-    /// The first row hash of each (key, version).
-    first: HashMap<u64, u64, BuildHasherDefault<Passthrough>>,
-    /// More pairs came than `limit`.
+    /// Each compared row's (pair, row hash), in arrival order: appending
+    /// is what a row costs; the ties are found once, at close, by sorting
+    /// (a map updated per row cost ~200 ns a row, most of the dedup's time).
+    seen: Vec<(u64, u64)>,
+    /// More rows came than `limit`.
     overflow: bool,
-    /// How many pairs it remembers.
+    /// How many rows it remembers.
     limit: usize,
 }
 
-/// The (key, version) hashes are hashes already: used as they are.
-#[derive(Default)]
-struct Passthrough(u64);
-
-impl Hasher for Passthrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-/// Closes a dedup tap and returns what it saw (its memory freed).
+/// Closes a dedup tap and returns what it saw, its ties counted (its
+/// memory freed).
 pub fn close_dedup(token: u64) -> Dedup {
     let mut d = DEDUPS.lock().unwrap_or_else(|e| e.into_inner()).as_mut().and_then(|t| t.remove(&token)).unwrap_or_default();
+    let mut seen = std::mem::take(&mut d.seen);
     if d.overflow {
-        d.ties = d.ties.max(1);
+        d.ties = 1;
+        return d;
     }
-    d.first = HashMap::default();
+    seen.sort_unstable();
+    d.ties = seen.chunk_by(|a, b| a.0 == b.0).map(|run| run.iter().filter(|r| r.1 != run[0].1).count() as u64).sum();
     d
 }
 static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -240,27 +228,21 @@ impl VScalar for TapDedup {
         let sum: i128 = hashes.iter().map(|&h| i128::from(h)).sum();
         let mask = validity(input, 3);
         let mut taps = DEDUPS.lock().unwrap_or_else(|e| e.into_inner());
-        let d = taps.get_or_insert_with(HashMap::new).entry(token).or_insert_with(|| {
-            let limit = LIMIT.load(Ordering::Relaxed);
-            // Room for a typical batch up front: growing rehashes every pair.
-            Dedup { limit, first: HashMap::with_capacity_and_hasher(limit.min(1 << 16), Default::default()), ..Dedup::default() }
-        });
+        let d = taps.get_or_insert_with(HashMap::new).entry(token).or_insert_with(|| Dedup { limit: LIMIT.load(Ordering::Relaxed), ..Dedup::default() });
         d.rows += rows as u64;
         d.sum += sum;
         if d.overflow {
             return Ok(());
         }
-        for (r, (&kv, &h)) in pairs.iter().zip(row_hashes).enumerate() {
-            if is_null(mask, r) {
-                continue;
-            }
-            if d.first.len() >= d.limit && !d.first.contains_key(&kv) {
-                d.overflow = true;
-                d.first = HashMap::default();
-                break;
-            }
-            let first = *d.first.entry(kv).or_insert(h);
-            d.ties += u64::from(first != h);
+        if d.seen.len() + rows > d.limit {
+            d.overflow = true;
+            d.seen = Vec::new();
+            return Ok(());
+        }
+        if mask.is_null() {
+            d.seen.extend(pairs.iter().copied().zip(row_hashes.iter().copied()));
+        } else {
+            d.seen.extend(pairs.iter().zip(row_hashes).enumerate().filter(|(r, _)| !is_null(mask, *r)).map(|(_, (&kv, &h))| (kv, h)));
         }
         Ok(())
     }
