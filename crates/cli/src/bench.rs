@@ -121,7 +121,11 @@ pub fn run_sql(args: BenchSqlArgs) -> Result<(), Error> {
         let start = Instant::now();
         conn.execute_batch("BEGIN").map_err(db_err("BEGIN"))?;
         let n = conn.execute(HAND_MERGE, []).map_err(db_err("MERGE"))?;
+        let merged = start.elapsed();
         conn.execute_batch("COMMIT").map_err(db_err("COMMIT"))?;
+        if std::env::var_os("FIXPOINT_TRACE").is_some() {
+            eprintln!("bench-sql: merge {:>8.1} ms, commit {:>8.1} ms", merged.as_secs_f64() * 1000.0, (start.elapsed() - merged).as_secs_f64() * 1000.0);
+        }
         println!("{}", json!({"elapsed_ms": start.elapsed().as_secs_f64() * 1000.0, "rows_changed": n}));
         return Ok(());
     }
