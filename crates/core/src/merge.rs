@@ -748,7 +748,6 @@ fn merge_one_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut cra
     sql.push("WHEN NOT MATCHED AND ").append(&tap).push(&format!(" THEN INSERT ({col_list}) VALUES ({values})"));
 
     opts.step(FailPoint::AfterGuards)?;
-    if std::env::var_os("FIXPOINT_SCRATCH_SQL").is_some() { eprintln!("SQL: {}\nPARAMS: {:?}", sql.text, sql.params); }
     let changed = engine.execute(&sql);
     let (input_rows, ties, input_sum) = engine.tap_close(seen_token).unwrap_or_default();
     let (updates, _, updated_sum) = update_token.and_then(|t| engine.tap_close(t)).unwrap_or_default();
