@@ -422,23 +422,24 @@ scenarios!(
     merge_failure_keeps_previous_contents,
 );
 
-/// Every merge scenario again on DuckDB without its taps: the plan the
-/// other transactional engines run, on the engine whose default plan
-/// folds the checks into its two statements.
-macro_rules! without_taps {
-    ($($name:ident),* $(,)?) => {
-        mod duckdb_without_taps {
+/// Scenarios again on one more engine under test, in a module of their own.
+macro_rules! scenarios_on {
+    ($module:ident, $engine:expr; $($name:ident),* $(,)?) => {
+        mod $module {
             $(
                 #[test]
                 fn $name() {
-                    super::$name(&fixpoint_scenarios::DuckDbWithoutTapsUnderTest);
+                    super::$name(&$engine);
                 }
             )*
         }
     };
 }
 
-without_taps!(
+// Every merge scenario again on DuckDB without its taps: the plan the
+// other transactional engines run, on the engine whose default plans fold
+// the checks into their statements.
+scenarios_on!(duckdb_without_taps, fixpoint_scenarios::DuckDbWithoutTapsUnderTest;
     merge_backfills_batch_by_batch,
     merge_without_tombstones_or_partition,
     seed_feed_replays_and_out_of_order,
@@ -501,22 +502,9 @@ fn both_duckdb_plans_agree(_: &dyn EngineUnderTest) {
     assert_eq!(target(fast.as_mut()), target(slow.as_mut()));
 }
 
-/// The scenarios whose jobs can take the one-statement plan, again on
-/// DuckDB with that plan off: the two-statement plan runs them.
-macro_rules! two_statements {
-    ($($name:ident),* $(,)?) => {
-        mod duckdb_two_statements {
-            $(
-                #[test]
-                fn $name() {
-                    super::$name(&fixpoint_scenarios::DuckDbTwoStatementsUnderTest);
-                }
-            )*
-        }
-    };
-}
-
-two_statements!(
+// The scenarios whose jobs can take the one-statement plan, again on
+// DuckDB with that plan off: the two-statement plan runs them.
+scenarios_on!(duckdb_two_statements, fixpoint_scenarios::DuckDbTwoStatementsUnderTest;
     merge_without_tombstones_or_partition,
     ties_error_or_deterministic,
     null_keys_and_versions_are_refused,
