@@ -749,12 +749,13 @@ fn merge_one_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut cra
 
     opts.step(FailPoint::AfterGuards)?;
     let changed = engine.execute(&sql);
+    trace.step("merge statement");
     let (input_rows, ties, input_sum) = engine.tap_close(seen_token).unwrap_or_default();
     let (updates, _, updated_sum) = update_token.and_then(|t| engine.tap_close(t)).unwrap_or_default();
     let (alone, _, _) = engine.tap_close(alone_token).unwrap_or_default();
     let (inserts, _, inserted_sum) = engine.tap_close(insert_token).unwrap_or_default();
     let changed = changed?;
-    trace.step("merge");
+    trace.step("taps closed");
     if ties > 0 {
         return Ok(None);
     }
@@ -867,6 +868,9 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
             attempts.push((merge_one_statement, "rolled back, two statements"));
         }
         attempts.push((merge_in_statement, "rolled back, explain"));
+        // The ledger described before the transaction: inside it, the
+        // engine would first ask the catalog whether it exists.
+        ledger::exists(engine)?;
         for (attempt, next) in attempts {
             engine.begin()?;
             match attempt(engine, &plan, &mut trace) {
