@@ -324,6 +324,31 @@ impl Engine for DuckDb {
     }
 
     fn describe(&mut self, query: &Sql) -> Result<Vec<Column>> {
+        // `DESCRIBE` of the query binds it, parameters included, and gives
+        // its exact column types in one statement (~1 ms less than the
+        // probe table below). Outside a transaction only, and only when its
+        // column names are distinct: otherwise (or when the query fails)
+        // the probe decides, with its own error.
+        if !self.in_transaction {
+            let mut sql = Sql::new();
+            sql.push("DESCRIBE ");
+            sql.text.push_str(&query.text);
+            sql.params = query.params.clone();
+            if let Ok(rows) = self.query(&sql) {
+                let at = |name: &str| rows.columns.iter().position(|c| c == name);
+                if let (Some(name), Some(ty)) = (at("column_name"), at("column_type")) {
+                    let cols: Vec<Column> = rows
+                        .rows
+                        .iter()
+                        .filter_map(|r| Some(Column { name: r[name].as_str()?.to_owned(), ty: r[ty].as_str()?.to_owned() }))
+                        .collect();
+                    let distinct: std::collections::HashSet<&str> = cols.iter().map(|c| c.name.as_str()).collect();
+                    if !cols.is_empty() && cols.len() == rows.rows.len() && distinct.len() == cols.len() {
+                        return Ok(cols);
+                    }
+                }
+            }
+        }
         // A zero-row temporary table gives DuckDB's exact column types.
         let probe = "__fixpoint_describe";
         let mut sql = Sql::new();
