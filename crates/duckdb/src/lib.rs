@@ -181,11 +181,10 @@ impl DuckDb {
         self.path.as_deref()
     }
 
-    /// The underlying connection, for setup code and benchmarks. (A table
-    /// dropped through it is not seen by the engine's memory of described
-    /// tables: drop tables through [`Engine::execute`].)
+    /// The underlying connection, for setup code and benchmarks. Handing it
+    /// out forgets the described tables: whatever is done through it may
+    /// change them.
     pub fn connection(&self) -> &duckdb::Connection {
-        // Whatever is done through it, the described columns may change.
         self.described.borrow_mut().clear();
         &self.conn
     }
@@ -212,6 +211,27 @@ fn keeps_columns(text: &str) -> bool {
     let head = text.trim_start_matches(|c: char| c.is_whitespace() || c == '(');
     let word: String = head.chars().take_while(|c| c.is_ascii_alphabetic()).collect::<String>().to_ascii_uppercase();
     ["SELECT", "WITH", "INSERT", "DELETE", "UPDATE", "MERGE", "DESCRIBE", "BEGIN", "COMMIT"].contains(&word.as_str())
+}
+
+/// What a `DESCRIBE` (of a table or a query) returned: the columns, and
+/// the defaults where it has a `default` column.
+fn described(rows: &Rows) -> Result<Described> {
+    let at = |name: &str| rows.columns.iter().position(|c| c == name);
+    let (Some(name), Some(ty)) = (at("column_name"), at("column_type")) else {
+        return Err(Error::Internal(format!("DESCRIBE returned columns {:?}", rows.columns)));
+    };
+    let default = at("default");
+    let mut d = Described { columns: Vec::with_capacity(rows.rows.len()), defaults: Vec::new() };
+    for r in &rows.rows {
+        let (Value::Text(n), Value::Text(t)) = (&r[name], &r[ty]) else {
+            return Err(Error::Internal(format!("DESCRIBE returned {r:?}")));
+        };
+        d.columns.push(Column { name: n.clone(), ty: t.clone() });
+        if let Some(expr) = default.and_then(|i| r[i].as_str()) {
+            d.defaults.push((n.clone(), expr.to_owned()));
+        }
+    }
+    Ok(d)
 }
 
 fn to_duck(v: &Value) -> DValue {
@@ -334,18 +354,10 @@ impl Engine for DuckDb {
             sql.push("DESCRIBE ");
             sql.text.push_str(&query.text);
             sql.params = query.params.clone();
-            if let Ok(rows) = self.query(&sql) {
-                let at = |name: &str| rows.columns.iter().position(|c| c == name);
-                if let (Some(name), Some(ty)) = (at("column_name"), at("column_type")) {
-                    let cols: Vec<Column> = rows
-                        .rows
-                        .iter()
-                        .filter_map(|r| Some(Column { name: r[name].as_str()?.to_owned(), ty: r[ty].as_str()?.to_owned() }))
-                        .collect();
-                    let distinct: std::collections::HashSet<&str> = cols.iter().map(|c| c.name.as_str()).collect();
-                    if !cols.is_empty() && cols.len() == rows.rows.len() && distinct.len() == cols.len() {
-                        return Ok(cols);
-                    }
+            if let Ok(cols) = self.query(&sql).and_then(|rows| described(&rows)).map(|d| d.columns) {
+                let distinct: std::collections::HashSet<&str> = cols.iter().map(|c| c.name.as_str()).collect();
+                if !cols.is_empty() && distinct.len() == cols.len() {
+                    return Ok(cols);
                 }
             }
         }
@@ -574,9 +586,6 @@ impl Engine for DuckDb {
 }
 
 impl DuckDb {
-    /// Columns of a table, by its quoted qualified name. (`DESCRIBE` is
-    /// fast; `duckdb_columns()` scans every catalog and costs ~30 ms on a
-    /// fresh connection.)
     /// Whether `table` is a table of this database (not a view, not a
     /// temporary table). Asked of the appender's lookup, which returns
     /// nothing for a missing name: no catalog error, so it aborts no
@@ -592,8 +601,10 @@ impl DuckDb {
         }
     }
 
-    /// The columns of a table, from what this connection last described
-    /// of it when nothing since can have changed them.
+    /// The columns of a table, by its quoted qualified name, from what this
+    /// connection last described of it when nothing since can have changed
+    /// them. (`DESCRIBE` is fast; `duckdb_columns()` scans every catalog
+    /// and costs ~30 ms on a fresh connection.)
     fn columns_of(&mut self, quoted: &str) -> Result<Vec<Column>> {
         Ok(self.described_table(quoted)?.columns)
     }
@@ -610,24 +621,7 @@ impl DuckDb {
     /// `DESCRIBE`, uncached.
     fn describe_now(&mut self, quoted: &str) -> Result<Described> {
         let rows = self.query(&Sql::raw(format!("DESCRIBE {quoted}")))?;
-        let at = |name: &str| rows.columns.iter().position(|c| c == name);
-        let (Some(name), Some(ty)) = (at("column_name"), at("column_type")) else {
-            return Err(Error::Internal(format!("DESCRIBE returned columns {:?}", rows.columns)));
-        };
-        let default = at("default");
-        let mut d = Described { columns: Vec::with_capacity(rows.rows.len()), defaults: Vec::new() };
-        for r in &rows.rows {
-            match (&r[name], &r[ty]) {
-                (Value::Text(n), Value::Text(t)) => d.columns.push(Column { name: n.clone(), ty: t.clone() }),
-                _ => return Err(Error::Internal(format!("DESCRIBE returned {r:?}"))),
-            }
-            if let (Some(i), Value::Text(n)) = (default, &r[name]) {
-                if let Some(expr) = r[i].as_str() {
-                    d.defaults.push((n.clone(), expr.to_owned()));
-                }
-            }
-        }
-        Ok(d)
+        described(&rows)
     }
 }
 
