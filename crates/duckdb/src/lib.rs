@@ -518,10 +518,11 @@ impl Engine for DuckDb {
             return None;
         }
         let hash = self.native_row_hash(alias, hashed)?;
-        let token = tap::open();
+        let days = (day - chrono::NaiveDate::from_ymd_opt(1970, 1, 1).expect("a date")).num_days();
+        let token = tap::open_partition(i32::try_from(days).ok()?);
         let mut sql = Sql::new();
         sql.push(&format!("{}(", tap::FUNCTION)).typed_param(Value::Int(token as i64), "UBIGINT");
-        sql.push(&format!(", {hash}, {value}, ")).typed_param(Value::Date(day), "DATE").push(")");
+        sql.push(&format!(", {hash}, {value})"));
         Some((sql, token))
     }
 

@@ -5,7 +5,8 @@
 //! of their own (on a 5M-row day they were ~40 ms of a ~260 ms run).
 //!
 //! It sits in the SELECT list, as the partition column's value
-//! (`fixpoint_tap(token, hash(c1, …, cn), dt, run_date)`): a projection is evaluated
+//! (`fixpoint_tap(token, hash(c1, …, cn), dt)`, the run date carried in the
+//! token: [`open_partition`]): a projection is evaluated
 //! once per row that reaches the INSERT, unlike a filter, which the optimizer
 //! may reorder before the source's own conditions. DuckDB hands a C API
 //! scalar function every row of a chunk, NULLs included (only a constant
@@ -161,6 +162,44 @@ pub fn open() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed) * 2
 }
 
+/// A new partition tap's token for the run date `day` (days since
+/// 1970-01-01, as DuckDB stores a DATE): the date rides in the token's bits
+/// 1–32, so the function takes one constant argument fewer (DuckDB's C API
+/// flattens every argument of every chunk: a constant costs a loop of its
+/// own). Even, like [`open`]'s.
+pub fn open_partition(day: i32) -> u64 {
+    // 30 bits of counter keep the token below 2^63: it is bound as a BIGINT.
+    ((NEXT.fetch_add(1, Ordering::Relaxed) & 0x3fff_ffff) << 33) | (u64::from(day as u32) << 1)
+}
+
+/// The run date a partition tap's token carries.
+fn token_day(token: u64) -> i32 {
+    ((token >> 1) & 0xffff_ffff) as u32 as i32
+}
+
+/// The sum of `hashes` as an i128, in two u64 lanes (low and high halves;
+/// a chunk holds at most 2^32 rows, so neither overflows): vectorizable,
+/// unlike a running i128 sum.
+fn sum_hashes(hashes: &[u64]) -> i128 {
+    // (Wrapping adds, which never wrap here: the dev profile's overflow
+    // checks would keep the loop from being vectorized.)
+    let (mut lo, mut hi) = (0u64, 0u64);
+    for &h in hashes {
+        lo = lo.wrapping_add(h & 0xffff_ffff);
+        hi = hi.wrapping_add(h >> 32);
+    }
+    (i128::from(hi) << 32) + i128::from(lo)
+}
+
+/// Whether a flattened constant argument holds one value: DuckDB fills
+/// each slot of a flattened constant with it, so the ends tell.
+fn one_value<T: PartialEq + Copy>(v: &[T]) -> Option<T> {
+    match (v.first(), v.last()) {
+        (Some(&a), Some(&b)) if a == b => Some(a),
+        _ => None,
+    }
+}
+
 /// A new dedup tap's token (tokens of dedup taps are odd, the others'
 /// even: [`is_dedup`] tells which `close` a token takes).
 pub fn open_dedup() -> u64 {
@@ -219,15 +258,16 @@ impl VScalar for TapRows {
         // (checked here: a chunk may reach the function with NULL rows).
         let (v0, v1) = (input.flat_vector(0), input.flat_vector(1));
         let (tokens, hashes) = unsafe { (v0.as_slice_with_len::<u64>(rows), v1.as_slice_with_len::<u64>(rows)) };
-        let token = tokens[0];
-        if tokens.iter().any(|&t| t != token) {
-            return Err(format!("{ROWS_FUNCTION}: one token per call site").into());
-        }
+        let token = one_value(tokens).ok_or_else(|| format!("{ROWS_FUNCTION}: one token per call site"))?;
         let mut out = output.flat_vector();
         // SAFETY: the result is a BOOLEAN vector with room for `rows` values.
         unsafe { out.as_mut_slice_with_len::<bool>(rows) }.fill(true);
-        let (mut seen, mut sum) = (0u64, 0i128);
         let mask = validity(input, 1);
+        if mask.is_null() {
+            add(token, rows as u64, 0, sum_hashes(hashes));
+            return Ok(());
+        }
+        let (mut seen, mut sum) = (0u64, 0i128);
         for (r, &h) in hashes.iter().enumerate() {
             if is_null(mask, r) {
                 out.set_null(r);
@@ -272,14 +312,11 @@ impl VScalar for TapDedup {
                 v3.as_slice_with_len::<u64>(rows),
             )
         };
-        let token = tokens[0];
-        if tokens.iter().any(|&t| t != token) {
-            return Err(format!("{DEDUP_FUNCTION}: one token per call site").into());
-        }
+        let token = one_value(tokens).ok_or_else(|| format!("{DEDUP_FUNCTION}: one token per call site"))?;
         let mut out = output.flat_vector();
         // SAFETY: the result is a BOOLEAN vector with room for `rows` values.
         unsafe { out.as_mut_slice_with_len::<bool>(rows) }.fill(true);
-        let sum: i128 = hashes.iter().map(|&h| i128::from(h)).sum();
+        let sum = sum_hashes(hashes);
         let mask = validity(input, 3);
         let mut taps = DEDUPS.lock().unwrap_or_else(|e| e.into_inner());
         let d = taps.get_or_insert_with(HashMap::new).entry(token).or_insert_with(|| Dedup { limit: LIMIT.load(Ordering::Relaxed), ..Dedup::default() });
@@ -320,42 +357,37 @@ impl VScalar for Tap {
         if rows == 0 {
             return Ok(());
         }
-        // SAFETY: the signature is (UBIGINT, UBIGINT, DATE, DATE); DuckDB
-        // hands flattened vectors of `rows` values. The token, the hash and
-        // the run date are never NULL; a NULL partition value is passed
-        // through as NULL and not seen (its slot holds no date).
-        let (v0, v1, v2, v3) = (input.flat_vector(0), input.flat_vector(1), input.flat_vector(2), input.flat_vector(3));
-        let (tokens, hashes, days, run_days) = unsafe {
-            (
-                v0.as_slice_with_len::<u64>(rows),
-                v1.as_slice_with_len::<u64>(rows),
-                v2.as_slice_with_len::<i32>(rows),
-                v3.as_slice_with_len::<i32>(rows),
-            )
-        };
+        // SAFETY: the signature is (UBIGINT, UBIGINT, DATE); DuckDB hands
+        // flattened vectors of `rows` values. The token and the hash are
+        // never NULL; a NULL partition value is passed through as NULL and
+        // not seen (its slot holds no date).
+        let (v0, v1, v2) = (input.flat_vector(0), input.flat_vector(1), input.flat_vector(2));
+        let (tokens, hashes, days) =
+            unsafe { (v0.as_slice_with_len::<u64>(rows), v1.as_slice_with_len::<u64>(rows), v2.as_slice_with_len::<i32>(rows)) };
         let mut out = output.flat_vector();
         // SAFETY: the result is a DATE vector with room for `rows` values.
         unsafe { out.as_mut_slice_with_len::<i32>(rows) }.copy_from_slice(days);
-        let (token, day) = (tokens[0], run_days[0]);
-        if tokens.iter().any(|&t| t != token) || run_days.iter().any(|&d| d != day) {
-            return Err(format!("{FUNCTION}: one token and one run date per statement").into());
-        }
-        let (mut seen, mut outside, mut sum) = (0u64, 0u64, 0i128);
+        let token = one_value(tokens).ok_or_else(|| format!("{FUNCTION}: one token per statement"))?;
+        let day = token_day(token);
+        let (seen, outside, sum);
         let mask = validity(input, 2);
         if mask.is_null() {
-            // Every row valid: the common case, without a branch per row.
+            // Every row valid: the common case, two vectorizable passes.
             seen = rows as u64;
-            outside = days.iter().filter(|&&d| d != day).count() as u64;
-            sum = hashes.iter().map(|&h| i128::from(h)).sum();
-        }
-        for (r, (&d, &h)) in days.iter().zip(hashes).enumerate().filter(|_| !mask.is_null()) {
-            if is_null(mask, r) {
-                out.set_null(r);
-            } else {
-                seen += 1;
-                outside += u64::from(d != day);
-                sum += i128::from(h);
+            outside = days.iter().fold(0u64, |n, &d| n.wrapping_add(u64::from(d != day)));
+            sum = sum_hashes(hashes);
+        } else {
+            let (mut s, mut o, mut h) = (0u64, 0u64, 0i128);
+            for (r, (&d, &x)) in days.iter().zip(hashes).enumerate() {
+                if is_null(mask, r) {
+                    out.set_null(r);
+                } else {
+                    s += 1;
+                    o += u64::from(d != day);
+                    h += i128::from(x);
+                }
             }
+            (seen, outside, sum) = (s, o, h);
         }
         add(token, seen, outside, sum);
         Ok(())
@@ -363,7 +395,7 @@ impl VScalar for Tap {
 
     fn signatures() -> Vec<ScalarFunctionSignature> {
         vec![ScalarFunctionSignature::exact(
-            vec![LogicalTypeId::UBigint.into(), LogicalTypeId::UBigint.into(), LogicalTypeId::Date.into(), LogicalTypeId::Date.into()],
+            vec![LogicalTypeId::UBigint.into(), LogicalTypeId::UBigint.into(), LogicalTypeId::Date.into()],
             LogicalTypeId::Date.into(),
         )]
     }
@@ -375,7 +407,30 @@ impl VScalar for Tap {
 
 #[cfg(test)]
 mod tests {
-    use super::count_ties;
+    use super::{count_ties, is_dedup, one_value, open_partition, sum_hashes, token_day};
+
+    /// A partition tap's token carries its run date, any DATE DuckDB
+    /// holds, and stays a positive BIGINT of an even (not dedup) kind.
+    #[test]
+    fn partition_tokens_carry_the_run_date() {
+        for day in [-719_162, -1, 0, 1, 20_746, 2_932_896, i32::MIN, i32::MAX] {
+            let token = open_partition(day);
+            assert_eq!(token_day(token), day);
+            assert!(!is_dedup(token) && i64::try_from(token).is_ok(), "{token}");
+        }
+        assert_ne!(open_partition(5), open_partition(5), "each tap its own token");
+    }
+
+    #[test]
+    fn hashes_sum_in_two_lanes_as_in_one() {
+        let hashes: Vec<u64> = (0..2048u64).map(|i| u64::MAX - i * 0x9e37_79b9).collect();
+        let plain: i128 = hashes.iter().map(|&h| i128::from(h)).sum();
+        assert_eq!(sum_hashes(&hashes), plain);
+        assert_eq!(sum_hashes(&[]), 0);
+        assert_eq!(one_value(&[7u64, 7, 7]), Some(7));
+        assert_eq!(one_value(&[7u64, 7, 8]), None);
+        assert_eq!(one_value::<u64>(&[]), None);
+    }
 
     /// The bucketed count equals the plain one: sort everything, and per
     /// pair count the rows whose hash is not the smallest.

@@ -12,13 +12,13 @@ fn db() -> DuckDb {
 #[test]
 fn the_partition_tap_passes_nulls_through_unseen() {
     let db = db();
-    let token = tap::open();
+    let token = tap::open_partition(0);
     let (rows, nulls, epoch): (i64, i64, i64) = db
         .connection()
         .query_row(
             &format!(
                 "SELECT count(*), count(*) FILTER (WHERE d IS NULL), count(*) FILTER (WHERE d = DATE '1970-01-01') FROM (
-                   SELECT {}(CAST(? AS UBIGINT), hash(i), CASE WHEN i % 2 = 0 THEN NULL ELSE DATE '1970-01-01' + CAST(i % 3 AS INTEGER) END, DATE '1970-01-01') AS d
+                   SELECT {}(CAST(? AS UBIGINT), hash(i), CASE WHEN i % 2 = 0 THEN NULL ELSE DATE '1970-01-01' + CAST(i % 3 AS INTEGER) END) AS d
                    FROM range(10000) AS r(i))",
                 tap::FUNCTION
             ),
