@@ -230,6 +230,14 @@ pub trait Engine {
         false
     }
 
+    /// Whether a value of type `from`, cast to `to`, has the same native
+    /// row hash contribution as before the cast (the same physical value),
+    /// so a row hashed as read is hashed as written. The same type
+    /// always; an engine may know more.
+    fn same_native_hash(&self, from: &str, to: &str) -> bool {
+        from.eq_ignore_ascii_case(to)
+    }
+
     /// What the tap saw: (rows whose partition was not NULL, of those the
     /// rows outside `day`, the sum of their row hashes).
     fn tap_close(&mut self, token: u64) -> Option<(u64, u64, i128)> {

@@ -687,12 +687,18 @@ fn merge_one_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut cra
         .chain(["\"__fixpoint_seen\"".to_owned()])
         .collect::<Vec<_>>()
         .join(", ");
-    // The batch's values as the target's columns hold them, for the hash
-    // of the rows written.
+    // The hash of each row as written. When the target's columns are the
+    // source's, in order, and each cast to the target's type keeps the
+    // value the engine hashes (the same type; on DuckDB also a DECIMAL of
+    // another precision in the same storage), it is the row's input hash,
+    // computed anyway for the input fingerprint and carried through the
+    // window. Otherwise the batch's values are cast to the target's types
+    // and hashed again, once a kept row, under the MERGE (named in its
+    // conditions, it costs ~3 times as much).
+    let hashed_as_read = output_cols.len() == input_cols.len()
+        && output_cols.iter().zip(input_cols).all(|(o, i)| o.name == i.name && engine.same_native_hash(&i.ty, &o.ty));
     let cast_name = |i: usize| format!("__fixpoint_o{i}");
     let renamed: Vec<Column> = output_cols.iter().enumerate().map(|(i, c)| Column { name: cast_name(i), ty: c.ty.clone() }).collect();
-    // Computed once a kept row, under the MERGE (named in its conditions,
-    // it costs ~3 times as much).
     let kept_hash = engine.native_row_hash("c", &renamed).ok_or_else(no_hash)?;
     let written_hash = "b.\"__fixpoint_h\"";
     let (kept_select, okind, osig) = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
@@ -709,15 +715,30 @@ fn merge_one_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut cra
     let null_key = spec.key.iter().map(|k| format!("{} IS NULL", q("b", k))).chain([format!("b.{version} IS NULL")]).collect::<Vec<_>>().join(" OR ");
 
     let mut sql = Sql::new();
-    sql.push(&format!("MERGE INTO {} AS t USING (SELECT c.*, {kept_hash} AS \"__fixpoint_h\" FROM (SELECT r.*", job.target.quoted()));
-    for (i, c) in output_cols.iter().enumerate() {
-        sql.push(&format!(", CAST({} AS {}) AS {}", q("r", &c.name), c.ty, quote_ident(&cast_name(i))));
+    sql.push(&format!("MERGE INTO {} AS t USING (", job.target.quoted()));
+    if !hashed_as_read {
+        sql.push(&format!("SELECT c.*, {kept_hash} AS \"__fixpoint_h\" FROM (SELECT r.*"));
+        for (i, c) in output_cols.iter().enumerate() {
+            sql.push(&format!(", CAST({} AS {}) AS {}", q("r", &c.name), c.ty, quote_ident(&cast_name(i))));
+        }
+        sql.push(" FROM ");
+    } else {
+        sql.push("SELECT * FROM ");
     }
-    sql.push(&format!(" FROM (SELECT *, row_number() OVER (PARTITION BY {key_list} ORDER BY {order}) AS \"__fixpoint_rank\" FROM (SELECT x.*, "));
+    sql.push(&format!("(SELECT *, row_number() OVER (PARTITION BY {key_list} ORDER BY {order}) AS \"__fixpoint_rank\" FROM (SELECT x.*, "));
     sql.append(&seen);
-    sql.push(" AS \"__fixpoint_seen\" FROM ");
+    sql.push(" AS \"__fixpoint_seen\"");
+    if hashed_as_read {
+        // The same expression as the tap's: computed once.
+        sql.push(&format!(", {input_hash} AS \"__fixpoint_h\""));
+    }
+    sql.push(" FROM ");
     Scope::Source { template: job.source.template(), params }.write_from(&mut sql, "x");
-    sql.push(&format!(") AS x) AS r WHERE \"__fixpoint_rank\" = 1) AS c) AS b ON ({}) ", keys_match("t", "b", &spec.key)));
+    sql.push(") AS x) AS r WHERE \"__fixpoint_rank\" = 1");
+    if !hashed_as_read {
+        sql.push(") AS c");
+    }
+    sql.push(&format!(") AS b ON ({}) ", keys_match("t", "b", &spec.key)));
     // (The clauses read of the target's columns only the version and the
     // partition: any other column they name is read for every row the
     // scan keeps, ~30 % of the statement here. The rows left alone are

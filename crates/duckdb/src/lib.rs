@@ -556,6 +556,19 @@ impl Engine for DuckDb {
         self.tap_registered && self.one_statement_merge
     }
 
+    /// Also two DECIMALs of one scale stored in one integer width
+    /// (precision 1–4, 5–9, 10–18, 19–38): DuckDB hashes the stored
+    /// integer, which the cast leaves as it is (or refuses).
+    fn same_native_hash(&self, from: &str, to: &str) -> bool {
+        if from.eq_ignore_ascii_case(to) {
+            return true;
+        }
+        match (decimal_of(from), decimal_of(to)) {
+            (Some((p1, s1)), Some((p2, s2))) => s1 == s2 && decimal_width(p1) == decimal_width(p2),
+            _ => false,
+        }
+    }
+
     fn tap_close(&mut self, token: u64) -> Option<(u64, u64, i128)> {
         if tap::is_dedup(token) {
             let d = tap::close_dedup(token);
@@ -646,4 +659,22 @@ pub enum DuckTarget {
     File(PathBuf),
     /// An in-memory database.
     Memory,
+}
+
+/// (precision, scale) of a `DECIMAL(p,s)` type as DuckDB writes it.
+fn decimal_of(ty: &str) -> Option<(u32, u32)> {
+    let t = ty.trim().to_ascii_uppercase();
+    let inner = t.strip_prefix("DECIMAL(")?.strip_suffix(')')?;
+    let (p, s) = inner.split_once(',')?;
+    Some((p.trim().parse().ok()?, s.trim().parse().ok()?))
+}
+
+/// The integer width DuckDB stores a DECIMAL of precision `p` in.
+fn decimal_width(p: u32) -> u32 {
+    match p {
+        0..=4 => 16,
+        5..=9 => 32,
+        10..=18 => 64,
+        _ => 128,
+    }
 }

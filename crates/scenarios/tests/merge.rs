@@ -364,6 +364,40 @@ fn merge_without_tombstones_or_partition(e: &dyn EngineUnderTest) {
     assert!(db.table_columns(&t).unwrap().is_none(), "no tombstone table without `deleted`");
 }
 
+/// A target whose types differ from the source's: the rows are written
+/// cast to the target's types, and the output fingerprint is that of the
+/// rows as the target holds them — whether the cast keeps the hashed value
+/// (a DECIMAL of another precision in the same storage: on DuckDB the
+/// input hash is reused) or changes it (a DECIMAL of another scale; an
+/// INTEGER written to a BIGINT).
+fn written_types_differ_from_the_source(e: &dyn EngineUnderTest) {
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    seed(db);
+    exec(db, "CREATE SCHEMA silver");
+    exec(db, "CREATE TABLE silver.orders (order_id BIGINT, customer_id BIGINT, order_total DECIMAL(10,2), currency VARCHAR, updated_at TIMESTAMP, dt DATE, op VARCHAR)");
+    let t = fixpoint_core::TableName::parse("silver.orders").unwrap();
+    let check = |db: &mut dyn fixpoint_core::Engine, r: &RunReport, keys: &str| {
+        use fixpoint_core::engine::{fingerprint, Filter, Scope};
+        let cols = db.table_columns(&t).unwrap().unwrap();
+        let filter = format!("order_id IN ({keys})");
+        let scope = Scope::Table { table: &t, filter: Some(Filter::Predicate(&filter)) };
+        assert_eq!(fingerprint(db, fixpoint_core::Method::Native, &scope, &cols).unwrap(), r.output(), "{keys}");
+    };
+    let decimal = upsert_job();
+    let r = decimal.load(d("2026-10-19"), db).unwrap();
+    assert_eq!(counts(&r), (3, 0, 0, 0, 2));
+    check(db, &r, "1, 2, 3");
+    let narrow = job(&MERGE_JOB.replace("deleted = \"op = 'D'\"\n", "").replace("SELECT order_id, customer_id, order_total,", "SELECT order_id, CAST(customer_id AS INTEGER) AS customer_id, CAST(order_total AS DECIMAL(12,3)) AS order_total,"));
+    let r = narrow.load(d("2026-10-20"), db).unwrap();
+    assert_eq!(counts(&r), (1, 1, 0, 0, 0));
+    check(db, &r, "1, 4");
+    assert_eq!(rows(db, "SELECT customer_id, order_total FROM silver.orders WHERE order_id = 4"), vec![vec!["13", "\"40.00\""]]);
+    // The same batches again change nothing, and say so with the same fingerprint.
+    let again = narrow.load(d("2026-10-20"), db).unwrap();
+    assert_eq!((counts(&again), again.output_checksum.clone()), ((0, 0, 0, 2, 0), r.output_checksum.clone()));
+}
+
 /// Spark rewrites an unpartitioned table only by deleting its files first:
 /// a merge there is refused, naming the fix, and nothing is created.
 #[allow(dead_code)]
@@ -418,6 +452,7 @@ fn duckdb_plans_agree() {
 
 scenarios!(
     generated_target_key_is_found,
+    written_types_differ_from_the_source,
     merge_backfills_batch_by_batch,
     merge_without_tombstones_or_partition,
     seed_feed_replays_and_out_of_order,
@@ -446,6 +481,7 @@ macro_rules! scenarios_on {
 // other transactional engines run, on the engine whose default plans fold
 // the checks into their statements.
 scenarios_on!(duckdb_without_taps, fixpoint_scenarios::DuckDbWithoutTapsUnderTest;
+    written_types_differ_from_the_source,
     merge_backfills_batch_by_batch,
     merge_without_tombstones_or_partition,
     seed_feed_replays_and_out_of_order,
@@ -511,6 +547,7 @@ fn both_duckdb_plans_agree(_: &dyn EngineUnderTest) {
 // The scenarios whose jobs can take the one-statement plan, again on
 // DuckDB with that plan off: the two-statement plan runs them.
 scenarios_on!(duckdb_two_statements, fixpoint_scenarios::DuckDbTwoStatementsUnderTest;
+    written_types_differ_from_the_source,
     merge_without_tombstones_or_partition,
     ties_error_or_deterministic,
     null_keys_and_versions_are_refused,
