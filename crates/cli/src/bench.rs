@@ -119,12 +119,21 @@ pub fn run_sql(args: BenchSqlArgs) -> Result<(), Error> {
     let conn = db.connection();
     if args.merge {
         let start = Instant::now();
+        let faults = fixpoint_core::run::minor_faults();
         conn.execute_batch("BEGIN").map_err(db_err("BEGIN"))?;
         let n = conn.execute(HAND_MERGE, []).map_err(db_err("MERGE"))?;
         let merged = start.elapsed();
+        let merge_faults = fixpoint_core::run::minor_faults();
         conn.execute_batch("COMMIT").map_err(db_err("COMMIT"))?;
         if std::env::var_os("FIXPOINT_TRACE").is_some() {
-            eprintln!("bench-sql: merge {:>8.1} ms, commit {:>8.1} ms", merged.as_secs_f64() * 1000.0, (start.elapsed() - merged).as_secs_f64() * 1000.0);
+            let now = fixpoint_core::run::minor_faults();
+            eprintln!(
+                "bench-sql: merge {:>8.1} ms {:>7} faults, commit {:>8.1} ms {:>7} faults",
+                merged.as_secs_f64() * 1000.0,
+                merge_faults - faults,
+                (start.elapsed() - merged).as_secs_f64() * 1000.0,
+                now - merge_faults
+            );
         }
         println!("{}", json!({"elapsed_ms": start.elapsed().as_secs_f64() * 1000.0, "rows_changed": n}));
         return Ok(());
