@@ -644,18 +644,22 @@ fn fits_one_statement(engine: &mut dyn Engine, plan: &Plan<'_>, target_cols: Opt
 /// - the dedup tap in the projection the window orders by (evaluated once
 ///   per source row) sums the input fingerprint and looks for ties in the
 ///   batch;
-/// - each clause's condition is one tap whose argument is NULL for the
-///   rows the clause does not take (a clause sees only the rows no earlier
-///   clause took): the UPDATE's and the INSERT's sum the written rows'
-///   hashes as the target's columns hold them, the last MATCHED clause
-///   (`DO NOTHING`) counts the target rows left alone; with none left
-///   alone the output fingerprint is the written rows', otherwise one read
-///   of the batch's keys after the statement takes it and finds rows tied
-///   with the target (`on_tie = "error"`);
-/// - the same arguments raise an error for what this plan does not decide:
-///   a NULL key or version, a key the target holds in another partition
-///   than the batch's (pruned merges; moved within the touched partitions,
-///   it is the two-statement plan's to allow, otherwise to refuse).
+/// - a tap in the filter that keeps one row a key counts the kept rows
+///   and sums their hashes as the target's columns will hold them (the
+///   input hash itself where the casts keep it), and refuses a NULL key
+///   or version;
+/// - the clauses are the hand-written ones (a guarded UPDATE, an INSERT);
+///   the UPDATE's condition is a tap counting its rows. The MERGE's own
+///   count less the updates is the inserts; the kept rows less both, the
+///   rows left alone. With none left alone the output fingerprint is the
+///   kept rows'; otherwise one read of the batch's keys after the
+///   statement takes it, finds rows tied with the target (`on_tie =
+///   "error"`) and keys the target holds in another partition;
+/// - what this plan does not decide raises an error inside the statement
+///   or sends the run to the next plan: a NULL key or version, a key the
+///   target holds in another partition than the batch's (pruned merges;
+///   moved within the touched partitions, it is the two-statement plan's
+///   to allow, otherwise to refuse).
 ///
 /// `Ok(None)`, and a refusal raised inside the MERGE, mean "roll back and
 /// run another plan".
@@ -700,7 +704,6 @@ fn merge_one_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut cra
     let cast_name = |i: usize| format!("__fixpoint_o{i}");
     let renamed: Vec<Column> = output_cols.iter().enumerate().map(|(i, c)| Column { name: cast_name(i), ty: c.ty.clone() }).collect();
     let kept_hash = engine.native_row_hash("c", &renamed).ok_or_else(no_hash)?;
-    let written_hash = "b.\"__fixpoint_h\"";
     let (kept_select, okind, osig) = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
 
     let refuse = |message: &str| format!("error('{message}')");
@@ -712,10 +715,9 @@ fn merge_one_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut cra
         OnTie::Deterministic => format!(" OR (b.{version} = t.{version} AND {})", sorts_before("b", "t", compared)),
         OnTie::Error => String::new(),
     });
-    let null_key = spec.key.iter().map(|k| format!("{} IS NULL", q("b", k))).chain([format!("b.{version} IS NULL")]).collect::<Vec<_>>().join(" OR ");
 
     let mut sql = Sql::new();
-    sql.push(&format!("MERGE INTO {} AS t USING (", job.target.quoted()));
+    sql.push(&format!("MERGE INTO {} AS t USING (SELECT * FROM (", job.target.quoted()));
     if !hashed_as_read {
         sql.push(&format!("SELECT c.*, {kept_hash} AS \"__fixpoint_h\" FROM (SELECT r.*"));
         for (i, c) in output_cols.iter().enumerate() {
@@ -738,43 +740,46 @@ fn merge_one_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut cra
     if !hashed_as_read {
         sql.push(") AS c");
     }
+    // The kept rows, one a key: a tap in the filter over them counts them
+    // and sums their hashes as written (every kept row is written unless
+    // left alone), and refuses a NULL key or version (the plan that names
+    // the rows explains it). Its argument is NULL for the other ranks, so
+    // the filter keeps exactly the kept rows whatever the order in which
+    // the engine evaluates it and the rank's own.
+    let null_key = spec.key.iter().chain([&spec.version]).map(|k| format!("{} IS NULL", q("k", k))).collect::<Vec<_>>().join(" OR ");
+    let (kept_tap, kept_token) = engine
+        .tap_rows(&Sql::raw(format!(
+            "CASE WHEN k.\"__fixpoint_rank\" = 1 THEN CASE WHEN {null_key} THEN {} ELSE k.\"__fixpoint_h\" END END",
+            refuse(EXPLAIN_IN_MERGE)
+        )))
+        .ok_or_else(no_taps)?;
+    sql.push(") AS k WHERE ").append(&kept_tap);
     sql.push(&format!(") AS b ON ({}) ", keys_match("t", "b", &spec.key)));
-    // (The clauses read of the target's columns only the version and the
+    // The clauses are the hand-written SQL's: a guarded UPDATE, an
+    // INSERT. (They read of the target's columns only the version and the
     // partition: any other column they name is read for every row the
-    // scan keeps, ~30 % of the statement here. The rows left alone are
-    // read after, when there are any.)
+    // scan keeps, ~30 % of the statement here; a clause of its own for the
+    // rows left alone, or a condition on the INSERT, cost ~5 ms each
+    // even with no row to take. The rows left alone are read after, when
+    // there are any.) The UPDATE's condition counts its rows and refuses
+    // a key the target holds in another partition than the batch's.
     let (set, col_list, values) = merge_actions(spec, names);
     let mut update_token = None;
     if !set.is_empty() {
         let (tap, token) = engine
-            .tap_rows(&Sql::raw(format!(
-                "CASE WHEN {newer} THEN CASE WHEN {held} THEN {written_hash} ELSE {} END END",
-                refuse(REFUSED_IN_MERGE)
-            )))
+            .tap_rows(&Sql::raw(format!("CASE WHEN {newer} THEN CASE WHEN {held} THEN 0 ELSE {} END END", refuse(REFUSED_IN_MERGE))))
             .ok_or_else(no_taps)?;
         update_token = Some(token);
         sql.push("WHEN MATCHED AND ").append(&tap).push(&format!(" THEN UPDATE SET {set} "));
     }
-    let (tap, alone_token) = engine
-        .tap_rows(&Sql::raw(format!(
-            "CASE WHEN b.{version} IS NULL THEN {} WHEN NOT coalesce({held}, false) THEN {} ELSE 0 END",
-            refuse(EXPLAIN_IN_MERGE),
-            refuse(REFUSED_IN_MERGE)
-        )))
-        .ok_or_else(no_taps)?;
-    sql.push("WHEN MATCHED AND ").append(&tap).push(" THEN DO NOTHING ");
-    let (tap, insert_token) = engine
-        .tap_rows(&Sql::raw(format!("CASE WHEN {null_key} THEN {} ELSE {written_hash} END", refuse(EXPLAIN_IN_MERGE))))
-        .ok_or_else(no_taps)?;
-    sql.push("WHEN NOT MATCHED AND ").append(&tap).push(&format!(" THEN INSERT ({col_list}) VALUES ({values})"));
+    sql.push(&format!("WHEN NOT MATCHED THEN INSERT ({col_list}) VALUES ({values})"));
 
     opts.step(FailPoint::AfterGuards)?;
     let changed = engine.execute(&sql);
     trace.step("merge statement");
     let (input_rows, ties, input_sum) = engine.tap_close(seen_token).unwrap_or_default();
-    let (updates, _, updated_sum) = update_token.and_then(|t| engine.tap_close(t)).unwrap_or_default();
-    let (alone, _, _) = engine.tap_close(alone_token).unwrap_or_default();
-    let (inserts, _, inserted_sum) = engine.tap_close(insert_token).unwrap_or_default();
+    let (batch_rows, _, kept_sum) = engine.tap_close(kept_token).unwrap_or_default();
+    let (updates, _, _) = update_token.and_then(|t| engine.tap_close(t)).unwrap_or_default();
     let changed = changed?;
     trace.step("taps closed");
     if ties > 0 {
@@ -782,36 +787,40 @@ fn merge_one_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut cra
     }
     opts.step(FailPoint::AfterDelete)?;
     opts.step(FailPoint::MidInsert)?;
-    if changed != inserts + updates {
-        return Err(Error::Internal(format!("the merge changed {changed} rows but its taps counted {inserts} inserts and {updates} updates; rolled back")));
+    if updates > changed || changed > batch_rows {
+        return Err(Error::Internal(format!("the merge changed {changed} rows of a {batch_rows}-key batch but its tap counted {updates} updates; rolled back")));
     }
-    let batch_rows = inserts + updates + alone;
+    let (inserts, alone) = (changed - updates, batch_rows - changed);
     let duplicates_collapsed = input_rows.checked_sub(batch_rows).ok_or_else(|| Error::Internal(format!("the batch has {batch_rows} keys but the tap saw {input_rows} rows")))?;
     let input = Fingerprint::from_sum(&kind, &signature, input_rows, input_sum);
     let job_hash = job.definition_hash();
     let key = run_input.file_key(&job_hash, run_date).unwrap_or_else(|| run_key(&job_hash, run_date, &input));
     opts.step(FailPoint::AfterInsert)?;
     let output = if alone == 0 {
-        Fingerprint::from_sum(&okind, &osig, batch_rows, updated_sum + inserted_sum)
+        Fingerprint::from_sum(&okind, &osig, batch_rows, kept_sum)
     } else {
         // Keys left alone: the batch's keys as the target now holds them,
-        // read through the same dedup (untapped), and the rows that differ
+        // read through the same dedup (untapped); the rows that differ
         // from the batch at its version (`on_tie = "error"`: the plans
-        // that name them refuse them).
+        // that name them refuse them), and the keys the target holds in
+        // another partition than the batch's (the plan with two
+        // statements allows a move within the touched partitions, or
+        // refuses it).
         let ties = match spec.on_tie {
             OnTie::Error if !compared.is_empty() => format!("count(*) FILTER (WHERE b.{version} = t.{version} AND ({}))", rows_differ("b", "t", compared)),
             _ => "0".to_owned(),
         };
+        let elsewhere = format!("count(*) FILTER (WHERE NOT coalesce({held}, false))");
         let order = std::iter::once(format!("{version} DESC NULLS FIRST")).chain(meta_cols.iter().map(|c| format!("{} ASC NULLS FIRST", quote_ident(c)))).collect::<Vec<_>>().join(", ");
         let mut sql = Sql::new();
         sql.push(&format!(
-            "SELECT {kept_select}, {ties} FROM {} AS t JOIN (SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY {key_list} ORDER BY {order}) AS \"__fixpoint_rank\" FROM ",
+            "SELECT {kept_select}, {ties}, {elsewhere} FROM {} AS t JOIN (SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY {key_list} ORDER BY {order}) AS \"__fixpoint_rank\" FROM ",
             job.target.quoted()
         ));
         Scope::Source { template: job.source.template(), params }.write_from(&mut sql, "x");
         sql.push(&format!(") AS r WHERE \"__fixpoint_rank\" = 1) AS b ON {}", keys_match("t", "b", &spec.key)));
         let row = engine.query(&sql)?.rows.into_iter().next().ok_or_else(|| Error::Internal("output scan".into()))?;
-        if row[2].as_u64().unwrap_or(0) > 0 {
+        if row[2].as_u64().unwrap_or(0) > 0 || row[3].as_u64().unwrap_or(0) > 0 {
             return Ok(None);
         }
         let fp = Fingerprint::from_sum(&okind, &osig, row[0].as_u64().unwrap_or(0), engine.read_sum(&row[1])?);
