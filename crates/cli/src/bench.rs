@@ -91,6 +91,10 @@ pub struct BenchSqlArgs {
     /// With --pg: the target table.
     #[arg(long, default_value = "silver.orders")]
     table: String,
+    /// Run this SQL script on the DuckDB file instead (the benchmark's own
+    /// set-up, run in a child process: see [`exec_in_child`]).
+    #[arg(long)]
+    exec: Option<String>,
 }
 
 pub(crate) const HAND_MERGE: &str = "MERGE INTO silver.orders AS t USING (
@@ -117,6 +121,11 @@ pub fn run_sql(args: BenchSqlArgs) -> Result<(), Error> {
     let file = args.file.ok_or_else(|| Error::argument("bench-sql needs --file or --pg", None))?;
     let db = DuckDb::open(&file, Duration::from_secs(60))?;
     let conn = db.connection();
+    if let Some(script) = &args.exec {
+        conn.execute_batch(script).map_err(db_err("the benchmark's set-up"))?;
+        println!("{}", json!({"elapsed_ms": 0.0}));
+        return Ok(());
+    }
     if args.merge {
         let start = Instant::now();
         let faults = fixpoint_core::run::minor_faults();
@@ -210,6 +219,17 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// Runs `sql` on the DuckDB `file` in a child process (`bench-sql --exec`).
+/// The benchmark's own process stays small: Linux starts a child's peak RSS
+/// (what `wait4` reports) from its parent's at the fork, so a parent that
+/// had built the tables itself would inflate every side's figure alike.
+pub(crate) fn exec_in_child(file: &Path, sql: &str) -> Result<(), Error> {
+    let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
+    let mut c = Command::new(exe);
+    c.args(["bench-sql", "--file", &file.display().to_string(), "--date", "2026-10-20", "--exec", sql]);
+    measure(&mut c).map(|_| ())
+}
+
 /// Builds (once; a marker file remembers the shape) a DuckDB file with a
 /// `table` of `rows` orders spread over `days` days from `first_day`, then
 /// runs `after`.
@@ -223,9 +243,9 @@ fn build_orders(file: &Path, rows: u64, days: u64, schemas: &str, table: &str, f
         let _ = std::fs::remove_file(p);
     }
     eprintln!("bench: building {} ({rows} rows over {days} days)…", file.display());
-    let db = DuckDb::open(file, Duration::from_secs(10))?;
-    db.connection()
-        .execute_batch(&format!(
+    exec_in_child(
+        file,
+        &format!(
             "{schemas}
              CREATE TABLE {table} AS
              SELECT i AS order_id, (i * 7) % 100003 AS customer_id,
@@ -237,8 +257,8 @@ fn build_orders(file: &Path, rows: u64, days: u64, schemas: &str, table: &str, f
              {after}
              CHECKPOINT;",
             per_day = rows / days
-        ))
-        .map_err(db_err("building the benchmark tables"))?;
+        ),
+    )?;
     std::fs::write(&marker, want).map_err(|source| Error::Io { path: marker.clone(), source })?;
     Ok(())
 }
@@ -359,10 +379,10 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
 /// rows over the keys of the table's last tenth, 1 in 10 keys twice (the
 /// second copy an older version).
 fn new_batch(file: &Path, changes: u64) -> Result<(), Error> {
-    let db = DuckDb::open(file, Duration::from_secs(60))?;
     let distinct = changes * 9 / 10;
-    db.connection()
-        .execute_batch(&format!(
+    exec_in_child(
+        file,
+        &format!(
             "CREATE OR REPLACE TABLE staging.changes AS
              WITH picked AS (
                  SELECT * FROM silver.orders
@@ -373,9 +393,8 @@ fn new_batch(file: &Path, changes: u64) -> Result<(), Error> {
              SELECT order_id, customer_id, order_total + 2, currency, updated_at + INTERVAL 30 MINUTE, dt FROM picked WHERE order_id % 100 = 3
              ORDER BY order_id;
              CHECKPOINT;"
-        ))
-        .map_err(db_err("building a batch of changes"))?;
-    Ok(())
+        ),
+    )
 }
 
 fn setup_merge(file: &Path, rows: u64, days: u64) -> Result<(), Error> {
@@ -480,12 +499,7 @@ fn run_backfill(args: BenchArgs, out: &Output) -> Result<(), Error> {
     let first = RunDate::parse("2026-10-19")?;
     let last = RunDate::range(first, RunDate::from_naive(first.date() + chrono::Duration::days(days as i64 - 1)));
     let to = last.last().expect("days > 0").to_string();
-    let empty = || -> Result<(), Error> {
-        let db = DuckDb::open(&file, Duration::from_secs(60))?;
-        db.connection()
-            .execute_batch("DROP TABLE IF EXISTS silver.orders; DROP SCHEMA IF EXISTS fixpoint CASCADE; CHECKPOINT;")
-            .map_err(db_err("emptying the target"))
-    };
+    let empty = || exec_in_child(&file, "DROP TABLE IF EXISTS silver.orders; DROP SCHEMA IF EXISTS fixpoint CASCADE; CHECKPOINT;");
     let timed = |extra: &[&str]| -> Result<Sample, Error> {
         let start = Instant::now();
         let mut c = Command::new(&exe);
@@ -652,15 +666,15 @@ fn day_files(file: &Path, dir: &Path, first: chrono::NaiveDate, count: i64) -> R
         let part = folder.join("part-0.parquet");
         if !part.exists() {
             std::fs::create_dir_all(&folder).map_err(|source| Error::Io { path: folder.clone(), source })?;
-            let db = DuckDb::open(file, Duration::from_secs(60))?;
             // Benchmark fixture: the path is ours.
-            db.connection()
-                .execute_batch(&format!(
+            exec_in_child(
+                file,
+                &format!(
                     "COPY (SELECT order_id, customer_id, order_total, currency, updated_at FROM bronze.orders WHERE dt = DATE '{}') TO '{}' (FORMAT parquet)",
                     day.format("%Y-%m-%d"),
                     part.display()
-                ))
-                .map_err(db_err("writing the day files"))?;
+                ),
+            )?;
         }
     }
     Ok(())
