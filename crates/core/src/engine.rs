@@ -245,6 +245,13 @@ pub trait Engine {
         None
     }
 
+    /// [`Engine::tap_close`] of a dedup tap, its ties still being counted
+    /// when it returns: (rows, sum, a function that waits for the ties).
+    /// The caller does its last statements before it asks.
+    fn tap_close_dedup_deferred(&mut self, token: u64) -> Option<(u64, i128, Box<dyn FnOnce() -> u64 + Send>)> {
+        self.tap_close(token).map(|(rows, ties, sum)| (rows, sum, Box::new(move || ties) as Box<dyn FnOnce() -> u64 + Send>))
+    }
+
     /// The columns of `table` that have a DEFAULT, with its expression
     /// (from `information_schema.columns`), for the lint of generated keys.
     fn column_defaults(&mut self, table: &TableName) -> Result<Vec<(String, String)>> {

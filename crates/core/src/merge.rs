@@ -777,14 +777,14 @@ fn merge_one_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut cra
     opts.step(FailPoint::AfterGuards)?;
     let changed = engine.execute(&sql);
     trace.step("merge statement");
-    let (input_rows, ties, input_sum) = engine.tap_close(seen_token).unwrap_or_default();
+    // The ties in the batch are counted on other threads while the ledger
+    // row is written; a tie then rolls it back with the rest.
+    let (input_rows, input_sum, ties) =
+        engine.tap_close_dedup_deferred(seen_token).unwrap_or_else(|| (0, 0, Box::new(|| 0u64) as Box<dyn FnOnce() -> u64 + Send>));
     let (batch_rows, _, kept_sum) = engine.tap_close(kept_token).unwrap_or_default();
     let (updates, _, _) = update_token.and_then(|t| engine.tap_close(t)).unwrap_or_default();
     let changed = changed?;
     trace.step("taps closed");
-    if ties > 0 {
-        return Ok(None);
-    }
     opts.step(FailPoint::AfterDelete)?;
     opts.step(FailPoint::MidInsert)?;
     if updates > changed || changed > batch_rows {
@@ -834,6 +834,10 @@ fn merge_one_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut cra
     let outcome = Outcome { key, input, output, inserts, updates, deletes: 0, batch_rows, duplicates_collapsed, rows_before: None, method: "merge, one statement" };
     let report = publish(engine, plan, outcome, trace)?;
     trace.step("ledger");
+    if ties() > 0 {
+        return Ok(None);
+    }
+    trace.step("ties counted");
     Ok(Some(report))
 }
 

@@ -99,6 +99,31 @@ pub fn close_dedup(token: u64) -> Dedup {
     d
 }
 
+/// Closes a dedup tap: its rows and hash sum at once, its ties counted on
+/// other threads, waited for by the function returned (the caller does the
+/// run's last statements meanwhile).
+pub fn close_dedup_deferred(token: u64) -> (u64, i128, Box<dyn FnOnce() -> u64 + Send>) {
+    let mut d = DEDUPS.lock().unwrap_or_else(|e| e.into_inner()).as_mut().and_then(|t| t.remove(&token)).unwrap_or_default();
+    let seen = std::mem::take(&mut d.seen);
+    if d.overflow {
+        return (d.rows, d.sum, Box::new(|| 1));
+    }
+    if seen.len() < 1 << 12 {
+        let ties = count_ties(seen);
+        return (d.rows, d.sum, Box::new(move || ties));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new().name("fixpoint-ties".into()).spawn(move || {
+        let _ = tx.send(count_ties(seen));
+    });
+    match spawned {
+        // A counting thread that died (it cannot, short of a panic) counts
+        // as a tie: the caller then takes the plan that checks with a join.
+        Ok(_) => (d.rows, d.sum, Box::new(move || rx.recv().unwrap_or(1))),
+        Err(_) => (d.rows, d.sum, Box::new(|| 1)),
+    }
+}
+
 /// Rows whose pair has another row hash, the smallest row hash of each
 /// pair aside. The pairs are hashes, so their top bits spread them evenly:
 /// one pass scatters them into buckets of 32–64 rows by those bits, and

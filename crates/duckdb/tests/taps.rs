@@ -58,8 +58,9 @@ fn the_counting_tap_sees_only_non_null_hashes() {
 }
 
 /// `fixpoint_tap_dedup(token, hash, pair, row)` over `sql`'s rows (columns
-/// h, pair, row): what it returned and what it saw.
-fn dedup(db: &DuckDb, from: &str) -> (i64, tap::Dedup) {
+/// h, pair, row): what it returned and what it saw, closed at once or
+/// (`deferred`) with its ties counted on other threads.
+fn dedup_closed(db: &DuckDb, from: &str, deferred: bool) -> (i64, tap::Dedup) {
     let token = tap::open_dedup();
     let trues: i64 = db
         .connection()
@@ -69,12 +70,26 @@ fn dedup(db: &DuckDb, from: &str) -> (i64, tap::Dedup) {
             |r| r.get(0),
         )
         .unwrap();
+    if deferred {
+        let (rows, sum, ties) = tap::close_dedup_deferred(token);
+        let mut d = tap::Dedup::default();
+        (d.rows, d.sum, d.ties) = (rows, sum, ties());
+        return (trues, d);
+    }
     (trues, tap::close_dedup(token))
 }
 
 #[test]
 fn the_dedup_tap_counts_sums_and_finds_ties() {
+    // Closed at once, then with the ties counted on other threads (one
+    // test: the limit below is global).
+    dedup_tap_counts_sums_and_finds_ties(false);
+    dedup_tap_counts_sums_and_finds_ties(true);
+}
+
+fn dedup_tap_counts_sums_and_finds_ties(deferred: bool) {
     let db = db();
+    let dedup = |db: &DuckDb, from: &str| dedup_closed(db, from, deferred);
     // 10,000 rows over 1,000 pairs, every row of a pair a copy: no tie.
     let copies = "SELECT hash(i) AS h, hash(i % 1000) AS pair, hash(i % 1000, 'v') AS row FROM range(10000) AS r(i)";
     let expected: String = db.connection().query_row("SELECT CAST(sum(hash(i)) AS VARCHAR) FROM range(10000) AS r(i)", [], |r| r.get(0)).unwrap();
