@@ -9,6 +9,10 @@ use chrono::NaiveDate;
 
 use crate::sql::{RunParams, SourceTemplate, Sql, Value};
 
+/// The message of a refusal raised inside a statement (a `MERGE`'s
+/// condition): a batch key held in a partition the batch does not touch.
+pub const REFUSED_IN_STATEMENT: &str = "fixpoint: a batch key is held in a partition the batch does not touch";
+
 /// A column: name and the engine's type name.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Column {
@@ -200,6 +204,16 @@ pub trait Engine {
     /// 0); `None` where the engine has no taps.
     fn tap_rows(&mut self, hash: &Sql) -> Option<(Sql, u64)> {
         let _ = hash;
+        None
+    }
+
+    /// A counting condition: a BOOLEAN expression that is `cond` (FALSE
+    /// where NULL), counts the rows where it is TRUE (closed with
+    /// [`Engine::tap_close`]: (rows, 0, 0)), and fails the statement with
+    /// [`REFUSED_IN_STATEMENT`] on a row where `cond` is TRUE and `allowed`
+    /// is not. `None` where the engine has none.
+    fn tap_if(&mut self, cond: &str, allowed: &str) -> Option<(Sql, u64)> {
+        let _ = (cond, allowed);
         None
     }
 

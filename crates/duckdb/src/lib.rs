@@ -575,6 +575,17 @@ impl Engine for DuckDb {
         Some((sql, token))
     }
 
+    fn tap_if(&mut self, cond: &str, allowed: &str) -> Option<(Sql, u64)> {
+        if !self.tap_registered {
+            return None;
+        }
+        let token = tap::open();
+        let mut sql = Sql::new();
+        sql.push(&format!("{}(", tap::IF_FUNCTION)).typed_param(Value::Int(token as i64), "UBIGINT");
+        sql.push(&format!(", ({cond}), ({allowed}))"));
+        Some((sql, token))
+    }
+
     fn tap_dedup(&mut self, hash: &str, pair: &str, row: &str) -> Option<(Sql, u64)> {
         if !self.tap_registered {
             return None;

@@ -26,6 +26,14 @@ use duckdb::vtab::arrow::WritableVector;
 
 /// The SQL name.
 pub const FUNCTION: &str = "fixpoint_tap";
+/// The counting condition's SQL name: `fixpoint_tap_if(token, cond,
+/// allowed) -> BOOLEAN` is `cond` (FALSE where NULL), counting the rows
+/// where it is TRUE, and fails the statement with
+/// [`fixpoint_core::engine::REFUSED_IN_STATEMENT`] on a row where `cond`
+/// is TRUE and `allowed` is not. (In a MERGE's `WHEN MATCHED AND …`: the
+/// rows updated, and a refusal, for the price of two comparisons; the
+/// same in nested `CASE`s cost twice as much.)
+pub const IF_FUNCTION: &str = "fixpoint_tap_if";
 /// The counting tap's SQL name: `fixpoint_tap_rows(token, hash) -> BOOLEAN`,
 /// TRUE for every row it sees (a row whose hash is NULL is not seen, and
 /// the result is NULL), counting the rows and summing the hashes.
@@ -301,6 +309,7 @@ pub fn close(token: u64) -> Seen {
 pub fn register(conn: &duckdb::Connection) -> duckdb::Result<()> {
     conn.register_scalar_function::<Tap>(FUNCTION)?;
     conn.register_scalar_function::<TapRows>(ROWS_FUNCTION)?;
+    conn.register_scalar_function::<TapIf>(IF_FUNCTION)?;
     conn.register_scalar_function::<TapDedup>(DEDUP_FUNCTION)
 }
 
@@ -363,6 +372,54 @@ impl VScalar for TapRows {
 
     fn signatures() -> Vec<ScalarFunctionSignature> {
         vec![ScalarFunctionSignature::exact(vec![LogicalTypeId::UBigint.into(), LogicalTypeId::UBigint.into()], LogicalTypeId::Boolean.into())]
+    }
+
+    fn volatile() -> bool {
+        true
+    }
+}
+
+struct TapIf;
+
+impl VScalar for TapIf {
+    type State = ();
+
+    fn invoke(_: &(), input: &mut DataChunkHandle, output: &mut dyn WritableVector) -> Result<(), Box<dyn StdError>> {
+        let rows = input.len();
+        if rows == 0 {
+            return Ok(());
+        }
+        // SAFETY: the signature is (UBIGINT, BOOLEAN, BOOLEAN); DuckDB hands
+        // flattened vectors of `rows` values (a NULL's slot is read, then
+        // set aside by its validity bit).
+        let (v0, v1, v2) = (input.flat_vector(0), input.flat_vector(1), input.flat_vector(2));
+        let (tokens, conds, allowed) =
+            unsafe { (v0.as_slice_with_len::<u64>(rows), v1.as_slice_with_len::<u8>(rows), v2.as_slice_with_len::<u8>(rows)) };
+        let token = one_value(tokens).ok_or_else(|| format!("{IF_FUNCTION}: one token per call site"))?;
+        let mut out = output.flat_vector();
+        // SAFETY: the result is a BOOLEAN vector with room for `rows` values.
+        let out = unsafe { out.as_mut_slice_with_len::<u8>(rows) };
+        let (cond_mask, allowed_mask) = (validity(input, 1), validity(input, 2));
+        let (mut taken, mut refused) = (0u64, false);
+        for r in 0..rows {
+            let c = conds[r] != 0 && !is_null(cond_mask, r);
+            let a = allowed[r] != 0 && !is_null(allowed_mask, r);
+            out[r] = u8::from(c);
+            taken += u64::from(c);
+            refused |= c && !a;
+        }
+        if refused {
+            return Err(fixpoint_core::engine::REFUSED_IN_STATEMENT.into());
+        }
+        add(token, taken, 0, 0);
+        Ok(())
+    }
+
+    fn signatures() -> Vec<ScalarFunctionSignature> {
+        vec![ScalarFunctionSignature::exact(
+            vec![LogicalTypeId::UBigint.into(), LogicalTypeId::Boolean.into(), LogicalTypeId::Boolean.into()],
+            LogicalTypeId::Boolean.into(),
+        )]
     }
 
     fn volatile() -> bool {

@@ -115,3 +115,39 @@ fn dedup_tap_counts_sums_and_finds_ties(deferred: bool) {
     let (_, seen) = dedup(&db, copies);
     assert_eq!(seen.ties, 0, "the limit restored");
 }
+
+#[test]
+fn the_counting_condition_counts_true_rows_and_refuses_what_is_not_allowed() {
+    let db = db();
+    let token = tap::open();
+    // TRUE for i % 3 = 0, NULL for i % 3 = 1 (taken as FALSE), FALSE else;
+    // `allowed` NULL or FALSE only where the condition is not TRUE.
+    let (trues, falses): (i64, i64) = db
+        .connection()
+        .query_row(
+            &format!(
+                "SELECT count(*) FILTER (WHERE m), count(*) FILTER (WHERE NOT m) FROM (
+                   SELECT {}(CAST(? AS UBIGINT), CASE i % 3 WHEN 0 THEN true WHEN 1 THEN NULL ELSE false END,
+                             CASE WHEN i % 3 = 0 THEN true WHEN i % 2 = 0 THEN NULL ELSE false END) AS m
+                   FROM range(10000) AS r(i))",
+                tap::IF_FUNCTION
+            ),
+            [token as i64],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    let n = (0..10000).filter(|i| i % 3 == 0).count() as i64;
+    assert_eq!((trues, falses), (n, 10000 - n), "NULL is FALSE");
+    assert_eq!(tap::close(token).rows as i64, n);
+    // One row where the condition holds and `allowed` does not: the
+    // statement fails with the refusal.
+    let err = db
+        .connection()
+        .query_row(
+            &format!("SELECT count(*) FILTER (WHERE m) FROM (SELECT {}(CAST(? AS UBIGINT), i % 2 = 0, i <> 7776) AS m FROM range(10000) AS r(i))", tap::IF_FUNCTION),
+            [tap::open() as i64],
+            |r| r.get::<_, i64>(0),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains(fixpoint_core::engine::REFUSED_IN_STATEMENT), "{err}");
+}
