@@ -226,7 +226,7 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
 pub(crate) fn exec_in_child(file: &Path, sql: &str) -> Result<(), Error> {
     let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
     let mut c = Command::new(exe);
-    c.args(["bench-sql", "--file", &file.display().to_string(), "--date", "2026-10-20", "--exec", sql]);
+    c.args(["bench-sql", "--file", &file.display().to_string(), "--date", "2026-10-20", &format!("--exec={sql}")]);
     measure(&mut c).map(|_| ())
 }
 

@@ -120,15 +120,32 @@ pub fn close_dedup_deferred(token: u64) -> (u64, i128, Box<dyn FnOnce() -> u64 +
         let ties = count_ties(seen);
         return (d.rows, d.sum, Box::new(move || ties));
     }
-    let (tx, rx) = std::sync::mpsc::channel();
-    let spawned = std::thread::Builder::new().name("fixpoint-ties".into()).spawn(move || {
-        let _ = tx.send(count_ties(seen));
-    });
+    let spawned = std::thread::Builder::new().name("fixpoint-ties".into()).spawn(move || count_ties(seen));
     match spawned {
+        // The thread is joined when the function is called or, uncalled
+        // (the run left early), when it is dropped: none outlives the run.
         // A counting thread that died (it cannot, short of a panic) counts
         // as a tie: the caller then takes the plan that checks with a join.
-        Ok(_) => (d.rows, d.sum, Box::new(move || rx.recv().unwrap_or(1))),
+        Ok(handle) => {
+            let mut counting = JoinOnDrop(Some(handle));
+            (d.rows, d.sum, Box::new(move || counting.join()))
+        }
         Err(_) => (d.rows, d.sum, Box::new(|| 1)),
+    }
+}
+
+/// A counting thread, joined at the latest when dropped.
+struct JoinOnDrop(Option<std::thread::JoinHandle<u64>>);
+
+impl JoinOnDrop {
+    fn join(&mut self) -> u64 {
+        self.0.take().map_or(1, |h| h.join().unwrap_or(1))
+    }
+}
+
+impl Drop for JoinOnDrop {
+    fn drop(&mut self) {
+        self.join();
     }
 }
 
@@ -399,6 +416,10 @@ impl VScalar for TapIf {
         let mut out = output.flat_vector();
         // SAFETY: the result is a BOOLEAN vector with room for `rows` values.
         let out = unsafe { out.as_mut_slice_with_len::<u8>(rows) };
+        // (A constant NULL argument never reaches here: DuckDB's default
+        // NULL handling answers NULL for the whole chunk without calling
+        // the function, so such a row is neither counted nor refused. The
+        // merge's read of the keys it left alone finds it, and falls back.)
         let (cond_mask, allowed_mask) = (validity(input, 1), validity(input, 2));
         let (mut taken, mut refused) = (0u64, false);
         for r in 0..rows {

@@ -139,15 +139,34 @@ fn the_counting_condition_counts_true_rows_and_refuses_what_is_not_allowed() {
     let n = (0..10000).filter(|i| i % 3 == 0).count() as i64;
     assert_eq!((trues, falses), (n, 10000 - n), "NULL is FALSE");
     assert_eq!(tap::close(token).rows as i64, n);
-    // One row where the condition holds and `allowed` does not: the
-    // statement fails with the refusal.
-    let err = db
+    // One row where the condition holds and `allowed` does not, FALSE or
+    // NULL: the statement fails with the refusal.
+    for allowed in ["i <> 7776", "CASE WHEN i = 7776 THEN NULL ELSE true END"] {
+        let token = tap::open();
+        let err = db
+            .connection()
+            .query_row(
+                &format!("SELECT count(*) FILTER (WHERE m) FROM (SELECT {}(CAST(? AS UBIGINT), i % 2 = 0, {allowed}) AS m FROM range(10000) AS r(i))", tap::IF_FUNCTION),
+                [token as i64],
+                |r| r.get::<_, i64>(0),
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains(fixpoint_core::engine::REFUSED_IN_STATEMENT), "{allowed}: {err}");
+        tap::close(token);
+    }
+    // The same condition where `allowed` is NULL only where it does not
+    // hold: nothing refused.
+    let token = tap::open();
+    let taken: i64 = db
         .connection()
         .query_row(
-            &format!("SELECT count(*) FILTER (WHERE m) FROM (SELECT {}(CAST(? AS UBIGINT), i % 2 = 0, i <> 7776) AS m FROM range(10000) AS r(i))", tap::IF_FUNCTION),
-            [tap::open() as i64],
-            |r| r.get::<_, i64>(0),
+            &format!(
+                "SELECT count(*) FILTER (WHERE m) FROM (SELECT {}(CAST(? AS UBIGINT), i % 2 = 0, CASE WHEN i = 7777 THEN NULL ELSE true END) AS m FROM range(10000) AS r(i))",
+                tap::IF_FUNCTION
+            ),
+            [token as i64],
+            |r| r.get(0),
         )
-        .unwrap_err();
-    assert!(err.to_string().contains(fixpoint_core::engine::REFUSED_IN_STATEMENT), "{err}");
+        .unwrap();
+    assert_eq!((taken, tap::close(token).rows), (5000, 5000));
 }
