@@ -259,6 +259,16 @@ pub trait Engine {
         None
     }
 
+    /// Appends one row to `table` in the current transaction, the named
+    /// columns given `values` typed as those columns, where the engine has
+    /// a way faster than an `INSERT` statement (DuckDB's appender: nothing
+    /// parsed, bound or planned; ~1.2 ms less in a fresh process, 1 % of a
+    /// merge). `None`: it has none, and the caller runs the `INSERT`.
+    fn append_row(&mut self, table: &TableName, columns: &[&str], values: &[Value]) -> Option<Result<()>> {
+        let _ = (table, columns, values);
+        None
+    }
+
     /// [`Engine::tap_close`] of a dedup tap, its ties still being counted
     /// when it returns: (rows, sum, a function that waits for the ties).
     /// The caller does its last statements before it asks.

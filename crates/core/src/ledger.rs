@@ -168,6 +168,12 @@ pub fn record(engine: &mut dyn Engine, e: &Entry) -> Result<()> {
             Some(f) => text(&serde_json::to_string(f).expect("files serialize")),
         }, "VARCHAR"),
     ];
+    let t = crate::ident::TableName { schema: SCHEMA.into(), table: TABLE.into() };
+    let names: Vec<&str> = COLUMNS.iter().map(|(n, _)| *n).collect();
+    let typed: Vec<Value> = values.iter().map(|(v, _)| v.clone()).collect();
+    if let Some(appended) = engine.append_row(&t, &names, &typed) {
+        return appended;
+    }
     for (i, (v, ty)) in values.into_iter().enumerate() {
         if i > 0 {
             sql.push(", ");

@@ -575,6 +575,19 @@ impl Engine for DuckDb {
         Some((sql, token))
     }
 
+    fn append_row(&mut self, table: &TableName, columns: &[&str], values: &[Value]) -> Option<Result<()>> {
+        let context = format!("appending a row to {}", table.quoted());
+        let err = |e: duckdb::Error| Error::Database { engine: "duckdb", context: context.clone(), message: e.to_string() };
+        let appended = (|| {
+            let mut app = self.conn.appender_with_columns_to_db(&table.table, &table.schema, columns).map_err(err)?;
+            app.append_row(duckdb::appender_params_from_iter(values.iter().map(to_duck))).map_err(err)?;
+            // Flushed here, into the transaction: dropped unflushed, an
+            // appender's error would have nowhere to go.
+            app.flush().map_err(err)
+        })();
+        Some(appended)
+    }
+
     fn tap_if(&mut self, cond: &str, allowed: &str) -> Option<(Sql, u64)> {
         if !self.tap_registered {
             return None;
