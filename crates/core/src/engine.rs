@@ -259,6 +259,15 @@ pub trait Engine {
         None
     }
 
+    /// Whether `table` has all of `columns`, where the engine knows it
+    /// without a statement (DuckDB: what it described, or its appender's
+    /// lookup, ~0.05 ms against ~0.8 for a `DESCRIBE`). `None`: not known
+    /// so; the caller asks [`Engine::table_columns`].
+    fn table_has_columns(&mut self, table: &TableName, columns: &[&str]) -> Option<bool> {
+        let _ = (table, columns);
+        None
+    }
+
     /// Appends one row to `table` in the current transaction, the named
     /// columns given `values` typed as those columns, where the engine has
     /// a way faster than an `INSERT` statement (DuckDB's appender: nothing

@@ -103,6 +103,10 @@ fn table() -> String {
 /// Creates the ledger if it is missing (inside the caller's transaction).
 pub fn ensure(engine: &mut dyn Engine) -> Result<()> {
     let t = crate::ident::TableName { schema: SCHEMA.into(), table: TABLE.into() };
+    let names: Vec<&str> = COLUMNS.iter().map(|(n, _)| *n).collect();
+    if engine.table_has_columns(&t, &names) == Some(true) {
+        return Ok(());
+    }
     if let Some(cols) = engine.table_columns(&t)? {
         // A ledger written by an older fixpoint: add the columns it lacks
         // (one run at a time, like the creation below).

@@ -916,9 +916,6 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
             attempts.push((merge_one_statement, "rolled back, two statements"));
         }
         attempts.push((merge_in_statement, "rolled back, explain"));
-        // The ledger described before the transaction: inside it, the
-        // engine would first ask the catalog whether it exists.
-        ledger::exists(engine)?;
         for (attempt, next) in attempts {
             engine.begin()?;
             match attempt(engine, &plan, &mut trace) {

@@ -415,10 +415,6 @@ fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine,
         None => input_cols.clone(),
     };
 
-    // Whether the ledger exists, asked before the transaction: the cheap
-    // way (DESCRIBE; inside a transaction DuckDB must ask its catalog first,
-    // ~7 ms on a fresh connection). The transaction checks again.
-    ledger::exists(engine)?;
     in_transaction(engine, |engine| {
         fence(engine, job, &run_date.to_string(), opts)?;
         ledger::ensure(engine)?;

@@ -575,6 +575,15 @@ impl Engine for DuckDb {
         Some((sql, token))
     }
 
+    fn table_has_columns(&mut self, table: &TableName, columns: &[&str]) -> Option<bool> {
+        if let Some(d) = self.described.get_mut().get(&table.quoted()) {
+            return Some(columns.iter().all(|c| d.columns.iter().any(|k| k.name == *c)));
+        }
+        // The appender's lookup runs no statement: a missing table or
+        // column is an error of the C API, which aborts no transaction.
+        self.conn.appender_with_columns_to_db(&table.table, &table.schema, columns).ok().map(|_| true)
+    }
+
     fn append_row(&mut self, table: &TableName, columns: &[&str], values: &[Value]) -> Option<Result<()>> {
         let context = format!("appending a row to {}", table.quoted());
         let err = |e: duckdb::Error| Error::Database { engine: "duckdb", context: context.clone(), message: e.to_string() };
