@@ -130,3 +130,37 @@ fn casts_that_keep_the_native_hash() {
     let rows = db.query(&Sql::raw("SELECT CAST(hash(CAST(12.34 AS DECIMAL(12,3))) = hash(CAST(12.34 AS DECIMAL(12,2))) AS INTEGER)")).unwrap();
     assert_eq!(rows.rows[0][0].as_u64(), Some(0));
 }
+
+/// Whether a table has some columns, asked of the appender's lookup inside
+/// a transaction: a missing table or column answers "not known" and leaves
+/// the transaction usable (a view answers the same, outside a transaction:
+/// inside one its lookup is a catalog error, as for `table_columns`); a
+/// row appended by the appender is part of the transaction (gone after a
+/// rollback, kept after a commit).
+#[test]
+fn columns_known_and_rows_appended_inside_a_transaction() {
+    use fixpoint_core::sql::Value;
+    let mut db = DuckDb::open_in_memory().unwrap();
+    let t = TableName::parse("s.t").unwrap();
+    db.execute(&Sql::raw("CREATE SCHEMA s; CREATE TABLE s.t (id BIGINT, v VARCHAR, d DATE); CREATE VIEW s.w AS SELECT 1 AS id")).unwrap();
+    assert_eq!(db.table_has_columns(&TableName::parse("s.w").unwrap(), &["id"]), None);
+    db.begin().unwrap();
+    assert_eq!(db.table_has_columns(&t, &["id", "v"]), Some(true));
+    assert_eq!(db.table_has_columns(&t, &["id", "missing"]), None);
+    assert_eq!(db.table_has_columns(&TableName::parse("s.nope").unwrap(), &["id"]), None);
+    let day = chrono::NaiveDate::from_ymd_opt(2026, 10, 20).unwrap();
+    db.append_row(&t, &["id", "v", "d"], &[Value::Int(7), Value::Text("it's".into()), Value::Date(day)]).unwrap().unwrap();
+    let read = |db: &mut DuckDb| db.query(&Sql::raw("SELECT count(*), max(v), CAST(max(d) AS VARCHAR) FROM s.t")).unwrap().rows[0].clone();
+    let r = read(&mut db);
+    assert_eq!((r[0].as_u64(), r[1].clone(), r[2].clone()), (Some(1), Value::Text("it's".into()), Value::Text("2026-10-20".into())), "the transaction is still usable and sees the row");
+    db.rollback().unwrap();
+    assert_eq!(read(&mut db)[0].as_u64(), Some(0), "rolled back with the transaction");
+    db.begin().unwrap();
+    db.append_row(&t, &["v", "id"], &[Value::Text("x".into()), Value::Null]).unwrap().unwrap();
+    db.commit().unwrap();
+    let r = read(&mut db);
+    assert_eq!((r[0].as_u64(), r[1].clone(), r[2].clone()), (Some(1), Value::Text("x".into()), Value::Null));
+    // Once described, a missing column is known to be missing.
+    assert!(db.table_columns(&t).unwrap().is_some());
+    assert_eq!(db.table_has_columns(&t, &["id", "missing"]), Some(false));
+}
