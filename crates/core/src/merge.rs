@@ -313,11 +313,13 @@ fn publish(engine: &mut dyn Engine, plan: &Plan<'_>, o: Outcome, trace: &mut cra
 }
 
 /// The MERGE's actions from batch `b`: the UPDATE's SET list (every column
-/// but the key), the INSERT's column list and its values.
-fn merge_actions(spec: &MergeSpec, names: &[String]) -> (String, String, String) {
+/// but the key, and but `kept`, a column the UPDATE's condition only lets
+/// through when the target holds the batch's value), the INSERT's column
+/// list and its values.
+fn merge_actions(spec: &MergeSpec, names: &[String], kept: Option<&str>) -> (String, String, String) {
     let set = names
         .iter()
-        .filter(|c| !spec.key.contains(c))
+        .filter(|c| !spec.key.contains(c) && Some(c.as_str()) != kept)
         .map(|c| format!("{} = b.{}", quote_ident(c), quote_ident(c)))
         .collect::<Vec<_>>()
         .join(", ");
@@ -519,7 +521,7 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
         OnTie::Deterministic => format!(" OR (b.{version} = t.{version} AND {})", sorts_before("b", "t", compared)),
         OnTie::Error => String::new(),
     });
-    let (set, col_list, values) = merge_actions(spec, names);
+    let (set, col_list, values) = merge_actions(spec, names, None);
     // The key's target row is in a partition the batch touches (its own
     // partition in the batch, the common case, decides at once).
     let mut held_here = Sql::new();
@@ -763,7 +765,11 @@ fn merge_one_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut cra
     // even with no row to take. The rows left alone are read after, when
     // there are any.) The UPDATE's condition counts its rows and refuses
     // a key the target holds in another partition than the batch's.
-    let (set, col_list, values) = merge_actions(spec, names);
+    // Pruned, the UPDATE's condition refuses a row whose partition differs
+    // from the batch's, so it leaves the partition as it is (one column
+    // fewer to rewrite: ~1.5 ms of the MERGE here, and its share of the
+    // commit).
+    let (set, col_list, values) = merge_actions(spec, names, prune);
     let mut update_token = None;
     if !set.is_empty() {
         // A counting condition where the engine has one (two comparisons:
@@ -1077,7 +1083,7 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
         let rows_before = rows_before(engine, job, spec)?;
 
         // 8. One MERGE, pruned.
-        let (set, col_list, values) = merge_actions(spec, &names);
+        let (set, col_list, values) = merge_actions(spec, &names, None);
         let mut sql = Sql::new();
         sql.push(&format!("MERGE INTO {} AS t USING {BATCH} AS b ON (", job.target.quoted()));
         sql.text.push_str(&on.text);
