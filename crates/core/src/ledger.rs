@@ -100,11 +100,19 @@ fn table() -> String {
     format!("{}.{}", crate::ident::quote_ident(SCHEMA), crate::ident::quote_ident(TABLE))
 }
 
+/// The ledger's name, and its columns' names.
+fn ledger_table() -> crate::ident::TableName {
+    crate::ident::TableName { schema: SCHEMA.into(), table: TABLE.into() }
+}
+
+fn column_names() -> Vec<&'static str> {
+    COLUMNS.iter().map(|(n, _)| *n).collect()
+}
+
 /// Creates the ledger if it is missing (inside the caller's transaction).
 pub fn ensure(engine: &mut dyn Engine) -> Result<()> {
-    let t = crate::ident::TableName { schema: SCHEMA.into(), table: TABLE.into() };
-    let names: Vec<&str> = COLUMNS.iter().map(|(n, _)| *n).collect();
-    if engine.table_has_columns(&t, &names) == Some(true) {
+    let t = ledger_table();
+    if engine.table_has_columns(&t, &column_names()) == Some(true) {
         return Ok(());
     }
     if let Some(cols) = engine.table_columns(&t)? {
@@ -133,16 +141,11 @@ pub fn ensure(engine: &mut dyn Engine) -> Result<()> {
 
 /// Whether the ledger table exists.
 pub fn exists(engine: &mut dyn Engine) -> Result<bool> {
-    let t = crate::ident::TableName { schema: SCHEMA.into(), table: TABLE.into() };
-    Ok(engine.table_columns(&t)?.is_some())
+    Ok(engine.table_columns(&ledger_table())?.is_some())
 }
 
 /// Appends one entry.
 pub fn record(engine: &mut dyn Engine, e: &Entry) -> Result<()> {
-    let mut sql = Sql::new();
-    sql.push("INSERT INTO ").push(&table()).push(" (");
-    sql.push(&COLUMNS.iter().map(|(n, _)| crate::ident::quote_ident(n)).collect::<Vec<_>>().join(", "));
-    sql.push(") VALUES (");
     let text = |s: &str| Value::Text(s.to_owned());
     let int = |n: u64| Value::Int(n as i64);
     let values = vec![
@@ -172,13 +175,15 @@ pub fn record(engine: &mut dyn Engine, e: &Entry) -> Result<()> {
             Some(f) => text(&serde_json::to_string(f).expect("files serialize")),
         }, "VARCHAR"),
     ];
-    let t = crate::ident::TableName { schema: SCHEMA.into(), table: TABLE.into() };
-    let names: Vec<&str> = COLUMNS.iter().map(|(n, _)| *n).collect();
-    let typed: Vec<Value> = values.iter().map(|(v, _)| v.clone()).collect();
-    if let Some(appended) = engine.append_row(&t, &names, &typed) {
+    let (values, types): (Vec<Value>, Vec<&str>) = values.into_iter().unzip();
+    if let Some(appended) = engine.append_row(&ledger_table(), &column_names(), &values) {
         return appended;
     }
-    for (i, (v, ty)) in values.into_iter().enumerate() {
+    let mut sql = Sql::new();
+    sql.push("INSERT INTO ").push(&table()).push(" (");
+    sql.push(&COLUMNS.iter().map(|(n, _)| crate::ident::quote_ident(n)).collect::<Vec<_>>().join(", "));
+    sql.push(") VALUES (");
+    for (i, (v, ty)) in values.into_iter().zip(types).enumerate() {
         if i > 0 {
             sql.push(", ");
         }

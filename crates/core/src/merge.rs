@@ -843,18 +843,12 @@ fn merge_one_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut cra
     trace.step("output fp");
 
     let outcome = Outcome { key, input, output, inserts, updates, deletes: 0, batch_rows, duplicates_collapsed, rows_before: None, method: "merge, one statement" };
-    // Audits read the rows the MERGE kept; with a tie in the batch one of
-    // them was picked by arrival order, so the ties are known first (a
-    // blocking audit failing on that row must not stand for the batch).
-    // This plan runs no audits today (`fits_one_statement`); the order
-    // holds if it ever does.
-    let mut ties = Some(ties);
-    if !job.audits.is_empty() && ties.take().map_or(0, |t| t()) > 0 {
-        return Ok(None);
-    }
+    // The ties are known after the ledger row: this plan runs no audits
+    // (`fits_one_statement`), which would read a kept row picked among
+    // tied ones by arrival order.
     let report = publish(engine, plan, outcome, trace)?;
     trace.step("ledger");
-    if ties.map_or(0, |t| t()) > 0 {
+    if ties() > 0 {
         return Ok(None);
     }
     trace.step("ties counted");
