@@ -278,6 +278,15 @@ pub trait Engine {
         None
     }
 
+    /// Declares that the counting tap `trigger` ([`Engine::tap_rows`]) sees
+    /// its first row only once the dedup tap `dedup` has seen its last (it
+    /// sits above a blocking window over it): the engine may then count the
+    /// dedup tap's ties while the statement goes on. A row that reaches the
+    /// dedup tap later makes its count report a tie. A no-op by default.
+    fn tap_ties_after(&mut self, trigger: u64, dedup: u64) {
+        let _ = (trigger, dedup);
+    }
+
     /// [`Engine::tap_close`] of a dedup tap, its ties still being counted
     /// when it returns: (rows, sum, a function that waits for the ties).
     /// The caller does its last statements before it asks.

@@ -274,7 +274,7 @@ pub(crate) fn replace_partition_with(
         opts.step(FailPoint::BeforeCommit)?;
         ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
         trace.step("ledger row");
-        report.elapsed_ms = started.elapsed().as_millis() as u64;
+        report.elapsed_ms = crate::run::elapsed_ms(started);
         Ok(report)
     })
 }
@@ -625,7 +625,7 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
         opts.step(FailPoint::BeforeCommit)?;
         ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
         trace.step("ledger row");
-        report.elapsed_ms = started.elapsed().as_millis() as u64;
+        report.elapsed_ms = crate::run::elapsed_ms(started);
         Ok(report)
     })
 }

@@ -640,6 +640,10 @@ impl Engine for DuckDb {
         }
     }
 
+    fn tap_ties_after(&mut self, trigger: u64, dedup: u64) {
+        tap::count_ties_after(trigger, dedup);
+    }
+
     fn tap_close_dedup_deferred(&mut self, token: u64) -> Option<(u64, i128, Box<dyn FnOnce() -> u64 + Send>)> {
         tap::is_dedup(token).then(|| tap::close_dedup_deferred(token))
     }

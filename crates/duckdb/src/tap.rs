@@ -92,19 +92,57 @@ pub struct Dedup {
     overflow: bool,
     /// How many rows it remembers.
     limit: usize,
+    /// Its ties being counted already (on another thread), started by the
+    /// first row of a tap that sits above a blocking window over it
+    /// ([`count_ties_after`]): `seen` was handed to the count.
+    counting: Option<JoinOnDrop>,
+    /// A row came after the count started (the plan was not the one the
+    /// trigger assumes): the count is not to be trusted.
+    late: bool,
+}
+
+/// Taps whose first row starts the count of a dedup tap's ties: kept tap's
+/// token -> dedup tap's token.
+static AFTER: Mutex<Option<HashMap<u64, u64>>> = Mutex::new(None);
+
+/// When the tap `token` first sees a row, every row of the dedup tap
+/// `dedup` has been seen (the tap sits above a blocking window whose input
+/// holds the dedup tap): its ties are then counted on another thread while
+/// the statement goes on, instead of after it. Should a row reach the
+/// dedup tap after all, the count reports a possible tie and the caller
+/// takes the plan that checks ties with a join.
+pub fn count_ties_after(token: u64, dedup: u64) {
+    AFTER.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(token, dedup);
+}
+
+/// Whether the dedup tap `dedup`'s ties are being counted already
+/// ([`count_ties_after`]).
+pub fn counting(dedup: u64) -> bool {
+    DEDUPS.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|t| t.get(&dedup)).is_some_and(|d| d.counting.is_some())
+}
+
+/// The trigger of [`count_ties_after`], on a tap's first row.
+fn start_counting(token: u64) {
+    let Some(dedup) = AFTER.lock().unwrap_or_else(|e| e.into_inner()).as_mut().and_then(|m| m.remove(&token)) else { return };
+    let mut taps = DEDUPS.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(d) = taps.as_mut().and_then(|t| t.get_mut(&dedup)) else { return };
+    if d.overflow || d.counting.is_some() || d.seen.len() < 1 << 12 {
+        return;
+    }
+    let seen = std::mem::take(&mut d.seen);
+    if let Ok(handle) = std::thread::Builder::new().name("fixpoint-ties".into()).spawn(move || count_ties(seen)) {
+        d.counting = Some(JoinOnDrop(Some(handle)));
+    } else {
+        // No thread: the tie is reported, the next plan checks with a join.
+        d.overflow = true;
+    }
 }
 
 /// Closes a dedup tap and returns what it saw, its ties counted (its
 /// memory freed).
 pub fn close_dedup(token: u64) -> Dedup {
-    let mut d = DEDUPS.lock().unwrap_or_else(|e| e.into_inner()).as_mut().and_then(|t| t.remove(&token)).unwrap_or_default();
-    let seen = std::mem::take(&mut d.seen);
-    if d.overflow {
-        d.ties = 1;
-        return d;
-    }
-    d.ties = count_ties(seen);
-    d
+    let (rows, sum, ties) = close_dedup_deferred(token);
+    Dedup { rows, sum, ties: ties(), ..Dedup::default() }
 }
 
 /// Closes a dedup tap: its rows and hash sum at once, its ties counted on
@@ -113,8 +151,14 @@ pub fn close_dedup(token: u64) -> Dedup {
 pub fn close_dedup_deferred(token: u64) -> (u64, i128, Box<dyn FnOnce() -> u64 + Send>) {
     let mut d = DEDUPS.lock().unwrap_or_else(|e| e.into_inner()).as_mut().and_then(|t| t.remove(&token)).unwrap_or_default();
     let seen = std::mem::take(&mut d.seen);
-    if d.overflow {
+    if let Some(m) = AFTER.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        m.retain(|_, d| *d != token);
+    }
+    if d.overflow || d.late {
         return (d.rows, d.sum, Box::new(|| 1));
+    }
+    if let Some(mut counting) = d.counting.take() {
+        return (d.rows, d.sum, Box::new(move || counting.join()));
     }
     if seen.len() < 1 << 12 {
         let ties = count_ties(seen);
@@ -135,6 +179,7 @@ pub fn close_dedup_deferred(token: u64) -> (u64, i128, Box<dyn FnOnce() -> u64 +
 }
 
 /// A counting thread, joined at the latest when dropped.
+#[derive(Debug)]
 struct JoinOnDrop(Option<std::thread::JoinHandle<u64>>);
 
 impl JoinOnDrop {
@@ -366,6 +411,9 @@ impl VScalar for TapRows {
         let (v0, v1) = (input.flat_vector(0), input.flat_vector(1));
         let (tokens, hashes) = unsafe { (v0.as_slice_with_len::<u64>(rows), v1.as_slice_with_len::<u64>(rows)) };
         let token = one_value(tokens).ok_or_else(|| format!("{ROWS_FUNCTION}: one token per call site"))?;
+        if AFTER.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|m| !m.is_empty()) {
+            start_counting(token);
+        }
         let mut out = output.flat_vector();
         // SAFETY: the result is a BOOLEAN vector with room for `rows` values.
         unsafe { out.as_mut_slice_with_len::<bool>(rows) }.fill(true);
@@ -481,7 +529,10 @@ impl VScalar for TapDedup {
         let d = taps.get_or_insert_with(HashMap::new).entry(token).or_insert_with(|| Dedup { limit: LIMIT.load(Ordering::Relaxed), ..Dedup::default() });
         d.rows += rows as u64;
         d.sum += sum;
-        if d.overflow {
+        if d.counting.is_some() {
+            d.late = true;
+        }
+        if d.overflow || d.late {
             return Ok(());
         }
         if d.seen.len() + rows > d.limit {

@@ -85,6 +85,73 @@ fn the_dedup_tap_counts_sums_and_finds_ties() {
     // test: the limit below is global).
     dedup_tap_counts_sums_and_finds_ties(false);
     dedup_tap_counts_sums_and_finds_ties(true);
+    ties_counted_from_the_first_row_above_the_window();
+}
+
+/// The merge's plan: the dedup tap under a `row_number()` window, a
+/// counting tap in the filter above it that starts the count of the ties
+/// on its first row, before the statement ends.
+fn ties_counted_from_the_first_row_above_the_window() {
+    let db = db();
+    let conn = db.connection();
+    let plan = |dedup: u64, kept: u64, from: &str| -> (i64, i64) {
+        conn.query_row(
+            &format!(
+                "SELECT count(*), sum(rn) FROM (SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY pair ORDER BY seen) AS rn FROM (
+                   SELECT *, {}(CAST($1 AS UBIGINT), CAST(h AS UBIGINT), CAST(pair AS UBIGINT), CAST(row AS UBIGINT)) AS seen FROM ({from})) AS x) AS r
+                 WHERE {}(CAST($2 AS UBIGINT), CASE WHEN rn = 1 THEN CAST(h AS UBIGINT) END))",
+                tap::DEDUP_FUNCTION,
+                tap::ROWS_FUNCTION
+            ),
+            [dedup as i64, kept as i64],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap()
+    };
+    // 10,000 rows over 1,000 pairs; pair 7 has a second, different row.
+    let copies = "SELECT hash(i) AS h, hash(i % 1000) AS pair, hash(i % 1000, 'v') AS row FROM range(10000) AS r(i)";
+    let tied = format!("{copies} UNION ALL SELECT 1, hash(7), 42");
+    for (from, tie) in [(copies.to_owned(), false), (tied, true)] {
+        let (dedup, kept) = (tap::open_dedup(), tap::open());
+        tap::count_ties_after(kept, dedup);
+        let (kept_rows, ranks) = plan(dedup, kept, &from);
+        assert_eq!((kept_rows, ranks), (1000, 1000), "one row a pair kept");
+        assert!(tap::counting(dedup), "the count started inside the statement");
+        let (rows, _, ties) = tap::close_dedup_deferred(dedup);
+        let ties = ties();
+        assert_eq!(rows, 10000 + u64::from(tie));
+        assert_eq!(ties > 0, tie, "{ties} ties");
+        assert_eq!(tap::close(kept).rows, 1000);
+    }
+    // A row that reaches the dedup tap after the count started (not the
+    // plan the trigger assumes): a possible tie, though there is none.
+    let (dedup, kept) = (tap::open_dedup(), tap::open());
+    tap::count_ties_after(kept, dedup);
+    let dedup_only = |dedup: u64, from: &str| -> i64 {
+        conn.query_row(
+            &format!("SELECT count(*) FILTER (WHERE m) FROM (SELECT {}(CAST(? AS UBIGINT), CAST(h AS UBIGINT), CAST(pair AS UBIGINT), CAST(row AS UBIGINT)) AS m FROM ({from}))", tap::DEDUP_FUNCTION),
+            [dedup as i64],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    assert_eq!(dedup_only(dedup, copies), 10000);
+    let triggered: i64 =
+        conn.query_row(&format!("SELECT count(*) FROM range(3) AS r(i) WHERE {}(CAST(? AS UBIGINT), hash(i))", tap::ROWS_FUNCTION), [kept as i64], |r| r.get(0)).unwrap();
+    assert_eq!(triggered, 3);
+    assert!(tap::counting(dedup));
+    assert_eq!(dedup_only(dedup, "SELECT hash(1) AS h, hash(5000) AS pair, hash(5000, 'v') AS row"), 1);
+    let (rows, _, ties) = tap::close_dedup_deferred(dedup);
+    assert_eq!((rows, ties()), (10001, 1));
+    tap::close(kept);
+    // A trigger whose tap never sees a row is forgotten at close: the
+    // count runs after the statement, as without one.
+    let (dedup, never) = (tap::open_dedup(), tap::open());
+    tap::count_ties_after(never, dedup);
+    assert_eq!(dedup_only(dedup, copies), 10000);
+    assert!(!tap::counting(dedup));
+    let (rows, _, ties) = tap::close_dedup_deferred(dedup);
+    assert_eq!((rows, ties()), (10000, 0));
 }
 
 fn dedup_tap_counts_sums_and_finds_ties(deferred: bool) {
