@@ -827,11 +827,11 @@ fn merge_one_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut cra
         // keys the target holds in another partition than the batch's (the
         // plan with two statements allows a move within the touched
         // partitions, or refuses it).
-        let ties = match spec.on_tie {
-            _ if compared.is_empty() => "0".to_owned(),
-            OnTie::Error => format!("count(*) FILTER (WHERE b.{version} = t.{version} AND ({}))", rows_differ("b", "t", compared)),
-            OnTie::Deterministic => format!("count(*) FILTER (WHERE b.{version} = t.{version} AND ({}))", sorts_before("b", "t", compared)),
+        let to_resolve = match spec.on_tie {
+            OnTie::Error => rows_differ("b", "t", compared),
+            OnTie::Deterministic => sorts_before("b", "t", compared),
         };
+        let ties = format!("count(*) FILTER (WHERE b.{version} = t.{version} AND ({to_resolve}))");
         let elsewhere = format!("count(*) FILTER (WHERE NOT coalesce({held}, false))");
         let order = std::iter::once(format!("{version} DESC NULLS FIRST")).chain(meta_cols.iter().map(|c| format!("{} ASC NULLS FIRST", quote_ident(c)))).collect::<Vec<_>>().join(", ");
         let mut sql = Sql::new();
