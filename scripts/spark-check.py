@@ -53,7 +53,7 @@ def _recording_convert(info, truncated_message, resp, *args, **kwargs):
 
 _core.convert_exception = _recording_convert
 
-URL = os.environ.get("FIXPOINT_SPARK_URL", "sc://127.0.0.1:15002")
+URL = os.environ.get("FIXPOINT_TEST_SPARK", "sc://127.0.0.1:15002")
 FAILURES = []
 
 

@@ -94,7 +94,7 @@ pub fn run(rows: u64, dir: &Path, out: &Output) -> Result<(), Error> {
     let mut say = Vec::<String>::new();
     let mut log = |line: String| {
         if !out.is_json() {
-            println!("{line}");
+            out.text(&line);
         }
         say.push(line);
     };
@@ -159,6 +159,7 @@ pub fn run(rows: u64, dir: &Path, out: &Output) -> Result<(), Error> {
     let exe = std::env::current_exe().map_err(io(Path::new("fixpoint")))?;
     let status = Command::new(exe)
         .args(["run", &job_path.display().to_string(), "--date", "2026-10-21", "--db", &url])
+        .env("FIXPOINT_TEST_MODE", "1")
         .env("FIXPOINT_FAIL_AT", "mid_insert")
         .env("FIXPOINT_FAIL_MODE", "abort")
         .stdout(std::process::Stdio::null())

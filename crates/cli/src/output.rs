@@ -1,6 +1,7 @@
 //! Output: data on stdout (text or JSON), messages on stderr, exit codes.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use fixpoint_core::backfill::{DateOutcome, DateState, DateStatus};
 use fixpoint_core::ledger::Entry;
@@ -55,14 +56,47 @@ fn class_name(c: ErrorClass) -> &'static str {
 
 pub use fixpoint_core::error::redact_url;
 
+/// Prints one line of data on stdout through [`Output::line`]: never
+/// `println!`, which panics when the reader went away (`fixpoint runs | head -1`).
+macro_rules! say {
+    ($out:expr, $($arg:tt)*) => {
+        $out.line(format_args!($($arg)*))
+    };
+}
+
 /// Where results go.
 pub struct Output {
     json: bool,
+    /// Set once stdout cannot be written (its reader closed the pipe):
+    /// nothing more is printed, and the command ends with its own exit code.
+    closed: AtomicBool,
 }
 
 impl Output {
     pub fn new(json: bool) -> Output {
-        Output { json }
+        Output { json, closed: AtomicBool::new(false) }
+    }
+
+    /// Writes one line on stdout. A closed stdout (EPIPE: `| head -1`,
+    /// `| true`) stops the printing quietly: what was done stays done (a
+    /// committed run is still exit 0), and no panic. Another write error
+    /// is said once on stderr, then printing stops too.
+    pub fn line(&self, args: std::fmt::Arguments<'_>) {
+        if self.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut stdout = std::io::stdout().lock();
+        if let Err(e) = writeln!(stdout, "{args}") {
+            self.closed.store(true, Ordering::Relaxed);
+            if e.kind() != std::io::ErrorKind::BrokenPipe {
+                let _ = writeln!(std::io::stderr(), "fixpoint: cannot write to stdout: {e}");
+            }
+        }
+    }
+
+    /// Writes one line of text on stdout (see [`Output::line`]).
+    pub fn text(&self, line: &str) {
+        say!(self, "{line}");
     }
 
     pub fn is_json(&self) -> bool {
@@ -70,7 +104,7 @@ impl Output {
     }
 
     pub fn json(&self, v: &serde_json::Value) {
-        println!("{}", serde_json::to_string_pretty(v).expect("json"));
+        say!(self, "{}", serde_json::to_string_pretty(v).expect("json"));
     }
 
     pub fn run_report(&self, r: &RunReport) {
@@ -79,8 +113,9 @@ impl Output {
             return;
         }
         match (r.outcome.as_str(), r.strategy.as_str()) {
-            ("skipped", _) => println!("{} {}: skipped, {}", r.job, r.run_date, r.skip_reason.as_deref().unwrap_or("")),
-            (_, "merge") => println!(
+            ("skipped", _) => say!(self, "{} {}: skipped, {}", r.job, r.run_date, r.skip_reason.as_deref().unwrap_or("")),
+            (_, "merge") => say!(
+                self,
                 "{} {}: merged into {} — {} inserted, {} updated, {} deleted, {} unchanged, {} source duplicates collapsed{}",
                 r.job,
                 r.run_date,
@@ -98,7 +133,8 @@ impl Output {
                 } else {
                     ("replaced partition of", "", "deleted")
                 };
-                println!(
+                say!(
+                    self,
                     "{} {}: {how} {}{suffix} — {} rows {verb}, {} inserted{}",
                     r.job,
                     r.run_date,
@@ -109,21 +145,21 @@ impl Output {
                 )
             }
         }
-        println!("  run key  {}", r.run_key);
+        say!(self, "  run key  {}", r.run_key);
         if let Some(f) = &r.input_files {
             let bytes: u64 = f.files.iter().map(|x| x.size).sum();
-            println!("  files    {} file(s), {bytes} bytes, checksum {}", f.files.len(), f.checksum);
+            say!(self, "  files    {} file(s), {bytes} bytes, checksum {}", f.files.len(), f.checksum);
         }
         if r.outcome != "skipped" || r.input_files.is_none() {
-            println!("  input    {} rows, checksum {}", r.input_rows, r.input_checksum);
+            say!(self, "  input    {} rows, checksum {}", r.input_rows, r.input_checksum);
         }
-        println!("  output   {} rows, checksum {}", r.output_rows, r.output_checksum);
+        say!(self, "  output   {} rows, checksum {}", r.output_rows, r.output_checksum);
         if let Some(note) = &r.method_note {
-            println!("  note     {note}");
+            say!(self, "  note     {note}");
         }
         for a in &r.audits {
             let verdict = if a.passed { "passed" } else { "FAILED (warn)" };
-            println!("  audit    {}: {verdict}: {}", a.name, a.detail);
+            say!(self, "  audit    {}: {verdict}: {}", a.name, a.detail);
         }
     }
 
@@ -131,7 +167,7 @@ impl Output {
         if self.json {
             self.json(&json!({"table": table.to_string(), "rows": fp.rows, "checksum": fp.checksum, "kind": fp.kind}));
         } else {
-            println!("{table}: {} rows, checksum {} ({})", fp.rows, fp.checksum, fp.kind);
+            say!(self, "{table}: {} rows, checksum {} ({})", fp.rows, fp.checksum, fp.kind);
         }
     }
 
@@ -144,16 +180,13 @@ impl Output {
         } else {
             indicatif::ProgressBar::hidden()
         };
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} dates, {msg} rows written, {elapsed} elapsed, ETA {eta}")
-                .expect("template"),
-        );
+        bar.set_style(indicatif::ProgressStyle::with_template(PROGRESS_TEMPLATE).expect("template"));
         let mut written = 0u64;
         bar.set_message("0");
         let outcomes = run(&mut |o: &DateOutcome| {
             if let DateOutcome::Done(r) = o {
                 written += r.rows_inserted + r.rows_updated;
-                bar.set_message(written.to_string());
+                bar.set_message(compact(written));
             }
             bar.inc(1);
         });
@@ -182,18 +215,20 @@ impl Output {
                 .collect();
             self.json(&json!({"job": job.name, "dates": dates, "committed": committed, "skipped": skipped, "failed": failed, "not_run": not_run, "rows_written": written, "exit_code": code}));
         } else {
-            println!("{:<12} {:<10} {:>10} {:>10} {:>10}  run key / error", "date", "outcome", "deleted", "written", "rows");
+            say!(self, "{:<12} {:<10} {:>10} {:>10} {:>10}  run key / error", "date", "outcome", "deleted", "written", "rows");
             for o in &outcomes {
                 match o {
-                    DateOutcome::Done(r) => println!(
+                    DateOutcome::Done(r) => say!(
+                        self,
                         "{:<12} {:<10} {:>10} {:>10} {:>10}  {}",
                         r.run_date, r.outcome, r.rows_deleted, r.rows_inserted + r.rows_updated, r.output_rows, r.run_key
                     ),
-                    DateOutcome::Failed(d, e) => println!("{:<12} {:<10} {:>10} {:>10} {:>10}  {e}", d.to_string(), "failed", "", "", ""),
-                    DateOutcome::NotRun(d) => println!("{:<12} {:<10}", d.to_string(), "not run"),
+                    DateOutcome::Failed(d, e) => say!(self, "{:<12} {:<10} {:>10} {:>10} {:>10}  {e}", d.to_string(), "failed", "", "", ""),
+                    DateOutcome::NotRun(d) => say!(self, "{:<12} {:<10}", d.to_string(), "not run"),
                 }
             }
-            println!(
+            say!(
+                self,
                 "backfill {} {} … {}: {committed} committed, {skipped} skipped (already done), {failed} failed, {not_run} not run; {written} rows written",
                 job.name,
                 dates.first().map(|d| d.to_string()).unwrap_or_default(),
@@ -211,13 +246,16 @@ impl Output {
         code
     }
 
-    pub fn status(&self, job: &str, rows: &[DateStatus]) {
+    /// The status table; `attention`: how many dates need attention
+    /// (`fixpoint status` then exits 4).
+    pub fn status(&self, job: &str, rows: &[DateStatus], attention: usize) {
         if self.json {
-            self.json(&json!({"job": job, "dates": rows}));
+            let code = if attention > 0 { code::PROOF } else { 0 };
+            self.json(&json!({"job": job, "dates": rows, "need_attention": attention, "exit_code": code}));
             return;
         }
         let max = rows.iter().filter_map(|r| r.rows_now.or(r.last_run.as_ref().map(|l| l.output_rows))).max().unwrap_or(0).max(1);
-        println!("{:<12} {:<15} {:>10} {:<20} {:<34} rows", "date", "state", "rows", "last run (UTC)", "run key");
+        say!(self, "{:<12} {:<15} {:>10} {:<20} {:<34} rows", "date", "state", "rows", "last run (UTC)", "run key");
         for r in rows {
             let state = match r.state {
                 DateState::Ok => "ok",
@@ -229,7 +267,8 @@ impl Output {
             };
             let n = r.rows_now.or(r.last_run.as_ref().map(|l| l.output_rows));
             let bar_len = n.map(|n| ((n as f64 / max as f64) * 30.0).round() as usize).unwrap_or(0);
-            println!(
+            say!(
+                self,
                 "{:<12} {:<15} {:>10} {:<20} {:<34} {}",
                 r.run_date,
                 state,
@@ -239,38 +278,63 @@ impl Output {
                 "█".repeat(bar_len)
             );
             if !r.files_changed.is_empty() {
-                println!("{:<12} files: {}", "", r.files_changed.join(", "));
+                say!(self, "{:<12} files: {}", "", r.files_changed.join(", "));
             }
             if let Some(n) = &r.note {
-                println!("{:<12} {n}", "");
+                say!(self, "{:<12} {n}", "");
             }
         }
-        let bad = rows.iter().filter(|r| r.state != DateState::Ok).count();
-        println!("{job}: {} dates, {} need attention", rows.len(), bad);
+        say!(self, "{job}: {} dates, {attention} need attention", rows.len());
     }
 
-    pub fn lint(&self, all: &[(String, Vec<fixpoint_core::lint::Finding>)], errors: usize, warnings: usize) {
+    /// The lint report of every file: its findings, or (on stderr, and in
+    /// the JSON under `error`) why it could not be linted.
+    pub fn lint(&self, all: &[(String, Result<Vec<fixpoint_core::lint::Finding>, Error>)], errors: usize, warnings: usize) {
+        let failed = all.iter().filter(|(_, r)| r.is_err()).count();
+        for (file, r) in all {
+            if let Err(e) = r {
+                eprintln!("error: {}", naming(file, e));
+                if let Some(h) = e.hint() {
+                    eprintln!("hint: {h}");
+                }
+            }
+        }
         if self.json {
-            let files: Vec<serde_json::Value> = all.iter().map(|(f, fs)| json!({"file": f, "findings": fs})).collect();
-            self.json(&json!({"files": files, "errors": errors, "warnings": warnings}));
+            let files: Vec<serde_json::Value> = all
+                .iter()
+                .map(|(f, r)| match r {
+                    Ok(fs) => json!({"file": f, "findings": fs}),
+                    Err(e) => {
+                        let mut err = error_object(e);
+                        err["message"] = json!(naming(f, e));
+                        json!({"file": f, "error": err})
+                    }
+                })
+                .collect();
+            self.json(&json!({"files": files, "errors": errors, "warnings": warnings, "failed": failed}));
             return;
         }
-        for (file, findings) in all {
+        for (file, r) in all {
+            let Ok(findings) = r else { continue };
             for f in findings {
                 let sev = match f.severity {
                     fixpoint_core::lint::Severity::Error => "error",
                     fixpoint_core::lint::Severity::Warning => "warning",
                 };
                 if f.line == 0 {
-                    println!("{file}: {sev}[{}]: {}", f.rule, f.message);
-                    println!("  (the target table) hint: {}", f.hint);
+                    say!(self, "{file}: {sev}[{}]: {}", f.rule, f.message);
+                    say!(self, "  (the target table) hint: {}", f.hint);
                 } else {
-                    println!("{file}:{}:{}: {sev}[{}]: {}", f.line, f.column, f.rule, f.message);
-                    println!("  (source.sql line {}, column {}) hint: {}", f.sql_line, f.sql_column, f.hint);
+                    say!(self, "{file}:{}:{}: {sev}[{}]: {}", f.line, f.column, f.rule, f.message);
+                    say!(self, "  (source.sql line {}, column {}) hint: {}", f.sql_line, f.sql_column, f.hint);
                 }
             }
         }
-        println!("{} file(s): {errors} error(s), {warnings} warning(s)", all.len());
+        if failed > 0 {
+            say!(self, "{} file(s): {errors} error(s), {warnings} warning(s); {failed} file(s) could not be linted (see stderr)", all.len());
+        } else {
+            say!(self, "{} file(s): {errors} error(s), {warnings} warning(s)", all.len());
+        }
     }
 
     pub fn window(&self, w: &fixpoint_core::lookback::WindowReport) {
@@ -278,11 +342,11 @@ impl Output {
             self.json(&serde_json::to_value(w).expect("window serializes"));
             return;
         }
-        println!("{} {} with lookback {}: {} day(s) written, {} skipped, {} failed", w.job, w.run_date, w.lookback, w.written, w.skipped, w.failed);
-        println!("{:<12} {:<10} {:>10}  why", "date", "action", "rows");
+        say!(self, "{} {} with lookback {}: {} day(s) written, {} skipped, {} failed", w.job, w.run_date, w.lookback, w.written, w.skipped, w.failed);
+        say!(self, "{:<12} {:<10} {:>10}  why", "date", "action", "rows");
         for d in &w.days {
             let rows = d.report.as_ref().map(|r| r.output_rows.to_string()).unwrap_or_default();
-            println!("{:<12} {:<10} {:>10}  {}", d.run_date, d.action, rows, d.reason);
+            say!(self, "{:<12} {:<10} {:>10}  {}", d.run_date, d.action, rows, d.reason);
         }
     }
 
@@ -291,27 +355,31 @@ impl Output {
             self.json(&serde_json::to_value(d).expect("diff serializes"));
             return;
         }
-        println!("diff {} vs {} on key ({})", d.a, d.b, d.key.join(", "));
-        println!("  A  {}", d.fingerprint_a);
-        println!("  B  {}", d.fingerprint_b);
+        say!(self, "diff {} vs {} on key ({})", d.a, d.b, d.key.join(", "));
+        say!(self, "  A  {}", d.fingerprint_a);
+        say!(self, "  B  {}", d.fingerprint_b);
         if d.identical {
-            println!("identical: {} rows, no row transferred", d.fingerprint_a.rows);
+            say!(self, "identical: {} rows, no row transferred", d.fingerprint_a.rows);
             return;
         }
         for r in &d.only_in_a_rows {
-            println!("  only in A  {}", r.join(", "));
+            say!(self, "  only in A  {}", r.join(", "));
         }
         for r in &d.only_in_b_rows {
-            println!("  only in B  {}", r.join(", "));
+            say!(self, "  only in B  {}", r.join(", "));
         }
         for r in &d.changed_rows {
             let changes: Vec<String> = r.changes.iter().map(|c| format!("{}: {} -> {}", c.column, c.a, c.b)).collect();
-            println!("  changed    {}: {}", r.key.join(", "), changes.join("; "));
+            say!(self, "  changed    {}: {}", r.key.join(", "), changes.join("; "));
         }
-        println!(
+        say!(
+            self,
             "{} only in A, {} only in B, {} changed ({} segment queries per side, {} rows read)",
             d.only_in_a, d.only_in_b, d.changed, d.segment_queries, d.rows_transferred
         );
+        if let Some(note) = &d.note {
+            say!(self, "not identical: {note}");
+        }
     }
 
     pub fn proof(&self, p: &fixpoint_core::prove::Proof) {
@@ -319,17 +387,18 @@ impl Output {
             self.json(&serde_json::to_value(p).expect("proof serializes"));
             return;
         }
-        println!("prove {} {} (scope: {})", p.job, p.run_date, p.scope);
-        println!("  before    {} rows, checksum {}", p.before.rows, p.before.checksum);
+        say!(self, "prove {} {} (scope: {})", p.job, p.run_date, p.scope);
+        say!(self, "  before    {} rows, checksum {}", p.before.rows, p.before.checksum);
         for r in &p.runs {
-            println!("  run {}     {} rows, checksum {}  (run key {})", r.run, r.rows, r.checksum, r.run_key);
+            say!(self, "  run {}     {} rows, checksum {}  (run key {})", r.run, r.rows, r.checksum, r.run_key);
             for d in &r.differs_from_first {
-                println!("            {d}");
+                say!(self, "            {d}");
             }
         }
         for c in &p.crash {
             let ok = |b: bool| if b { "yes" } else { "NO" };
-            println!(
+            say!(
+                self,
                 "  crash at {:<14} previous contents kept: {}, ledger clean: {}, rerun converged: {}",
                 c.point.name(),
                 ok(c.previous_kept),
@@ -338,24 +407,24 @@ impl Output {
             );
         }
         if let Some(o) = &p.order {
-            println!("  order     {}: {}", o.outcome, o.message);
+            say!(self, "  order     {}: {}", o.outcome, o.message);
             for s in &o.sample {
-                println!("            {s}");
+                say!(self, "            {s}");
             }
         }
         if let Some(m) = &p.mutation {
-            println!("  mutation  {}: {}", m.outcome, m.message);
+            say!(self, "  mutation  {}: {}", m.outcome, m.message);
             if !m.row.is_empty() {
-                println!("            input row of {}: {{{}}}, changed {}", m.table, m.row.join(", "), m.change);
+                say!(self, "            input row of {}: {{{}}}, changed {}", m.table, m.row.join(", "), m.change);
             }
             for s in &m.sample {
-                println!("            {s}");
+                say!(self, "            {s}");
             }
         }
         for f in &p.failures {
-            println!("  FAILED: {f}");
+            say!(self, "  FAILED: {f}");
         }
-        println!("{}", p.verdict);
+        say!(self, "{}", p.verdict);
     }
 
     pub fn runs(&self, entries: &[Entry]) {
@@ -363,9 +432,10 @@ impl Output {
             self.json(&json!({"runs": entries}));
             return;
         }
-        println!("{:<20} {:<16} {:<12} {:<10} {:>10} {:>10}  run key", "finished (UTC)", "job", "date", "outcome", "written", "rows");
+        say!(self, "{:<20} {:<16} {:<12} {:<10} {:>10} {:>10}  run key", "finished (UTC)", "job", "date", "outcome", "written", "rows");
         for e in entries {
-            println!(
+            say!(
+                self,
                 "{:<20} {:<16} {:<12} {:<10} {:>10} {:>10}  {}",
                 e.finished_at.format("%Y-%m-%d %H:%M:%S").to_string(),
                 e.job,
@@ -385,7 +455,7 @@ impl Output {
             eprintln!("hint: {h}");
         }
         if self.json {
-            let mut v = json!({"error": {"class": class_name(e.class()), "message": e.to_string(), "hint": hint, "exit_code": exit_code(e)}});
+            let mut v = json!({"error": error_object(e)});
             if let Error::OutOfPartition { rows, column, sample, .. } = e {
                 v["error"]["rows"] = json!(rows);
                 v["error"]["column"] = json!(column);
@@ -400,3 +470,74 @@ impl Output {
     }
 }
 
+/// The object under `"error"` in JSON output: class, message, hint, exit code.
+pub fn error_object(e: &Error) -> serde_json::Value {
+    json!({"class": class_name(e.class()), "message": e.to_string(), "hint": e.hint(), "exit_code": exit_code(e)})
+}
+
+/// `e`'s message, starting with `file` unless it already names it.
+fn naming(file: &str, e: &Error) -> String {
+    let message = e.to_string();
+    if message.contains(file) {
+        message
+    } else {
+        format!("{file}: {message}")
+    }
+}
+
+/// The backfill's progress line (on a terminal): at most 79 columns with
+/// up to 7-digit date counts, a 6-character row count ([`compact`]) and
+/// indicatif's short durations (`{elapsed}`, `{eta}`: `59s`, `12m`, `3h`).
+pub const PROGRESS_TEMPLATE: &str = "{bar:20} {pos}/{len} dates, {msg} rows, {elapsed} elapsed, ETA {eta}";
+
+/// A count in at most 6 characters: `999`, `12.3k`, `999.9k`, `1.0M`, `18.4E`.
+pub fn compact(n: u64) -> String {
+    if n < 1000 {
+        return n.to_string();
+    }
+    const UNITS: [&str; 6] = ["k", "M", "G", "T", "P", "E"];
+    let mut value = n as f64 / 1000.0;
+    let mut unit = 0;
+    while value >= 999.95 && unit < UNITS.len() - 1 {
+        value /= 1000.0;
+        unit += 1;
+    }
+    format!("{value:.1}{}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{compact, PROGRESS_TEMPLATE};
+
+    #[test]
+    fn counts_are_compact() {
+        assert_eq!(compact(0), "0");
+        assert_eq!(compact(999), "999");
+        assert_eq!(compact(1000), "1.0k");
+        assert_eq!(compact(12_345), "12.3k");
+        assert_eq!(compact(999_949), "999.9k");
+        assert_eq!(compact(999_999), "1.0M");
+        assert_eq!(compact(2_500_000_000), "2.5G");
+        assert_eq!(compact(u64::MAX), "18.4E");
+        for n in [0, 999, 1000, 999_949, 999_950, 999_999, 999_999_999, u64::MAX / 3, u64::MAX] {
+            assert!(compact(n).chars().count() <= 6, "{n}: {}", compact(n));
+        }
+    }
+
+    #[test]
+    fn the_progress_line_fits_80_columns_at_its_widest() {
+        // The widest values each placeholder takes: a 20-cell bar, 7-digit
+        // date counts (--max-dates raised to a million), the widest compact
+        // count, and indicatif's short durations (`{:#}` of HumanDuration:
+        // a number and one letter; 100 years is 4 characters).
+        let widest = PROGRESS_TEMPLATE
+            .replace("{bar:20}", &"█".repeat(20))
+            .replace("{pos}", "9999999")
+            .replace("{len}", "9999999")
+            .replace("{msg}", "999.9k")
+            .replace("{elapsed}", "100y")
+            .replace("{eta}", "100y");
+        assert!(!widest.contains('{'), "every placeholder replaced: {widest}");
+        assert!(widest.chars().count() <= 80, "{} columns: {widest}", widest.chars().count());
+    }
+}

@@ -2,7 +2,7 @@
 //! (data) and stderr (messages).
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 struct Out {
     code: i32,
@@ -16,6 +16,7 @@ fn fixpoint(dir: &Path, args: &[&str]) -> Out {
         .current_dir(dir)
         .env_remove("FIXPOINT_DB")
         .env_remove("FIXPOINT_FAIL_AT")
+        .env_remove("FIXPOINT_TEST_MODE")
         .output()
         .expect("runs");
     Out {
@@ -179,6 +180,7 @@ fn a_killed_run_leaves_nothing_and_the_retry_converges() {
         let o = Command::new(env!("CARGO_BIN_EXE_fixpoint"))
             .args(["run", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--force"])
             .current_dir(tmp.path())
+            .env("FIXPOINT_TEST_MODE", "1")
             .env("FIXPOINT_FAIL_AT", point)
             .env("FIXPOINT_FAIL_MODE", "abort")
             .output()
@@ -234,6 +236,7 @@ fn a_killed_backfill_resumes_to_the_uninterrupted_state() {
     let killed = Command::new(env!("CARGO_BIN_EXE_fixpoint"))
         .args(["backfill", "job.toml", "--from", "2026-10-19", "--to", "2026-10-20", "--db", "duckdb:w.duckdb"])
         .current_dir(tmp.path())
+        .env("FIXPOINT_TEST_MODE", "1")
         .env("FIXPOINT_FAIL_AT", "mid_insert@2026-10-20")
         .env("FIXPOINT_FAIL_MODE", "abort")
         .output()
@@ -243,6 +246,7 @@ fn a_killed_backfill_resumes_to_the_uninterrupted_state() {
     let failed = Command::new(env!("CARGO_BIN_EXE_fixpoint"))
         .args(["backfill", "job.toml", "--from", "2026-10-19", "--to", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json"])
         .current_dir(tmp.path())
+        .env("FIXPOINT_TEST_MODE", "1")
         .env("FIXPOINT_FAIL_AT", "after_delete@2026-10-20")
         .output()
         .unwrap();
@@ -258,6 +262,7 @@ fn a_killed_backfill_resumes_to_the_uninterrupted_state() {
 
     // status and runs read the ledger.
     let st = fixpoint(tmp.path(), &["status", "job.toml", "--db", "duckdb:w.duckdb", "--output", "json"]);
+    assert_eq!(st.code, 0, "every date ok: {}", st.stderr);
     let s: serde_json::Value = serde_json::from_str(&st.stdout).unwrap();
     let states: Vec<&str> = s["dates"].as_array().unwrap().iter().map(|d| d["state"].as_str().unwrap()).collect();
     assert_eq!(states, ["ok", "ok"]);
@@ -482,6 +487,7 @@ fn run_with_lookback_reports_each_day_and_fails_with_the_failed_days_code() {
     let failed = Command::new(env!("CARGO_BIN_EXE_fixpoint"))
         .args(["run", "late.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json"])
         .current_dir(tmp.path())
+        .env("FIXPOINT_TEST_MODE", "1")
         .env("FIXPOINT_FAIL_AT", "after_delete@2026-10-19")
         .output()
         .unwrap();
@@ -528,7 +534,7 @@ fn a_file_source_runs_reruns_reports_and_refuses_a_missing_day() {
     // A late row in b.csv: status names the file without reading rows.
     std::fs::write(dir.join("bronze/dt=2026-10-20/b.csv"), "order_id,order_total\n3,3.50\n4,4.50\n").unwrap();
     let st = fixpoint(dir, &["status", "job.toml", "--from", "2026-10-20", "--to", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json"]);
-    assert_eq!(st.code, 0, "{}", st.stderr);
+    assert_eq!(st.code, 4, "a changed source needs attention: {}", st.stderr);
     let s: serde_json::Value = serde_json::from_str(&st.stdout).unwrap();
     assert_eq!(s["dates"][0]["state"], "source_changed");
     assert_eq!(s["dates"][0]["files_changed"][0], "changed b.csv");
@@ -550,6 +556,269 @@ fn a_file_source_runs_reruns_reports_and_refuses_a_missing_day() {
     assert_eq!(p["proved"], true);
     assert_eq!(p["mutation"]["outcome"], "passed", "{}", prove.stdout);
     assert_eq!(p["mutation"]["table"], "input (the day's files)");
+}
+
+/// Every table of w.duckdb with all its rows, read with plain SQL: what a
+/// refused command must leave as it was.
+fn everything(dir: &Path) -> Vec<(String, Option<String>)> {
+    let db = duckdb::Connection::open(dir.join("w.duckdb")).unwrap();
+    let list: Option<String> = db
+        .query_row("SELECT string_agg(schema_name || '.' || table_name, ',' ORDER BY schema_name, table_name) FROM duckdb_tables()", [], |r| r.get(0))
+        .unwrap();
+    let mut out = Vec::new();
+    for t in list.unwrap_or_default().split(',').filter(|t| !t.is_empty()) {
+        let rows: Option<String> = db
+            .query_row(&format!("SELECT string_agg(CAST(s AS VARCHAR), ';' ORDER BY CAST(s AS VARCHAR)) FROM {t} AS s"), [], |r| r.get(0))
+            .unwrap();
+        out.push((t.to_owned(), rows));
+    }
+    out
+}
+
+/// Committed ledger rows in w.duckdb (plain SQL; 0 without a ledger).
+fn committed_runs(dir: &Path) -> i64 {
+    let db = duckdb::Connection::open(dir.join("w.duckdb")).unwrap();
+    let has: i64 = db.query_row("SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'fixpoint' AND table_name = 'runs'", [], |r| r.get(0)).unwrap();
+    if has == 0 {
+        return 0;
+    }
+    db.query_row("SELECT count(*) FROM fixpoint.runs WHERE outcome = 'committed'", [], |r| r.get(0)).unwrap()
+}
+
+#[test]
+fn prove_refuses_a_bad_mutate_key_before_running_anything() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    setup(dir);
+    let bad = ["prove", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--mutate-key", "nope=1"];
+    let before = everything(dir);
+    let out = fixpoint(dir, &bad);
+    assert_eq!(out.code, 2, "{}\n{}", out.stdout, out.stderr);
+    assert!(out.stderr.contains("error: --mutate-key nope=1: bronze.orders has no column \"nope\""), "{}", out.stderr);
+    assert!(out.stderr.contains("hint: its columns are order_id, order_total, note, dt"), "{}", out.stderr);
+    assert!(out.stdout.is_empty(), "{}", out.stdout);
+    assert_eq!(everything(dir), before, "no run: no target, no ledger, no sandbox");
+
+    // After a real run, a refused proof leaves the target and the ledger as they are.
+    let run = fixpoint(dir, &["run", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let loaded = everything(dir);
+    assert!(loaded.iter().any(|(t, rows)| t == "fixpoint.runs" && rows.is_some()), "{loaded:?}");
+    assert!(loaded.iter().any(|(t, rows)| t == "silver.orders" && rows.is_some()), "{loaded:?}");
+    let json = fixpoint(dir, &["prove", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--mutate-key", "order_id=3,nope=1", "--output", "json"]);
+    assert_eq!(json.code, 2, "{}\n{}", json.stdout, json.stderr);
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!((v["error"]["class"].as_str(), v["error"]["exit_code"].as_u64()), (Some("input"), Some(2)), "{v}");
+    assert_eq!(everything(dir), loaded, "the target and the ledger are unchanged");
+    let text = fixpoint(dir, &bad);
+    assert_eq!(text.code, 2);
+    assert_eq!(everything(dir), loaded);
+    assert_eq!(committed_runs(dir), 1);
+}
+
+/// Runs the binary with stdout a pipe whose reading end is closed before
+/// anything is written (`fixpoint runs | head -0`).
+fn closed_stdout(dir: &Path, args: &[&str]) -> Out {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fixpoint"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("FIXPOINT_DB")
+        .env_remove("FIXPOINT_FAIL_AT")
+        .env_remove("FIXPOINT_TEST_MODE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("runs");
+    // The reader goes away at once: the child's first write gets EPIPE.
+    drop(child.stdout.take());
+    let o = child.wait_with_output().expect("waits");
+    Out { code: o.status.code().unwrap_or(-1), stdout: String::new(), stderr: String::from_utf8_lossy(&o.stderr).into_owned() }
+}
+
+#[test]
+fn a_closed_stdout_ends_quietly_with_the_commands_exit_code() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    setup(dir);
+    let quiet = |o: &Out, what: &str| {
+        assert!(
+            !o.stderr.contains("panicked") && !o.stderr.contains("Broken pipe") && !o.stderr.contains("cannot write to stdout"),
+            "{what}: no panic, no message about the closed pipe:\n{}",
+            o.stderr
+        );
+    };
+    // A committed run whose report cannot be printed: exit 0, and committed.
+    let run = closed_stdout(dir, &["run", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    quiet(&run, "run");
+    assert_eq!(committed_runs(dir), 1, "the run committed");
+    {
+        let db = duckdb::Connection::open(dir.join("w.duckdb")).unwrap();
+        let n: i64 = db.query_row("SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'", [], |r| r.get(0)).unwrap();
+        assert_eq!(n, 2);
+        db.execute_batch("CREATE SCHEMA s; CREATE TABLE s.b AS SELECT * FROM bronze.orders; UPDATE s.b SET order_total = 9.00 WHERE order_id = 2;").unwrap();
+    }
+    let forced = closed_stdout(dir, &["run", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--force", "--output", "json"]);
+    assert_eq!(forced.code, 0, "{}", forced.stderr);
+    quiet(&forced, "run --output json");
+    assert_eq!(committed_runs(dir), 2, "the forced run committed");
+    // Other commands: their own exit code, quietly.
+    let cases: &[(&[&str], i32)] = &[
+        (&["runs", "--db", "duckdb:w.duckdb"], 0),
+        (&["runs", "--db", "duckdb:w.duckdb", "--output", "json"], 0),
+        (&["status", "job.toml", "--db", "duckdb:w.duckdb"], 0),
+        (&["fingerprint", "bronze.orders", "--db", "duckdb:w.duckdb"], 0),
+        (&["lint", "job.toml"], 0),
+        (&["backfill", "job.toml", "--from", "2026-10-19", "--to", "2026-10-20", "--db", "duckdb:w.duckdb"], 0),
+        (&["prove", "job.toml", "--date", "2026-10-20", "--no-mutate", "--db", "duckdb:w.duckdb"], 0),
+        (&["diff", "bronze.orders", "s.b", "--key", "order_id", "--db", "duckdb:w.duckdb"], 4),
+        (&["diff", "bronze.orders", "s.b", "--key", "order_id", "--db", "duckdb:w.duckdb", "--output", "json"], 4),
+        (&["run", "missing.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json"], 2),
+    ];
+    for (args, code) in cases {
+        let o = closed_stdout(dir, args);
+        assert_eq!(o.code, *code, "{args:?}: {}", o.stderr);
+        quiet(&o, &args.join(" "));
+    }
+    assert_eq!(committed_runs(dir), 5, "the backfill committed 2026-10-19 and prove its two runs");
+}
+
+#[test]
+fn fault_injection_needs_test_mode() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    setup(dir);
+    let with_env = |args: &[&str], vars: &[(&str, &str)]| -> Out {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_fixpoint"));
+        c.args(args)
+            .current_dir(dir)
+            .env_remove("FIXPOINT_DB")
+            .env_remove("FIXPOINT_FAIL_AT")
+            .env_remove("FIXPOINT_FAIL_MODE")
+            .env_remove("FIXPOINT_TEST_MODE");
+        for (k, v) in vars {
+            c.env(k, v);
+        }
+        let o = c.output().expect("runs");
+        Out { code: o.status.code().unwrap_or(-1), stdout: String::from_utf8_lossy(&o.stdout).into_owned(), stderr: String::from_utf8_lossy(&o.stderr).into_owned() }
+    };
+    let run = ["run", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb"];
+    let forced = ["run", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--force"];
+    // A stray FIXPOINT_FAIL_AT alone does not fail a run: ignored, with a warning.
+    let stray = with_env(&run, &[("FIXPOINT_FAIL_AT", "after_delete")]);
+    assert_eq!(stray.code, 0, "{}", stray.stderr);
+    assert!(stray.stderr.contains("warning: FIXPOINT_FAIL_AT=\"after_delete\" is ignored"), "{}", stray.stderr);
+    assert!(stray.stderr.contains("FIXPOINT_TEST_MODE=1"), "{}", stray.stderr);
+    assert!(stray.stdout.contains("replaced partition of silver.orders"), "{}", stray.stdout);
+    assert_eq!(committed_runs(dir), 1);
+    let abort = with_env(&forced, &[("FIXPOINT_FAIL_AT", "mid_insert"), ("FIXPOINT_FAIL_MODE", "abort")]);
+    assert_eq!(abort.code, 0, "not killed: {}", abort.stderr);
+    assert_eq!(committed_runs(dir), 2);
+    let backfill = with_env(&["backfill", "job.toml", "--from", "2026-10-19", "--to", "2026-10-20", "--db", "duckdb:w.duckdb"], &[("FIXPOINT_FAIL_AT", "after_guards")]);
+    assert_eq!(backfill.code, 0, "{}", backfill.stderr);
+    assert!(backfill.stderr.contains("is ignored"), "{}", backfill.stderr);
+    assert_eq!(committed_runs(dir), 3, "2026-10-19 committed, 2026-10-20 skipped");
+    let not_one = with_env(&forced, &[("FIXPOINT_FAIL_AT", "after_delete"), ("FIXPOINT_TEST_MODE", "yes")]);
+    assert_eq!(not_one.code, 0, "only FIXPOINT_TEST_MODE=1 is test mode: {}", not_one.stderr);
+    assert_eq!(committed_runs(dir), 4);
+    // In test mode the failure is injected: exit 1, nothing committed.
+    let injected = with_env(&forced, &[("FIXPOINT_FAIL_AT", "after_delete"), ("FIXPOINT_TEST_MODE", "1")]);
+    assert_eq!(injected.code, 1, "{}", injected.stderr);
+    assert!(injected.stderr.contains("injected failure at after_delete"), "{}", injected.stderr);
+    assert!(!injected.stderr.contains("is ignored"), "{}", injected.stderr);
+    assert_eq!(committed_runs(dir), 4);
+}
+
+#[test]
+fn run_and_backfill_refuse_sql_the_linter_cannot_read_unless_allowed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    setup(dir);
+    // DuckDB runs `* RENAME (…)`; sqlparser's DuckDB dialect cannot read it,
+    // so fixpoint cannot lint it: refused, unless accepted anyway.
+    std::fs::write(dir.join("rename.toml"), JOB.replace("SELECT order_id, order_total, dt FROM", "SELECT * RENAME (order_total AS total) FROM")).unwrap();
+    let before = everything(dir);
+    for args in [
+        &["run", "rename.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb"][..],
+        &["backfill", "rename.toml", "--from", "2026-10-19", "--to", "2026-10-20", "--db", "duckdb:w.duckdb"][..],
+    ] {
+        let out = fixpoint(dir, args);
+        assert_eq!(out.code, 2, "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains("error: rename.toml: source.sql: cannot be read as DuckDB SQL: sql parser error: "), "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains("RENAME") && out.stderr.contains("Line: 1, Column: "), "the parser's message and position: {}", out.stderr);
+        assert!(out.stderr.contains("so the job was not run (nothing was changed)"), "{}", out.stderr);
+        assert!(out.stderr.contains("hint: ") && out.stderr.contains("--allow-nondeterministic"), "the flag that accepts it: {}", out.stderr);
+        assert!(!out.stderr.contains("not linted"), "{}", out.stderr);
+        assert!(out.stdout.is_empty(), "{}", out.stdout);
+        assert_eq!(everything(dir), before, "{args:?}: nothing changed");
+    }
+    let json = fixpoint(dir, &["run", "rename.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json"]);
+    assert_eq!(json.code, 2);
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!((v["error"]["class"].as_str(), v["error"]["exit_code"].as_u64()), (Some("input"), Some(2)), "{v}");
+    assert_eq!(everything(dir), before);
+    // Accepted anyway: a warning, then the run.
+    let allowed = fixpoint(dir, &["run", "rename.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--allow-nondeterministic", "--output", "json"]);
+    assert_eq!(allowed.code, 0, "{}", allowed.stderr);
+    assert!(
+        allowed.stderr.contains("warning: running a job fixpoint could not lint (--allow-nondeterministic): source.sql: cannot be read as DuckDB SQL"),
+        "{}",
+        allowed.stderr
+    );
+    let r: serde_json::Value = serde_json::from_str(&allowed.stdout).unwrap();
+    assert_eq!((r["outcome"].as_str(), r["rows_inserted"].as_u64()), (Some("committed"), Some(2)), "{r}");
+    {
+        let db = duckdb::Connection::open(dir.join("w.duckdb")).unwrap();
+        let n: i64 = db.query_row("SELECT count(total) FROM silver.orders WHERE dt = DATE '2026-10-20'", [], |r| r.get(0)).unwrap();
+        assert_eq!(n, 2, "the renamed column was loaded");
+    }
+    assert_eq!(committed_runs(dir), 1);
+    // A plain syntax error: refused the same way; accepted, the engine refuses it.
+    std::fs::write(dir.join("broken.toml"), JOB.replace("FROM bronze.orders", "FROM")).unwrap();
+    let loaded = everything(dir);
+    let broken = fixpoint(dir, &["run", "broken.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb"]);
+    assert_eq!(broken.code, 2, "{}", broken.stderr);
+    assert!(broken.stderr.contains("error: broken.toml: source.sql: cannot be read as DuckDB SQL"), "{}", broken.stderr);
+    let tried = fixpoint(dir, &["run", "broken.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--allow-nondeterministic"]);
+    assert_ne!(tried.code, 0, "{}", tried.stderr);
+    assert!(tried.stderr.contains("warning: running a job fixpoint could not lint"), "{}", tried.stderr);
+    assert!(!tried.stderr.contains("so the job was not run"), "past the gate, the engine decides: {}", tried.stderr);
+    assert_eq!(everything(dir), loaded);
+}
+
+#[test]
+fn diff_refuses_a_decimal_against_a_varchar_and_never_says_identical() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    setup(dir);
+    {
+        let db = duckdb::Connection::open(dir.join("w.duckdb")).unwrap();
+        db.execute_batch("CREATE SCHEMA s; CREATE TABLE s.t AS SELECT order_id, CAST(order_total AS VARCHAR) AS order_total, note, dt FROM bronze.orders;").unwrap();
+    }
+    let args = ["diff", "bronze.orders", "s.t", "--key", "order_id", "--db", "duckdb:w.duckdb"];
+    let out = fixpoint(dir, &args);
+    assert_eq!(out.code, 2, "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("error: cannot diff columns of different type families: order_total is DECIMAL(12,2) (decimal) in bronze.orders but VARCHAR (text) in s.t"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("hint: ") && out.stderr.contains("--exclude order_total"), "{}", out.stderr);
+    assert!(out.stdout.is_empty() && !out.stderr.contains("identical"), "{}", out.stdout);
+    let mut json_args = args.to_vec();
+    json_args.extend(["--output", "json"]);
+    let json = fixpoint(dir, &json_args);
+    assert_eq!(json.code, 2);
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(v["error"]["class"], "input", "{v}");
+    assert!(v["identical"].is_null(), "no verdict: {v}");
+    // Without the column, the rest compares.
+    let mut rest = args.to_vec();
+    rest.extend(["--exclude", "order_total"]);
+    let same = fixpoint(dir, &rest);
+    assert_eq!(same.code, 0, "{}\n{}", same.stdout, same.stderr);
+    assert!(same.stdout.contains("identical: 4 rows"), "{}", same.stdout);
 }
 
 /// The binary against a Spark Connect server (feature `spark`): a day

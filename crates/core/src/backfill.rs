@@ -336,6 +336,27 @@ pub enum DateState {
     NoInput,
 }
 
+impl DateState {
+    /// Whether a date in this state needs a run or a look (what `fixpoint
+    /// status` counts, and exits 4 for): every state but `ok`, except `no
+    /// input` when the job allows a day without files (`allow_missing`: a
+    /// run leaves such a day as it is, by design).
+    pub fn needs_attention(self, allow_missing: bool) -> bool {
+        match self {
+            DateState::Ok => false,
+            DateState::NoInput => !allow_missing,
+            DateState::Missing | DateState::Drift | DateState::SourceChanged | DateState::JobChanged => true,
+        }
+    }
+}
+
+/// How many of `rows` need attention ([`DateState::needs_attention`], with
+/// the job's `allow_missing`).
+pub fn needing_attention(job: &Job, rows: &[DateStatus]) -> usize {
+    let allow_missing = job.source.files.as_ref().is_some_and(|f| f.allow_missing);
+    rows.iter().filter(|r| r.state.needs_attention(allow_missing)).count()
+}
+
 /// What fixpoint knows about one date.
 #[derive(Debug, Clone, Serialize)]
 pub struct DateStatus {

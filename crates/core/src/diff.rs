@@ -73,8 +73,13 @@ pub struct DiffReport {
     pub fingerprint_a: Fingerprint,
     /// B's fingerprint.
     pub fingerprint_b: Fingerprint,
-    /// Whether there is no difference.
+    /// Whether there is no difference: no differing row found *and* equal
+    /// fingerprints (row count and checksum). Never true when the
+    /// fingerprints differ.
     pub identical: bool,
+    /// Why the tables are not identical when no differing row explains it
+    /// (the fingerprints differ but every row read compares equal).
+    pub note: Option<String>,
     /// Rows only in A (count).
     pub only_in_a: u64,
     /// Rows only in B (count).
@@ -276,6 +281,7 @@ pub fn diff(sides: &mut Sides<'_>, a: &TableName, b: &TableName, opts: &DiffOpti
     let (ka, kb) = (key_cols(&cols_a), key_cols(&cols_b));
     let all_a: Vec<Column> = ka.iter().chain(&va).cloned().collect();
     let all_b: Vec<Column> = kb.iter().chain(&vb).cloned().collect();
+    check_type_families(sides, a, b, &all_a, &all_b)?;
 
     // Native hashes when both sides are one engine of one version and the
     // column types match; the portable encoding otherwise.
@@ -302,6 +308,7 @@ pub fn diff(sides: &mut Sides<'_>, a: &TableName, b: &TableName, opts: &DiffOpti
         columns: va.iter().map(|c| c.name.clone()).collect(),
         method,
         identical: false,
+        note: None,
         fingerprint_a,
         fingerprint_b,
         only_in_a: 0,
@@ -347,11 +354,57 @@ pub fn diff(sides: &mut Sides<'_>, a: &TableName, b: &TableName, opts: &DiffOpti
         report.rows_transferred += (rows_a.len() + rows_b.len()) as u64;
         compare(&mut report, rows_a, rows_b, &ka, &va, max_listed);
     }
-    report.identical = report.only_in_a == 0 && report.only_in_b == 0 && report.changed == 0;
-    if report.identical && report.fingerprint_a.rows == report.fingerprint_b.rows && ta.1 != tb.1 {
-        return Err(Error::Internal("the segment checksums differ but no differing row was found".into()));
-    }
+    let rows_differ = report.only_in_a + report.only_in_b + report.changed > 0;
+    let (identical, note) = verdict(&report.fingerprint_a, &report.fingerprint_b, rows_differ);
+    report.identical = identical;
+    report.note = note;
     Ok(report)
+}
+
+/// Identical only when no row differs *and* the fingerprints are equal:
+/// fail closed. Fingerprints that differ while every row read compares
+/// equal (the values hash apart but read alike) are a difference, said in
+/// the note, never "identical".
+fn verdict(a: &Fingerprint, b: &Fingerprint, rows_differ: bool) -> (bool, Option<String>) {
+    let same = a.rows == b.rows && a.checksum == b.checksum && a.kind == b.kind;
+    match (rows_differ, same) {
+        (false, true) => (true, None),
+        (true, _) => (false, None),
+        (false, false) => (
+            false,
+            Some(format!(
+                "the fingerprints differ (A: {} rows, checksum {}; B: {} rows, checksum {}) though no row read differs in its compared text: the values hash apart (their types or exact bits differ)",
+                a.rows, a.checksum, b.rows, b.checksum
+            )),
+        ),
+    }
+}
+
+/// Refuses to compare columns whose types are of different families (the
+/// engine's type class: int, decimal, float, text, date, timestamp, …): a
+/// DECIMAL and a VARCHAR holding `1.50` read alike as text but are not the
+/// same data. Lists every such column with both types.
+fn check_type_families(sides: &mut Sides<'_>, a: &TableName, b: &TableName, all_a: &[Column], all_b: &[Column]) -> Result<()> {
+    let mut mismatched = Vec::new();
+    let mut names = Vec::new();
+    for (ca, cb) in all_a.iter().zip(all_b) {
+        let class_a = sides.get(false).portable_value("t.x", ca).1;
+        let class_b = sides.get(true).portable_value("t.x", cb).1;
+        if class_a != class_b {
+            mismatched.push(format!("{} is {} ({class_a}) in {a} but {} ({class_b}) in {b}", ca.name, ca.ty, cb.ty));
+            names.push(ca.name.as_str());
+        }
+    }
+    if mismatched.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Schema {
+        message: format!("cannot diff columns of different type families: {}", mismatched.join("; ")),
+        hint: Some(format!(
+            "diff a view that casts one side to the other's type, or leave the column(s) out with --exclude {}",
+            names.join(",")
+        )),
+    })
 }
 
 fn make_side<'t>(engine: &mut dyn Engine, method: Method, table: &'t TableName, key: &[Column], all: &[Column]) -> Result<Side<'t>> {
@@ -435,5 +488,31 @@ fn compare(report: &mut DiffReport, a: Vec<Read>, b: Vec<Read>, key: &[Column], 
                 report.only_in_b_rows.push([pairs(key, &k), pairs(cols, y)].concat());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::verdict;
+    use crate::fingerprint::Fingerprint;
+
+    fn fp(rows: u64, checksum: &str) -> Fingerprint {
+        Fingerprint { kind: "portable-v3".into(), rows, checksum: checksum.into() }
+    }
+
+    #[test]
+    fn identical_only_with_equal_fingerprints_and_no_differing_row() {
+        assert_eq!(verdict(&fp(3, "aa"), &fp(3, "aa"), false), (true, None));
+        assert_eq!(verdict(&fp(3, "aa"), &fp(3, "aa"), true).0, false, "a differing row is a difference");
+        assert_eq!(verdict(&fp(3, "aa"), &fp(3, "bb"), true), (false, None));
+        // Fail closed: the checksums differ but the rows read compare equal.
+        let (identical, note) = verdict(&fp(3, "aa"), &fp(3, "bb"), false);
+        assert!(!identical, "two different checksums are never \"identical\"");
+        let note = note.expect("the difference is explained");
+        assert!(note.starts_with("the fingerprints differ (A: 3 rows, checksum aa; B: 3 rows, checksum bb)"), "{note}");
+        let (identical, note) = verdict(&fp(3, "aa"), &fp(4, "aa"), false);
+        assert!(!identical && note.is_some(), "different row counts are never identical");
+        let other_kind = Fingerprint { kind: "native-v1/duckdb v1".into(), ..fp(3, "aa") };
+        assert!(!verdict(&fp(3, "aa"), &other_kind, false).0, "fingerprints of different kinds are not equal");
     }
 }

@@ -84,6 +84,16 @@ pub trait Engine {
     /// for a missing table (inside a transaction a failed statement aborts it).
     fn table_columns(&mut self, table: &TableName) -> Result<Option<Vec<Column>>>;
 
+    /// What `table` is when it exists but is not a table a run can write
+    /// (`"a view"`, `"a materialized view"`, `"a foreign table"`, …), so a
+    /// run refuses it before anything is written; `None` when it is a
+    /// table or does not exist. Must not fail for a missing name (nor
+    /// abort a transaction). The default knows no other kind of relation.
+    fn relation_kind(&mut self, table: &TableName) -> Result<Option<String>> {
+        let _ = table;
+        Ok(None)
+    }
+
     /// Takes a lock on `scope` until the transaction ends, so two runs of one
     /// job and partition serialize (an orchestrator that fires twice). With
     /// `wait = false`, returns `false` at once when another run holds it.

@@ -13,7 +13,18 @@
 //! `_SUCCESS` and `_temporary/`, Hadoop's `.crc`, editors' and uploaders'
 //! dot-files). With `require_marker = "_SUCCESS"`, every folder holding a
 //! matched file must also hold the marker, which the upstream writes last.
+//!
+//! A file that cannot be a day's input is refused before anything is read
+//! into the engine: an empty (0-byte) file of any format, a CSV file whose
+//! first line names no column (no header), a JSON file holding only
+//! whitespace (the engines would make up a column for each: `column0`,
+//! `json`). A CSV file with its header and no row is a day without rows,
+//! which `min_rows` governs. Each file is loaded once, by its real path: two
+//! names for one file (a symbolic link beside its target) load it once, and a
+//! symbolic link to a folder on its own path (`dt=…/loop -> .`, which a `**`
+//! pattern would follow again and again) is refused, naming the link.
 
+use std::collections::{HashMap, HashSet};
 use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -34,7 +45,8 @@ pub enum FileFormat {
     Parquet,
     /// CSV with a header line (delimiter and types detected).
     Csv,
-    /// JSON Lines: one object per line.
+    /// JSON: one object per line (JSON Lines), or a top-level array of
+    /// objects (one row per element).
     Json,
 }
 
@@ -144,6 +156,22 @@ impl InputFiles {
         // A relative name only as a whole path component, so `11.csv` is not `1.csv`.
         let by_rel = || self.files.iter().find(|f| ["/", "\"", "'"].iter().any(|b| message.contains(&format!("{b}{}", f.path))));
         by_full.map(|(f, _)| f).or_else(by_rel).map(|f| f.path.as_str())
+    }
+}
+
+/// Whether a file name says its content is compressed (`.gz`, `.zst`).
+pub fn is_compressed(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    lower.ends_with(".gz") || lower.ends_with(".zst")
+}
+
+/// The refusal of a CSV file that has no header line: empty, or a first
+/// line that names no column (blank, or only delimiters and quotes).
+/// `file` is the file's path as shown to the user.
+pub fn headerless_csv(file: &str) -> Error {
+    Error::Files {
+        message: format!("{file} has no header line (its first line names no column), so it cannot be read as a CSV file with a header; nothing was changed"),
+        hint: Some("replace it with the complete file (a day without rows is a CSV file with its header line and no row), or remove it, and run again; the target keeps its previous contents".into()),
     }
 }
 
@@ -272,8 +300,17 @@ impl FileSource {
         let literal: Vec<&str> = text.split(['/', '\\']).filter(|c| !is_wild(c)).collect();
         let mut matched = Vec::new();
         let mut ignored = Vec::new();
+        let mut real = RealDirs::new(&base);
         for entry in paths {
-            let path = entry.map_err(|e| Error::Io { path: e.path().to_owned(), source: std::io::Error::new(e.error().kind(), e.error().to_string()) })?;
+            let path = match entry {
+                Ok(p) => p,
+                Err(e) => {
+                    // A folder that cannot be read because a symlink cycle
+                    // made its path too deep: the cycle is what to fix.
+                    real.check(e.path())?;
+                    return Err(Error::Io { path: e.path().to_owned(), source: std::io::Error::new(e.error().kind(), e.error().to_string()) });
+                }
+            };
             if !path.is_file() {
                 continue;
             }
@@ -315,6 +352,8 @@ impl FileSource {
             ));
         }
         matched.sort();
+        // Each real file once; a symlink cycle refused.
+        let matched = real.files(matched)?;
         if let Some(marker) = &self.require_marker {
             let mut dirs: Vec<PathBuf> = matched.iter().filter_map(|(_, p)| p.parent().map(Path::to_path_buf)).collect();
             dirs.sort();
@@ -332,15 +371,156 @@ impl FileSource {
         // is hashed block by block on every core.
         use rayon::prelude::*;
         let lone = matched.len() == 1;
-        let files = matched
+        let hashed: Vec<Result<(InputFile, Peek)>> = matched
             .par_iter()
             .map(|(rel, path)| {
                 let size = std::fs::metadata(path).map_err(|e| Error::Io { path: path.clone(), source: e })?.len();
-                Ok(InputFile { path: rel.clone(), size, blake3: hash_file_with(path, lone)? })
+                let (blake3, peek) = hash_file_with(path, lone)?;
+                Ok((InputFile { path: rel.clone(), size, blake3 }, peek))
             })
-            .collect::<Result<Vec<_>>>()?;
+            .collect();
+        // In path order, so that the error named is always the same one.
+        let mut files = Vec::with_capacity(hashed.len());
+        for h in hashed {
+            let (file, peek) = h?;
+            self.refuse_empty(&file, peek, &base)?;
+            files.push(file);
+        }
         Ok(Some(InputFiles { checksum: combine(&files), files, base, format: self.format }))
     }
+
+    /// Refuses a file that cannot be a day's input although it reads: empty
+    /// (0 bytes), or, uncompressed, a CSV file without a header line or a
+    /// JSON file without a value. (Compressed ones are checked by the
+    /// reader, which decompresses them.)
+    fn refuse_empty(&self, file: &InputFile, peek: Peek, base: &Path) -> Result<()> {
+        let shown = format!("{} (in {})", file.path, base.display());
+        if file.size == 0 {
+            let (has, hint) = match self.format {
+                FileFormat::Parquet => (
+                    "no Parquet footer (its schema)",
+                    "replace it with the complete file (a day without rows is a Parquet file with its schema and no row), or remove it, and run again; the target keeps its previous contents",
+                ),
+                FileFormat::Csv => (
+                    "no header line",
+                    "replace it with the complete file (a day without rows is a CSV file with its header line and no row), or remove it, and run again; the target keeps its previous contents",
+                ),
+                FileFormat::Json => (
+                    "no JSON object",
+                    "replace it with the complete file, or remove it, and run again (a JSON file cannot say which columns a day without rows has: deliver no file for such a day and set allow_missing = true under [source], which leaves the day as it is); the target keeps its previous contents",
+                ),
+            };
+            return Err(Error::Files {
+                message: format!("{shown} is empty (0 bytes): it has {has}, so it cannot be read as a {} file; nothing was changed", self.format.name()),
+                hint: Some(hint.into()),
+            });
+        }
+        if is_compressed(&file.path) {
+            return Ok(());
+        }
+        match self.format {
+            FileFormat::Csv if peek.blank_first_line => Err(headerless_csv(&shown)),
+            FileFormat::Json if peek.only_whitespace => Err(Error::Files {
+                message: format!("{shown} holds no JSON value (only whitespace), so it has no row and no column to read; nothing was changed"),
+                hint: Some("replace it with the complete file, or remove it, and run again; the target keeps its previous contents".into()),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The real paths of the folders below a pattern's fixed part, found once
+/// each: a file reached through a symbolic link to a folder already on its
+/// way (a cycle) is refused, and a file reached by two names is kept once.
+struct RealDirs {
+    base: PathBuf,
+    /// The real path of the fixed part and of the folders above it.
+    real_base: Option<Vec<PathBuf>>,
+    /// Folder (as matched) → real path.
+    real: HashMap<PathBuf, PathBuf>,
+}
+
+impl RealDirs {
+    fn new(base: &Path) -> RealDirs {
+        RealDirs { base: base.to_owned(), real_base: None, real: HashMap::new() }
+    }
+
+    fn canonical(path: &Path) -> Result<PathBuf> {
+        std::fs::canonicalize(path).map_err(|e| Error::Io { path: path.to_owned(), source: e })
+    }
+
+    /// Refuses `dir` (a folder below the fixed part) when one of the
+    /// folders on its way there is one it already passed through, or one
+    /// above the fixed part: a symbolic link that leads back up.
+    fn check(&mut self, dir: &Path) -> Result<()> {
+        if dir.strip_prefix(&self.base).is_err() {
+            return Ok(());
+        }
+        let above = match &self.real_base {
+            Some(a) => a.clone(),
+            None => {
+                let a: Vec<PathBuf> = Self::canonical(&self.base)?.ancestors().map(Path::to_path_buf).collect();
+                self.real_base = Some(a.clone());
+                a
+            }
+        };
+        let mut on_the_way = above;
+        let mut at = self.base.clone();
+        for c in relative(dir, &self.base).split('/').filter(|c| !c.is_empty()) {
+            at.push(c);
+            let real = match self.real.get(&at) {
+                Some(r) => r.clone(),
+                None => {
+                    let r = Self::canonical(&at)?;
+                    self.real.insert(at.clone(), r.clone());
+                    r
+                }
+            };
+            if on_the_way.contains(&real) {
+                return Err(Error::Files {
+                    message: format!(
+                        "{} leads back to {}, a folder on its own path (a symbolic link cycle): a pattern with `**` would read the same files through it again and again; nothing was changed",
+                        at.display(),
+                        real.display()
+                    ),
+                    hint: Some("remove the link from the landing folder (or point it at a folder outside its own path), and run again; the target keeps its previous contents".into()),
+                });
+            }
+            on_the_way.push(real);
+        }
+        Ok(())
+    }
+
+    /// The matched files (sorted by path) with every folder on their way
+    /// checked for a cycle, each real file once: the first of its names.
+    fn files(&mut self, matched: Vec<(String, PathBuf)>) -> Result<Vec<(String, PathBuf)>> {
+        let mut seen = HashSet::new();
+        let mut kept = Vec::with_capacity(matched.len());
+        for (rel, path) in matched {
+            if let Some(dir) = path.parent() {
+                self.check(dir)?;
+            }
+            if seen.insert(Self::canonical(&path)?) {
+                kept.push((rel, path));
+            }
+        }
+        Ok(kept)
+    }
+}
+
+/// What hashing saw of a file's text, for the checks of [`FileSource::resolve`].
+#[derive(Debug, Clone, Copy)]
+struct Peek {
+    /// The first line names nothing: only blanks, delimiters and quotes
+    /// (a CSV file without a header).
+    blank_first_line: bool,
+    /// Nothing but whitespace (a JSON file without a value).
+    only_whitespace: bool,
+}
+
+/// `bytes` without a leading UTF-8 byte order mark.
+fn without_bom(bytes: &[u8]) -> &[u8] {
+    bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes)
 }
 
 /// BLAKE3 of a file's content, read in blocks of up to 16 MiB, each hashed
@@ -348,12 +528,13 @@ impl FileSource {
 /// hashed must be an error, not a SIGBUS.) A file whose size changes while
 /// it is read is refused: it is still being written.
 pub fn hash_file(path: &Path) -> Result<String> {
-    hash_file_with(path, true)
+    hash_file_with(path, true).map(|(h, _)| h)
 }
 
-/// [`hash_file`]; `inner_parallel`: hash each block on every core (for a
-/// lone file; many files are hashed one per core instead).
-fn hash_file_with(path: &Path, inner_parallel: bool) -> Result<String> {
+/// [`hash_file`], and what it saw of the file's text; `inner_parallel`:
+/// hash each block on every core (for a lone file; many files are hashed
+/// one per core instead).
+fn hash_file_with(path: &Path, inner_parallel: bool) -> Result<(String, Peek)> {
     use std::io::Read;
     let io = |e: std::io::Error| Error::Io { path: path.to_owned(), source: e };
     let mut file = std::fs::File::open(path).map_err(io)?;
@@ -361,6 +542,7 @@ fn hash_file_with(path: &Path, inner_parallel: bool) -> Result<String> {
     let mut h = blake3::Hasher::new();
     let mut buf = vec![0u8; (before.clamp(64 << 10, 16 << 20)) as usize];
     let mut read = 0u64;
+    let mut peek = Peek { blank_first_line: true, only_whitespace: true };
     loop {
         let mut filled = 0;
         while filled < buf.len() {
@@ -372,6 +554,14 @@ fn hash_file_with(path: &Path, inner_parallel: bool) -> Result<String> {
         }
         if filled == 0 {
             break;
+        }
+        let block = if read == 0 { without_bom(&buf[..filled]) } else { &buf[..filled] };
+        if read == 0 {
+            let first_line = block.split(|b| *b == b'\n').next().unwrap_or_default();
+            peek.blank_first_line = first_line.iter().all(|&b| matches!(b, b' ' | b'\t' | b'\r' | b',' | b'"'));
+        }
+        if peek.only_whitespace {
+            peek.only_whitespace = block.iter().all(|b| b.is_ascii_whitespace());
         }
         read += filled as u64;
         if inner_parallel && filled >= 1 << 20 {
@@ -387,7 +577,7 @@ fn hash_file_with(path: &Path, inner_parallel: bool) -> Result<String> {
             hint: Some("run again once the upstream has finished the day; have it write under a name starting with `_` or `.` and rename when done, or write a marker last (require_marker)".into()),
         });
     }
-    Ok(h.finalize().to_hex().to_string())
+    Ok((h.finalize().to_hex().to_string(), peek))
 }
 
 /// The combined hash of hashed files (already sorted by path).
@@ -532,6 +722,70 @@ mod tests {
         std::fs::write(jobs.join("exports/part[1].csv"), "id\n1\n").unwrap();
         let e = src("exports/*.csv", &jobs).resolve(d("2026-10-20")).unwrap_err().to_string();
         assert!(e.contains("part[1].csv") && e.contains("glob character"), "{e}");
+    }
+
+    #[test]
+    fn empty_headerless_and_blank_files_are_refused_naming_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let day = dir.path().join("d");
+        std::fs::create_dir_all(&day).unwrap();
+        std::fs::write(day.join("a.csv"), "id\n1\n").unwrap();
+        std::fs::write(day.join("b.csv"), "").unwrap();
+        let s = src("d/*.csv", dir.path());
+        let e = s.resolve(d("2026-10-20")).unwrap_err();
+        assert!(matches!(e, Error::Files { .. }), "{e}");
+        assert!(e.to_string().starts_with("b.csv (in ") && e.to_string().contains("is empty (0 bytes)"), "{e}");
+        assert!(e.hint().unwrap().contains("header line and no row"), "{e}");
+        // A first line that names no column (a byte order mark, blanks, delimiters).
+        std::fs::write(day.join("b.csv"), "\u{feff} ,\"\"\r\n1,2\n").unwrap();
+        let e = s.resolve(d("2026-10-20")).unwrap_err();
+        assert!(matches!(e, Error::Files { .. }), "{e}");
+        assert!(e.to_string().starts_with("b.csv (in ") && e.to_string().contains("has no header line"), "{e}");
+        // A header and no row: a day without rows (min_rows decides), read.
+        std::fs::write(day.join("b.csv"), "id\n").unwrap();
+        assert_eq!(s.resolve(d("2026-10-20")).unwrap().unwrap().files.len(), 2);
+        // JSON: nothing but whitespace; 0 bytes of Parquet.
+        std::fs::write(day.join("c.jsonl"), " \n\n").unwrap();
+        let e = src("d/*.jsonl", dir.path()).resolve(d("2026-10-20")).unwrap_err().to_string();
+        assert!(e.starts_with("c.jsonl (in ") && e.contains("holds no JSON value"), "{e}");
+        std::fs::write(day.join("p.parquet"), "").unwrap();
+        let e = src("d/*.parquet", dir.path()).resolve(d("2026-10-20")).unwrap_err().to_string();
+        assert!(e.starts_with("p.parquet (in ") && e.contains("is empty (0 bytes)"), "{e}");
+        // Compressed content is the reader's to check; 0 bytes is refused here.
+        std::fs::write(day.join("z.csv.gz"), "").unwrap();
+        let e = src("d/*.csv.gz", dir.path()).resolve(d("2026-10-20")).unwrap_err().to_string();
+        assert!(e.starts_with("z.csv.gz (in ") && e.contains("is empty (0 bytes)"), "{e}");
+        assert!(is_compressed("z.CSV.GZ") && is_compressed("a.jsonl.zst") && !is_compressed("a.csv"));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_symlink_cycle_is_refused_and_a_file_with_two_names_loads_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let day = dir.path().join("dt=2026-10-20");
+        std::fs::create_dir_all(day.join("sub")).unwrap();
+        std::fs::write(day.join("a.csv"), "id\n1\n").unwrap();
+        std::fs::write(day.join("sub/c.csv"), "id\n3\n").unwrap();
+        // A second name for a.csv, and a link to a folder off its own path.
+        std::os::unix::fs::symlink("a.csv", day.join("b.csv")).unwrap();
+        std::os::unix::fs::symlink("sub", day.join("side")).unwrap();
+        let s = src("dt={run_date}/**/*.csv", dir.path());
+        let got = s.resolve(d("2026-10-20")).unwrap().unwrap();
+        let names: Vec<&str> = got.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(names, ["a.csv", "side/c.csv"], "each real file once, under its first name");
+        // A link back to the day's own folder: refused, naming it.
+        std::os::unix::fs::symlink(".", day.join("loop")).unwrap();
+        let e = s.resolve(d("2026-10-20")).unwrap_err();
+        assert!(matches!(e, Error::Files { .. }), "{e}");
+        let m = e.to_string();
+        assert!(m.starts_with(&format!("{} leads back to ", day.join("loop").display())) && m.contains("symbolic link cycle"), "{m}");
+        // Two links that lead to each other's folders.
+        std::fs::remove_file(day.join("loop")).unwrap();
+        std::fs::create_dir_all(day.join("x")).unwrap();
+        std::os::unix::fs::symlink("../sub", day.join("x/to_sub")).unwrap();
+        std::os::unix::fs::symlink("../x", day.join("sub/to_x")).unwrap();
+        let m = s.resolve(d("2026-10-20")).unwrap_err().to_string();
+        assert!(m.contains("symbolic link cycle"), "{m}");
     }
 
     #[test]

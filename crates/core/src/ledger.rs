@@ -203,6 +203,19 @@ pub fn entries(engine: &mut dyn Engine, job: Option<&str>, run_date: Option<RunD
     entries_of_existing(engine, job, run_date, limit)
 }
 
+/// The names of the jobs that have runs in the ledger, sorted (none when
+/// there is no ledger). Nothing is written.
+pub fn jobs(engine: &mut dyn Engine) -> Result<Vec<String>> {
+    if !exists(engine)? {
+        return Ok(Vec::new());
+    }
+    let rows = engine.query(&Sql::raw(format!("SELECT DISTINCT \"job\" FROM {} ORDER BY \"job\"", table())))?;
+    rows.rows
+        .iter()
+        .map(|r| r.first().and_then(|v| v.as_str()).map(str::to_owned).ok_or_else(|| Error::Internal(format!("ledger column job holds {r:?}"))))
+        .collect()
+}
+
 /// The newest entry of `job` for each date from `from` to `to` (one query),
 /// by date.
 pub fn latest_per_date(engine: &mut dyn Engine, job: &str, from: RunDate, to: RunDate) -> Result<std::collections::HashMap<String, Entry>> {

@@ -25,6 +25,7 @@ pub mod runkey;
 pub mod schema;
 pub mod spec;
 pub mod sql;
+pub mod sqlrefs;
 
 pub use date::RunDate;
 pub use engine::{Column, Engine, Rows};

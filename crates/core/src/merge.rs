@@ -23,6 +23,7 @@ use crate::ident::{quote_ident, TableName};
 use crate::ledger;
 use crate::run::{entry, first_row, in_transaction, RunOptions, RunReport};
 use crate::runkey::run_key;
+use crate::sql::count_at;
 use crate::spec::{Job, MergeSpec, OnTie};
 use crate::sql::Sql;
 
@@ -113,7 +114,48 @@ pub(crate) fn check_source(job: &Job, spec: &MergeSpec, source_cols: &[Column]) 
     if has(DELETED) {
         return Err(Error::Schema { message: format!("the source may not return a column named {DELETED}"), hint: None });
     }
+    // The version decides which row wins: its type must order versions
+    // (numbers, dates, times, timestamps), refused here, before any plan.
+    if let Some(v) = source_cols.iter().find(|c| c.name == spec.version) {
+        if !crate::schema::orders_as_version(&v.ty) {
+            return Err(Error::Schema {
+                message: format!(
+                    "the version column {} of job {} is {}, which has no meaningful order of versions ({}): a merge would keep the wrong row",
+                    v.name,
+                    job.name,
+                    v.ty,
+                    match crate::schema::type_family(&v.ty).as_str() {
+                        "text" => "as text, '10' sorts before '9'",
+                        "boolean" => "a boolean has two values",
+                        _ => "it compares as bytes or parts, not as a version",
+                    }
+                ),
+                hint: Some(format!(
+                    "cast it in the source query to a number or a timestamp, e.g. `CAST({v} AS BIGINT) AS {v}`; a version must be an integer, decimal, float, date, time or timestamp",
+                    v = v.name
+                )),
+            });
+        }
+    }
     Ok(())
+}
+
+/// A statement reading the source with the job's `deleted` condition
+/// failed: when the database could not bind it (a column the source does
+/// not return, a syntax error; the source itself was described before),
+/// the job file's error naming `deleted`, exit 2. Any other error as it was.
+pub(crate) fn deleted_error(job: &Job, spec: &MergeSpec, source_cols: &[Column], e: Error) -> Error {
+    if spec.deleted.is_none() {
+        return e;
+    }
+    let cols = source_cols.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ");
+    crate::run::fragment_error(
+        job,
+        "deleted",
+        "the condition `deleted` on the source's rows",
+        format!("`deleted` is a condition on the columns the source query returns ({cols}), e.g. deleted = \"op = 'D'\"; fix the column it names, or return that column from the source"),
+        e,
+    )
 }
 
 /// The refusal of a batch whose rows have a NULL key or version: how many,
@@ -293,7 +335,7 @@ fn publish(engine: &mut dyn Engine, plan: &Plan<'_>, o: Outcome, trace: &mut cra
     } else {
         let touched = |sql: &mut Sql| touched_rows(job, plan.spec, sql);
         let scope = crate::audit::AuditScope { from: &touched, previous_rows: o.rows_before, run_date: plan.run_date.date() };
-        let results = crate::audit::audit(&job.audits, engine, &scope)?;
+        let results = crate::audit::audit(job, engine, &scope)?;
         trace.step("audits");
         results
     };
@@ -472,11 +514,17 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     Scope::Source { template: job.source.template(), params }.write_from(&mut sql, "s");
     sql.push(") AS x) AS x) AS r WHERE \"__fixpoint_rank\" = 1) AS o");
     let made = engine.execute(&sql);
-    let (input_rows, ties, input_sum) = engine.tap_close(seen_token).unwrap_or_default();
+    let seen = engine.tap_close(seen_token);
     let kept_upserts = out_tap.and_then(|(_, token)| engine.tap_close(token));
-    let (nulls, _, _) = engine.tap_close(null_token).unwrap_or_default();
-    let tombstones = tomb_tap.and_then(|(_, token)| engine.tap_close(token)).map_or(0, |t| t.0);
-    let batch_rows = made?;
+    let nulls = engine.tap_close(null_token);
+    let tombstones = tomb_tap.map(|(_, token)| engine.tap_close(token));
+    let batch_rows = made.map_err(|e| deleted_error(job, spec, source_cols, e))?;
+    let (input_rows, ties, input_sum) = seen.ok_or_else(|| tap_lost("the source's rows"))?;
+    let (nulls, _, _) = nulls.ok_or_else(|| tap_lost("the NULL keys and versions"))?;
+    let tombstones = match tombstones {
+        Some(t) => t.ok_or_else(|| tap_lost("the tombstones"))?.0,
+        None => 0,
+    };
     trace.step("dedup, input fp");
 
     // 2. What the other plan refuses or resolves: NULL keys and versions,
@@ -560,9 +608,14 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     sql.append(&tap);
     sql.push(&format!(" THEN INSERT ({col_list}) VALUES ({values})"));
     let changed = engine.execute(&sql);
-    let (inserts, _, _) = engine.tap_close(insert_token).unwrap_or_default();
-    let (deletes, _, _) = delete_token.and_then(|t| engine.tap_close(t)).unwrap_or_default();
+    let inserts = engine.tap_close(insert_token);
+    let deletes = delete_token.map(|t| engine.tap_close(t));
     let changed = changed?;
+    let (inserts, _, _) = inserts.ok_or_else(|| tap_lost("the inserts"))?;
+    let deletes = match deletes {
+        Some(d) => d.ok_or_else(|| tap_lost("the deletes"))?.0,
+        None => 0,
+    };
     trace.step("merge");
     opts.step(FailPoint::AfterDelete)?;
     opts.step(FailPoint::MidInsert)?;
@@ -605,10 +658,10 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
         }
         sql.push(&format!(" FROM {} AS t JOIN {BATCH} AS b ON {}", job.target.quoted(), keys_match("t", "b", &spec.key)));
         let row = engine.query(&sql)?.rows.into_iter().next().ok_or_else(|| Error::Internal("output scan".into()))?;
-        if row[2].as_u64().unwrap_or(0) > 0 || row[3].as_u64().unwrap_or(0) > 0 {
+        if count_at(&row, 2, "output scan: ties")? > 0 || count_at(&row, 3, "output scan: keys held elsewhere")? > 0 {
             return Ok(None);
         }
-        Fingerprint::from_sum(&okind, &osig, row[0].as_u64().unwrap_or(0), engine.read_sum(&row[1])?)
+        Fingerprint::from_sum(&okind, &osig, count_at(&row, 0, "output scan: rows")?, engine.read_sum(&row[1])?)
     };
     trace.step("output fp");
 
@@ -799,11 +852,16 @@ fn merge_one_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut cra
     // The ties in the batch are counted on other threads during the join
     // and while the ledger row is written; a tie then rolls it back with
     // the rest.
-    let (input_rows, input_sum, ties) =
-        engine.tap_close_dedup_deferred(seen_token).unwrap_or_else(|| (0, 0, Box::new(|| 0u64) as Box<dyn FnOnce() -> u64 + Send>));
-    let (batch_rows, _, kept_sum) = engine.tap_close(kept_token).unwrap_or_default();
-    let (updates, _, _) = update_token.and_then(|t| engine.tap_close(t)).unwrap_or_default();
+    let seen = engine.tap_close_dedup_deferred(seen_token);
+    let kept = engine.tap_close(kept_token);
+    let updates = update_token.map(|t| engine.tap_close(t));
     let changed = changed?;
+    let (input_rows, input_sum, ties) = seen.ok_or_else(|| tap_lost("the source's rows"))?;
+    let (batch_rows, _, kept_sum) = kept.ok_or_else(|| tap_lost("the kept rows"))?;
+    let updates = match updates {
+        Some(u) => u.ok_or_else(|| tap_lost("the updates"))?.0,
+        None => 0,
+    };
     trace.step("taps closed");
     opts.step(FailPoint::AfterDelete)?;
     opts.step(FailPoint::MidInsert)?;
@@ -842,10 +900,10 @@ fn merge_one_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut cra
         Scope::Source { template: job.source.template(), params }.write_from(&mut sql, "x");
         sql.push(&format!(") AS r WHERE \"__fixpoint_rank\" = 1) AS b ON {}", keys_match("t", "b", &spec.key)));
         let row = engine.query(&sql)?.rows.into_iter().next().ok_or_else(|| Error::Internal("output scan".into()))?;
-        if row[2].as_u64().unwrap_or(0) > 0 || row[3].as_u64().unwrap_or(0) > 0 {
+        if count_at(&row, 2, "output scan: ties")? > 0 || count_at(&row, 3, "output scan: keys held elsewhere")? > 0 {
             return Ok(None);
         }
-        let fp = Fingerprint::from_sum(&okind, &osig, row[0].as_u64().unwrap_or(0), engine.read_sum(&row[1])?);
+        let fp = Fingerprint::from_sum(&okind, &osig, count_at(&row, 0, "output scan: rows")?, engine.read_sum(&row[1])?);
         if fp.rows != batch_rows {
             return Err(Error::Internal(format!("the batch has {batch_rows} keys, but the target holds {} rows of them after the merge; rolled back", fp.rows)));
         }
@@ -971,7 +1029,7 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
         };
         sql.push(&format!(" AS {} FROM ", quote_ident(DELETED)));
         Scope::Source { template: job.source.template(), params: &params }.write_from(&mut sql, "s");
-        engine.create_temp_table_as(STAGE, &sql)?;
+        engine.create_temp_table_as(STAGE, &sql).map_err(|e| deleted_error(job, spec, &source_cols, e))?;
 
         trace.step("stage");
         // 2. NULL keys and versions are refused; the input fingerprint is
@@ -983,9 +1041,9 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
             "SELECT {select}, count(*) FILTER (WHERE {null_key}), count(*) FILTER (WHERE {version} IS NULL) FROM {STAGE} AS s"
         ));
         let row = engine.query(&sql)?.rows.into_iter().next().ok_or_else(|| Error::Internal("stage scan".into()))?;
-        let input_rows = row[0].as_u64().unwrap_or(0);
+        let input_rows = count_at(&row, 0, "stage scan: rows")?;
         let sum = engine.read_sum(&row[1])?;
-        let (null_keys, null_versions) = (row[2].as_u64().unwrap_or(0), row[3].as_u64().unwrap_or(0));
+        let (null_keys, null_versions) = (count_at(&row, 2, "stage scan: NULL keys")?, count_at(&row, 3, "stage scan: NULL versions")?);
         refuse_nulls(engine, spec, STAGE, &source_list, null_keys, null_versions)?;
         let input = Fingerprint::from_sum(&kind, &signature, input_rows, sum);
         let job_hash = job.definition_hash();
@@ -1073,8 +1131,8 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
         ));
         sql.params.extend(prune_sql.params.iter().cloned());
         let row = engine.query(&sql)?.rows.into_iter().next().ok_or_else(|| Error::Internal("classification".into()))?;
-        let n = |i: usize| row[i].as_u64().unwrap_or(0);
-        let (inserts, updates, deletes, cross_ties, moved) = (n(0), n(1), n(2), n(3), n(4));
+        let n = |i: usize| count_at(&row, i, "classification");
+        let (inserts, updates, deletes, cross_ties, moved) = (n(0)?, n(1)?, n(2)?, n(3)?, n(4)?);
         trace.step("classify");
         if moved > 0 {
             let p = prune.expect("moved only counted when pruning");
@@ -1115,7 +1173,7 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
         // 10. The output: the batch's keys as the target now holds them.
         let output = if by_construction {
             let (_, okind, osig) = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
-            Fingerprint::from_sum(&okind, &osig, n(5), engine.read_sum(&row[6])?)
+            Fingerprint::from_sum(&okind, &osig, n(5)?, engine.read_sum(&row[6])?)
         } else {
             let (select, okind, osig) = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
             let mut sql = Sql::new();
@@ -1124,7 +1182,7 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
             sql.text.push_str(&on.text);
             sql.params.extend(on.params.iter().cloned());
             let row = engine.query(&sql)?.rows.into_iter().next().ok_or_else(|| Error::Internal("output scan".into()))?;
-            Fingerprint::from_sum(&okind, &osig, row[0].as_u64().unwrap_or(0), engine.read_sum(&row[1])?)
+            Fingerprint::from_sum(&okind, &osig, count_at(&row, 0, "output scan: rows")?, engine.read_sum(&row[1])?)
         };
 
         trace.step("output fp");
@@ -1141,4 +1199,9 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
         r.elapsed_ms = crate::run::elapsed_ms(started);
         r
     })
+}
+
+/// A tap the plan registered returned no counts: a bug, never a 0.
+fn tap_lost(what: &str) -> Error {
+    Error::Internal(format!("the tap counting {what} returned nothing; rolled back"))
 }

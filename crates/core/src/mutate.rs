@@ -1,6 +1,7 @@
 //! The mutation check of `prove`: in a sandbox (copies of the tables the
-//! source reads and of the target, in a scratch schema; the user's tables are
-//! only read), change one input row that feeds the run, run the job again,
+//! source reads and of the target, in a scratch schema with a fresh name that
+//! the check creates itself and alone drops; the user's tables are only
+//! read), change one input row that feeds the run, run the job again,
 //! and check that only the output derived from that row changed: one row for
 //! `replace_partition`, one key for `merge`. A job that computes a per-day
 //! total into every row, say, changes every row and fails.
@@ -22,10 +23,146 @@ use crate::run::RunOptions;
 use crate::spec::{Job, Strategy};
 use crate::sql::{LineIndex, Sql, Value};
 
-/// The scratch schema the sandbox lives in (dropped after the check).
-pub const SANDBOX: &str = "fixpoint_sandbox";
-const BASELINE: &str = "\"__fixpoint_mutation_baseline\"";
+/// The start of the scratch schema's name: each check creates its own,
+/// `fixpoint_sandbox_<8 hex digits>`, a name no schema had before (it is
+/// looked up, and `CREATE SCHEMA` fails rather than reuse one), and drops
+/// only that one afterwards. A user's schema is never dropped, whatever its
+/// name (`fixpoint_sandbox` included).
+pub const SANDBOX_PREFIX: &str = "fixpoint_sandbox_";
 const CANDIDATES: u64 = 20;
+
+/// One check's sandbox: everything it creates, so that it drops exactly that.
+struct Sandbox {
+    /// The scratch schema, created by this check.
+    schema: String,
+    /// The baseline's temporary table (quoted), named after the schema.
+    baseline: String,
+    /// The sandbox job's name (its ledger rows are removed afterwards).
+    job_name: String,
+    /// The tombstone table a merge job's sandbox runs create.
+    tombstones: TableName,
+}
+
+impl Sandbox {
+    /// The sandbox copy of `t`.
+    fn table(&self, t: &TableName) -> TableName {
+        TableName { schema: self.schema.clone(), table: format!("{}__{}", t.schema, t.table) }
+    }
+}
+
+/// A short name part (8 hex digits) for a name of fixpoint's own, different
+/// at every call: a hash of the job, the date, the process, the time, a
+/// counter and a per-call random key. Unlikely to collide, but not trusted
+/// to: callers check that the name is free before they create it.
+pub(crate) fn unique_suffix(job: &str, run_date: RunDate) -> String {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    job.hash(&mut h);
+    run_date.to_string().hash(&mut h);
+    std::process::id().hash(&mut h);
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0).hash(&mut h);
+    COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed).hash(&mut h);
+    format!("{:08x}", h.finish() & 0xffff_ffff)
+}
+
+/// Whether a schema named `name` exists; `None` when the engine cannot say
+/// (no `information_schema`): `CREATE SCHEMA` then decides.
+fn schema_exists(engine: &mut dyn Engine, name: &str) -> Option<bool> {
+    let mut sql = Sql::new();
+    sql.push("SELECT count(*) FROM information_schema.schemata WHERE schema_name = ").typed_param(Value::Text(name.to_owned()), "VARCHAR");
+    let rows = engine.query(&sql).ok()?;
+    let n = rows.rows.first()?.first()?.as_u64()?;
+    Some(n > 0)
+}
+
+/// Creates a scratch schema under a name that did not exist, and returns
+/// the sandbox. An existing schema is never taken over: a name in use is
+/// skipped (looked up first; `CREATE SCHEMA` without `IF NOT EXISTS` fails
+/// on one created in between).
+fn create_sandbox(engine: &mut dyn Engine, job: &Job, run_date: RunDate) -> Result<Sandbox> {
+    for _ in 0..8 {
+        let suffix = unique_suffix(&job.name, run_date);
+        let schema = format!("{SANDBOX_PREFIX}{suffix}");
+        if schema_exists(engine, &schema) == Some(true) {
+            continue;
+        }
+        match engine.execute(&Sql::raw(format!("CREATE SCHEMA {}", quote_ident(&schema)))) {
+            Ok(_) => {
+                let mut sb = Sandbox {
+                    schema,
+                    baseline: quote_ident(&format!("__fixpoint_mutation_baseline_{suffix}")),
+                    job_name: format!("{}~mutation~{suffix}", job.name),
+                    tombstones: job.target.clone(),
+                };
+                sb.tombstones = crate::merge::tombstone_table(&sb.table(&job.target));
+                return Ok(sb);
+            }
+            // Someone else's schema of that name: not ours, try another.
+            Err(_) if schema_exists(engine, &schema) == Some(true) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Error::Internal(format!("found no free name for the mutation check's sandbox schema ({SANDBOX_PREFIX}…) in 8 tries")))
+}
+
+/// The input table the mutation check changes a row of (as
+/// [`sandbox_checks`] picks it: the day's files, else the first existing
+/// table the source reads other than the target) and its columns; `None`
+/// when there is none (the check is then inconclusive).
+fn mutated_table(job: &Job, run_date: RunDate, engine: &mut dyn Engine) -> Result<Option<(String, Vec<Column>)>> {
+    if let Some(source) = &job.source.files {
+        let Some(files) = source.resolve(run_date)? else { return Ok(None) };
+        let relation = engine.file_input(&files);
+        let described = relation.and_then(|relation| {
+            let mut sql = Sql::new();
+            sql.push("SELECT * FROM ").append(&relation);
+            engine.describe(&sql)
+        });
+        let released = engine.release_file_input();
+        let cols = described?;
+        released?;
+        return Ok(Some(("input (the day's files)".to_owned(), cols)));
+    }
+    let mut first = None;
+    for (t, _, _) in table_refs(&job.source.sql)? {
+        if let Some(cols) = engine.table_columns(&t)? {
+            if t != job.target {
+                return Ok(Some((t.to_string(), cols)));
+            }
+            if first.is_none() {
+                first = Some((t.to_string(), cols));
+            }
+        }
+    }
+    Ok(first)
+}
+
+/// Checks `--mutate-key` before anything is run: every column it names must
+/// be a column of the input table the mutation check changes a row of. Only
+/// reads (the catalog; for a file source, the files' columns).
+pub fn validate_mutate_key(job: &Job, run_date: RunDate, engine: &mut dyn Engine, mutate_key: &[(String, String)]) -> Result<()> {
+    let Some((k, v)) = mutate_key.first() else { return Ok(()) };
+    let Some((table, cols)) = mutated_table(job, run_date, engine)? else {
+        if job.source.files.is_some() {
+            // No file for the day (allow_missing): the check is inconclusive anyway.
+            return Ok(());
+        }
+        return Err(Error::argument(
+            format!("--mutate-key {k}={v}: the source of job {} reads no table, so there is no input row to pick", job.name),
+            Some("drop --mutate-key"),
+        ));
+    };
+    for (k, v) in mutate_key {
+        if !cols.iter().any(|c| &c.name == k) {
+            return Err(Error::argument(
+                format!("--mutate-key {k}={v}: {table} has no column {k:?}"),
+                Some(&format!("its columns are {}", cols.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", "))),
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// What the mutation check found.
 #[derive(Debug, Clone, Serialize)]
@@ -108,10 +245,6 @@ pub fn table_refs(sql: &str) -> Result<Vec<(TableName, usize, usize)>> {
     Ok(out)
 }
 
-fn sandboxed(t: &TableName) -> TableName {
-    TableName { schema: SANDBOX.into(), table: format!("{}__{}", t.schema, t.table) }
-}
-
 fn count(engine: &mut dyn Engine, sql: &Sql) -> Result<u64> {
     engine.query(sql)?.rows.first().and_then(|r| r[0].as_u64()).ok_or_else(|| Error::Internal("a count returned nothing".into()))
 }
@@ -124,39 +257,46 @@ fn text(v: &Value) -> String {
     }
 }
 
-/// Runs the mutation check for `job` on `run_date`. The sandbox is removed
-/// afterwards, whatever happens.
+/// Runs the mutation check for `job` on `run_date`, in a sandbox schema it
+/// creates under a fresh name. The sandbox (that schema, the baseline, the
+/// sandbox target's tombstones, the sandbox job's ledger rows) is removed
+/// afterwards, whatever happens; nothing else is dropped.
 pub fn sandbox_checks(job: &Job, run_date: RunDate, engine: &mut dyn Engine, mutate_key: &[(String, String)]) -> Result<SandboxEvidence> {
-    let sandbox_job_name = format!("{}~mutation", job.name);
-    let tombstones = crate::merge::tombstone_table(&sandboxed(&job.target));
-    cleanup(engine, &sandbox_job_name, &tombstones)?;
-    let result = check(job, run_date, engine, mutate_key, &sandbox_job_name);
-    let cleaned = cleanup(engine, &sandbox_job_name, &tombstones);
+    let sb = create_sandbox(engine, job, run_date)?;
+    let result = check(job, run_date, engine, mutate_key, &sb);
+    let cleaned = cleanup(engine, &sb);
     let (order, mutation) = result?;
     cleaned?;
     Ok(SandboxEvidence { order, mutation })
 }
 
-fn cleanup(engine: &mut dyn Engine, sandbox_job: &str, tombstones: &TableName) -> Result<()> {
-    engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {BASELINE}")))?;
-    if engine.table_columns(tombstones)?.is_some() {
-        engine.execute(&Sql::raw(format!("DROP TABLE {}", tombstones.quoted())))?;
-    }
-    engine.execute(&Sql::raw(format!("DROP SCHEMA IF EXISTS {} CASCADE", quote_ident(SANDBOX))))?;
+/// Drops what this check created (each step tried; the first error returned).
+fn cleanup(engine: &mut dyn Engine, sb: &Sandbox) -> Result<()> {
+    let baseline = engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {}", sb.baseline))).map(|_| ());
+    let tombstones = match engine.table_columns(&sb.tombstones) {
+        Ok(Some(_)) => engine.execute(&Sql::raw(format!("DROP TABLE {}", sb.tombstones.quoted()))).map(|_| ()),
+        Ok(None) => Ok(()),
+        Err(e) => Err(e),
+    };
+    let schema = engine.execute(&Sql::raw(format!("DROP SCHEMA IF EXISTS {} CASCADE", quote_ident(&sb.schema)))).map(|_| ());
     let ledger_table = TableName { schema: ledger::SCHEMA.into(), table: ledger::TABLE.into() };
-    if engine.table_columns(&ledger_table)?.is_some() {
-        let mut sql = Sql::new();
-        sql.push("DELETE FROM ").push(&ledger_table.quoted()).push(" WHERE job = ").typed_param(Value::Text(sandbox_job.into()), "VARCHAR");
-        engine.execute(&sql)?;
-    }
-    Ok(())
+    let ledger_rows = match engine.table_columns(&ledger_table) {
+        Ok(Some(_)) => {
+            let mut sql = Sql::new();
+            sql.push("DELETE FROM ").push(&ledger_table.quoted()).push(" WHERE job = ").typed_param(Value::Text(sb.job_name.clone()), "VARCHAR");
+            engine.execute(&sql).map(|_| ())
+        }
+        Ok(None) => Ok(()),
+        Err(e) => Err(e),
+    };
+    baseline.and(tombstones).and(schema).and(ledger_rows)
 }
 
 /// Copies each table into the sandbox in row-hash order, ascending or
 /// descending: the same rows, stored in opposite orders.
-fn copy_sources(engine: &mut dyn Engine, tables: &[TableName], descending: bool) -> Result<()> {
+fn copy_sources(engine: &mut dyn Engine, sb: &Sandbox, tables: &[TableName], descending: bool) -> Result<()> {
     for t in tables {
-        let copy = sandboxed(t);
+        let copy = sb.table(t);
         let cols = engine.table_columns(t)?.unwrap_or_default();
         let order = match engine.native_row_hash("t", &cols) {
             Some(h) => format!(" ORDER BY {h}{}", if descending { " DESC" } else { "" }),
@@ -189,21 +329,20 @@ fn check(
     run_date: RunDate,
     engine: &mut dyn Engine,
     mutate_key: &[(String, String)],
-    sandbox_job_name: &str,
+    sb: &Sandbox,
 ) -> Result<(Option<OrderEvidence>, MutationEvidence)> {
     // 1. The tables the source reads (those that exist), copied into the
     //    sandbox. A file source's rows are loaded into a sandbox table that
     //    the query reads as `input`.
     let mut tables: Vec<TableName> = Vec::new();
     let mut renames: Vec<(usize, usize, String)> = Vec::new();
-    let files_table = TableName { schema: SANDBOX.into(), table: "input".into() };
+    let files_table = TableName { schema: sb.schema.clone(), table: "input".into() };
     if let Some(source) = &job.source.files {
         let Some(files) = source.resolve(run_date)? else {
             return Ok((None, inconclusive(format!("no file matches {} (allow_missing = true), so there is no input row to change", source.expand(run_date).display()))));
         };
         let relation = engine.file_input(&files);
         let loaded = relation.and_then(|relation| {
-            engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(SANDBOX))))?;
             let mut sql = Sql::new();
             sql.push(&format!("CREATE TABLE {} AS SELECT * FROM ", files_table.quoted())).append(&relation);
             engine.execute(&sql)
@@ -215,7 +354,7 @@ fn check(
     }
     for (t, start, end) in table_refs(&job.source.sql)? {
         if tables.contains(&t) || engine.table_columns(&t)?.is_some() {
-            renames.push((start, end, sandboxed(&t).quoted()));
+            renames.push((start, end, sb.table(&t).quoted()));
             if !tables.contains(&t) {
                 tables.push(t);
             }
@@ -224,11 +363,10 @@ fn check(
     let Some(main) = tables.iter().find(|t| **t != job.target).or(tables.first()).cloned() else {
         return Ok((None, inconclusive("the source reads no table, so there is no input row to change".into())));
     };
-    engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(SANDBOX))))?;
-    copy_sources(engine, &tables, false)?;
+    copy_sources(engine, sb, &tables, false)?;
     // The target starts empty (its columns and types only): each sandbox
     // run starts from the same state, so a merge's output is the batch's own.
-    let target = sandboxed(&job.target);
+    let target = sb.table(&job.target);
     let reset_target = !tables.contains(&job.target) && engine.table_columns(&job.target)?.is_some();
     if reset_target {
         engine.execute(&Sql::raw(format!("CREATE TABLE {} AS SELECT * FROM {} WHERE 1 = 0", target.quoted(), job.target.quoted())))?;
@@ -239,10 +377,10 @@ fn check(
         sql.replace_range(start..end, &name);
     }
     if job.source.files.is_some() {
-        sql = format!("WITH \"input\" AS (SELECT * FROM {}) SELECT * FROM (\n{sql}\n) AS \"fixpoint_source\"", sandboxed(&files_table).quoted());
+        sql = format!("WITH \"input\" AS (SELECT * FROM {}) SELECT * FROM (\n{sql}\n) AS \"fixpoint_source\"", sb.table(&files_table).quoted());
     }
     let mut sandbox = job.clone();
-    sandbox.name = sandbox_job_name.to_owned();
+    sandbox.name = sb.job_name.clone();
     sandbox.target = target.clone();
     sandbox.source = job.source.with_sql(sql)?;
     sandbox.source.files = None;
@@ -269,16 +407,17 @@ fn check(
     };
     let mut baseline = Sql::new();
     scope_rows(&mut baseline);
-    engine.create_temp_table_as(BASELINE, &baseline)?;
+    let baseline_table = sb.baseline.as_str();
+    engine.create_temp_table_as(baseline_table, &baseline)?;
     let diff = |removed: bool, what: &str| {
         let mut sql = Sql::new();
         sql.push(&format!("SELECT {what} FROM ("));
         if removed {
-            sql.push(&format!("SELECT * FROM {BASELINE} EXCEPT ALL "));
+            sql.push(&format!("SELECT * FROM {baseline_table} EXCEPT ALL "));
             scope_rows(&mut sql);
         } else {
             scope_rows(&mut sql);
-            sql.push(&format!(" EXCEPT ALL SELECT * FROM {BASELINE}"));
+            sql.push(&format!(" EXCEPT ALL SELECT * FROM {baseline_table}"));
         }
         sql.push(") AS d");
         sql
@@ -307,10 +446,10 @@ fn check(
     let order = if tables.contains(&job.target) {
         OrderEvidence { outcome: "skipped".into(), output_rows_removed: 0, output_rows_added: 0, sample: Vec::new(), message: "the source reads the target".into() }
     } else {
-        copy_sources(engine, &tables, true)?;
+        copy_sources(engine, sb, &tables, true)?;
         run(engine)?;
         let (removed, added, sample) = compare(engine)?;
-        copy_sources(engine, &tables, false)?;
+        copy_sources(engine, sb, &tables, false)?;
         run(engine)?;
         let passed = removed + added == 0;
         let message = if passed {
@@ -328,7 +467,7 @@ fn check(
     //    a measure if there is one (decimal, float: + 1), else an integer
     //    that does not look like an identifier, else text (|| '~'), else a
     //    boolean, else any integer.
-    let main_copy = sandboxed(&main);
+    let main_copy = sb.table(&main);
     let main_name = if main == files_table { "input (the day's files)".to_owned() } else { main.to_string() };
     let main_cols = engine.table_columns(&main_copy)?.unwrap_or_default();
     let mut fixed: Vec<&str> = job.metadata.iter().map(String::as_str).collect();

@@ -181,7 +181,7 @@ pub(crate) fn replace_partition_with(
                 sql.push(") AS a");
             };
             let audit_scope = crate::audit::AuditScope { from: &from, previous_rows: rows_before, run_date: run_date.date() };
-            crate::audit::audit(&job.audits, engine, &audit_scope)?
+            crate::audit::audit(job, engine, &audit_scope)?
         };
         opts.step(FailPoint::AfterGuards)?;
 
@@ -383,7 +383,7 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
         };
         sql.push(&format!(" AS {} FROM ", quote_ident(DELETED)));
         Scope::Source { template: job.source.template(), params: &params }.write_from(&mut sql, "s");
-        engine.stage(STAGE, &sql)?;
+        engine.stage(STAGE, &sql).map_err(|e| crate::merge::deleted_error(job, spec, &source_cols, e))?;
         trace.step("stage");
 
         // 2. NULL keys and versions refused; the input fingerprint.
@@ -580,7 +580,7 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
                 touched_keys(&mut before);
                 let previous = count(engine, &before)?[0];
                 let scope = crate::audit::AuditScope { from: &from, previous_rows: Some(previous), run_date: run_date.date() };
-                audits = crate::audit::audit(&job.audits, engine, &scope)?;
+                audits = crate::audit::audit(job, engine, &scope)?;
             }
             opts.step(FailPoint::MidInsert)?;
 
@@ -610,7 +610,7 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Ru
         if inserts + updates + deletes == 0 && !job.audits.is_empty() {
             // Nothing changes: the touched keys as they are.
             let scope = crate::audit::AuditScope { from: &touched_keys, previous_rows: None, run_date: run_date.date() };
-            audits = crate::audit::audit(&job.audits, engine, &scope)?;
+            audits = crate::audit::audit(job, engine, &scope)?;
         }
         let mut report = RunReport::new(job, run_date, key, "committed", &input, &output);
         report.audits = audits;

@@ -83,8 +83,6 @@ pub struct Proof {
     pub verdict: String,
 }
 
-const SNAPSHOT: &str = "\"__fixpoint_prove_first\"";
-
 fn scope_of<'a>(job: &'a Job, run_date: RunDate) -> (Scope<'a>, String) {
     match (job.strategy, job.partition.as_deref()) {
         (Strategy::ReplacePartition, Some(p)) => (
@@ -114,7 +112,7 @@ fn compared_cols(job: &Job, engine: &mut dyn Engine) -> Result<Vec<Column>> {
 
 /// Rows of the scope now that are not in the snapshot, and the other way
 /// round (at most 5 of each), as display strings.
-fn differences(job: &Job, run_date: RunDate, engine: &mut dyn Engine, cols: &[Column]) -> Result<Vec<String>> {
+fn differences(job: &Job, run_date: RunDate, engine: &mut dyn Engine, cols: &[Column], snapshot: &str) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for (label, first_is_now) in [("only after this run", true), ("only after run 1", false)] {
         let now = scope_rows_sql(job, run_date, cols);
@@ -123,9 +121,9 @@ fn differences(job: &Job, run_date: RunDate, engine: &mut dyn Engine, cols: &[Co
             sql.push("SELECT * FROM (");
             sql.text.push_str(&now.text);
             sql.params.extend(now.params);
-            sql.push(&format!(" EXCEPT ALL SELECT * FROM {SNAPSHOT}) AS d LIMIT 5"));
+            sql.push(&format!(" EXCEPT ALL SELECT * FROM {snapshot}) AS d LIMIT 5"));
         } else {
-            sql.push(&format!("SELECT * FROM (SELECT * FROM {SNAPSHOT} EXCEPT ALL "));
+            sql.push(&format!("SELECT * FROM (SELECT * FROM {snapshot} EXCEPT ALL "));
             sql.text.push_str(&now.text);
             sql.params.extend(now.params);
             sql.push(") AS d LIMIT 5");
@@ -141,11 +139,22 @@ fn differences(job: &Job, run_date: RunDate, engine: &mut dyn Engine, cols: &[Co
 
 /// Proves a job idempotent for one date: runs it `runs` times (each a real
 /// rewrite), compares the scope's fingerprint after each, and with `crash`
-/// fails it at every step boundary.
+/// fails it at every step boundary. Every option is checked before the
+/// first run: a refused proof has changed nothing (no run, no ledger row).
 pub fn prove(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &ProveOptions) -> Result<Proof> {
     if opts.runs < 2 {
         return Err(Error::argument(format!("--runs {}: a proof needs at least 2 runs", opts.runs), Some("the default is 2")));
     }
+    if !opts.mutate && !opts.mutate_key.is_empty() {
+        return Err(Error::argument("--mutate-key with --no-mutate: the mutation check is off", Some("drop one of them")));
+    }
+    if opts.mutate {
+        crate::mutate::validate_mutate_key(job, run_date, engine, &opts.mutate_key)?;
+    }
+    // The first run's rows, for showing what a later run changed: a
+    // temporary table under a name of this proof's own (never one that
+    // might be the user's).
+    let snapshot = quote_ident(&format!("__fixpoint_prove_first_{}", crate::mutate::unique_suffix(&job.name, run_date)));
     let (_, scope_text) = scope_of(job, run_date);
     let cols = compared_cols(job, engine)?;
     let before = if cols.is_empty() {
@@ -165,12 +174,11 @@ pub fn prove(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Prove
         match &first {
             None => {
                 let rows = scope_rows_sql(job, run_date, &cols);
-                engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {SNAPSHOT}")))?;
-                engine.create_temp_table_as(SNAPSHOT, &rows)?;
+                engine.create_temp_table_as(&snapshot, &rows)?;
                 first = Some(fp.clone());
             }
             Some(f) if *f != fp => {
-                differs = differences(job, run_date, engine, &cols)?;
+                differs = differences(job, run_date, engine, &cols, &snapshot)?;
                 failures.push(format!(
                     "run {i} left {} rows with checksum {}, run 1 left {} rows with checksum {}: not idempotent",
                     fp.rows, fp.checksum, f.rows, f.checksum
@@ -209,7 +217,7 @@ pub fn prove(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Prove
             crash.push(CrashEvidence { point, previous_kept, ledger_clean, converged });
         }
     }
-    engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {SNAPSHOT}")))?;
+    engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {snapshot}")))?;
     let (order, mutation) = if opts.mutate {
         let s = crate::mutate::sandbox_checks(job, run_date, engine, &opts.mutate_key)?;
         (s.order, Some(s.mutation))

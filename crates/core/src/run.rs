@@ -12,7 +12,7 @@ use crate::fingerprint::{Fingerprint, Method};
 use crate::ident::{quote_ident, TableName};
 use crate::ledger;
 use crate::runkey::run_key;
-use crate::spec::{Job, Strategy};
+use crate::spec::{Job, Strategy, Swap};
 use crate::sql::{RunParam, RunParams, Sql, Value};
 
 /// What to do at a fail point.
@@ -104,7 +104,9 @@ pub struct RunReport {
     /// How the target was changed: `delete+insert`, `partition exchange`,
     /// `merge`, or `none` (skipped).
     pub method: String,
-    /// Why the preferred method was not used, when it was not.
+    /// Why a target partitioned by the day was not swapped in whole, when
+    /// it was not: the day cannot be (a partition spanning several days, …),
+    /// or the job says `swap = "delete_insert"`.
     pub method_note: Option<String>,
     /// The audits of the staged result (all passed, or failed as warnings).
     pub audits: Vec<crate::audit::AuditResult>,
@@ -161,6 +163,9 @@ impl Job {
 
     /// [`Job::load`] with options.
     pub fn load_with(&self, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
+        // Before anything is read or written: a target in fixpoint's own
+        // schema, a source that reads the target (also refused at load).
+        self.check_target()?;
         if let Some(start) = self.start {
             if run_date < start {
                 return Err(Error::Argument {
@@ -186,15 +191,34 @@ impl Job {
     }
 
     fn load_once(&self, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
+        // Checked on every attempt: a run retried after a catalog race
+        // sees what the other session created.
+        check_target_relation(self, engine)?;
         match self.strategy {
             Strategy::ReplacePartition => replace_partition(self, run_date, engine, opts),
             Strategy::Merge => crate::merge::merge(self, run_date, engine, opts),
-            Strategy::ReplaceTable => Err(Error::Unsupported {
-                engine: engine.name(),
-                capability: format!("strategy = \"{}\" yet", self.strategy.name()),
-            }),
         }
     }
+}
+
+/// Refuses, before anything is read or written, a target that exists but
+/// is not a table a run can write: a view (its rows cannot be deleted or
+/// merged into; on PostgreSQL a run would also try to create the table
+/// beside it), a materialized view, a foreign table.
+fn check_target_relation(job: &Job, engine: &mut dyn Engine) -> Result<()> {
+    let Some(kind) = engine.relation_kind(&job.target)? else { return Ok(()) };
+    Err(job.spec_error(
+        "target",
+        format!(
+            "{} is {kind} on {}, not a table: a run deletes, inserts and updates the target's rows, which {kind} does not hold; nothing was changed",
+            job.target,
+            engine.name()
+        ),
+        format!(
+            "point `target` at a table: load the table {kind} reads from (and keep {kind} on top of it), or drop {kind} and let the first run create {} as a table",
+            job.target
+        ),
+    ))
 }
 
 /// A run's wall time in whole milliseconds, rounded to the nearest (not
@@ -363,6 +387,62 @@ fn is_query_error(message: &str) -> bool {
     ["Parser Error", "Binder Error", "Catalog Error", "Conversion Error", "(SQLSTATE 42"].iter().any(|m| message.contains(m))
 }
 
+/// Whether an engine's error message says a statement could not be
+/// bound: an unknown column, table or function, a syntax error, a type
+/// that does not fit where it is used. Decided before any row is read, so
+/// a statement whose other parts (fixpoint's SQL, the already described
+/// source) bind, failing so, failed in the user's fragment. DuckDB's
+/// parser, binder and catalog errors; PostgreSQL's SQLSTATEs 42601
+/// (syntax), 42P01 (table), 42703 (column), 42883 (function), 42702 and
+/// 42725 (ambiguous), 42804 (datatype mismatch); Spark's analysis errors.
+pub(crate) fn is_binding_error(message: &str) -> bool {
+    [
+        "Parser Error",
+        "Binder Error",
+        "Catalog Error",
+        "(SQLSTATE 42601)",
+        "(SQLSTATE 42P01)",
+        "(SQLSTATE 42703)",
+        "(SQLSTATE 42883)",
+        "(SQLSTATE 42702)",
+        "(SQLSTATE 42725)",
+        "(SQLSTATE 42804)",
+        "[UNRESOLVED_COLUMN",
+        "[UNRESOLVED_ROUTINE",
+        "[TABLE_OR_VIEW_NOT_FOUND",
+        "[PARSE_SYNTAX_ERROR",
+        "[DATATYPE_MISMATCH",
+    ]
+    .iter()
+    .any(|m| message.contains(m))
+}
+
+/// A statement built from a SQL fragment of the job file (the merge's
+/// `deleted` condition, an audit) failed: when the database could not bind
+/// it, the job file's error naming `key` (exit 2), with the database's
+/// message, `what` the fragment is, and `hint`; any other error as it was.
+/// The caller's transaction rolls back: nothing was changed.
+pub(crate) fn fragment_error(job: &Job, key: &str, what: &str, hint: String, e: Error) -> Error {
+    match e {
+        Error::Database { engine, message, .. } if is_binding_error(&message) => {
+            // DuckDB quotes the statement around the error (`LINE 1: …`):
+            // fixpoint's SQL, not the user's; the rest names what is wrong.
+            let own = message.find("\nLINE ").map_or(message.as_str(), |i| &message[..i]);
+            let own = own.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" ");
+            job.spec_error(key, format!("{what} does not run on {engine}: {own}; nothing was changed"), hint)
+        }
+        other => other,
+    }
+}
+
+/// Whether a column of type `ty` can hold a run's day: a DATE (or a
+/// timestamp, equal to the run date at midnight; a NULL literal's type,
+/// whose rows the guard refuses as outside the day).
+fn is_day_type(ty: &str) -> bool {
+    let family = crate::schema::type_family(ty);
+    matches!(family.trim_matches('"'), "date" | "timestamp" | "timestamptz" | "timestamp_ntz" | "timestamp_ltz" | "null")
+}
+
 fn fingerprinted<'c>(columns: &'c [Column], metadata: &[String]) -> Vec<Column> {
     columns.iter().filter(|c| !metadata.contains(&c.name)).cloned().collect()
 }
@@ -379,13 +459,28 @@ fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts
     Ok(report.unwrap_or_else(|| no_files_report(job, run_date, started)))
 }
 
-/// The source has the partition column, and each column once.
+/// The source has the partition column, as a date, and each column once.
 pub(crate) fn check_source_columns(job: &Job, source_cols: &[Column], partition: &str) -> Result<()> {
-    if !source_cols.iter().any(|c| c.name == partition) {
+    let Some(p) = source_cols.iter().find(|c| c.name == partition) else {
         return Err(Error::Schema {
             message: format!("the source query of job {} has no column {partition:?} (the job's partition column)", job.name),
             hint: Some(format!("select the run's date as {partition}, e.g. `SELECT …, :run_date AS {partition}`")),
         });
+    };
+    // Every run compares it with the run date (`= :run_date`, a DATE):
+    // another type (an integer day 20261020, a text) never matches, and
+    // the engines refuse the comparison mid-run.
+    if !is_day_type(&p.ty) {
+        return Err(job.spec_error(
+            "partition",
+            format!(
+                "the partition column {partition} is {} in the source query, but replace_partition compares it with the run date (`{partition} = :run_date`, a DATE): it must be a DATE; nothing was changed",
+                p.ty
+            ),
+            format!(
+                "return the day as a DATE in the source query (e.g. `CAST(… AS DATE) AS {partition}`, or `:run_date AS {partition}` in a query filtered to the day) into a target whose {partition} is a DATE, or set `partition` to a DATE column of the source"
+            ),
+        ));
     }
     let mut seen = std::collections::HashSet::new();
     if let Some(dup) = source_cols.iter().find(|c| !seen.insert(c.name.as_str())) {
@@ -440,10 +535,15 @@ fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine,
 
         // How the day is changed: swapped in whole when the target is
         // partitioned by day (partition exchange), else delete + insert.
+        // With `swap = "delete_insert"` never swapped: a reader whose
+        // snapshot predates the run (REPEATABLE READ, SERIALIZABLE,
+        // pg_dump) would find the swapped-in partition's rows too new for
+        // it, an empty day; deleted rows it still sees (MVCC).
         let layout = match &target_cols {
             Some(_) => engine.day_partition(&job.target, partition, run_date.date())?,
             None => DayPartition::NotPartitioned,
         };
+        let exchange = job.swap == Swap::Exchange && matches!(layout, DayPartition::Swappable { .. });
         trace.step("layout");
 
         // A file source's run key is known from its files: a retry over the
@@ -475,7 +575,7 @@ fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine,
         //    of its own (see `Engine::tap_partition`).
         let is_date = |cols: &[Column]| cols.iter().any(|c| c.name == partition && c.ty.eq_ignore_ascii_case("DATE"));
         let tapped = if !before_writing
-            && !matches!(layout, DayPartition::Swappable { .. })
+            && !exchange
             && !matches!(opts.fault, Some((FailPoint::MidInsert, _)))
             && is_date(&source_cols)
             && target_cols.as_deref().is_none_or(is_date)
@@ -579,7 +679,7 @@ fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine,
             // 5a. Partition exchange: build the day as a standalone table
             //     (readers still see the old day, unblocked), then detach the
             //     old partition and attach the new one, in this transaction.
-            DayPartition::Swappable { existing } => {
+            DayPartition::Swappable { existing } if exchange => {
                 let staged = engine.create_day_table(&job.target, partition, run_date.date())?;
                 if matches!(opts.fault, Some((FailPoint::MidInsert, _))) {
                     engine.execute(&insert(&staged, Some(input_rows / 2)))?;
@@ -610,6 +710,15 @@ fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine,
             }
             // 5b. Delete the partition, insert the source's rows.
             _ => {
+                // `swap = "delete_insert"` on a target partitioned by day
+                // with no partition for this day yet: the insert needs one.
+                // Created empty, in this transaction (a reader with an
+                // older snapshot saw no rows of the day, and sees none).
+                if let DayPartition::Swappable { existing: None } = &layout {
+                    let empty = engine.create_day_table(&job.target, partition, run_date.date())?;
+                    engine.attach_day(&job.target, &empty, partition, run_date.date(), &day_partition_name(&job.target.table, run_date))?;
+                    trace.step("day partition");
+                }
                 let mut sql = Sql::new();
                 sql.push("DELETE FROM ").push(&job.target.quoted()).push(" WHERE ").ident(partition).push(" = ");
                 sql.typed_param(Value::Date(run_date.date()), "DATE");
@@ -694,7 +803,7 @@ fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine,
                 sql.push(") AS a");
             };
             let scope = crate::audit::AuditScope { from: &from, previous_rows: previous, run_date: run_date.date() };
-            let results = crate::audit::audit(&job.audits, engine, &scope)?;
+            let results = crate::audit::audit(job, engine, &scope)?;
             trace.step("audits");
             results
         };
@@ -705,9 +814,17 @@ fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine,
         report.audits = audits;
         report.input_files = run_input.files.clone();
         report.method = method.into();
-        if let DayPartition::Unswappable(why) = &layout {
-            report.method_note = Some(format!("no partition exchange: {why}"));
-        }
+        report.method_note = match &layout {
+            DayPartition::Unswappable(why) if job.swap == Swap::Exchange => Some(format!("no partition exchange: {why}")),
+            DayPartition::Swappable { existing: Some(p) } if !exchange => {
+                Some(format!("no partition exchange: the job has swap = \"delete_insert\" (the day's rows were deleted from {p} and the new ones inserted)"))
+            }
+            DayPartition::Swappable { existing: None } if !exchange => Some(format!(
+                "no partition exchange: the job has swap = \"delete_insert\" (the day's partition {} was created empty, then inserted into)",
+                TableName { schema: job.target.schema.clone(), table: day_partition_name(&job.target.table, run_date) }
+            )),
+            _ => None,
+        };
         ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
         opts.step(FailPoint::BeforeCommit)?;
         trace.step("ledger row");

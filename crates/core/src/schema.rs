@@ -146,6 +146,20 @@ pub fn reconcile(engine: &mut dyn Engine, job: &crate::Job, source: &[Column], e
             )),
         });
     }
+    // A column the job matches, orders or partitions on cannot be added
+    // (under either setting): the target's rows would read NULL there.
+    if let Some((c, role, why)) = d.added.iter().find_map(|c| role_of(job, &c.name).map(|(role, why)| (c, role, why))) {
+        return Err(Error::Schema {
+            message: format!(
+                "schema change in job {}: the target {} has no column {} ({}), the job's {role}: it cannot be appended, {why}",
+                job.name, job.target, c.name, c.ty
+            ),
+            hint: Some(format!(
+                "add the column to {} and fill it for the existing rows yourself (ALTER TABLE … ADD COLUMN, then UPDATE), or load into a new target; on_schema_change only appends columns a job does not match, order or partition on",
+                job.target
+            )),
+        });
+    }
     match job.on_schema_change {
         OnSchemaChange::Fail => {
             let mut parts = Vec::new();
@@ -168,6 +182,41 @@ pub fn reconcile(engine: &mut dyn Engine, job: &crate::Job, source: &[Column], e
         }
         OnSchemaChange::AppendNewColumns => Ok(d.added),
     }
+}
+
+/// The part a column plays in a job that no appended column may play
+/// (a merge key, the version, the partition column), and what appending it
+/// would do: the existing rows would read NULL there.
+fn role_of(job: &crate::Job, column: &str) -> Option<(&'static str, &'static str)> {
+    if let Some(m) = &job.merge {
+        if m.key.iter().any(|k| k == column) {
+            return Some(("merge key", "since the existing rows would read NULL in it: no batch row would match them and every key would be inserted a second time"));
+        }
+        if m.version == column {
+            return Some(("version", "since the existing rows would read NULL versions, which a merge cannot order"));
+        }
+    }
+    if job.partition.as_deref() == Some(column) {
+        return Some(match job.strategy {
+            crate::spec::Strategy::Merge => ("partition column", "since the existing rows would read NULL in it, outside every partition a merge is pruned to"),
+            _ => ("partition column", "since the existing rows would read NULL in it: no run would ever replace them, and a rerun would add the day beside them"),
+        });
+    }
+    None
+}
+
+/// Whether a column type orders its values as versions should: numbers,
+/// dates, times and timestamps. Text compares as text ('10' before '9'),
+/// and booleans, bytes, JSON, UUIDs, intervals, lists, structs and maps
+/// have no meaningful order of versions. A NULL literal's type passes (its
+/// rows are refused as NULL versions).
+pub fn orders_as_version(ty: &str) -> bool {
+    let family = type_family(ty);
+    let family = family.trim_matches('"');
+    matches!(
+        family,
+        "integer" | "decimal" | "float" | "date" | "timestamp" | "timestamptz" | "time" | "timetz" | "timestamp_ntz" | "timestamp_ltz" | "null"
+    )
 }
 
 /// Adds `columns` to the target (inside the run's transaction; a run that
@@ -195,5 +244,22 @@ mod tests {
         assert!(!compatible("VARCHAR", "BIGINT"));
         assert!(!compatible("DATE", "TIMESTAMP"));
         assert!(!compatible("DECIMAL(12,2)", "INTEGER"));
+    }
+
+    #[test]
+    fn version_types() {
+        for ty in [
+            "BIGINT", "INTEGER", "HUGEINT", "UBIGINT", "DECIMAL(18,3)", "numeric(12,2)", "DOUBLE", "double precision", "real", "DATE",
+            "TIMESTAMP", "TIMESTAMP WITH TIME ZONE", "timestamp without time zone", "timestamp(3) without time zone", "TIMESTAMP_NS",
+            "timestamptz", "TIME", "int", "timestamp_ntz", "\"NULL\"",
+        ] {
+            assert!(orders_as_version(ty), "{ty}");
+        }
+        for ty in [
+            "VARCHAR", "text", "character varying(20)", "BOOLEAN", "BLOB", "bytea", "UUID", "JSON", "jsonb", "INTERVAL", "INTEGER[]",
+            "STRUCT(a INTEGER)", "MAP(VARCHAR, INTEGER)", "ENUM('a', 'b')", "string",
+        ] {
+            assert!(!orders_as_version(ty), "{ty}");
+        }
     }
 }

@@ -16,8 +16,6 @@ pub enum Strategy {
     ReplacePartition,
     /// Merge on a natural key; the newest version wins.
     Merge,
-    /// Replace the whole table with a snapshot.
-    ReplaceTable,
 }
 
 impl Strategy {
@@ -26,7 +24,6 @@ impl Strategy {
         match self {
             Strategy::ReplacePartition => "replace_partition",
             Strategy::Merge => "merge",
-            Strategy::ReplaceTable => "replace_table",
         }
     }
 }
@@ -40,6 +37,49 @@ pub enum OnTie {
     Error,
     /// Pick the winner by a total order over the row's values.
     Deterministic,
+}
+
+/// How `replace_partition` replaces the day where the engine could swap
+/// the day's partition in whole (PostgreSQL, a target declaratively
+/// partitioned by the job's `partition` column). The job file's `swap`.
+///
+/// Not part of the job's definition hash: both write the same rows (the
+/// same output fingerprint, the same run key); they differ in what a
+/// concurrent reader can see, not in what the day holds after the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Swap {
+    /// Build the day as a table of its own, then detach and drop the old
+    /// partition and attach the new one (falling back to delete + insert
+    /// where the day cannot be swapped in whole). No DELETE, no dead
+    /// tuples; but a REPEATABLE READ or SERIALIZABLE reader (pg_dump)
+    /// whose snapshot predates the swap and that reads the day after it
+    /// sees the day empty.
+    #[default]
+    Exchange,
+    /// Never exchange: delete the day's rows and insert the new ones in
+    /// the run's transaction, which a reader at any isolation level sees
+    /// as the old day or the new one (MVCC). A day with no partition yet
+    /// gets one, created empty, then filled by the insert.
+    DeleteInsert,
+}
+
+impl Swap {
+    /// The value in job files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Swap::Exchange => "exchange",
+            Swap::DeleteInsert => "delete_insert",
+        }
+    }
+
+    /// A job file's value; `None` for anything else.
+    pub fn parse(value: &str) -> Option<Swap> {
+        match value {
+            "exchange" => Some(Swap::Exchange),
+            "delete_insert" => Some(Swap::DeleteInsert),
+            _ => None,
+        }
+    }
 }
 
 /// The merge strategy's keys.
@@ -160,6 +200,12 @@ pub struct Job {
     /// proceed, not what an unchanged schema's run writes.
     #[serde(skip)]
     pub on_schema_change: crate::schema::OnSchemaChange,
+    /// How a replace_partition run replaces a day it could swap in whole
+    /// (`swap`). Not part of the definition hash: exchange and delete +
+    /// insert write the same rows, so changing it does not make every day
+    /// "job changed" (nor change a run key).
+    #[serde(skip)]
+    pub swap: Swap,
     /// The file the job was read from.
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -184,6 +230,7 @@ struct RawJob {
     lookback: Option<i64>,
     start: Option<toml::Value>,
     on_schema_change: Option<String>,
+    swap: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -237,22 +284,33 @@ impl Job {
             .target
             .ok_or_else(|| spec_err("target", "missing: expected the target table as schema.table, e.g. target = \"silver.orders\"".into(), None))?;
         let target = TableName::parse(&target_text).map_err(|e| spec_err("target", e.to_string(), None))?;
+        if let Some((message, hint)) = reserved_target(&target, true) {
+            return Err(Error::Spec { file: path.to_owned(), key: "target".into(), message, hint: Some(hint) });
+        }
         let strategy = match raw.strategy.as_deref() {
             Some("replace_partition") => Strategy::ReplacePartition,
             Some("merge") => Strategy::Merge,
-            Some("replace_table") => Strategy::ReplaceTable,
+            // Offered by earlier versions' messages, never implemented:
+            // refused when the job file is read, not when a run starts.
+            Some("replace_table") => {
+                return Err(spec_err(
+                    "strategy",
+                    "\"replace_table\" is not available: fixpoint does not replace whole tables; expected one of \"replace_partition\", \"merge\"".into(),
+                    Some("use strategy = \"replace_partition\" (with partition = \"<date column>\") to replace one day per run, or strategy = \"merge\" (with key and version) to upsert rows on a key; a merge removes a key only when `deleted` marks it"),
+                ))
+            }
             Some(other) => {
                 return Err(spec_err(
                     "strategy",
-                    format!("{other:?}: expected one of \"replace_partition\", \"merge\", \"replace_table\""),
-                    None,
+                    format!("{other:?}: expected one of \"replace_partition\", \"merge\""),
+                    Some("replace_partition replaces the run date's partition; merge upserts on a key, the newest version winning"),
                 ))
             }
             None => {
                 return Err(spec_err(
                     "strategy",
-                    "missing: expected one of \"replace_partition\", \"merge\", \"replace_table\"".into(),
-                    None,
+                    "missing: expected one of \"replace_partition\", \"merge\"".into(),
+                    Some("replace_partition replaces the run date's partition; merge upserts on a key, the newest version winning"),
                 ))
             }
         };
@@ -302,6 +360,9 @@ impl Job {
             Error::Sql { message, hint, .. } => Error::Spec { file: path.to_owned(), key: "source.sql".into(), message, hint },
             other => other,
         })?;
+        if let Some((message, hint)) = reads_own_target(&target, strategy, &template, files.is_some()) {
+            return Err(Error::Spec { file: path.to_owned(), key: "source.sql".into(), message, hint: Some(hint) });
+        }
         let metadata =
             raw.metadata.unwrap_or_default().iter().map(|m| column("metadata", m)).collect::<Result<Vec<_>>>()?;
         let min_rows = match raw.min_rows {
@@ -352,7 +413,6 @@ impl Job {
                 }
                 Some(MergeSpec { key, version, deleted: raw.deleted, on_tie })
             }
-            Strategy::ReplaceTable => None,
         };
 
         let lookback = match raw.lookback {
@@ -382,6 +442,19 @@ impl Job {
                 spec_err("on_schema_change", format!("{v:?}: expected \"fail\" or \"append_new_columns\""), None)
             })?,
         };
+        let swap = match raw.swap.as_deref() {
+            None => Swap::default(),
+            Some(_) if strategy != Strategy::ReplacePartition => {
+                return Err(spec_err("swap", "only applies to strategy = \"replace_partition\"".into(), Some("a merge changes rows in place; it never swaps a partition")))
+            }
+            Some(v) => Swap::parse(v).ok_or_else(|| {
+                spec_err(
+                    "swap",
+                    format!("{v:?}: expected \"exchange\" or \"delete_insert\""),
+                    Some("\"exchange\" (the default) swaps in the day's partition built aside; \"delete_insert\" deletes and inserts the day in the run's transaction, so a reader holding an older snapshot (REPEATABLE READ, SERIALIZABLE, pg_dump) keeps seeing the old day instead of an empty one"),
+                )
+            })?,
+        };
         let mut audits = Vec::new();
         for (i, a) in raw.audit.unwrap_or_default().into_iter().enumerate() {
             let audit = a.validate(i, merge.as_ref().map(|m| m.key.as_slice())).map_err(|(key, message)| spec_err(&key, message, None))?;
@@ -404,8 +477,38 @@ impl Job {
             lookback,
             start,
             on_schema_change,
+            swap,
             path: None,
         })
+    }
+
+    /// Refuses, before a run touches anything, a job that writes fixpoint's
+    /// own schema or whose source reads its own target (both also refused
+    /// when the job file is read; checked again at the start of every run,
+    /// for a job changed since). Nothing is read from the database.
+    pub fn check_target(&self) -> Result<()> {
+        let file = || self.path.clone().unwrap_or_else(|| PathBuf::from(format!("job {}", self.name)));
+        // prove's sandbox runs a copy of the job whose target is in the
+        // sandbox: at run time only fixpoint's own schema is refused.
+        if let Some((message, hint)) = reserved_target(&self.target, false) {
+            return Err(Error::Spec { file: file(), key: "target".into(), message, hint: Some(hint) });
+        }
+        if let Some((message, hint)) = reads_own_target(&self.target, self.strategy, &self.source.template, self.source.files.is_some()) {
+            return Err(Error::Spec { file: file(), key: "source.sql".into(), message, hint: Some(hint) });
+        }
+        Ok(())
+    }
+
+    /// An error in the job file found at run time (exit 2): the file (or
+    /// `job <name>` for a job not read from one), the key, what is wrong and
+    /// how to fix it.
+    pub(crate) fn spec_error(&self, key: &str, message: String, hint: String) -> Error {
+        Error::Spec {
+            file: self.path.clone().unwrap_or_else(|| PathBuf::from(format!("job {}", self.name))),
+            key: key.to_owned(),
+            message,
+            hint: Some(hint),
+        }
     }
 
     /// A hash of the job's definition (everything that decides what it writes).
@@ -413,6 +516,53 @@ impl Job {
         let canonical = serde_json::to_string(self).expect("job serializes");
         crate::runkey::hash_hex(&["fixpoint-job-v1", &canonical])
     }
+}
+
+/// Whether a schema name is reserved for fixpoint (compared without regard
+/// to case): its own schema (the ledger `fixpoint.runs`, the tombstones,
+/// the leases), and with `sandboxes` also the schemas `prove` makes for its
+/// mutation checks (`fixpoint_sandbox_<hex>`, dropped after each proof).
+fn reserved_schema(schema: &str, sandboxes: bool) -> Option<&'static str> {
+    let lower = schema.to_ascii_lowercase();
+    if lower == crate::ledger::SCHEMA {
+        Some("fixpoint's own tables (the ledger fixpoint.runs, the merge tombstones): a job writing there would delete other jobs' records")
+    } else if sandboxes && lower.starts_with(crate::mutate::SANDBOX_PREFIX) {
+        Some("the schemas `fixpoint prove` makes for its mutation checks and drops after each proof: a job writing there would lose its table")
+    } else {
+        None
+    }
+}
+
+/// The refusal (message, hint) of a target in a reserved schema.
+fn reserved_target(target: &TableName, sandboxes: bool) -> Option<(String, String)> {
+    let what = reserved_schema(&target.schema, sandboxes)?;
+    Some((
+        format!("{target} is in the schema {}, which is reserved for {what}", target.schema),
+        format!("choose a target in a schema of your own, e.g. target = \"silver.{}\"", target.table),
+    ))
+}
+
+/// The refusal (message, hint) of a source whose SQL reads the job's own
+/// target: a run would change the rows it reads (a replace_partition's
+/// delete runs before, or while, its insert reads the source; a merge
+/// reads its source again after its MERGE, and adds new columns before
+/// reading it). `None` when it does not read it, and when the SQL cannot be
+/// parsed (the lint gate refuses that).
+fn reads_own_target(target: &TableName, strategy: Strategy, template: &SourceTemplate, file_source: bool) -> Option<(String, String)> {
+    if !crate::sqlrefs::reads_table(&template.text_for_parsing(), target, file_source)? {
+        return None;
+    }
+    let why = match strategy {
+        Strategy::ReplacePartition => "a run deletes the rows it would read",
+        Strategy::Merge => "a run rewrites the rows it reads, and reads them again after writing",
+    };
+    Some((
+        format!("the source reads the job's own target {target}: {why}"),
+        format!(
+            "read from the upstream table that {target} is loaded from instead (e.g. bronze.{}); to derive a table from {target}, write it to another target",
+            target.table
+        ),
+    ))
 }
 
 /// Where a TOML string value's text starts: (line, column offset of its
@@ -485,11 +635,28 @@ sql = "SELECT *, now() AS loaded_at FROM bronze.orders WHERE dt = :run_date"
     }
 
     #[test]
+    fn swap_is_read_checked_and_left_out_of_the_hash() {
+        let with = |value: &str| GOOD.replacen("min_rows = 1", &format!("min_rows = 1\nswap = {value}"), 1);
+        assert_eq!(parse(GOOD).unwrap().swap, Swap::Exchange);
+        assert_eq!(parse(&with("\"exchange\"")).unwrap().swap, Swap::Exchange);
+        let di = parse(&with("\"delete_insert\"")).unwrap();
+        assert_eq!(di.swap, Swap::DeleteInsert);
+        assert_eq!(di.definition_hash(), parse(GOOD).unwrap().definition_hash(), "the same rows are written either way");
+        let e = parse(&with("\"truncate\"")).unwrap_err();
+        assert!(matches!(&e, Error::Spec { key, hint: Some(_), .. } if key == "swap"), "{e:?}");
+        assert_eq!(e.to_string(), "jobs/x.toml: swap: \"truncate\": expected \"exchange\" or \"delete_insert\"");
+        assert!(parse(&with("true")).unwrap_err().to_string().starts_with("jobs/x.toml: swap: invalid type"));
+        let merge = "name = \"m\"\ntarget = \"main.orders\"\nstrategy = \"merge\"\nkey = [\"id\"]\nversion = \"v\"\nswap = \"delete_insert\"\n[source]\nsql = \"SELECT * FROM bronze.orders\"\n";
+        assert!(parse(merge).unwrap_err().to_string().starts_with("jobs/x.toml: swap: only applies to strategy = \"replace_partition\""));
+    }
+
+    #[test]
     fn bad_jobs_name_file_key_and_expectation() {
         let cases: &[(&str, &str, &str)] = &[
             ("min_rows = 1", "min_rows = \"ten\"", "jobs/x.toml: min_rows: invalid type: string \"ten\", expected i64 (line 7)"),
             ("min_rows = 1", "min_rows = -1", "jobs/x.toml: min_rows: -1: expected a whole number"),
-            ("strategy = \"replace_partition\"", "strategy = \"upsert\"", "jobs/x.toml: strategy: \"upsert\": expected one of"),
+            ("strategy = \"replace_partition\"", "strategy = \"upsert\"", "jobs/x.toml: strategy: \"upsert\": expected one of \"replace_partition\", \"merge\""),
+            ("strategy = \"replace_partition\"", "strategy = \"replace_table\"", "jobs/x.toml: strategy: \"replace_table\" is not available"),
             ("target = \"silver.orders\"", "target = \"orders\"", "jobs/x.toml: target: \"orders\" is not a table name"),
             ("partition = \"dt\"\n", "", "jobs/x.toml: partition: missing"),
             ("min_rows = 1", "min_rowz = 1", "jobs/x.toml: min_rowz: unknown field `min_rowz`"),
@@ -502,5 +669,31 @@ sql = "SELECT *, now() AS loaded_at FROM bronze.orders WHERE dt = :run_date"
             let e = parse(&text).unwrap_err().to_string();
             assert!(e.starts_with(expected), "{to}:\n got {e}\nwant {expected}");
         }
+    }
+
+    #[test]
+    fn fixpoint_schemas_are_not_targets() {
+        for target in ["fixpoint.runs", "FIXPOINT.runs", "Fixpoint.tombstones__silver__orders", "fixpoint_sandbox_1a2b3c4d.silver__orders"] {
+            let e = parse(&GOOD.replace("silver.orders", target)).unwrap_err();
+            assert!(matches!(&e, Error::Spec { key, hint: Some(_), .. } if key == "target"), "{target}: {e:?}");
+            assert!(e.to_string().contains("is reserved for"), "{e}");
+        }
+        parse(&GOOD.replace("silver.orders", "fixpoint_x.orders")).unwrap();
+        parse(&GOOD.replace("silver.orders", "fixpoint_sandbox.orders")).unwrap();
+    }
+
+    #[test]
+    fn a_source_reading_the_target_is_refused() {
+        let own = GOOD.replace("FROM bronze.orders", "FROM silver.orders");
+        let e = parse(&own).unwrap_err();
+        assert!(matches!(&e, Error::Spec { key, hint: Some(_), .. } if key == "source.sql"), "{e:?}");
+        assert_eq!(e.to_string(), "jobs/x.toml: source.sql: the source reads the job's own target silver.orders: a run deletes the rows it would read");
+        let merge = "name = \"m\"\ntarget = \"main.orders\"\nstrategy = \"merge\"\nkey = [\"id\"]\nversion = \"v\"\n[source]\nsql = \"SELECT * FROM Orders WHERE dt = :run_date\"\n";
+        assert!(parse(merge).unwrap_err().to_string().contains("the source reads the job's own target main.orders"));
+        // Loaded, then changed: refused at the start of the run.
+        let mut job = parse(GOOD).unwrap();
+        job.check_target().unwrap();
+        job.source = job.source.with_sql("SELECT * FROM silver.orders WHERE dt = :run_date".into()).unwrap();
+        assert!(job.check_target().unwrap_err().to_string().starts_with("job silver_orders: source.sql: the source reads the job's own target"));
     }
 }

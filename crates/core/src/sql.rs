@@ -48,6 +48,13 @@ impl Value {
         self.as_i128().and_then(|i| u64::try_from(i).ok())
     }
 
+    /// The value as a count, where a missing or unreadable count is an error
+    /// (a bug: the query fixpoint wrote returns one), never a 0 that would
+    /// pass a guard. `what` names the count in the error.
+    pub fn count(&self, what: &str) -> crate::Result<u64> {
+        self.as_u64().ok_or_else(|| crate::Error::Internal(format!("{what}: expected a count, the database returned {self:?}")))
+    }
+
     /// The value as text, if it is text.
     pub fn as_str(&self) -> Option<&str> {
         match self {
@@ -508,4 +515,10 @@ mod tests {
         assert!(e.contains("not a single condition"), "{e}");
         assert!(check_predicate("--where", "").is_err());
     }
+}
+
+/// Column `i` of a result row as a count (see [`Value::count`]); a row
+/// with fewer columns is an error too.
+pub fn count_at(row: &[Value], i: usize, what: &str) -> crate::Result<u64> {
+    row.get(i).ok_or_else(|| crate::Error::Internal(format!("{what}: the result row has {} column(s), no column {i}", row.len())))?.count(what)
 }

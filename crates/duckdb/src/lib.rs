@@ -22,6 +22,12 @@ pub mod tap;
 const FILES_TABLE: &str = "temp.main.\"__fixpoint_files\"";
 /// The session variable the file readers take their list of paths from.
 const FILES_VARIABLE: &str = "fixpoint_input_files";
+/// The session variable holding one file's path, for a check of that file alone.
+const ONE_FILE_VARIABLE: &str = "fixpoint_input_file";
+/// The temporary table of the hive-style `key=value` folders in the files' paths.
+const HIVE_TABLE: &str = "temp.main.\"__fixpoint_hive\"";
+/// The column the checks of the files read each row's file from.
+const FILE_COLUMN: &str = "__fixpoint_file";
 
 /// A DuckDB database, embedded in this process.
 pub struct DuckDb {
@@ -233,6 +239,219 @@ impl DuckDb {
     fn prepare(&self, sql: &Sql) -> Result<duckdb::Statement<'_>> {
         self.conn.prepare(&sql.text).map_err(|e| db_err(context_of(&sql.text))(e))
     }
+
+    /// Checks a file source's files (listed in [`FILES_VARIABLE`]) before
+    /// any row of them is used, so that a file of the wrong shape is refused
+    /// naming it instead of loading made-up columns or values:
+    ///
+    /// - JSON: every record must be an object (the reader is told so); a
+    ///   file of other values (numbers, lists, an empty array) is refused.
+    /// - CSV, compressed: a file without a header line (DuckDB would read a
+    ///   column `column0`); uncompressed ones were checked while hashed.
+    /// - a file's own column named like a hive-style `key=value` folder of
+    ///   its path, which DuckDB would silently replace with the folder's
+    ///   value: refused where the two differ (a NULL in the file is filled
+    ///   in from the folder).
+    ///
+    /// Costs one `DESCRIBE` of the files (and, for such a column, one scan
+    /// of it), and only for JSON, compressed CSV and hive-style paths.
+    fn check_files(&mut self, files: &InputFiles) -> Result<()> {
+        let full = files.path_strings();
+        let hive: Vec<(usize, String, String)> =
+            full.iter().enumerate().flat_map(|(i, p)| hive_pairs(p).into_iter().map(move |(k, v)| (i, k, v))).collect();
+        let compressed_csv = files.format == FileFormat::Csv && files.files.iter().any(|f| fixpoint_core::files::is_compressed(&f.path));
+        if hive.is_empty() && !compressed_csv && files.format != FileFormat::Json {
+            return Ok(());
+        }
+        let own = match self.own_columns(files, FILES_VARIABLE) {
+            Ok(c) => c,
+            Err(e) => return Err(self.pinpoint(files, e)),
+        };
+        if compressed_csv && own.iter().any(|c| c.name == "column0") {
+            for (i, f) in files.files.iter().enumerate() {
+                if !fixpoint_core::files::is_compressed(&f.path) {
+                    continue;
+                }
+                let cols = self.own_columns_of_one(files, i)?;
+                if cols.len() == 1 && cols[0].name == "column0" {
+                    return Err(fixpoint_core::files::headerless_csv(&format!("{} (in {})", f.path, files.base.display())));
+                }
+            }
+        }
+        let shared: Vec<Column> = own.into_iter().filter(|c| hive.iter().any(|(_, k, _)| k.eq_ignore_ascii_case(&c.name))).collect();
+        if shared.is_empty() {
+            return Ok(());
+        }
+        self.execute(&Sql::raw(format!("CREATE OR REPLACE TEMPORARY TABLE {HIVE_TABLE} (path VARCHAR, key VARCHAR, value VARCHAR)")))?;
+        let checked = self.insert_hive_pairs(&full, &hive).and_then(|_| self.check_hive_columns(files, &full, &shared));
+        let dropped = self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {HIVE_TABLE}")));
+        checked?;
+        dropped.map(|_| ())
+    }
+
+    /// The files' own columns (the hive-style folders of their paths left
+    /// out), read from the list in the session variable `variable`.
+    fn own_columns(&mut self, files: &InputFiles, variable: &str) -> Result<Vec<Column>> {
+        let sql = Sql::raw(format!("SELECT * FROM {}", file_reader(files, &format!("getvariable('{variable}')"), ", hive_partitioning = false")));
+        self.describe(&sql)
+    }
+
+    /// [`DuckDb::own_columns`] of the `i`-th file alone.
+    fn own_columns_of_one(&mut self, files: &InputFiles, i: usize) -> Result<Vec<Column>> {
+        self.execute(&Sql::raw(format!("SET VARIABLE {ONE_FILE_VARIABLE} = (SELECT list(path) FROM {FILES_TABLE} WHERE n = {i})")))?;
+        self.own_columns(files, ONE_FILE_VARIABLE)
+    }
+
+    /// The error of describing the files together, made about the file it
+    /// comes from when DuckDB does not name one: a JSON file whose records
+    /// are not objects.
+    fn pinpoint(&mut self, files: &InputFiles, e: Error) -> Error {
+        let Error::Database { message, .. } = &e else { return e };
+        if files.format != FileFormat::Json || !message.contains("expected records") || files.named_in(message).is_some() {
+            return e;
+        }
+        for (i, f) in files.files.iter().enumerate() {
+            // Alone, each file is described again: the first that fails is the one.
+            let this_one = files.files.len() == 1
+                || match self.own_columns_of_one(files, i) {
+                    Ok(_) => false,
+                    Err(Error::Database { message, .. }) if message.contains("expected records") => true,
+                    Err(other) => return other,
+                };
+            if this_one {
+                return Error::Files {
+                    message: format!(
+                        "{} (in {}) holds no JSON object to read as a row: its values are not objects (a number, a string, a list, or an empty array or file); each line of JSON Lines, or each element of a top-level array, must be an object such as {{\"order_id\": 1}}; nothing was changed",
+                        f.path,
+                        files.base.display()
+                    ),
+                    hint: Some("replace the file with one holding one JSON object per record (or remove it), and run again; the target keeps its previous contents".into()),
+                };
+            }
+        }
+        e
+    }
+
+    /// Fills [`HIVE_TABLE`] with the (path, key, value) of every file's
+    /// hive-style folders.
+    fn insert_hive_pairs(&mut self, full: &[String], hive: &[(usize, String, String)]) -> Result<()> {
+        for chunk in hive.chunks(300) {
+            let mut sql = Sql::new();
+            sql.push(&format!("INSERT INTO {HIVE_TABLE} VALUES "));
+            for (j, (i, k, v)) in chunk.iter().enumerate() {
+                if j > 0 {
+                    sql.push(", ");
+                }
+                sql.push("(").typed_param(Value::Text(full[*i].clone()), "VARCHAR").push(", ");
+                sql.typed_param(Value::Text(k.clone()), "VARCHAR").push(", ");
+                sql.typed_param(Value::Text(v.clone()), "VARCHAR").push(")");
+            }
+            self.execute(&sql)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses the first file (in path order) whose own column `c` (one of
+    /// `shared`) holds a value other than its folder's `c=value`. The two
+    /// agree when the file's value as text is the folder's (URL-decoded, as
+    /// DuckDB reads it), or equals it cast to the column's type.
+    fn check_hive_columns(&mut self, files: &InputFiles, full: &[String], shared: &[Column]) -> Result<()> {
+        let list = format!("getvariable('{FILES_VARIABLE}')");
+        let reader = file_reader(files, &list, &format!(", hive_partitioning = false, filename = '{FILE_COLUMN}'"));
+        for c in shared {
+            let col = format!("r.{}", quote_ident(&c.name));
+            let typed = if plain_type(&c.ty) { format!(" AND TRY_CAST(url_decode(h.value) AS {}) IS DISTINCT FROM {col}", c.ty) } else { String::new() };
+            let mut sql = Sql::new();
+            sql.push(&format!(
+                "SELECT h.path, CAST({col} AS VARCHAR), h.key, h.value FROM {reader} AS r JOIN {HIVE_TABLE} AS h ON h.path = r.{} WHERE lower(h.key) = lower(",
+                quote_ident(FILE_COLUMN)
+            ));
+            sql.typed_param(Value::Text(c.name.clone()), "VARCHAR");
+            sql.push(&format!(") AND {col} IS NOT NULL AND CAST({col} AS VARCHAR) IS DISTINCT FROM url_decode(h.value){typed} ORDER BY h.path LIMIT 1"));
+            let found = self.query(&sql)?;
+            let Some(row) = found.rows.first() else { continue };
+            let text = |v: &Value| v.as_str().map(str::to_owned).unwrap_or_else(|| v.display());
+            let (path, own, key, value) = (text(&row[0]), text(&row[1]), text(&row[2]), text(&row[3]));
+            let rel = full.iter().position(|p| *p == path).map(|i| files.files[i].path.clone()).unwrap_or(path);
+            return Err(Error::Files {
+                message: format!(
+                    "{rel} (in {}) has its own column {:?} holding {own:?}, but its folder {key}={value} says {value:?}: the folder's value would silently replace the file's; nothing was changed",
+                    files.base.display(),
+                    c.name
+                ),
+                hint: Some(format!(
+                    "make the two agree: fix the file's {0:?} values or move the file to the folder of its {0}, or write the file without the column and let the folder name give it; the target keeps its previous contents",
+                    c.name
+                )),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The DuckDB reader (a table function call) of `files` over the list of
+/// paths `list`, with `extra` options (`, name = value`) appended.
+fn file_reader(files: &InputFiles, list: &str, extra: &str) -> String {
+    match files.format {
+        FileFormat::Parquet => format!("read_parquet({list}, union_by_name = true{extra})"),
+        // The dialect is pinned: left to sniff, DuckDB takes a file
+        // whose last row has an extra field for a file with another
+        // header and loads nothing of it, and skips rows starting with
+        // `#` as comments, silently.
+        FileFormat::Csv => {
+            let tsv = files.files.iter().all(|f| f.path.to_ascii_lowercase().trim_end_matches(".gz").trim_end_matches(".zst").ends_with(".tsv"));
+            let delim = if tsv { "\t" } else { "," };
+            format!("read_csv({list}, header = true, skip = 0, delim = '{delim}', quote = '\"', escape = '\"', comment = '', union_by_name = true{extra})")
+        }
+        // JSON Lines or a top-level array of objects (one row per
+        // element), found per file; every record must be an object (the
+        // default would read other values as one made-up column `json`, and
+        // a top-level array as one row holding a list).
+        FileFormat::Json => format!("read_json({list}, format = 'auto', records = 'true', union_by_name = true{extra})"),
+    }
+}
+
+/// The hive-style `key=value` folders of a path, as DuckDB reads them
+/// (`HivePartitioning::Parse`): every component followed by a separator
+/// that holds one `=` after a non-empty key (and no `?`); the first of a
+/// key wins.
+fn hive_pairs(path: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let (mut start, mut eq, mut candidate) = (0usize, 0usize, true);
+    for (c, b) in path.bytes().enumerate() {
+        if b == b'?' || b == b'\n' {
+            candidate = false;
+        }
+        if b == b'/' || b == b'\\' {
+            if candidate && eq > start {
+                let key = &path[start..eq];
+                if !out.iter().any(|(k, _)| k == key) {
+                    out.push((key.to_owned(), path[eq + 1..c].to_owned()));
+                }
+            }
+            start = c + 1;
+            candidate = true;
+        } else if b == b'=' {
+            if eq > start {
+                candidate = false;
+            }
+            eq = c;
+        }
+    }
+    out
+}
+
+/// Whether a DuckDB type name can be written in a cast as it is: a plain
+/// type (letters, digits, `_`, spaces), with a `(precision, scale)` at most.
+fn plain_type(ty: &str) -> bool {
+    let (name, args) = match ty.split_once('(') {
+        Some((n, rest)) => (n, rest.strip_suffix(')')),
+        None => (ty, Some("")),
+    };
+    let Some(args) = args else { return false };
+    !name.trim().is_empty()
+        && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_' || c == ' ')
+        && args.chars().all(|c| c.is_ascii_digit() || c == ',' || c == ' ')
 }
 
 use fixpoint_core::engine::statement_context as context_of;
@@ -446,6 +665,17 @@ impl Engine for DuckDb {
         }
     }
 
+    fn relation_kind(&mut self, table: &TableName) -> Result<Option<String>> {
+        // The appender's lookup (~0.1 ms, no catalog error to abort a
+        // transaction): a table, nothing, or another entry of the tables'
+        // catalog, which in DuckDB is a view ("v is not an table").
+        // Anything else it says is left to the run's own statements.
+        match self.conn.appender_to_db(&table.table, &table.schema) {
+            Err(e) if e.to_string().contains("is not a") => Ok(Some("a view".into())),
+            _ => Ok(None),
+        }
+    }
+
     fn begin(&mut self) -> Result<()> {
         self.execute(&Sql::raw("BEGIN TRANSACTION"))?;
         self.in_transaction = true;
@@ -490,25 +720,14 @@ impl Engine for DuckDb {
             self.execute(&sql)?;
         }
         self.execute(&Sql::raw(format!("SET VARIABLE {FILES_VARIABLE} = (SELECT list(path ORDER BY n) FROM {FILES_TABLE})")))?;
-        let list = format!("getvariable('{FILES_VARIABLE}')");
-        let reader = match files.format {
-            FileFormat::Parquet => format!("read_parquet({list}, union_by_name = true)"),
-            // The dialect is pinned: left to sniff, DuckDB takes a file
-            // whose last row has an extra field for a file with another
-            // header and loads nothing of it, and skips rows starting with
-            // `#` as comments, silently.
-            FileFormat::Csv => {
-                let tsv = files.files.iter().all(|f| f.path.to_ascii_lowercase().trim_end_matches(".gz").trim_end_matches(".zst").ends_with(".tsv"));
-                let delim = if tsv { "\t" } else { "," };
-                format!("read_csv({list}, header = true, skip = 0, delim = '{delim}', quote = '\"', escape = '\"', comment = '', union_by_name = true)")
-            }
-            FileFormat::Json => format!("read_json({list}, format = 'newline_delimited', union_by_name = true)"),
-        };
-        Ok(Sql::raw(reader))
+        self.check_files(files)?;
+        Ok(Sql::raw(file_reader(files, &format!("getvariable('{FILES_VARIABLE}')"), "")))
     }
 
     fn release_file_input(&mut self) -> Result<()> {
         self.execute(&Sql::raw(format!("RESET VARIABLE {FILES_VARIABLE}")))?;
+        self.execute(&Sql::raw(format!("RESET VARIABLE {ONE_FILE_VARIABLE}")))?;
+        self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {HIVE_TABLE}")))?;
         self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {FILES_TABLE}")))?;
         Ok(())
     }
@@ -755,5 +974,30 @@ fn decimal_width(p: u32) -> u32 {
         5..=9 => 32,
         10..=18 => 64,
         _ => 128,
+    }
+}
+
+#[cfg(test)]
+mod file_source_tests {
+    use super::{hive_pairs, plain_type};
+
+    #[test]
+    fn hive_pairs_are_read_as_duckdb_reads_them() {
+        let pairs = |p: &str| hive_pairs(p).into_iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>();
+        assert_eq!(pairs("/lake/bronze/dt=2026-10-20/part-0.parquet"), ["dt=2026-10-20"]);
+        assert_eq!(pairs("/l/year=2026/month=10/x=1.csv"), ["year=2026", "month=10"], "the file name is not a folder");
+        assert_eq!(pairs("/l/a=b=c/k=/=v/d/f.csv"), ["k="], "two `=`, or an empty key: not a pair");
+        assert_eq!(pairs("/l/dt=1/x/dt=2/f.csv"), ["dt=1"], "the first of a key wins");
+        assert!(pairs("/l/plain/f.csv").is_empty());
+    }
+
+    #[test]
+    fn only_plain_types_are_written_in_a_cast() {
+        for t in ["DATE", "VARCHAR", "DECIMAL(12,2)", "TIMESTAMP WITH TIME ZONE", "TIMESTAMP_NS", "INTEGER"] {
+            assert!(plain_type(t), "{t}");
+        }
+        for t in ["STRUCT(a BIGINT)", "INTEGER[]", "MAP(VARCHAR, INTEGER)", "DECIMAL(12,2", "\"x\"", ""] {
+            assert!(!plain_type(t), "{t}");
+        }
     }
 }

@@ -4,6 +4,13 @@
 //! query then reads that table as `input`, inside the run's transaction, and
 //! the usual strategy runs.
 //!
+//! The files are checked by that reader before a row is copied, as on
+//! DuckDB (`file_input`): JSON records must be objects, a compressed CSV
+//! file must have a header line, and a file's own column named like a
+//! hive-style `key=value` folder of its path must agree with it. (Empty
+//! files and symbolic link cycles were refused when the files were
+//! matched.) Each refusal names the file, before the staging table exists.
+//!
 //! Types map faithfully or not at all: integers, floats, decimals (with
 //! their precision and scale), text, booleans, dates, timestamps with and
 //! without time zone (to the microsecond, PostgreSQL's precision), times,

@@ -26,6 +26,30 @@ pub struct Postgres {
     version: Option<String>,
     /// A database created for a test, dropped (through `admin`) on drop.
     scratch: Option<(String, String)>,
+    /// How long a statement waits for a lock (`lock_timeout`) before the run
+    /// stops with exit 5 (`--wait`).
+    wait: std::time::Duration,
+    /// This session's backend process id, to name who holds what we waited for.
+    pid: i32,
+    /// `BEGIN …` of a run's transaction: REPEATABLE READ (one snapshot for
+    /// the guards, the fingerprints and the write), or SERIALIZABLE where
+    /// that is the database's default.
+    begin: &'static str,
+    /// A transaction has begun and run no statement yet: its snapshot is
+    /// not taken (see [`Engine::lock_scope`]).
+    fresh: bool,
+}
+
+/// The lock wait of [`Postgres::connect`]: the CLI's `--wait` default.
+pub const DEFAULT_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// With `--no-wait`, the longest wait for a lock another session holds.
+const NO_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `lock_timeout` for a wait: PostgreSQL reads 0 as "wait forever", so the
+/// shortest wait is 1 ms.
+fn lock_timeout_ms(wait: std::time::Duration) -> u64 {
+    wait.as_millis().clamp(1, i32::MAX as u128) as u64
 }
 
 use fixpoint_core::error::redact_url as redact;
@@ -69,6 +93,7 @@ pub fn classify(code: &str, message: &str, context: String) -> Error {
     let catalog_race = (code == "23505" && message.contains("\"pg_"))
         || code == "42P07" && context.contains("CREATE")
         || code == "42P06" && context.contains("CREATE");
+    let message_text = message;
     let message = format!("{what}: {message} (SQLSTATE {code})");
     match code {
         "40001" | "40P01" => Error::Transient { engine: "postgres", context, message },
@@ -77,9 +102,34 @@ pub fn classify(code: &str, message: &str, context: String) -> Error {
             message: format!("postgres: {context}: {message}"),
             hint: Some("check the user, password and database name in --db (or FIXPOINT_DB); the password is never printed".into()),
         },
+        // The user in --db lacks a privilege (on the source, the target,
+        // the ledger, a schema): no retry will have it; the message names
+        // the object, the hint what to grant.
+        "42501" => permission_denied(code, message_text),
         _ if catalog_race => Error::Transient { engine: "postgres", context, message: format!("{message}; a concurrent run created it") },
         "55P03" => Error::Busy { message: format!("postgres: {context}: {message}") },
         _ => Error::Database { engine: "postgres", context, message },
+    }
+}
+
+/// A refused privilege (SQLSTATE 42501: `permission denied for table
+/// daily`, `must be owner of table daily`, `permission denied for schema
+/// silver`), as bad input (exit 2) naming the object and what to grant.
+fn permission_denied(code: &str, message: &str) -> Error {
+    let object = message
+        .strip_prefix("permission denied for ")
+        .or_else(|| message.strip_prefix("must be owner of "))
+        .map(str::trim)
+        .filter(|o| !o.is_empty())
+        .unwrap_or("the object it names");
+    Error::Argument {
+        message: format!("postgres: {} (SQLSTATE {code}): the user in --db lacks a privilege fixpoint needs", message.trim()),
+        hint: Some(format!(
+            "have the owner of {object} grant it to the user in --db, or connect as a user who has it. A run needs SELECT on the source's tables; \
+             SELECT, INSERT, UPDATE and DELETE on the target (ownership for partition exchange, CREATE on its schema to create it); \
+             USAGE on those schemas; SELECT and INSERT on fixpoint.runs (CREATE on the database for the first run, which makes it). \
+             E.g. GRANT SELECT, INSERT, UPDATE, DELETE ON <schema>.<table> TO <user>"
+        )),
     }
 }
 
@@ -87,10 +137,65 @@ const SESSION: &str = "SET DateStyle = 'ISO, YMD'; SET TimeZone = 'UTC'; SET Int
 
 impl Postgres {
     /// Connects to `postgres://user[:password]@host:port/db`.
+    ///
+    /// Every lock wait of the session is bounded by [`DEFAULT_WAIT`]; see
+    /// [`Postgres::connect_waiting`].
     pub fn connect(url: &str) -> Result<Postgres> {
+        Postgres::connect_waiting(url, DEFAULT_WAIT)
+    }
+
+    /// Connects, bounding every lock wait of the session by `wait`
+    /// (`lock_timeout`): a target locked by another session, or another run's
+    /// lock, stops the run with a [`Error::Busy`] naming the sessions with
+    /// open transactions, instead of waiting forever.
+    pub fn connect_waiting(url: &str, wait: std::time::Duration) -> Result<Postgres> {
         let mut client = Client::connect(url, NoTls).map_err(pg_err(format!("connecting to {}", redact(url))))?;
-        client.batch_execute(SESSION).map_err(pg_err("pinning session settings"))?;
-        Ok(Postgres { client: Some(client), url: url.to_owned(), version: None, scratch: None })
+        // The number is ours (milliseconds), not a user's text.
+        let session = format!("{SESSION}; SET lock_timeout = '{}ms'", lock_timeout_ms(wait));
+        client.batch_execute(&session).map_err(pg_err("pinning session settings"))?;
+        let row = client
+            .query_one("SELECT pg_backend_pid(), current_setting('default_transaction_isolation')", &[])
+            .map_err(pg_err("reading the session's process id"))?;
+        let (pid, isolation): (i32, String) = (row.get(0), row.get(1));
+        let begin = if isolation == "serializable" { "BEGIN ISOLATION LEVEL SERIALIZABLE" } else { "BEGIN ISOLATION LEVEL REPEATABLE READ" };
+        Ok(Postgres { client: Some(client), url: url.to_owned(), version: None, scratch: None, wait, pid, begin, fresh: false })
+    }
+
+    /// A lock timeout becomes a [`Error::Busy`] that says how long it waited
+    /// and which sessions hold open transactions in this database (read
+    /// through a second connection: this one's transaction is aborted).
+    fn explain_busy(&self, e: Error) -> Error {
+        let Error::Busy { message } = e else { return e };
+        if !message.contains("lock timeout") {
+            return Error::Busy { message };
+        }
+        let mut message = format!("{message}; waited {:.1} s (--wait)", self.wait.as_secs_f64());
+        let holders = Client::connect(&self.url, NoTls).ok().and_then(|mut side| {
+            side.query(
+                "SELECT a.pid, coalesce(a.usename::text, ''), coalesce(a.application_name, ''), coalesce(a.state, ''), \
+                 coalesce(extract(epoch FROM now() - a.xact_start)::bigint, 0), left(regexp_replace(coalesce(a.query, ''), '\\s+', ' ', 'g'), 120) \
+                 FROM pg_stat_activity a WHERE a.datname = current_database() AND a.pid <> $1 AND a.pid <> pg_backend_pid() \
+                 AND a.xact_start IS NOT NULL AND a.backend_type = 'client backend' ORDER BY a.xact_start LIMIT 3",
+                &[&self.pid],
+            )
+            .ok()
+        });
+        match holders {
+            Some(rows) if !rows.is_empty() => {
+                let list: Vec<String> = rows
+                    .iter()
+                    .map(|r| {
+                        let (pid, user, app, state, secs, query): (i32, String, String, String, i64, String) =
+                            (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
+                        let app = if app.is_empty() { String::new() } else { format!(", application {app:?}") };
+                        format!("pid {pid} (user {user}{app}, {state}, transaction open {secs} s, last statement: {query})")
+                    })
+                    .collect();
+                message.push_str(&format!("; sessions with an open transaction in this database, oldest first: {}", list.join("; ")));
+            }
+            _ => message.push_str("; no other session with an open transaction was found (the holder has finished: run again)"),
+        }
+        Error::Busy { message }
     }
 
     /// Creates a fresh database `name` through `admin_url` and connects to
@@ -106,7 +211,6 @@ impl Postgres {
             _ => format!("{admin_url}/{name}"),
         };
         let mut pg = Postgres::connect(&url)?;
-
         pg.scratch = Some((admin_url.to_owned(), name.to_owned()));
         Ok(pg)
     }
@@ -292,23 +396,28 @@ impl Engine for Postgres {
     }
 
     fn execute(&mut self, sql: &Sql) -> Result<u64> {
+        self.fresh = false;
         if sql.params.is_empty() && !sql.text.contains('$') {
             // Utility statements (BEGIN, CREATE …) cannot be prepared with parameters.
             let text = sql.text.clone();
-            return self.client().execute(&text, &[]).map_err(|e| pg_err(context_of(&text))(e));
+            let r = self.client().execute(&text, &[]).map_err(|e| pg_err(context_of(&text))(e));
+            return r.map_err(|e| self.explain_busy(e));
         }
         let stmt = self.prepare(sql)?;
         let params = Self::params(sql);
         let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-        self.client().execute(&stmt, &refs).map_err(|e| pg_err(context_of(&sql.text))(e))
+        let r = self.client().execute(&stmt, &refs).map_err(|e| pg_err(context_of(&sql.text))(e));
+        r.map_err(|e| self.explain_busy(e))
     }
 
     fn query(&mut self, sql: &Sql) -> Result<Rows> {
+        self.fresh = false;
         let stmt = self.prepare(sql)?;
         let params = Self::params(sql);
         let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
         let columns: Vec<String> = stmt.columns().iter().map(|c| c.name().to_owned()).collect();
-        let rows = self.client().query(&stmt, &refs).map_err(|e| pg_err(context_of(&sql.text))(e))?;
+        let rows = self.client().query(&stmt, &refs).map_err(|e| pg_err(context_of(&sql.text))(e));
+        let rows = rows.map_err(|e| self.explain_busy(e))?;
         let mut out = Vec::with_capacity(rows.len());
         for r in rows {
             let mut values = Vec::with_capacity(columns.len());
@@ -364,15 +473,97 @@ impl Engine for Postgres {
             .collect::<Result<Option<Vec<_>>>>()
     }
 
-    fn lock_scope(&mut self, scope: &str, wait: bool) -> Result<bool> {
+    fn relation_kind(&mut self, table: &TableName) -> Result<Option<String>> {
+        // `table_columns` sees tables only: a view of the target's name
+        // would look missing, and the run's CREATE TABLE would collide with it.
         let mut sql = Sql::new();
-        if wait {
-            sql.push("SELECT count(*) FROM (SELECT pg_advisory_xact_lock(hashtextextended(").typed_param(Value::Text(scope.to_owned()), "TEXT").push(", 0))) AS l");
-        } else {
-            sql.push("SELECT pg_try_advisory_xact_lock(hashtextextended(").typed_param(Value::Text(scope.to_owned()), "TEXT").push(", 0))");
-        }
+        sql.push("SELECT c.relkind::text FROM pg_class c JOIN pg_namespace n ON c.relnamespace = n.oid WHERE n.nspname = ")
+            .param(Value::Text(table.schema.clone()))
+            .push(" AND c.relname = ")
+            .param(Value::Text(table.table.clone()));
         let rows = self.query(&sql)?;
-        Ok(!matches!(rows.rows.first().map(|r| &r[0]), Some(Value::Bool(false))))
+        let kind = rows.rows.first().map(|r| text_of(&r[0])).unwrap_or_default();
+        Ok(match kind.as_str() {
+            "" | "r" | "p" => None,
+            "v" => Some("a view".into()),
+            "m" => Some("a materialized view".into()),
+            "f" => Some("a foreign table".into()),
+            "S" => Some("a sequence".into()),
+            "i" | "I" => Some("an index".into()),
+            "c" => Some("a composite type".into()),
+            other => Some(format!("a relation of kind {other:?}")),
+        })
+    }
+
+    /// A run's transaction is REPEATABLE READ: the guards, the input
+    /// fingerprint and the write see one snapshot of the source, so a row
+    /// committed to the source meanwhile is in none of them (the next run
+    /// finds the input changed).
+    fn begin(&mut self) -> Result<()> {
+        let begin = self.begin;
+        self.execute(&Sql::raw(begin))?;
+        self.fresh = true;
+        Ok(())
+    }
+
+    /// The run's lock, held to the end of its transaction. A REPEATABLE
+    /// READ transaction takes its snapshot at its first statement, so a run
+    /// that waited inside its transaction for another run would then read
+    /// the state from before that run committed. When the lock is the
+    /// transaction's first statement and another run holds it, the run
+    /// leaves the transaction, waits for the lock as a session lock
+    /// (bounded by `--wait`), and begins again holding it: its snapshot is
+    /// taken after the other run committed.
+    fn lock_scope(&mut self, scope: &str, wait: bool) -> Result<bool> {
+        let fresh = std::mem::replace(&mut self.fresh, false);
+        let lock_sql = |function: &str| {
+            let mut sql = Sql::new();
+            sql.push(&format!("SELECT {function}(hashtextextended(")).typed_param(Value::Text(scope.to_owned()), "TEXT").push(", 0))::text");
+            sql
+        };
+        let took = |rows: Rows| matches!(rows.rows.first().map(|r| &r[0]), Some(Value::Text(t)) if t == "true" || t.is_empty());
+        if !wait {
+            let held = took(self.query(&lock_sql("pg_try_advisory_xact_lock"))?);
+            if held {
+                // --no-wait: a lock another session holds on what the run
+                // writes is not waited for either, beyond the brief wait for
+                // readers' statements that a partition swap needs (this
+                // transaction only).
+                let ms = lock_timeout_ms(self.wait.min(NO_WAIT));
+                self.execute(&Sql::raw(format!("SET LOCAL lock_timeout = '{ms}ms'")))?;
+            }
+            return Ok(held);
+        }
+        if !fresh {
+            // Not the transaction's first statement (the ledger's creation
+            // lock): its snapshot is taken already; wait in place.
+            self.query(&lock_sql("pg_advisory_xact_lock"))?;
+            return Ok(true);
+        }
+        if took(self.query(&lock_sql("pg_try_advisory_xact_lock"))?) {
+            return Ok(true);
+        }
+        self.execute(&Sql::raw("ROLLBACK"))?;
+        self.query(&lock_sql("pg_advisory_lock"))?;
+        let unlock = lock_sql("pg_advisory_unlock");
+        let held = self.begin().and_then(|()| self.query(&lock_sql("pg_try_advisory_xact_lock")).map(took));
+        let released = match &held {
+            Ok(_) => self.query(&unlock).map(|_| ()),
+            Err(_) => Ok(()),
+        };
+        if held.is_err() || released.is_err() {
+            // Leave no session lock behind: it would outlive the run.
+            let _ = self.execute(&Sql::raw("ROLLBACK"));
+            let _ = self.query(&unlock);
+            return Err(match (held, released) {
+                (Err(e), _) | (_, Err(e)) => e,
+                _ => Error::Internal("unreachable: an error without an error".into()),
+            });
+        }
+        match held {
+            Ok(true) => Ok(true),
+            _ => Err(Error::Internal(format!("the run's lock {scope:?} was not granted to the session holding it"))),
+        }
     }
 
     fn day_partition(&mut self, table: &TableName, column: &str, day: chrono::NaiveDate) -> Result<DayPartition> {
@@ -671,7 +862,13 @@ mod tests {
         assert_eq!(classify("55P03", "lock timeout", "c".into()).class(), ErrorClass::Busy);
         let e = classify("42P01", "relation \"bronze.x\" does not exist", "c".into());
         assert_eq!(e.to_string(), "postgres: c: undefined table: relation \"bronze.x\" does not exist (SQLSTATE 42P01)");
-        assert_eq!(classify("42501", "permission denied for table t", "c".into()).class(), ErrorClass::Runtime);
+        // A refused privilege is bad input, naming the object and the grant.
+        let denied = classify("42501", "permission denied for table t", "running `DELETE FROM \"s\".\"t\"`".into());
+        assert_eq!(denied.class(), ErrorClass::Input);
+        assert_eq!(denied.to_string(), "postgres: permission denied for table t (SQLSTATE 42501): the user in --db lacks a privilege fixpoint needs");
+        assert!(denied.hint().is_some_and(|h| h.starts_with("have the owner of table t grant it")), "{:?}", denied.hint());
+        let owner = classify("42501", "must be owner of table t", "c".into());
+        assert!(owner.hint().is_some_and(|h| h.starts_with("have the owner of table t grant it")), "{:?}", owner.hint());
         assert!(classify("57P01", "terminating connection", "c".into()).to_string().contains("connection lost"));
         // A concurrent CREATE … IF NOT EXISTS lost the race: retried.
         let race = classify("23505", "duplicate key value violates unique constraint \"pg_namespace_nspname_index\"", "running `CREATE SCHEMA IF NOT EXISTS \"fixpoint\"`".into());

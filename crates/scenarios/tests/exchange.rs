@@ -1,9 +1,14 @@
 //! Partition exchange on PostgreSQL: a target declaratively partitioned by
 //! day gets each day swapped in whole (DETACH / ATTACH in the run's
 //! transaction) instead of a multi-million-row DELETE; parallel backfills.
+//! What readers see during a swap, at each isolation level, and
+//! `swap = "delete_insert"` for readers that hold an older snapshot.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use fixpoint_core::backfill::{backfill, backfill_parallel, BackfillOptions, DateOutcome};
-use fixpoint_core::{ledger, Engine, Error, FailPoint, FaultAction, RunOptions};
+use fixpoint_core::{ledger, Engine, Error, FailPoint, FaultAction, RunOptions, RunReport, Sql};
 use fixpoint_postgres::Postgres;
 use fixpoint_scenarios::*;
 
@@ -313,4 +318,244 @@ fn a_parallel_backfill_ends_as_the_sequential_one() {
         .collect();
     assert_eq!(states, ["done", "done", "failed", "not run"]);
     assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'"), 4, "the old day");
+}
+
+/// `toml` with `swap = "<swap>"` after its `partition` line.
+fn with_swap(toml: &str, swap: &str) -> String {
+    assert!(toml.contains("partition = \"dt\"\n"));
+    toml.replacen("partition = \"dt\"\n", &format!("partition = \"dt\"\nswap = \"{swap}\"\n"), 1)
+}
+
+/// A day of ~50 rows whose source switches between two contents (50 rows
+/// `old …`, 52 rows `new …`) by `bronze.variant`, and a target
+/// partitioned by day.
+const CHURN: &str = "
+CREATE SCHEMA bronze;
+CREATE TABLE bronze.churn (id BIGINT, variant INT, payload TEXT, dt DATE);
+INSERT INTO bronze.churn SELECT g, 0, 'old ' || g, DATE '2026-10-20' FROM generate_series(1, 50) AS g;
+INSERT INTO bronze.churn SELECT g, 1, 'new ' || g, DATE '2026-10-20' FROM generate_series(1, 52) AS g;
+CREATE TABLE bronze.variant (v INT);
+INSERT INTO bronze.variant VALUES (0);
+CREATE SCHEMA silver;
+CREATE TABLE silver.churn (id BIGINT, payload TEXT, dt DATE) PARTITION BY LIST (dt);
+CREATE TABLE silver.churn_20261020 PARTITION OF silver.churn FOR VALUES IN ('2026-10-20')
+";
+
+const CHURN_JOB: &str = r#"
+name = "churn"
+target = "silver.churn"
+strategy = "replace_partition"
+partition = "dt"
+
+[source]
+sql = "SELECT id, payload, dt FROM bronze.churn WHERE dt = :run_date AND variant = (SELECT v FROM bronze.variant)"
+"#;
+
+/// The day's row count and a checksum of its rows, in plain SQL.
+const CHURN_SAMPLE: &str = "SELECT count(*), coalesce(sum(hashtext(CAST(t AS TEXT))), 0) FROM silver.churn t WHERE dt = DATE '2026-10-20'";
+
+fn churn_sample(db: &mut dyn Engine) -> fixpoint_core::Result<(i128, i128)> {
+    let r = db.query(&Sql::raw(CHURN_SAMPLE))?;
+    let value = |i: usize| r.rows[0][i].as_i128().unwrap_or(i128::MIN);
+    Ok((value(0), value(1)))
+}
+
+#[test]
+fn a_read_committed_reader_sees_the_old_day_or_the_new_one_through_fifty_swaps() {
+    for swap in ["exchange", "delete_insert"] {
+        let Some(pg) = PgUnderTest::get() else { return };
+        let mut db = pg.fresh_pg();
+        exec(&mut db, CHURN);
+        let job = job(&with_swap(CHURN_JOB, swap));
+        let day = d("2026-10-20");
+        let method = if swap == "exchange" { "partition exchange" } else { "delete+insert" };
+        assert_eq!(job.load(day, &mut db).unwrap().method, method);
+        let old = churn_sample(&mut db).unwrap();
+        exec(&mut db, "UPDATE bronze.variant SET v = 1");
+        assert_eq!(job.load(day, &mut db).unwrap().method, method);
+        let new = churn_sample(&mut db).unwrap();
+        assert_eq!((old.0, new.0), (50, 52), "{swap}");
+        assert_ne!(old.1, new.1, "{swap}: the two days differ in content too");
+
+        // A reader on its own connection samples the day as fast as it can,
+        // each statement on its own (READ COMMITTED: a snapshot per statement).
+        let stop = Arc::new(AtomicBool::new(false));
+        let reads = Arc::new(AtomicU64::new(0));
+        let reader = {
+            let (url, stop, reads) = (db.url().to_owned(), stop.clone(), reads.clone());
+            std::thread::spawn(move || {
+                let mut conn = Postgres::connect(&url).unwrap();
+                conn.execute(&Sql::raw("SET default_transaction_isolation = 'read committed'")).unwrap();
+                let (mut seen_old, mut seen_new, mut wrong) = (0u64, 0u64, Vec::new());
+                while !stop.load(Ordering::SeqCst) {
+                    let n = reads.fetch_add(1, Ordering::SeqCst);
+                    match churn_sample(&mut conn) {
+                        Ok(s) if s == old => seen_old += 1,
+                        Ok(s) if s == new => seen_new += 1,
+                        other => {
+                            if wrong.len() < 10 {
+                                wrong.push(format!("read {n}: {other:?}"));
+                            }
+                        }
+                    }
+                }
+                (seen_old, seen_new, wrong)
+            })
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while reads.load(Ordering::SeqCst) == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // 50 runs, each changing the day: old, new, old, …
+        let mut during = Vec::new();
+        for i in 0..50 {
+            exec(&mut db, &format!("UPDATE bronze.variant SET v = {}", i % 2));
+            let before = reads.load(Ordering::SeqCst);
+            let r = job.load_with(day, &mut db, &force()).unwrap();
+            during.push(reads.load(Ordering::SeqCst) - before);
+            assert_eq!((r.method.as_str(), r.outcome.as_str()), (method, "committed"), "{swap}: run {i}");
+            assert_eq!(churn_sample(&mut db).unwrap(), if i % 2 == 0 { old } else { new }, "{swap}: after run {i}");
+        }
+        stop.store(true, Ordering::SeqCst);
+        let (seen_old, seen_new, wrong) = reader.join().unwrap();
+        assert!(wrong.is_empty(), "{swap}: the reader saw a day that is neither the old {old:?} nor the new {new:?}: {wrong:?}");
+        assert!(seen_old > 0 && seen_new > 0, "{swap}: the reads spanned the swaps ({seen_old} old, {seen_new} new)");
+        assert!(seen_old + seen_new >= 50, "{swap}: {seen_old} + {seen_new} reads in 50 runs");
+        eprintln!("{swap}: {} reads ({seen_old} old, {seen_new} new) over 50 runs; reads during each run: {during:?}", seen_old + seen_new);
+    }
+}
+
+const DAY_20: &str = "SELECT * FROM silver.orders WHERE dt = DATE '2026-10-20'";
+
+/// What a reader whose snapshot is older than a run saw of the 20th.
+struct SnapshotRead {
+    /// The database, after the run.
+    db: Postgres,
+    /// The day before the run (4 rows).
+    old: Vec<Vec<String>>,
+    /// The day as the reader read it, in its transaction.
+    seen: Vec<Vec<String>>,
+    /// The day as the reader read it in a new transaction, after the run.
+    new: Vec<Vec<String>>,
+    /// The run's report.
+    report: RunReport,
+}
+
+/// Loads the 20th, changes its input (4 rows become 5), begins an
+/// `isolation` transaction on a connection of its own and takes its
+/// snapshot by reading another table (so it holds no lock on the target),
+/// then runs the job again and reads the day in that transaction: after
+/// the run committed, or (`during`) while the run waits to commit after
+/// its swap — a read that, like pg_dump's, waits for the swap's lock.
+fn snapshot_read(swap: Option<&str>, isolation: &str, during: bool) -> Option<SnapshotRead> {
+    let mut db = with_target(LIST_TARGET)?;
+    exec(&mut db, "CREATE TABLE public.elsewhere (x INT);\nINSERT INTO public.elsewhere VALUES (1)");
+    let job = job(&swap.map_or_else(|| SILVER_JOB.to_owned(), |s| with_swap(SILVER_JOB, s)));
+    job.load(d("2026-10-20"), &mut db).unwrap();
+    let old = rows(&mut db, DAY_20);
+    assert_eq!(old.len(), 4);
+    exec(&mut db, CHANGE_THE_20TH);
+
+    let mut reader = Postgres::connect(db.url()).unwrap();
+    exec(&mut reader, &format!("BEGIN ISOLATION LEVEL {isolation}"));
+    assert_eq!(count(&mut reader, "SELECT count(*) FROM public.elsewhere"), 1, "the reader's snapshot is taken");
+    let (seen, report) = if during {
+        let writer = {
+            let (url, job) = (db.url().to_owned(), job.clone());
+            std::thread::spawn(move || {
+                let mut conn = Postgres::connect(&url).unwrap();
+                let pause = RunOptions { fault: Some((FailPoint::BeforeCommit, FaultAction::Pause(1000))), ..Default::default() };
+                job.load_with(d("2026-10-20"), &mut conn, &pause).unwrap()
+            })
+        };
+        // Wait until the run has written its ledger row: it has swapped
+        // (or deleted and inserted) and pauses before its commit.
+        let recorded = "SELECT count(*) FROM pg_locks WHERE relation = CAST(CAST('fixpoint.runs' AS regclass) AS oid) \
+                        AND mode = 'RowExclusiveLock' AND granted AND pid <> pg_backend_pid()";
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while count(&mut db, recorded) == 0 {
+            assert!(std::time::Instant::now() < deadline && !writer.is_finished(), "the run did not reach its commit");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let seen = rows(&mut reader, DAY_20);
+        (seen, writer.join().unwrap())
+    } else {
+        let report = job.load(d("2026-10-20"), &mut db).unwrap();
+        (rows(&mut reader, DAY_20), report)
+    };
+    exec(&mut reader, "COMMIT");
+    let new = rows(&mut reader, DAY_20);
+    assert_eq!(new.len(), 5, "a transaction begun after the run sees the new day");
+    assert_eq!(report.outcome, "committed");
+    Some(SnapshotRead { db, old, seen, new, report })
+}
+
+#[test]
+fn a_snapshot_older_than_the_swap_sees_an_empty_day() {
+    // PostgreSQL: a REPEATABLE READ or SERIALIZABLE transaction's snapshot
+    // is taken at its first statement, before it locks the target. The
+    // swapped-in partition's rows are newer than that snapshot and the old
+    // partition is gone: the day reads empty (as after a TRUNCATE).
+    for isolation in ["REPEATABLE READ", "SERIALIZABLE"] {
+        for during in [false, true] {
+            let Some(s) = snapshot_read(None, isolation, during) else { return };
+            let at = format!("{isolation}, read {}", if during { "waiting on the swap" } else { "after the commit" });
+            assert_eq!(s.report.method, "partition exchange", "{at}");
+            assert_eq!(s.seen, Vec::<Vec<String>>::new(), "{at}: the reader sees an empty day, neither the old {:?} nor the new {:?}", s.old, s.new);
+        }
+    }
+}
+
+#[test]
+fn with_swap_delete_insert_a_snapshot_older_than_the_run_sees_the_old_day() {
+    for isolation in ["REPEATABLE READ", "SERIALIZABLE"] {
+        for during in [false, true] {
+            let Some(s) = snapshot_read(Some("delete_insert"), isolation, during) else { return };
+            let at = format!("{isolation}, read {}", if during { "before the commit" } else { "after the commit" });
+            assert_eq!((s.report.method.as_str(), s.report.rows_deleted, s.report.rows_inserted), ("delete+insert", 4, 5), "{at}");
+            assert_eq!(
+                s.report.method_note.as_deref(),
+                Some("no partition exchange: the job has swap = \"delete_insert\" (the day's rows were deleted from silver.orders_20261020 and the new ones inserted)"),
+                "{at}"
+            );
+            assert_eq!(s.seen, s.old, "{at}: the old day, whole");
+        }
+    }
+
+    // The run converges to what partition exchange writes for the same
+    // input: the same day, the same run key (`swap` is not part of the
+    // job's definition hash: it does not change the rows).
+    let Some(mut s) = snapshot_read(Some("delete_insert"), "REPEATABLE READ", false) else { return };
+    let Some(mut exchanged) = with_target(LIST_TARGET) else { return };
+    exec(&mut exchanged, CHANGE_THE_20TH);
+    let ex = job(&with_swap(SILVER_JOB, "exchange"));
+    let ex20 = ex.load(d("2026-10-20"), &mut exchanged).unwrap();
+    assert_eq!((ex20.method.as_str(), ex20.method_note.as_deref()), ("partition exchange", None));
+    assert_eq!((s.report.output(), &s.report.run_key), (ex20.output(), &ex20.run_key));
+    assert_eq!(day_fp(&mut s.db, "silver.orders", "2026-10-20", &["load_id"]), ex20.output());
+    let di = job(&with_swap(SILVER_JOB, "delete_insert"));
+    assert_eq!(di.definition_hash(), ex.definition_hash());
+    assert_eq!(di.load(d("2026-10-20"), &mut s.db).unwrap().outcome, "skipped", "a plain retry finds the day as recorded");
+
+    // A day with no partition yet: one is created (empty, named after the
+    // day), then filled by the insert; no staging table is left behind.
+    let r21 = di.load(d("2026-10-21"), &mut s.db).unwrap();
+    assert_eq!((r21.method.as_str(), r21.rows_deleted, r21.rows_inserted), ("delete+insert", 0, 1));
+    assert_eq!(
+        r21.method_note.as_deref(),
+        Some("no partition exchange: the job has swap = \"delete_insert\" (the day's partition silver.orders_20261021 was created empty, then inserted into)")
+    );
+    assert_eq!(r21.output(), ex.load(d("2026-10-21"), &mut exchanged).unwrap().output());
+    assert_eq!(
+        partitions(&mut s.db, "silver.orders"),
+        vec![
+            vec!["\"orders_20261019\"", "\"FOR VALUES IN ('2026-10-19')\""],
+            vec!["\"orders_20261020\"", "\"FOR VALUES IN ('2026-10-20')\""],
+            vec!["\"orders_20261021\"", "\"FOR VALUES IN ('2026-10-21')\""],
+        ]
+    );
+    assert_eq!(tables_in_silver(&mut s.db), vec![vec!["\"orders\""], vec!["\"orders_20261019\""], vec!["\"orders_20261020\""], vec!["\"orders_20261021\""]]);
+    let again = di.load_with(d("2026-10-21"), &mut s.db, &force()).unwrap();
+    assert_eq!((again.method.as_str(), again.rows_deleted, again.rows_inserted), ("delete+insert", 1, 1));
+    assert_eq!(again.output(), r21.output());
 }

@@ -120,3 +120,72 @@ fn a_serialization_failure_is_retried_and_converges() {
     assert_eq!(rows(&mut db, "SELECT order_total FROM silver.orders WHERE order_id = 3"), vec![vec!["\"5.25\""]], "the rerun replaced the concurrent edit");
     assert_eq!(count(&mut db, "SELECT count(*) FROM fixpoint.runs"), 2, "one committed run per load: the failed attempt left nothing");
 }
+
+/// Another session holding a lock on the target (a `LOCK TABLE` left open
+/// in a console): the run waits at most `--wait`, then stops with exit 5,
+/// naming the session; nothing changed. With `--no-wait` it stops at once.
+#[test]
+fn a_target_locked_by_another_session_is_waited_for_at_most_the_wait() {
+    let Some((mut db, job, _)) = loaded() else { return };
+    exec(&mut db, "UPDATE bronze.orders SET order_total = 7.00 WHERE order_id = 3");
+    let before = rows(&mut db, "SELECT * FROM silver.orders");
+    let ledger = count(&mut db, "SELECT count(*) FROM fixpoint.runs");
+    let mut holder = Postgres::connect(db.url()).unwrap();
+    exec(&mut holder, "SET application_name = 'console of ana'");
+    holder.begin().unwrap();
+    exec(&mut holder, "LOCK TABLE silver.orders IN ACCESS EXCLUSIVE MODE");
+    for (wait, no_wait, at_most) in [(2_000, false, 15_000), (60_000, true, 15_000)] {
+        let mut runner = Postgres::connect_waiting(db.url(), std::time::Duration::from_millis(wait)).unwrap();
+        let started = std::time::Instant::now();
+        let err = job.load_with(d("2026-10-20"), &mut runner, &RunOptions { force: false, fault: None, no_wait }).unwrap_err();
+        let took = started.elapsed().as_millis();
+        assert!(matches!(err, Error::Busy { .. }), "{err}");
+        assert!(took < at_most, "waited {took} ms");
+        if !no_wait {
+            assert!(took >= 1_900, "waited only {took} ms of --wait 2 s");
+        }
+        let msg = err.to_string();
+        assert!(msg.contains("lock timeout") && msg.contains("console of ana") && msg.contains("LOCK TABLE"), "{msg}");
+    }
+    holder.rollback().unwrap();
+    assert_eq!(rows(&mut db, "SELECT * FROM silver.orders"), before, "nothing changed");
+    assert_eq!(count(&mut db, "SELECT count(*) FROM fixpoint.runs"), ledger, "no ledger row");
+    // Once the lock is gone, the run goes through.
+    let report = job.load(d("2026-10-20"), &mut db).unwrap();
+    assert_eq!(report.rows_inserted, 4);
+}
+
+/// One snapshot per run: a row committed to the source while the run is
+/// between its guard scan and its insert is in neither (the ledger's input
+/// fingerprint describes exactly the rows written); the next run sees it.
+#[test]
+fn a_source_row_committed_during_a_run_is_in_neither_its_fingerprint_nor_its_write() {
+    let Some((mut db, job, _)) = loaded() else { return };
+    let url = db.url().to_owned();
+    let runner = {
+        let (url, job) = (url.clone(), job.clone());
+        std::thread::spawn(move || {
+            let mut conn = Postgres::connect(&url).unwrap();
+            let slow = RunOptions { force: true, fault: Some((FailPoint::AfterGuards, FaultAction::Pause(1500))), no_wait: false };
+            job.load_with(d("2026-10-20"), &mut conn, &slow)
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    exec(&mut db, "INSERT INTO bronze.orders VALUES (8, 16, 1.00, 'EUR', TIMESTAMP '2026-10-20 13:00:00', DATE '2026-10-20')");
+    let report = runner.join().unwrap().expect("the run commits");
+    let day = "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'";
+    assert_eq!(count(&mut db, day), 4, "the run wrote its snapshot's rows, not the row committed meanwhile");
+    assert_eq!(report.rows_inserted, 4);
+    let last = "FROM fixpoint.runs WHERE run_date = DATE '2026-10-20' AND finished_at = (SELECT max(finished_at) FROM fixpoint.runs WHERE run_date = DATE '2026-10-20')";
+    assert_eq!(count(&mut db, &format!("SELECT input_rows {last}")), 4, "the ledger's input is what was written");
+    assert_eq!(count(&mut db, &format!("SELECT output_rows {last}")), 4);
+    assert_eq!(
+        count(&mut db, &format!("SELECT count(*) {last} AND input_checksum = output_checksum")),
+        1,
+        "input and output fingerprints agree (same columns)"
+    );
+    // The next run sees the new row: the input changed, the day is rewritten.
+    let next = job.load(d("2026-10-20"), &mut db).unwrap();
+    assert_eq!(next.outcome, "committed");
+    assert_eq!(count(&mut db, day), 5);
+}

@@ -418,7 +418,241 @@ SELECT o.order_id, c.country, :run_date AS dt FROM o JOIN dim.customers AS c ON 
     assert!(lake.job(PARQUET_JOB).source.key_from_files());
 }
 
+/// The target's column names, in order.
+fn column_names(db: &mut dyn fixpoint_core::Engine, table: &str) -> Option<Vec<String>> {
+    let t = fixpoint_core::TableName::parse(table).unwrap();
+    db.table_columns(&t).unwrap().map(|cols| cols.into_iter().map(|c| c.name).collect())
+}
+
+/// An empty (0-byte) file, or a CSV file whose first line names no column,
+/// is refused up front, naming the file, even where new columns would be
+/// appended: before, the reader made up a column `column0` for it, and a
+/// day whose only file was empty was emptied. A header with no row is a
+/// day without rows, which `min_rows` governs.
+fn empty_and_headerless_files_are_refused_before_anything_changes(e: &dyn EngineUnderTest) {
+    let lake = Lake::new();
+    lake.text("e/dt=2026-10-20/a.csv", "order_ref,currency\nA1,EUR\nA2,USD\n");
+    const JOB: &str = r#"
+name = "empty_csv"
+target = "silver.empty_csv"
+strategy = "replace_partition"
+partition = "dt"
+on_schema_change = "append_new_columns"
+
+[source]
+files = "e/dt={run_date}/*.csv"
+"#;
+    let job = lake.job(JOB);
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    let r = job.load(d("2026-10-20"), db).unwrap();
+    assert_eq!((r.outcome.as_str(), r.output_rows), ("committed", 2));
+    let loaded = [["\"A1\"", "\"EUR\"", "\"2026-10-20\""], ["\"A2\"", "\"USD\"", "\"2026-10-20\""]];
+    let read = "SELECT order_ref, currency, CAST(dt AS VARCHAR) FROM silver.empty_csv";
+    let unchanged = |db: &mut dyn fixpoint_core::Engine| {
+        assert_eq!(rows(db, read), loaded);
+        assert_eq!(column_names(db, "silver.empty_csv").unwrap(), ["order_ref", "currency", "dt"], "no made-up column");
+        assert_eq!(ledger::entries(db, None, None, None).unwrap().len(), 1);
+    };
+
+    // A 0-byte file beside the day's file, then a first line that names
+    // nothing, then the day's only file emptied.
+    for (file, content, says) in [
+        ("b.csv", "", "is empty (0 bytes)"),
+        ("b.csv", "\nA3,GBP\n", "has no header line"),
+        ("b.csv", " , \r\nA3,GBP\n", "has no header line"),
+        ("a.csv", "", "is empty (0 bytes)"),
+    ] {
+        lake.text(&format!("e/dt=2026-10-20/{file}"), content);
+        let err = job.load(d("2026-10-20"), db).unwrap_err();
+        assert!(matches!(err, Error::Files { .. }), "{file} {content:?}: {err}");
+        assert_eq!(err.class(), ErrorClass::Data);
+        assert!(err.to_string().starts_with(&format!("{file} (in ")) && err.to_string().contains(says), "{err}");
+        assert!(err.to_string().contains("nothing was changed"), "{err}");
+        assert!(err.hint().unwrap().contains("header line and no row"), "{err}");
+        unchanged(db);
+        if file == "b.csv" {
+            std::fs::remove_file(lake.path("e/dt=2026-10-20/b.csv")).unwrap();
+        }
+    }
+
+    // Compressed: the reader finds the missing header (DuckDB would read `column0`).
+    lake.write(
+        &["e/dt=2026-10-20/gz/a.csv.gz"],
+        "COPY (SELECT 'A4' AS order_ref, 'EUR' AS currency) TO '{lake}/e/dt=2026-10-20/gz/a.csv.gz' (HEADER true, COMPRESSION gzip);
+         COPY (SELECT 1 AS x WHERE false) TO '{lake}/e/dt=2026-10-20/gz/b.csv.gz' (HEADER false, COMPRESSION gzip);",
+    );
+    let gz = lake.job(&JOB.replace("*.csv\"", "gz/*.csv.gz\""));
+    let err = gz.load(d("2026-10-20"), db).unwrap_err();
+    assert!(matches!(err, Error::Files { .. }), "{err}");
+    assert!(err.to_string().starts_with("b.csv.gz (in ") && err.to_string().contains("has no header line"), "{err}");
+    lake.text("e/dt=2026-10-20/a.csv", "order_ref,currency\nA1,EUR\nA2,USD\n");
+    unchanged(db);
+
+    // A header and no row: a day without rows (its columns read as text,
+    // like the target's). With min_rows, refused…
+    lake.text("e/dt=2026-10-20/a.csv", "order_ref,currency\n");
+    let guarded = lake.job(&JOB.replace("partition = \"dt\"", "partition = \"dt\"\nmin_rows = 1"));
+    let err = guarded.load(d("2026-10-20"), db).unwrap_err();
+    assert!(matches!(err, Error::TooFewRows { rows: 0, min_rows: 1, .. }), "{err}");
+    unchanged(db);
+    // … without, it empties the day, and adds no column.
+    let r = job.load(d("2026-10-20"), db).unwrap();
+    assert_eq!((r.outcome.as_str(), r.output_rows), ("committed", 0));
+    assert_eq!(count(db, "SELECT count(*) FROM silver.empty_csv"), 0);
+    assert_eq!(column_names(db, "silver.empty_csv").unwrap(), ["order_ref", "currency", "dt"]);
+}
+
+/// A symbolic link under a `**` pattern back to the day's own folder
+/// (`dt=…/loop -> .`) is refused, naming the link: before, the day's one
+/// file was loaded once per level the system let the link be followed (41
+/// times). A second name for a file loads it once.
+fn a_symlink_cycle_is_refused_and_each_file_loads_once(e: &dyn EngineUnderTest) {
+    let lake = Lake::new();
+    let ten: String = std::iter::once("order_id,qty\n".to_owned()).chain((1..=10).map(|i| format!("{i},{}\n", i * 10))).collect();
+    lake.text("s/dt=2026-10-20/a.csv", &ten);
+    let job = lake.job(
+        r#"
+name = "linked"
+target = "silver.linked"
+strategy = "replace_partition"
+partition = "dt"
+
+[source]
+files = "s/dt={run_date}/**/*.csv"
+"#,
+    );
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    let first = job.load(d("2026-10-20"), db).unwrap();
+    assert_eq!((first.outcome.as_str(), first.output_rows), ("committed", 10));
+    let read = "SELECT order_id, qty, CAST(dt AS VARCHAR) FROM silver.linked";
+    let before = rows(db, read);
+    assert_eq!(before.len(), 10);
+
+    std::os::unix::fs::symlink(".", lake.path("s/dt=2026-10-20/loop")).unwrap();
+    let err = job.load(d("2026-10-20"), db).unwrap_err();
+    assert!(matches!(err, Error::Files { .. }), "{err}");
+    assert_eq!(err.class(), ErrorClass::Data);
+    let m = err.to_string();
+    assert!(m.contains("s/dt=2026-10-20/loop leads back to ") && m.contains("symbolic link cycle") && m.contains("nothing was changed"), "{m}");
+    assert!(err.hint().unwrap().contains("remove the link"), "{err}");
+    assert_eq!(rows(db, read), before);
+    assert_eq!(count(db, "SELECT count(*) FROM silver.linked"), 10);
+    assert_eq!(ledger::entries(db, None, None, None).unwrap().len(), 1);
+
+    // A second name for the same file: read once, so the day's input is
+    // the same as before (the same run key: skipped).
+    std::fs::remove_file(lake.path("s/dt=2026-10-20/loop")).unwrap();
+    std::os::unix::fs::symlink("a.csv", lake.path("s/dt=2026-10-20/b.csv")).unwrap();
+    let again = job.load(d("2026-10-20"), db).unwrap();
+    assert_eq!(again.outcome, "skipped", "{:?}", again.skip_reason);
+    assert_eq!(again.run_key, first.run_key);
+    let forced = job.load_with(d("2026-10-20"), db, &fixpoint_core::RunOptions { force: true, ..Default::default() }).unwrap();
+    assert_eq!((forced.outcome.as_str(), forced.output_rows), ("committed", 10));
+    assert_eq!(forced.input_files.unwrap().files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(), ["a.csv"]);
+    assert_eq!(rows(db, read), before);
+}
+
+/// A `.json` file holding one top-level array of objects is read as one row
+/// per element (DuckDB's reader finds the layout per file, on both
+/// engines), beside JSON Lines; a file whose values are not objects (a list
+/// of numbers, an empty array) is refused naming it, instead of loading a
+/// made-up column `json`.
+fn a_json_array_is_one_row_per_element_and_other_values_are_refused(e: &dyn EngineUnderTest) {
+    let lake = Lake::new();
+    lake.text("j/2026-10-20/a.json", "[{\"order_id\": 1, \"status\": \"new\"},\n {\"order_id\": 2, \"status\": \"paid\"}]\n");
+    lake.text("j/2026-10-20/b.jsonl", "{\"order_id\": 3, \"status\": \"new\"}\n");
+    let job = lake.job(
+        r#"
+name = "json_shapes"
+target = "silver.json_shapes"
+strategy = "replace_partition"
+partition = "dt"
+
+[source]
+files = "j/{run_date}/*"
+format = "json"
+sql = "SELECT order_id, status, :run_date AS dt FROM input"
+"#,
+    );
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    let r = job.load(d("2026-10-20"), db).unwrap();
+    assert_eq!((r.outcome.as_str(), r.output_rows), ("committed", 3));
+    let read = "SELECT order_id, status, CAST(dt AS VARCHAR) FROM silver.json_shapes";
+    let loaded = [["1", "\"new\"", "\"2026-10-20\""], ["2", "\"paid\"", "\"2026-10-20\""], ["3", "\"new\"", "\"2026-10-20\""]];
+    assert_eq!(rows(db, read), loaded);
+
+    for content in ["[1, 2]\n", "[]\n", "1\n2\n"] {
+        lake.text("j/2026-10-20/c.json", content);
+        let err = job.load(d("2026-10-20"), db).unwrap_err();
+        assert!(matches!(err, Error::Files { .. }), "{content:?}: {err}");
+        assert_eq!(err.class(), ErrorClass::Data);
+        assert!(err.to_string().starts_with("c.json (in ") && err.to_string().contains("holds no JSON object"), "{content:?}: {err}");
+        assert_eq!(rows(db, read), loaded);
+        assert_eq!(ledger::entries(db, None, None, None).unwrap().len(), 1);
+    }
+}
+
+/// A file with its own column named like a hive-style folder of its path
+/// (`dt=2026-10-20/` holding a file whose `dt` is 2026-10-19): refused,
+/// naming the file, the column and both values, instead of the folder's
+/// value silently replacing the file's. Agreeing values load (a NULL in the
+/// file is given the folder's value).
+fn a_files_own_column_must_agree_with_its_hive_folder(e: &dyn EngineUnderTest) {
+    let lake = Lake::new();
+    lake.write(
+        &["h/dt=2026-10-20/part-0.parquet"],
+        "COPY (SELECT * FROM (VALUES (1, DATE '2026-10-20'), (2, NULL)) AS t(order_id, dt)) TO '{lake}/h/dt=2026-10-20/part-0.parquet' (FORMAT parquet)",
+    );
+    const JOB: &str = r#"
+name = "hive_own"
+target = "silver.hive_own"
+strategy = "replace_partition"
+partition = "dt"
+
+[source]
+files = "h/dt={run_date}/*.parquet"
+"#;
+    let job = lake.job(JOB);
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    let r = job.load(d("2026-10-20"), db).unwrap();
+    assert_eq!((r.outcome.as_str(), r.output_rows), ("committed", 2));
+    let read = "SELECT order_id, CAST(dt AS VARCHAR) FROM silver.hive_own";
+    let loaded = [["1", "\"2026-10-20\""], ["2", "\"2026-10-20\""]];
+    assert_eq!(rows(db, read), loaded);
+
+    // Another day's rows in the day's folder.
+    lake.write(&[], "COPY (SELECT 3 AS order_id, DATE '2026-10-19' AS dt) TO '{lake}/h/dt=2026-10-20/part-1.parquet' (FORMAT parquet)");
+    let err = job.load(d("2026-10-20"), db).unwrap_err();
+    assert!(matches!(err, Error::Files { .. }), "{err}");
+    assert_eq!(err.class(), ErrorClass::Data);
+    let m = err.to_string();
+    assert!(m.starts_with("part-1.parquet (in ") && m.contains("own column \"dt\" holding \"2026-10-19\"") && m.contains("dt=2026-10-20"), "{m}");
+    assert!(m.contains("nothing was changed"), "{m}");
+    assert_eq!(rows(db, read), loaded);
+    assert_eq!(ledger::entries(db, None, None, None).unwrap().len(), 1);
+    std::fs::remove_file(lake.path("h/dt=2026-10-20/part-1.parquet")).unwrap();
+
+    // The same in CSV, whose reader types the column itself.
+    lake.text("hc/dt=2026-10-20/a.csv", "order_id,dt\n1,2026-10-20\n");
+    let csv = lake.job(&JOB.replace("h/dt={run_date}/*.parquet", "hc/dt={run_date}/*.csv").replace("hive_own", "hive_csv"));
+    assert_eq!(csv.load(d("2026-10-20"), db).unwrap().output_rows, 1);
+    lake.text("hc/dt=2026-10-20/b.csv", "order_id,dt\n2,2026-10-20\n3,2026-10-21\n");
+    let err = csv.load(d("2026-10-20"), db).unwrap_err();
+    assert!(matches!(err, Error::Files { .. }), "{err}");
+    assert!(err.to_string().starts_with("b.csv (in ") && err.to_string().contains("holding \"2026-10-21\""), "{err}");
+    assert_eq!(rows(db, "SELECT order_id, CAST(dt AS VARCHAR) FROM silver.hive_csv"), [["1", "\"2026-10-20\""]]);
+    assert_eq!(rows(db, read), loaded);
+}
+
 scenarios!(
+    empty_and_headerless_files_are_refused_before_anything_changes,
+    a_symlink_cycle_is_refused_and_each_file_loads_once,
+    a_json_array_is_one_row_per_element_and_other_values_are_refused,
+    a_files_own_column_must_agree_with_its_hive_folder,
     a_join_with_a_table_keys_on_the_rows,
     lookback_reloads_the_days_whose_files_changed,
     a_day_of_parquet_files_loads_and_reloads,

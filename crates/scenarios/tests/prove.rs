@@ -2,15 +2,18 @@
 
 use fixpoint_core::diff::{diff, DiffOptions, Sides};
 use fixpoint_core::prove::{prove, ProveOptions};
-use fixpoint_core::{ledger, TableName};
+use fixpoint_core::{ledger, Engine, ErrorClass, TableName};
 use fixpoint_scenarios::*;
 
 fn opts(mutate_key: &[(&str, &str)]) -> ProveOptions {
     ProveOptions { runs: 2, crash: false, mutate: true, mutate_key: mutate_key.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
 }
 
+/// Schemas named like a proof's sandbox (`fixpoint_sandbox_<hex>`), by plain SQL.
+const SANDBOX_SCHEMAS: &str = "SELECT count(*) FROM information_schema.schemata WHERE substr(schema_name, 1, 17) = 'fixpoint_sandbox_'";
+
 fn sandbox_is_gone(db: &mut dyn fixpoint_core::Engine, job: &str) {
-    assert_eq!(db.table_columns(&TableName::parse("fixpoint_sandbox.bronze__orders").unwrap()).unwrap(), None, "the sandbox is dropped");
+    assert_eq!(count(db, SANDBOX_SCHEMAS), 0, "the sandbox schema is dropped");
     let entries = ledger::entries(db, None, None, None).unwrap();
     assert!(entries.iter().all(|e| e.job == job), "no sandbox run left in the ledger: {:?}", entries.iter().map(|e| &e.job).collect::<Vec<_>>());
 }
@@ -173,4 +176,124 @@ fn diff_finds_exactly_the_differences(e: &dyn EngineUnderTest) {
     assert_eq!(err.to_string(), "s.a has no column \"nope\"");
 }
 
-scenarios!(order_check_catches_a_row_number_over_ties, mutation_changes_one_output_row, mutation_catches_a_per_day_total_in_every_row, merge_mutation_changes_one_key, diff_finds_exactly_the_differences);
+/// A user's schema named `fixpoint_sandbox` (the name older proofs dropped
+/// and made again), holding a table of their own and one named exactly as a
+/// sandbox copy of bronze.orders used to be: a proof with the mutation check
+/// leaves both as they were. Each proof makes a schema of its own, under a
+/// name that did not exist, and drops only that one.
+fn prove_keeps_a_users_fixpoint_sandbox_schema(e: &dyn EngineUnderTest) {
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    exec(db, BRONZE);
+    exec(
+        db,
+        "CREATE SCHEMA fixpoint_sandbox;
+CREATE TABLE fixpoint_sandbox.keep (x INTEGER, note VARCHAR);
+INSERT INTO fixpoint_sandbox.keep VALUES (1, 'mine'), (2, 'also mine');
+CREATE TABLE fixpoint_sandbox.bronze__orders AS SELECT * FROM bronze.orders WHERE order_id = 1",
+    );
+    let keep = rows(db, "SELECT x, note FROM fixpoint_sandbox.keep");
+    let copy = rows(db, "SELECT * FROM fixpoint_sandbox.bronze__orders");
+    assert_eq!((keep.len(), copy.len()), (2, 1));
+    for _ in 0..2 {
+        let proof = prove(&job(SILVER_JOB), d("2026-10-20"), db, &opts(&[])).unwrap();
+        assert!(proof.proved, "{:?}", proof.failures);
+        assert_eq!(proof.mutation.as_ref().unwrap().outcome, "passed", "the check ran in a sandbox of its own: {:?}", proof.mutation);
+        assert_eq!(count(db, "SELECT count(*) FROM information_schema.schemata WHERE schema_name = 'fixpoint_sandbox'"), 1, "the user's schema is still there");
+        assert_eq!(rows(db, "SELECT x, note FROM fixpoint_sandbox.keep"), keep, "the user's table survives prove");
+        assert_eq!(rows(db, "SELECT * FROM fixpoint_sandbox.bronze__orders"), copy, "a user's table under a sandbox copy's old name survives too");
+        sandbox_is_gone(db, "silver_orders");
+    }
+}
+
+/// `prove --mutate-key` naming a column the mutated table lacks is refused
+/// before the first run: no target, no ledger row, no sandbox; and after a
+/// real run, the target and the ledger read back (plain SQL) unchanged.
+fn a_refused_mutate_key_changes_nothing(e: &dyn EngineUnderTest) {
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    exec(db, BRONZE);
+    let job = job(SILVER_JOB);
+    let tables = "SELECT count(*) FROM information_schema.tables WHERE table_schema IN ('silver', 'fixpoint')";
+    assert_eq!(count(db, tables), 0);
+    let err = prove(&job, d("2026-10-20"), db, &opts(&[("nope", "1")])).unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Input, "exit 2: {err}");
+    assert_eq!(err.to_string(), "--mutate-key nope=1: bronze.orders has no column \"nope\"");
+    assert!(err.hint().unwrap_or_default().contains("order_total"), "the hint lists the columns: {:?}", err.hint());
+    assert_eq!(count(db, tables), 0, "no run created the target or the ledger");
+    assert_eq!(count(db, SANDBOX_SCHEMAS), 0, "no sandbox was made");
+
+    job.load(d("2026-10-20"), db).unwrap();
+    let target = "SELECT order_id, customer_id, order_total, currency, updated_at, dt, load_id FROM silver.orders";
+    let runs = "SELECT run_key, job, CAST(run_date AS VARCHAR), outcome, output_rows, output_checksum FROM fixpoint.runs";
+    let (target_before, runs_before) = (rows(db, target), rows(db, runs));
+    assert_eq!(runs_before.len(), 1);
+    for (key, more) in [
+        (opts(&[("order_id", "3"), ("nope", "1")]), "--mutate-key nope=1: bronze.orders has no column \"nope\""),
+        (ProveOptions { runs: 1, ..opts(&[]) }, "--runs 1: a proof needs at least 2 runs"),
+        (ProveOptions { mutate: false, ..opts(&[("order_id", "3")]) }, "--mutate-key with --no-mutate: the mutation check is off"),
+    ] {
+        let err = prove(&job, d("2026-10-20"), db, &key).unwrap_err();
+        assert_eq!((err.class(), err.to_string().as_str()), (ErrorClass::Input, more));
+        assert_eq!(rows(db, target), target_before, "{more}: the target is unchanged");
+        assert_eq!(rows(db, runs), runs_before, "{more}: the ledger is unchanged");
+        assert_eq!(count(db, SANDBOX_SCHEMAS), 0, "{more}: no sandbox was made");
+    }
+}
+
+/// The type of `column` in `table`, as the engine names it.
+fn column_type(db: &mut dyn Engine, table: &TableName, column: &str) -> String {
+    db.table_columns(table).unwrap().unwrap().into_iter().find(|c| c.name == column).unwrap().ty
+}
+
+/// A DECIMAL column against a VARCHAR one holding the same text: refused
+/// (exit 2), naming the column and both types, never "identical"; left out
+/// with `exclude`, the rest compares. Types of one family still compare.
+fn diff_refuses_columns_of_different_type_families(e: &dyn EngineUnderTest) {
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    exec(
+        db,
+        "CREATE SCHEMA s;
+CREATE TABLE s.decimals (id BIGINT, amount DECIMAL(12,2), label VARCHAR);
+CREATE TABLE s.texts (id BIGINT, amount VARCHAR, label VARCHAR);
+CREATE TABLE s.narrow (id INTEGER, amount DECIMAL(12,2), label VARCHAR);
+INSERT INTO s.decimals VALUES (1, 1.50, 'a'), (2, 2.50, 'b');
+INSERT INTO s.texts VALUES (1, '1.50', 'a'), (2, '2.50', 'b');
+INSERT INTO s.narrow VALUES (1, 1.50, 'a'), (2, 2.50, 'b')",
+    );
+    let (dec, txt, narrow) = (TableName::parse("s.decimals").unwrap(), TableName::parse("s.texts").unwrap(), TableName::parse("s.narrow").unwrap());
+    let key = DiffOptions { key: vec!["id".into()], ..Default::default() };
+    let err = diff(&mut Sides::One(&mut *db), &dec, &txt, &key).unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Input, "exit 2: {err}");
+    let (ta, tb) = (column_type(db, &dec, "amount"), column_type(db, &txt, "amount"));
+    assert_eq!(
+        err.to_string(),
+        format!("cannot diff columns of different type families: amount is {ta} (decimal) in s.decimals but {tb} (text) in s.texts")
+    );
+    assert!(err.hint().unwrap_or_default().contains("--exclude amount"), "{:?}", err.hint());
+    let rest = diff(&mut Sides::One(&mut *db), &dec, &txt, &DiffOptions { key: vec!["id".into()], exclude: vec!["amount".into()], ..Default::default() }).unwrap();
+    assert!(rest.identical, "{rest:?}");
+    assert_eq!(rest.fingerprint_a, rest.fingerprint_b);
+    // INTEGER against BIGINT: one family, compared (portable), identical.
+    let same_family = diff(&mut Sides::One(&mut *db), &dec, &narrow, &key).unwrap();
+    assert!(same_family.identical, "{same_family:?}");
+    assert_eq!(same_family.fingerprint_a, same_family.fingerprint_b);
+    // A real difference is never "identical", and its fingerprints differ.
+    exec(db, "UPDATE s.narrow SET label = 'z' WHERE id = 2");
+    let differs = diff(&mut Sides::One(&mut *db), &dec, &narrow, &key).unwrap();
+    assert!(!differs.identical);
+    assert_ne!(differs.fingerprint_a, differs.fingerprint_b);
+    assert_eq!((differs.only_in_a, differs.only_in_b, differs.changed, differs.note.as_deref()), (0, 0, 1, None));
+}
+
+scenarios!(
+    order_check_catches_a_row_number_over_ties,
+    mutation_changes_one_output_row,
+    mutation_catches_a_per_day_total_in_every_row,
+    merge_mutation_changes_one_key,
+    diff_finds_exactly_the_differences,
+    prove_keeps_a_users_fixpoint_sandbox_schema,
+    a_refused_mutate_key_changes_nothing,
+    diff_refuses_columns_of_different_type_families
+);

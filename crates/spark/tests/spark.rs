@@ -1,5 +1,5 @@
 //! The Spark engine against a real Spark Connect server (`scripts/spark-local.sh
-//! start`; URL from FIXPOINT_SPARK_URL, default sc://127.0.0.1:15002). Without a
+//! start`; URL from FIXPOINT_TEST_SPARK, default sc://127.0.0.1:15002). Without a
 //! server the tests say `skipped`, except under CI=true, where they fail.
 #![cfg(feature = "spark")]
 
@@ -11,7 +11,7 @@ use fixpoint_core::{Engine, Error, Method, TableName};
 use fixpoint_spark::Spark;
 
 fn spark() -> Option<Spark> {
-    let url = std::env::var("FIXPOINT_SPARK_URL").unwrap_or_else(|_| "sc://127.0.0.1:15002".into());
+    let url = std::env::var("FIXPOINT_TEST_SPARK").unwrap_or_else(|_| "sc://127.0.0.1:15002".into());
     match Spark::connect(&url, Duration::from_secs(5)).and_then(|mut s| s.version().map(|_| s)) {
         Ok(s) => Some(s),
         Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("no Spark Connect server at {url} under CI=true: {e}"),
