@@ -91,7 +91,7 @@ const WRONG: &[(&str, &[&str])] = &[
             "'silver.\"orders\"\"; DROP TABLE bronze.orders; --\"'",
             "\"fixpoint.runs\"",
             "\"FIXPOINT.runs\"",
-            "\"fixpoint_sandbox.orders\"",
+            "\"fixpoint_sandbox_1a2b3c4d.orders\"",
             "\"silver.ordérs\"",
             "[\"silver.orders\"]",
             "{ schema = \"silver\", table = \"orders\" }",
@@ -507,7 +507,7 @@ fn valid_table(t: &str) -> bool {
 fn as_target(ident: &str) -> String {
     let t = if ident.contains('.') { ident.to_owned() } else { format!("silver.{ident}") };
     let parts: Vec<&str> = t.split('.').collect();
-    let allowed = ["silver", "fixpoint", "fixpoint_sandbox"];
+    let allowed = ["silver", "fixpoint", "fixpoint_sandbox_1a2b3c4d"];
     if parts.len() == 2 && parts.iter().all(|p| is_plain(p)) && !allowed.iter().any(|a| parts[0].eq_ignore_ascii_case(a)) {
         format!("silver.{}", parts[1])
     } else {

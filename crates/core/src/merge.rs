@@ -619,6 +619,9 @@ fn merge_in_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut crat
     trace.step("merge");
     opts.step(FailPoint::AfterDelete)?;
     opts.step(FailPoint::MidInsert)?;
+    if changed > batch_rows {
+        return Err(duplicate_keys_error(engine, job, spec)?);
+    }
     let updates = changed.checked_sub(inserts + deletes).ok_or_else(|| {
         Error::Internal(format!("the merge changed {changed} rows but its taps counted {inserts} inserts and {deletes} deletes; rolled back"))
     })?;
@@ -865,7 +868,10 @@ fn merge_one_statement(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut cra
     trace.step("taps closed");
     opts.step(FailPoint::AfterDelete)?;
     opts.step(FailPoint::MidInsert)?;
-    if updates > changed || changed > batch_rows {
+    if changed > batch_rows {
+        return Err(duplicate_keys_error(engine, job, spec)?);
+    }
+    if updates > changed {
         return Err(Error::Internal(format!("the merge changed {changed} rows of a {batch_rows}-key batch but its tap counted {updates} updates; rolled back")));
     }
     let (inserts, alone) = (changed - updates, batch_rows - changed);
@@ -1123,7 +1129,7 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
         sql.push(&format!(
             "SELECT count(*) FILTER (WHERE {is_insert}), count(*) FILTER (WHERE {is_update}), count(*) FILTER (WHERE {is_delete}), \
              count(*) FILTER (WHERE {matched} AND NOT {del} AND b.{version} = t.{version} AND ({})), \
-             count(*) FILTER (WHERE {matched} AND NOT ({in_scope})){out_fp} \
+             count(*) FILTER (WHERE {matched} AND NOT ({in_scope})), count(*){out_fp} \
              FROM {BATCH} AS b LEFT JOIN {} AS t ON {}",
             rows_differ("b", "t", &compared),
             job.target.quoted(),
@@ -1134,6 +1140,10 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
         let n = |i: usize| count_at(&row, i, "classification");
         let (inserts, updates, deletes, cross_ties, moved) = (n(0)?, n(1)?, n(2)?, n(3)?, n(4)?);
         trace.step("classify");
+        if n(5)? > batch_rows {
+            // One batch key joined more than one target row.
+            return Err(duplicate_keys_error(engine, job, spec)?);
+        }
         if moved > 0 {
             let p = prune.expect("moved only counted when pruning");
             return Err(moved_error(engine, job, spec, p, BATCH, &in_scope, &prune_sql.params, moved)?);
@@ -1173,7 +1183,7 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
         // 10. The output: the batch's keys as the target now holds them.
         let output = if by_construction {
             let (_, okind, osig) = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
-            Fingerprint::from_sum(&okind, &osig, n(5)?, engine.read_sum(&row[6])?)
+            Fingerprint::from_sum(&okind, &osig, n(6)?, engine.read_sum(&row[7])?)
         } else {
             let (select, okind, osig) = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
             let mut sql = Sql::new();
@@ -1204,4 +1214,34 @@ fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunO
 /// A tap the plan registered returned no counts: a bug, never a 0.
 fn tap_lost(what: &str) -> Error {
     Error::Internal(format!("the tap counting {what} returned nothing; rolled back"))
+}
+
+/// The refusal of a target that holds more than one row for a key of the
+/// batch: the job's `key` is not the table's key (a merge would update
+/// every such row). Found when a plan's counts show more rows changed or
+/// joined than the batch has keys; one duplicated key is read as the
+/// example. Nothing is changed (the run rolls back).
+fn duplicate_keys_error(engine: &mut dyn Engine, job: &Job, spec: &MergeSpec) -> Result<Error> {
+    let keys = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
+    let sample = first_row(
+        engine,
+        &Sql::raw(format!("SELECT {keys}, count(*) AS \"rows\" FROM {} GROUP BY {keys} HAVING count(*) > 1 LIMIT 1", job.target.quoted())),
+    )?;
+    if sample.0.is_empty() {
+        return Ok(Error::Internal(format!("the merge of job {} changed more rows than its batch has keys, and the target holds no duplicated key; rolled back", job.name)));
+    }
+    Ok(Error::Spec {
+        file: job.path.clone().unwrap_or_else(|| format!("job {}", job.name).into()),
+        key: "key".into(),
+        message: format!(
+            "the target {} holds more than one row for a key of the batch, e.g. {sample}: key = [{}] is not the table's key; nothing was changed",
+            job.target,
+            spec.key.iter().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", ")
+        ),
+        hint: Some(format!(
+            "set key to the columns that identify one row of {} (find duplicates with SELECT {keys}, count(*) FROM {} GROUP BY {keys} HAVING count(*) > 1)",
+            job.target,
+            job.target.quoted()
+        )),
+    })
 }

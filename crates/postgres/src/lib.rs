@@ -271,7 +271,10 @@ impl Postgres {
     fn prepare(&mut self, sql: &Sql) -> Result<postgres::Statement> {
         let types = vec![Type::TEXT; sql.params.len()];
         let text = sql.text.clone();
-        self.client().prepare_typed(&text, &types).map_err(|e| pg_err(context_of(&text))(e))
+        // Preparing locks the statement's tables (parse analysis): a lock
+        // timeout can happen here already.
+        let r = self.client().prepare_typed(&text, &types).map_err(|e| pg_err(context_of(&text))(e));
+        r.map_err(|e| self.explain_busy(e))
     }
 }
 
@@ -594,17 +597,13 @@ impl Engine for Postgres {
         )
         .typed_param(Value::Text(table.quoted()), "TEXT")
         .push(" AS regclass) ORDER BY 2");
-        // A concurrent run of another day may detach and drop its partition
-        // between this query's snapshot and pg_get_expr reading the bound
-        // (NULL for a relation dropped meanwhile): read the list again.
-        let mut rows = self.query(&sql)?.rows;
-        for _ in 0..10 {
-            if rows.iter().all(|r| !matches!(r[3], Value::Null)) {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            rows = self.query(&sql)?.rows;
-        }
+        // A concurrent run of another day may have detached and dropped its
+        // partition since the run's snapshot (REPEATABLE READ) was taken:
+        // pg_get_expr reads the bound from the current catalog, NULL for a
+        // relation dropped meanwhile. Such a partition is another day's (this
+        // day's partition changes only under this job's lock, taken before
+        // the snapshot), so it is left out.
+        let rows: Vec<_> = self.query(&sql)?.rows.into_iter().filter(|r| !matches!(r[3], Value::Null)).collect();
         let mut has_default = false;
         for r in rows {
             let text = text_of;

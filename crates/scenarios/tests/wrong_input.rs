@@ -170,7 +170,8 @@ fn a_target_in_fixpoints_own_schema_is_refused(e: &dyn EngineUnderTest) {
         );
         let err = load_err(&toml);
         assert_eq!(spec_key(&err), "target", "{target}");
-        assert!(err.to_string().starts_with(&format!("wrong.toml: target: {target} is in the schema fixpoint, which is reserved for")), "{err}");
+        let schema = target.split('.').next().unwrap();
+        assert!(err.to_string().starts_with(&format!("wrong.toml: target: {target} is in the schema {schema}, which is reserved for")), "{err}");
     }
     // A job changed after it was loaded is refused at the start of the run.
     silver.target = TableName::parse("fixpoint.runs").unwrap();
@@ -283,12 +284,43 @@ fn a_version_without_a_meaningful_order_is_refused(e: &dyn EngineUnderTest) {
     assert_eq!(rows(db, "SELECT k, ver, amount FROM silver.v_num"), vec![vec!["1".to_owned(), "10".to_owned(), "200".to_owned()]]);
 }
 
+/// A merge whose key is not the target's key (the target holds two rows of
+/// one key) is refused naming the key and an example, on every plan; before,
+/// the one-statement plan stopped with an internal error and the join plan
+/// updated both rows.
+fn a_key_that_is_not_the_targets_key_is_refused(e: &dyn EngineUnderTest) {
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    exec(
+        db,
+        "CREATE SCHEMA staging;
+CREATE TABLE staging.c (k BIGINT, ver BIGINT, amount BIGINT, batch DATE);
+INSERT INTO staging.c VALUES (1, 5, 500, DATE '2026-10-20'), (3, 5, 300, DATE '2026-10-20');
+CREATE SCHEMA silver;
+CREATE TABLE silver.c (k BIGINT, ver BIGINT, amount BIGINT);
+INSERT INTO silver.c VALUES (1, 1, 10), (1, 2, 20), (2, 1, 30)",
+    );
+    let before = rows(db, "SELECT * FROM silver.c ORDER BY k, ver");
+    for extra in ["", "deleted = \"amount < 0\""] {
+        let merge = job(&format!(
+            "name = \"dup\"\ntarget = \"silver.c\"\nstrategy = \"merge\"\nkey = [\"k\"]\nversion = \"ver\"\n{extra}\n\n[source]\nsql = \"SELECT k, ver, amount FROM staging.c WHERE batch = :run_date\"\n"
+        ));
+        let err = merge.load(d("2026-10-20"), db).unwrap_err();
+        assert_eq!(spec_key(&err), "key", "{extra}: {err}");
+        let msg = err.to_string();
+        assert!(msg.contains("holds more than one row for a key of the batch") && msg.contains("k: 1"), "{extra}: {msg}");
+        assert_eq!(rows(db, "SELECT * FROM silver.c ORDER BY k, ver"), before, "{extra}: nothing changed");
+    }
+    assert_eq!(count(db, "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'fixpoint' AND table_name = 'runs'"), 0, "no ledger row");
+}
+
 scenarios!(
     a_source_reading_its_own_target_is_refused_before_anything_changes,
     an_unqualified_name_is_the_target_in_the_default_schema,
     a_target_in_fixpoints_own_schema_is_refused,
     append_new_columns_never_adds_a_key_version_or_partition_column,
     a_version_without_a_meaningful_order_is_refused,
+    a_key_that_is_not_the_targets_key_is_refused,
 );
 
 /// Scenarios again on one more engine under test, in a module of their own.
@@ -311,9 +343,11 @@ scenarios_on!(duckdb_two_statements, fixpoint_scenarios::DuckDbTwoStatementsUnde
     a_source_reading_its_own_target_is_refused_before_anything_changes,
     append_new_columns_never_adds_a_key_version_or_partition_column,
     a_version_without_a_meaningful_order_is_refused,
+    a_key_that_is_not_the_targets_key_is_refused,
 );
 scenarios_on!(duckdb_without_taps, fixpoint_scenarios::DuckDbWithoutTapsUnderTest;
     a_source_reading_its_own_target_is_refused_before_anything_changes,
     append_new_columns_never_adds_a_key_version_or_partition_column,
     a_version_without_a_meaningful_order_is_refused,
+    a_key_that_is_not_the_targets_key_is_refused,
 );
