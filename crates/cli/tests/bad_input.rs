@@ -133,6 +133,24 @@ fn cases() -> Vec<Case> {
         case("unknown partition column", r("partition = \"dt\"", "partition = \"day\""), RUN, 2, "has no column \"day\" (the job's partition column)"),
         case("unknown merge key", m("[\"order_id\"]", "[\"nope\"]"), RUN, 2, "has no column \"nope\" (the job's key)"),
         case("unknown merge version", m("version = \"updated_at\"", "version = \"nope\""), RUN, 2, "has no column \"nope\" (the job's version)"),
+        // Inputs that used to change data.
+        case("a source reading its own target", r("FROM bronze.orders", "FROM silver.orders"), RUN, 2, "source.sql: the source reads the job's own target silver.orders"),
+        case("a target in fixpoint's own schema", r("target = \"silver.orders\"", "target = \"fixpoint.runs\""), RUN, 2, "target: fixpoint.runs is in the schema fixpoint, which is reserved"),
+        case(
+            "a merge key append_new_columns would add",
+            Some(MERGE.replace("key = [\"order_id\"]", "key = [\"order_ref\"]\non_schema_change = \"append_new_columns\"").replace("SELECT order_id,", "SELECT order_id AS order_ref, order_id,")),
+            RUN,
+            2,
+            "has no column order_ref (BIGINT), the job's merge key: it cannot be appended",
+        ),
+        case(
+            "a merge version of type VARCHAR",
+            Some(MERGE.replace("silver.orders_m", "silver.orders_v").replace("updated_at FROM", "CAST(updated_at AS VARCHAR) AS updated_at FROM")),
+            RUN,
+            2,
+            "the version column updated_at of job orders_merge is VARCHAR",
+        ),
+        case("prove with a --mutate-key column the source lacks", Some(REPLACE.into()), &["prove", "case.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--mutate-key", "nope=1"], 2, "--mutate-key nope"),
         // Plain mistakes the database finds: the job file's key, exit 2,
         // not "a retry may work" with fixpoint's SQL.
         case("a view as the target", r("target = \"silver.orders\"", "target = \"views.orders\""), RUN, 2, "case.toml: target: views.orders is a view on duckdb, not a table"),
@@ -314,9 +332,9 @@ fn every_bad_input_is_named_refused_and_changes_nothing() {
         checked += 1;
         if std::env::var_os("FIXPOINT_PRINT_CATALOGUE").is_some() {
             let first = text.stderr.lines().find(|l| l.starts_with("error")).or(text.stderr.lines().next()).unwrap_or("").replace('|', "\\|");
-            eprintln!("| {name} | {} | `{}` |", c.code, first.replace(&dir.display().to_string(), "[DIR]"));
+            eprintln!("| {name} | {} | `` {} `` |", c.code, first.replace(&dir.display().to_string(), "[DIR]"));
         }
     }
     eprintln!("bad-input catalogue: {checked} cases checked");
-    assert!(checked >= 51, "{checked}");
+    assert!(checked >= 64, "{checked}");
 }
