@@ -8,13 +8,26 @@
 //!   every sample is the day's old contents or its new contents, never an
 //!   empty, half-written or duplicated day; after each kill a rerun reaches
 //!   the clean fingerprint.
+//! - the same, plan by plan (`…_killed_at_random_moments` below
+//!   `kill_plan`): the DuckDB tapped insert and guard-scan insert, each
+//!   DuckDB merge plan (one statement, checks in the statement with
+//!   tombstones, the join plan), a file source on each engine, a PostgreSQL
+//!   partition exchange and a PostgreSQL merge. Each trial runs the job
+//!   unkilled on a twin database (its after state, its run key, its
+//!   duration and the plan it took), then kills the same run on the main
+//!   database; an independent reader (plain SQL through the duckdb crate, or
+//!   `psql`: none of fixpoint's code) then finds the scope (the day; for a
+//!   merge the whole table) holding exactly the old or the new rows, the
+//!   ledger holding the run's row if and only if the new rows are there, and
+//!   the rerun reaching the new rows.
 //! - double-fired runs: the same date started several times at once, and
 //!   neighbouring dates at once: the final state equals one run per date.
 //!
-//! Trials: `FIXPOINT_CRASH_TRIALS` (default 8 per engine and command);
-//! kill delays: `FIXPOINT_SEED` (default from the process id, printed);
-//! `--nocapture` prints the figures recorded in RELIABILITY.md.
+//! Trials: `FIXPOINT_CRASH_TRIALS` (default 8 per engine and command, 10 per
+//! plan); kill delays: `FIXPOINT_SEED` (default from the process id,
+//! printed); `--nocapture` prints the figures recorded in RELIABILITY.md.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -354,4 +367,807 @@ fn postgres_double_fired_runs_equal_one_run() {
     if let Some(t) = Target::pg("double") {
         double_fired(tmp.path(), &t, "postgres");
     }
+}
+
+// ---------------------------------------------------------------------------
+// kill -9 plan by plan, judged by an independent reader.
+//
+// Each plan's trials run on two databases of one engine set up alike: the
+// main one, where the run is killed, and its twin, where the same run goes
+// unkilled first. The twin gives the after state (full sorted rows), the
+// run key, the duration that scales the kill delay, and the plan the run
+// took (its report's `method` and its `FIXPOINT_TRACE` steps, asserted).
+// The reader is plain SQL: the duckdb crate on DuckDB files, `psql` on
+// PostgreSQL (each row read as one text value), never fixpoint's code.
+
+/// The day the plan trials load; the day before is loaded once and no
+/// trial may change it.
+const KILL_DAY: &str = "2026-10-02";
+const KILL_DAY_BEFORE: &str = "2026-10-01";
+/// Rows of each day of a `replace_partition` source.
+const KILL_ROWS: i64 = 40_000;
+/// Rows of each day's files (2–4 CSV files a day).
+const KILL_FILE_ROWS: usize = 20_000;
+/// Keys of the merge targets: each batch updates four in five of them
+/// (some tombstones where the job has `deleted`), inserts 200 new ones,
+/// and carries older duplicates and exact copies.
+const MERGE_KEYS: i64 = 20_000;
+/// Kill delays are uniform over [0, this % of the trial's unkilled run).
+const KILL_SPAN_PCT: u64 = 125;
+/// The trace step of DuckDB's tapped insert.
+const TAPPED: &str = "insert (guards and fingerprint tapped)";
+
+fn plan_trials() -> usize {
+    std::env::var("FIXPOINT_CRASH_TRIALS").ok().and_then(|v| v.parse().ok()).unwrap_or(10)
+}
+
+fn base_seed() -> u64 {
+    std::env::var("FIXPOINT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| 0x9E37_79B9_7F4A_7C15 ^ std::process::id() as u64)
+}
+
+/// FNV-1a: each plan draws its own delays from the one seed.
+fn name_hash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+/// `psql` with one SQL string: its rows, one a line (unaligned, no headers).
+fn psql(url: &str, sql: &str) -> Result<String, String> {
+    let out = Command::new("psql")
+        .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql, "-d", url])
+        .env("PGCONNECT_TIMEOUT", "10")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run psql: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+    }
+}
+
+/// One column of strings from a DuckDB file (plain SQL, the duckdb crate).
+fn duck_strings(path: &Path, sql: &str) -> duckdb::Result<Vec<String>> {
+    let conn = duckdb::Connection::open(path)?;
+    let mut stmt = conn.prepare(sql)?;
+    let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+    let mut out = Vec::new();
+    for r in rows {
+        out.push(r?);
+    }
+    Ok(out)
+}
+
+/// A database of the plan trials, read and written with plain SQL.
+enum Db {
+    Duck(PathBuf),
+    /// A scratch database, dropped with the value.
+    Pg { admin: String, url: String, name: String },
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        if let Db::Pg { admin, name, .. } = self {
+            let _ = psql(admin.as_str(), &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+        }
+    }
+}
+
+impl Db {
+    fn url(&self) -> String {
+        match self {
+            Db::Duck(p) => format!("duckdb:{}", p.display()),
+            Db::Pg { url, .. } => url.clone(),
+        }
+    }
+
+    fn is_pg(&self) -> bool {
+        matches!(self, Db::Pg { .. })
+    }
+
+    fn text_type(&self) -> &'static str {
+        if self.is_pg() {
+            "TEXT"
+        } else {
+            "VARCHAR"
+        }
+    }
+
+    /// The whole row of `alias` as one text value.
+    fn row_text(&self, alias: &str) -> String {
+        if self.is_pg() {
+            format!("{alias}::text")
+        } else {
+            format!("CAST({alias} AS VARCHAR)")
+        }
+    }
+
+    /// A table of the integers `from..=to`, for `… AS r(i)`.
+    fn series(&self, from: i64, to: i64) -> String {
+        if self.is_pg() {
+            format!("generate_series({from}, {to})")
+        } else {
+            format!("range({from}, {})", to + 1)
+        }
+    }
+
+    fn exec(&self, sql: &str) {
+        if sql.trim().is_empty() {
+            return;
+        }
+        match self {
+            Db::Duck(p) => duckdb::Connection::open(p).and_then(|c| c.execute_batch(sql)).unwrap_or_else(|e| panic!("{e}\n{sql}")),
+            Db::Pg { url, .. } => {
+                psql(url, sql).unwrap_or_else(|e| panic!("{e}\n{sql}"));
+            }
+        }
+    }
+
+    /// The query's one text column, sorted.
+    fn try_strings(&self, sql: &str) -> Result<Vec<String>, String> {
+        let mut rows: Vec<String> = match self {
+            Db::Duck(p) => duck_strings(p, sql).map_err(|e| e.to_string())?,
+            Db::Pg { url, .. } => psql(url, sql)?.lines().map(str::to_owned).collect(),
+        };
+        rows.sort();
+        Ok(rows)
+    }
+
+    fn strings(&self, sql: &str) -> Vec<String> {
+        self.try_strings(sql).unwrap_or_else(|e| panic!("{e}\n{sql}"))
+    }
+
+    /// Ledger rows with this run key.
+    fn ledger_rows(&self, run_key: &str) -> usize {
+        let n = self.strings(&format!("SELECT CAST(count(*) AS VARCHAR) FROM fixpoint.runs WHERE run_key = '{run_key}'"));
+        n[0].trim().parse().unwrap_or_else(|e| panic!("ledger count {n:?}: {e}"))
+    }
+
+    /// PostgreSQL: waits until no other client is connected, so the killed
+    /// run's server backend (which runs on until it notices its client is
+    /// gone) has committed or rolled back.
+    fn settle(&self) {
+        let Db::Pg { url, .. } = self else { return };
+        let t0 = Instant::now();
+        loop {
+            let others = psql(
+                url,
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'",
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            if others.trim() == "0" {
+                return;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(120), "the killed run's server backend still runs after 120 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Two scratch databases (main and twin), made with `psql`; `None`, after
+/// saying "skipped", when the server is unreachable outside CI.
+fn pg_pair(tag: &str) -> Option<(Db, Db)> {
+    let admin = std::env::var("FIXPOINT_TEST_PG").unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into());
+    if let Err(e) = psql(&admin, "SELECT 1") {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("postgres is unreachable under CI=true: {e}");
+        }
+        eprintln!("skipped: postgres is unreachable ({e})");
+        return None;
+    }
+    let make = |role: &str| -> Db {
+        let name = format!("fixpoint_kill_{tag}_{}_{role}", std::process::id());
+        psql(&admin, &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).unwrap_or_else(|e| panic!("{e}"));
+        psql(&admin, &format!("CREATE DATABASE {name}")).unwrap_or_else(|e| panic!("creating {name}: {e}"));
+        let url = match admin.rfind('/') {
+            Some(i) if i > admin.find("://").map_or(0, |s| s + 2) => format!("{}/{name}", &admin[..i]),
+            _ => format!("{admin}/{name}"),
+        };
+        Db::Pg { admin: admin.clone(), url, name }
+    };
+    Some((make("main"), make("twin")))
+}
+
+/// The steps `FIXPOINT_TRACE` printed (`fixpoint: <step> <ms> ms <n> faults`).
+fn trace_steps(stderr: &str) -> Vec<String> {
+    stderr
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("fixpoint: ")?;
+            let (before, after) = rest.rsplit_once(" ms ")?;
+            if !after.trim_end().ends_with("faults") {
+                return None;
+            }
+            let (what, _ms) = before.trim_end().rsplit_once(' ')?;
+            Some(what.trim().to_owned())
+        })
+        .collect()
+}
+
+fn fixpoint_command(dir: &Path, args: &[String], trace: bool) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_fixpoint"));
+    c.args(args).current_dir(dir).env_remove("FIXPOINT_DB").env_remove("FIXPOINT_FAIL_AT").stdin(Stdio::null());
+    if trace {
+        c.env("FIXPOINT_TRACE", "1");
+    } else {
+        c.env_remove("FIXPOINT_TRACE");
+    }
+    c
+}
+
+fn run_fixpoint(dir: &Path, args: &[String], trace: bool) -> (std::process::Output, Duration) {
+    let mut c = fixpoint_command(dir, args, trace);
+    let t0 = Instant::now();
+    let out = c.output().unwrap();
+    (out, t0.elapsed())
+}
+
+/// Why a state is neither: counts, and a few rows of each difference
+/// (every list sorted).
+fn differ(seen: &[String], old: &[String], new: &[String]) -> String {
+    let missing = |a: &[String], b: &[String]| -> Vec<String> { a.iter().filter(|x| b.binary_search(x).is_err()).take(3).cloned().collect() };
+    let strange: Vec<&String> = seen.iter().filter(|x| old.binary_search(x).is_err() && new.binary_search(x).is_err()).take(3).collect();
+    format!(
+        "{} rows (old state {}, new state {}); rows of neither: {strange:?}; old rows missing: {:?}; new rows missing: {:?}",
+        seen.len(),
+        old.len(),
+        new.len(),
+        missing(old, seen),
+        missing(new, seen)
+    )
+}
+
+type Query = fn(&Db) -> String;
+type Change = fn(&Db, usize) -> String;
+type DayFiles = fn(&Path, &str, usize);
+
+/// One plan under kill -9.
+struct KillPlan {
+    name: &'static str,
+    job: &'static str,
+    /// Arguments after `run job.toml --date DAY --db URL --output json`.
+    extra: &'static [&'static str],
+    /// Load `KILL_DAY_BEFORE` first (unkilled); no trial may change it.
+    day_before: bool,
+    /// The source tables (both databases).
+    setup: Query,
+    /// The source's new input for trial t (0: the first load), both databases.
+    change: Change,
+    /// The day's files for trial t, written once for both databases.
+    files: Option<DayFiles>,
+    /// The scope's rows, one text value each.
+    scope: Query,
+    /// The target's rows outside the scope, which no trial may change.
+    rest: Option<Query>,
+    /// The after state as the source tells it, where it does.
+    known: Option<Query>,
+    /// The report's `method` of the unkilled run.
+    method: &'static str,
+    /// Trace steps the unkilled run must have, and must not have.
+    steps: &'static [&'static str],
+    not_steps: &'static [&'static str],
+}
+
+#[derive(Default)]
+struct PlanTally {
+    trials: usize,
+    finished_before_kill: usize,
+    killed_old_state: usize,
+    killed_new_state: usize,
+    /// Where the kills landed: the last trace step the killed run printed.
+    killed_after: BTreeMap<String, usize>,
+    /// The plan each unkilled run took (method / insert path).
+    paths: BTreeMap<String, usize>,
+    /// PostgreSQL: reads right after the kill that failed (a deadlock with
+    /// the dying backend); the settled read is always made.
+    reader_errors: usize,
+    fastest: Option<Duration>,
+    slowest: Duration,
+}
+
+fn kill_plan(dir: &Path, plan: &KillPlan, main: &Db, twin: &Db) {
+    std::fs::write(dir.join("job.toml"), plan.job).unwrap();
+    let name = plan.name;
+    let args = |db: &Db, day: &str| -> Vec<String> {
+        let mut a: Vec<String> = ["run", "job.toml", "--date", day, "--db"].iter().map(|s| s.to_string()).collect();
+        a.push(db.url());
+        a.extend(["--output", "json"].iter().map(|s| s.to_string()));
+        a.extend(plan.extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let input = |t: usize| {
+        for db in [main, twin] {
+            db.exec(&(plan.change)(db, t));
+        }
+        if let Some(files) = plan.files {
+            files(dir, KILL_DAY, t);
+        }
+    };
+    let scope = |db: &Db| db.strings(&(plan.scope)(db));
+    let rest_rows = |db: &Db| plan.rest.map(|q| db.strings(&q(db)));
+
+    // The first loads, unkilled, on both databases.
+    for db in [main, twin] {
+        db.exec(&(plan.setup)(db));
+    }
+    if let Some(files) = plan.files {
+        files(dir, KILL_DAY_BEFORE, 0);
+    }
+    input(0);
+    let days: Vec<&str> = if plan.day_before { vec![KILL_DAY_BEFORE, KILL_DAY] } else { vec![KILL_DAY] };
+    for db in [main, twin] {
+        for &day in &days {
+            let (out, _) = run_fixpoint(dir, &args(db, day), false);
+            assert!(out.status.success(), "{name}: the first load of {day}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+    let mut current = scope(main);
+    assert!(!current.is_empty(), "{name}: the first load wrote nothing");
+    assert!(current == scope(twin), "{name}: the first loads of the two databases differ");
+    let rest = rest_rows(main);
+    assert!(rest == rest_rows(twin), "{name}: the first loads of the two databases differ outside the scope");
+
+    let seed = base_seed();
+    let plan_seed = seed ^ name_hash(name);
+    let mut rng = Rng(plan_seed | 1);
+    let mut tally = PlanTally::default();
+    let n = plan_trials();
+    for t in 1..=n {
+        tally.trials += 1;
+        input(t);
+
+        // The after state: the same run, unkilled, on the twin.
+        let (out, took) = run_fixpoint(dir, &args(twin, KILL_DAY), true);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{name} trial {t}: the unkilled run failed: {stderr}");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{name} trial {t}: the report is not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)));
+        assert_eq!(report["outcome"].as_str(), Some("committed"), "{name} trial {t}: {report}");
+        assert_eq!(report["method"].as_str(), Some(plan.method), "{name} trial {t}: the plan taken; trace:\n{stderr}");
+        let steps = trace_steps(&stderr);
+        for s in plan.steps {
+            assert!(steps.iter().any(|x| x.as_str() == *s), "{name} trial {t}: the unkilled run has no step {s:?}: {steps:?}");
+        }
+        for s in plan.not_steps {
+            assert!(!steps.iter().any(|x| x.as_str() == *s), "{name} trial {t}: the unkilled run has the step {s:?}: {steps:?}");
+        }
+        let path = if steps.iter().any(|x| x.as_str() == TAPPED) {
+            "tapped insert"
+        } else if steps.iter().any(|x| x.as_str() == "guards") {
+            "guard scan"
+        } else if steps.iter().any(|x| x.as_str() == "rolled back, explain") {
+            "after two rollbacks"
+        } else {
+            "-"
+        };
+        *tally.paths.entry(format!("{} / {path}", plan.method)).or_default() += 1;
+        let key = report["run_key"].as_str().unwrap_or_else(|| panic!("{name} trial {t}: no run key: {report}")).to_owned();
+        assert!(!key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric()), "{name} trial {t}: run key {key:?}");
+        let after = scope(twin);
+        assert!(after != current, "{name} trial {t}: the new input must change the scope");
+        if let Some(known) = plan.known {
+            let from_source = twin.strings(&known(twin));
+            assert!(from_source == after, "{name} trial {t}: the unkilled run's scope is not the source's: {}", differ(&after, &from_source, &from_source));
+        }
+        assert_eq!(twin.ledger_rows(&key), 1, "{name} trial {t}: the unkilled run's ledger row");
+        assert_eq!(main.ledger_rows(&key), 0, "{name} trial {t}: the run key is in the ledger before the run");
+        tally.fastest = Some(tally.fastest.map_or(took, |f| f.min(took)));
+        tally.slowest = tally.slowest.max(took);
+
+        // The same run on the main database, killed after a random delay
+        // scaled by the unkilled run's duration.
+        let delay = Duration::from_micros(rng.below(took.as_micros() as u64 * KILL_SPAN_PCT / 100));
+        let log = dir.join("killed.stderr");
+        let mut child = fixpoint_command(dir, &args(main, KILL_DAY), true)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .spawn()
+            .unwrap();
+        std::thread::sleep(delay);
+        let finished = child.try_wait().unwrap().is_some();
+        let _ = child.kill(); // SIGKILL
+        let status = child.wait().unwrap();
+        let killed_log = std::fs::read_to_string(&log).unwrap_or_default();
+        let killed_steps = trace_steps(&killed_log);
+        if finished {
+            assert!(status.success(), "{name} trial {t}: the run the kill came too late for failed: {killed_log}");
+        }
+        let judge = |seen: &[String]| -> Option<bool> {
+            if seen == after.as_slice() {
+                Some(true)
+            } else if seen == current.as_slice() {
+                Some(false)
+            } else {
+                None
+            }
+        };
+        let at = format!("seed {seed}, kill after {delay:?}, last step {:?}", killed_steps.last());
+
+        // PostgreSQL: a read while the killed run's backend may still run
+        // (READ COMMITTED, one statement); then wait for it to end.
+        if main.is_pg() {
+            match main.try_strings(&(plan.scope)(main)) {
+                Ok(seen) => assert!(
+                    judge(seen.as_slice()).is_some(),
+                    "{name} trial {t} ({at}): right after the kill the scope is neither the old nor the new state: {}",
+                    differ(&seen, &current, &after)
+                ),
+                Err(_) => tally.reader_errors += 1,
+            }
+        }
+        main.settle();
+
+        // The scope is the old state or the new one; the run's ledger row
+        // is there exactly with the new one.
+        let seen = scope(main);
+        let new = judge(seen.as_slice()).unwrap_or_else(|| panic!("{name} trial {t} ({at}): the scope is neither the old nor the new state: {}", differ(&seen, &current, &after)));
+        let in_ledger = main.ledger_rows(&key);
+        assert_eq!(in_ledger, usize::from(new), "{name} trial {t} ({at}): the {} state with {in_ledger} ledger row(s) of the run", if new { "new" } else { "old" });
+        if finished || killed_steps.iter().any(|s| s.as_str() == "commit") {
+            assert!(new, "{name} trial {t} ({at}): the run committed but the scope holds the old state");
+        }
+        assert!(rest_rows(main) == rest, "{name} trial {t} ({at}): rows outside the scope changed");
+        if finished {
+            tally.finished_before_kill += 1;
+        } else {
+            if new {
+                tally.killed_new_state += 1;
+            } else {
+                tally.killed_old_state += 1;
+            }
+            let step = killed_steps.last().map_or_else(|| "before the first step".to_owned(), |s| format!("after {s}"));
+            *tally.killed_after.entry(step).or_default() += 1;
+        }
+
+        // The rerun converges to the new state.
+        let (out, _) = run_fixpoint(dir, &args(main, KILL_DAY), false);
+        assert!(out.status.success(), "{name} trial {t}: the rerun failed: {}", String::from_utf8_lossy(&out.stderr));
+        let converged = scope(main);
+        assert!(converged == after, "{name} trial {t} ({at}): the rerun did not reach the new state: {}", differ(&converged, &current, &after));
+        assert!(main.ledger_rows(&key) >= 1, "{name} trial {t}: after the rerun the ledger has no row of the run");
+        assert!(rest_rows(main) == rest, "{name} trial {t}: the rerun changed rows outside the scope");
+        current = after;
+    }
+    eprintln!(
+        "kill -9 {name}: {} trials: finished before the kill {}, killed with the old state {}, killed with the new state {}; \
+         kills landed {:?}; plans taken {:?}{}; seed {seed} (FIXPOINT_SEED; this plan's delays from {plan_seed}); unkilled run {:.0}–{:.0} ms",
+        tally.trials,
+        tally.finished_before_kill,
+        tally.killed_old_state,
+        tally.killed_new_state,
+        tally.killed_after,
+        tally.paths,
+        if main.is_pg() { format!("; reads right after the kill that failed {}", tally.reader_errors) } else { String::new() },
+        tally.fastest.unwrap_or_default().as_secs_f64() * 1000.0,
+        tally.slowest.as_secs_f64() * 1000.0
+    );
+    assert_eq!(tally.trials, n);
+}
+
+// The plans' jobs and data.
+
+const RP_JOB: &str = r#"name = "kill_rp"
+target = "silver.c"
+strategy = "replace_partition"
+partition = "dt"
+min_rows = 1
+
+[source]
+sql = "SELECT id, amount, note, dt FROM bronze.c WHERE dt = :run_date"
+"#;
+
+fn no_setup(_: &Db) -> String {
+    String::new()
+}
+
+fn no_change(_: &Db, _: usize) -> String {
+    String::new()
+}
+
+/// Two days of `KILL_ROWS` rows each.
+fn rp_setup(db: &Db) -> String {
+    format!(
+        "CREATE SCHEMA bronze;
+         CREATE TABLE bronze.c (id BIGINT, amount DECIMAL(18,2), note {text}, dt DATE);
+         INSERT INTO bronze.c SELECT i, CAST(i % 100000 AS DECIMAL(18,2)), 'note ' || CAST(i AS VARCHAR), \
+         CASE WHEN i % 2 = 0 THEN DATE '{KILL_DAY_BEFORE}' ELSE DATE '{KILL_DAY}' END FROM {series} AS r(i)",
+        text = db.text_type(),
+        series = db.series(0, 2 * KILL_ROWS - 1)
+    )
+}
+
+/// The same, with the target partitioned by day (PostgreSQL).
+fn exchange_setup(db: &Db) -> String {
+    format!(
+        "{};
+         CREATE SCHEMA silver;
+         CREATE TABLE silver.c (id BIGINT, amount DECIMAL(18,2), note TEXT, dt DATE) PARTITION BY LIST (dt);
+         CREATE INDEX c_by_id ON silver.c (id)",
+        rp_setup(db)
+    )
+}
+
+/// Every row of the day changed, some gone, 50 new ones.
+fn rp_change(db: &Db, t: usize) -> String {
+    if t == 0 {
+        return String::new();
+    }
+    format!(
+        "UPDATE bronze.c SET amount = amount + 1 WHERE dt = DATE '{KILL_DAY}';
+         DELETE FROM bronze.c WHERE dt = DATE '{KILL_DAY}' AND id % 173 = {gone};
+         INSERT INTO bronze.c SELECT 10000000 + {t} * 1000 + i, CAST(i AS DECIMAL(18,2)), 'late ' || CAST(i AS VARCHAR), DATE '{KILL_DAY}' FROM {series} AS r(i)",
+        gone = t % 173,
+        series = db.series(0, 49)
+    )
+}
+
+fn rp_scope(db: &Db) -> String {
+    format!("SELECT {} FROM silver.c AS s WHERE dt = DATE '{KILL_DAY}'", db.row_text("s"))
+}
+
+fn rp_rest(db: &Db) -> String {
+    format!("SELECT {} FROM silver.c AS s WHERE dt <> DATE '{KILL_DAY}'", db.row_text("s"))
+}
+
+fn rp_known(db: &Db) -> String {
+    format!("SELECT {} FROM (SELECT id, amount, note, dt FROM bronze.c WHERE dt = DATE '{KILL_DAY}') AS s", db.row_text("s"))
+}
+
+fn rp_plan(name: &'static str) -> KillPlan {
+    KillPlan {
+        name,
+        job: RP_JOB,
+        extra: &[],
+        day_before: true,
+        setup: rp_setup,
+        change: rp_change,
+        files: None,
+        scope: rp_scope,
+        rest: Some(rp_rest as Query),
+        known: Some(rp_known as Query),
+        method: "delete+insert",
+        steps: &[],
+        not_steps: &[],
+    }
+}
+
+const FILES_JOB: &str = r#"name = "kill_files"
+target = "silver.f"
+strategy = "replace_partition"
+partition = "dt"
+min_rows = 1
+
+[source]
+files = "lake/{run_date}/*.csv"
+sql = "SELECT CAST(id AS BIGINT) AS id, CAST(amount AS DECIMAL(18,2)) AS amount, CAST(note AS VARCHAR) AS note, :run_date AS dt FROM input"
+"#;
+
+/// The day's folder of CSV files (2–4 of them), new for every trial: every
+/// row changed, some gone.
+fn write_day_files(dir: &Path, day: &str, t: usize) {
+    let folder = dir.join("lake").join(day);
+    let _ = std::fs::remove_dir_all(&folder);
+    std::fs::create_dir_all(&folder).unwrap();
+    let n = 2 + t % 3;
+    let mut texts = vec![String::from("id,amount,note\n"); n];
+    for i in 0..KILL_FILE_ROWS {
+        if t > 0 && i % 211 == t % 211 {
+            continue;
+        }
+        let cents = (i * 37 + t * 101) % 1_000_000;
+        texts[i % n].push_str(&format!("{i},{}.{:02},note {i} {t}\n", cents / 100, cents % 100));
+    }
+    for (k, text) in texts.iter().enumerate() {
+        std::fs::write(folder.join(format!("part-{k}.csv")), text).unwrap();
+    }
+}
+
+fn files_scope(db: &Db) -> String {
+    format!("SELECT {} FROM silver.f AS s WHERE dt = DATE '{KILL_DAY}'", db.row_text("s"))
+}
+
+fn files_rest(db: &Db) -> String {
+    format!("SELECT {} FROM silver.f AS s WHERE dt <> DATE '{KILL_DAY}'", db.row_text("s"))
+}
+
+fn files_plan(name: &'static str) -> KillPlan {
+    KillPlan {
+        name,
+        job: FILES_JOB,
+        extra: &[],
+        day_before: true,
+        setup: no_setup,
+        change: no_change,
+        files: Some(write_day_files as DayFiles),
+        scope: files_scope,
+        rest: Some(files_rest as Query),
+        known: None,
+        method: "delete+insert",
+        steps: &[],
+        not_steps: &[],
+    }
+}
+
+const MERGE_JOB: &str = r#"name = "kill_merge"
+target = "silver.m"
+strategy = "merge"
+key = ["id"]
+version = "v"
+
+[source]
+sql = "SELECT id, amount, note, v FROM bronze.m WHERE batch = :run_date"
+"#;
+
+const MERGE_TOMBSTONES_JOB: &str = r#"name = "kill_merge"
+target = "silver.m"
+strategy = "merge"
+key = ["id"]
+version = "v"
+deleted = "op = 'D'"
+
+[source]
+sql = "SELECT id, amount, note, v, op FROM bronze.m WHERE batch = :run_date"
+"#;
+
+const MERGE_TIES_JOB: &str = r#"name = "kill_merge"
+target = "silver.m"
+strategy = "merge"
+key = ["id"]
+version = "v"
+on_tie = "deterministic"
+
+[source]
+sql = "SELECT id, amount, note, v FROM bronze.m WHERE batch = :run_date"
+"#;
+
+fn merge_setup(db: &Db) -> String {
+    let text = db.text_type();
+    format!("CREATE SCHEMA bronze; CREATE TABLE bronze.m (id BIGINT, amount DECIMAL(18,2), note {text}, v BIGINT, op {text}, batch DATE)")
+}
+
+/// Batch t (version t + 1): four in five keys updated (one in eleven of
+/// them a tombstone, for a job with `deleted`), 200 new keys, an older
+/// duplicate (version 0) of one key in fifty, an exact copy of one in
+/// ninety-seven; with `tie`, a new key delivered twice at one version with
+/// different values (a tie in the batch: on DuckDB the one-statement and
+/// two-statement plans roll back and the join plan resolves it).
+fn merge_batch(db: &Db, t: usize, tie: bool) -> String {
+    let v = t + 1;
+    let keys = db.series(0, MERGE_KEYS - 1);
+    let first_new = MERGE_KEYS + 200 * t as i64;
+    let new_keys = db.series(first_new, first_new + 199);
+    let picked = format!("(i + {t}) % 5 <> 0");
+    let upsert = format!(
+        "SELECT i, CAST(i % 1000 + {t} AS DECIMAL(18,2)), 'n' || CAST(i AS VARCHAR) || '-{t}', {v}, \
+         CASE WHEN (i + {t}) % 11 = 0 THEN 'D' ELSE 'U' END, DATE '{KILL_DAY}' FROM {keys} AS r(i) WHERE {picked}"
+    );
+    let mut sql = format!(
+        "DELETE FROM bronze.m;
+         INSERT INTO bronze.m {upsert}
+         UNION ALL SELECT i, CAST(-1 AS DECIMAL(18,2)), 'old', 0, 'U', DATE '{KILL_DAY}' FROM {keys} AS r(i) WHERE {picked} AND i % 50 = 0
+         UNION ALL {upsert} AND i % 97 = 0
+         UNION ALL SELECT i, CAST(i % 1000 AS DECIMAL(18,2)), 'new ' || CAST(i AS VARCHAR), {v}, 'U', DATE '{KILL_DAY}' FROM {new_keys} AS r(i)"
+    );
+    if tie {
+        sql.push_str(&format!(
+            "\n UNION ALL SELECT 900000000 + {t}, CAST(a AS DECIMAL(18,2)), 'tie', {v}, 'U', DATE '{KILL_DAY}' FROM (VALUES (1), (2)) AS x(a)"
+        ));
+    }
+    sql
+}
+
+fn merge_batch_plain(db: &Db, t: usize) -> String {
+    merge_batch(db, t, false)
+}
+
+fn merge_batch_tied(db: &Db, t: usize) -> String {
+    merge_batch(db, t, true)
+}
+
+fn merge_scope(db: &Db) -> String {
+    format!("SELECT {} FROM silver.m AS s", db.row_text("s"))
+}
+
+fn merge_plan(name: &'static str, job: &'static str, change: Change, method: &'static str) -> KillPlan {
+    KillPlan {
+        name,
+        job,
+        extra: &[],
+        day_before: false,
+        setup: merge_setup,
+        change,
+        files: None,
+        scope: merge_scope,
+        rest: None,
+        known: None,
+        method,
+        steps: &[],
+        not_steps: &[],
+    }
+}
+
+fn duck_plan(plan: &KillPlan) {
+    let tmp = tempfile::tempdir().unwrap();
+    let main = Db::Duck(tmp.path().join("main.duckdb"));
+    let twin = Db::Duck(tmp.path().join("twin.duckdb"));
+    kill_plan(tmp.path(), plan, &main, &twin);
+}
+
+fn pg_plan(tag: &str, plan: &KillPlan) {
+    let Some((main, twin)) = pg_pair(tag) else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    kill_plan(tmp.path(), plan, &main, &twin);
+}
+
+/// No `:run_key` in the source and `--force`: every run takes the tapped
+/// insert (without `--force` only the day's first load does).
+#[test]
+fn duckdb_tapped_insert_killed_at_random_moments() {
+    duck_plan(&KillPlan { extra: &["--force"], steps: &[TAPPED], not_steps: &["guards"], ..rp_plan("duckdb replace_partition, tapped insert") });
+}
+
+/// After the day's first load, without `--force`: the guard scan, then
+/// delete + insert.
+#[test]
+fn duckdb_guard_scan_insert_killed_at_random_moments() {
+    duck_plan(&KillPlan { steps: &["guards", "insert"], not_steps: &[TAPPED], ..rp_plan("duckdb replace_partition, guard scan") });
+}
+
+#[test]
+fn duckdb_file_source_killed_at_random_moments() {
+    duck_plan(&files_plan("duckdb replace_partition, CSV files"));
+}
+
+/// Without `deleted`: the one-statement MERGE.
+#[test]
+fn duckdb_merge_one_statement_killed_at_random_moments() {
+    duck_plan(&KillPlan {
+        steps: &["merge statement", "ties counted"],
+        not_steps: &["rolled back, two statements"],
+        ..merge_plan("duckdb merge, one statement", MERGE_JOB, merge_batch_plain, "merge, one statement")
+    });
+}
+
+/// With `deleted`: the two statements with the checks in them, and the
+/// tombstone table.
+#[test]
+fn duckdb_merge_with_tombstones_killed_at_random_moments() {
+    duck_plan(&KillPlan {
+        steps: &["dedup, input fp", "merge"],
+        not_steps: &["merge statement", "rolled back, explain", "stage"],
+        ..merge_plan("duckdb merge with tombstones, checks in the statement", MERGE_TOMBSTONES_JOB, merge_batch_plain, "merge, checks in the statement")
+    });
+}
+
+/// The join plan (PostgreSQL's), which DuckDB reaches after the other two
+/// roll back: here a tie in every batch, resolved by `on_tie =
+/// "deterministic"`. The kills land in all three attempts.
+#[test]
+fn duckdb_merge_join_plan_killed_at_random_moments() {
+    duck_plan(&KillPlan {
+        steps: &["rolled back, two statements", "rolled back, explain", "stage", "classify"],
+        not_steps: &[],
+        ..merge_plan("duckdb merge, join plan (after a tie rolls back the others)", MERGE_TIES_JOB, merge_batch_tied, "merge")
+    });
+}
+
+/// A target `PARTITION BY LIST (dt)`: the day swapped in whole.
+#[test]
+fn postgres_partition_exchange_killed_at_random_moments() {
+    pg_plan(
+        "exchange",
+        &KillPlan { setup: exchange_setup, method: "partition exchange", steps: &["swap"], ..rp_plan("postgres replace_partition, partition exchange") },
+    );
+}
+
+#[test]
+fn postgres_merge_killed_at_random_moments() {
+    pg_plan(
+        "merge",
+        &KillPlan { steps: &["stage", "classify"], ..merge_plan("postgres merge with tombstones", MERGE_TOMBSTONES_JOB, merge_batch_plain, "merge") },
+    );
+}
+
+#[test]
+fn postgres_file_source_killed_at_random_moments() {
+    pg_plan("files", &files_plan("postgres replace_partition, CSV files"));
 }
