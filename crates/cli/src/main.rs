@@ -582,7 +582,7 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
                 let opts = RunOptions { force, fault, no_wait };
                 let (report, failure) = fixpoint_core::lookback::run_window(&job, run_date, engine.as_mut(), &opts, fault_date);
                 interrupt::over();
-                out.window(&report);
+                out.window(&report, &job, failure.as_ref());
                 return match failure {
                     None => Ok(()),
                     Some(e) => {
@@ -598,7 +598,7 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             let opts = RunOptions { force, fault, no_wait };
             let report = job.load_with(run_date, engine.as_mut(), &opts)?;
             interrupt::over();
-            out.run_report(&report);
+            out.run_report(&report, &job);
             Ok(())
         }
         Command::Fingerprint { table, predicate, exclude, portable, db, .. } => {
@@ -737,7 +737,7 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             let dates = if count == 0 { Vec::new() } else { RunDate::range(job.start.map_or(from, |s| s.max(from)), to) };
             let rows = fixpoint_core::backfill::status_range(&job, &dates, engine.as_mut())?;
             let attention = fixpoint_core::backfill::needing_attention(&job, &rows);
-            out.status(&job.name, &rows, attention);
+            out.status(&job, &rows, attention);
             if attention > 0 {
                 eprintln!(
                     "error: {attention} of {} date(s) of job {} need attention (missing, drift, source or job changed, no input): exit code {}",

@@ -4,12 +4,14 @@ use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use fixpoint_core::backfill::{DateOutcome, DateState, DateStatus};
+use fixpoint_core::diff::Row;
 use fixpoint_core::ledger::Entry;
-use fixpoint_core::{Error, ErrorClass, Fingerprint, Job, RunDate, RunReport, TableName};
+use fixpoint_core::lookback::{DayError, WindowReport};
+use fixpoint_core::{Error, ErrorClass, Fingerprint, Job, RunDate, RunReport, Strategy, TableName};
 
 /// Marks an error already reported on stdout; the number after it is the exit code.
 pub const REPORTED: &str = "already reported; exit code";
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// Exit codes, documented in the README.
 pub mod code {
@@ -31,7 +33,12 @@ pub mod code {
 
 /// The exit code for an error.
 pub fn exit_code(e: &Error) -> u8 {
-    match e.class() {
+    class_code(e.class())
+}
+
+/// The exit code for an error of class `c`.
+pub fn class_code(c: ErrorClass) -> u8 {
+    match c {
         ErrorClass::Input | ErrorClass::Unsupported => code::INPUT,
         ErrorClass::Data => code::DATA,
         ErrorClass::Busy => code::BUSY,
@@ -107,9 +114,17 @@ impl Output {
         say!(self, "{}", serde_json::to_string_pretty(v).expect("json"));
     }
 
-    pub fn run_report(&self, r: &RunReport) {
+    /// Any serializable value as JSON, in its own key order (a row's
+    /// columns in their order).
+    fn json_of<T: serde::Serialize>(&self, v: &T) {
+        say!(self, "{}", serde_json::to_string_pretty(v).expect("json"));
+    }
+
+    /// A run's report (`job`: the job it ran, for the keys that depend on
+    /// its source).
+    pub fn run_report(&self, r: &RunReport, job: &Job) {
         if self.json {
-            self.json(&serde_json::to_value(r).expect("report serializes"));
+            self.json(&report_json(r, job));
             return;
         }
         match (r.outcome.as_str(), r.strategy.as_str()) {
@@ -165,7 +180,9 @@ impl Output {
 
     pub fn fingerprint(&self, table: &TableName, fp: &Fingerprint) {
         if self.json {
-            self.json(&json!({"table": table.to_string(), "rows": fp.rows, "checksum": fp.checksum, "kind": fp.kind}));
+            let mut v = fingerprint_value(fp);
+            v["table"] = json!(table.to_string());
+            self.json(&v);
         } else {
             say!(self, "{table}: {} rows, checksum {} ({})", fp.rows, fp.checksum, fp.kind);
         }
@@ -207,10 +224,9 @@ impl Output {
             let dates: Vec<serde_json::Value> = outcomes
                 .iter()
                 .map(|o| match o {
-                    DateOutcome::Done(r) => json!({"run_date": r.run_date, "outcome": r.outcome, "report": r}),
-                    DateOutcome::Failed(d, e) => json!({"run_date": d.to_string(), "outcome": "failed",
-                        "error": {"class": class_name(e.class()), "message": e.to_string(), "hint": e.hint(), "exit_code": exit_code(e)}}),
-                    DateOutcome::NotRun(d) => json!({"run_date": d.to_string(), "outcome": "not_run"}),
+                    DateOutcome::Done(r) => json!({"run_date": r.run_date, "outcome": r.outcome, "report": report_json(r, job), "error": null}),
+                    DateOutcome::Failed(d, e) => json!({"run_date": d.to_string(), "outcome": "failed", "report": null, "error": error_object(e)}),
+                    DateOutcome::NotRun(d) => json!({"run_date": d.to_string(), "outcome": "not_run", "report": null, "error": null}),
                 })
                 .collect();
             self.json(&json!({"job": job.name, "dates": dates, "committed": committed, "skipped": skipped, "failed": failed, "not_run": not_run, "rows_written": written, "exit_code": code}));
@@ -248,12 +264,14 @@ impl Output {
 
     /// The status table; `attention`: how many dates need attention
     /// (`fixpoint status` then exits 4).
-    pub fn status(&self, job: &str, rows: &[DateStatus], attention: usize) {
+    pub fn status(&self, job: &Job, rows: &[DateStatus], attention: usize) {
         if self.json {
             let code = if attention > 0 { code::PROOF } else { 0 };
-            self.json(&json!({"job": job, "dates": rows, "need_attention": attention, "exit_code": code}));
+            let dates: Vec<Value> = rows.iter().map(|r| status_json(r, job)).collect();
+            self.json(&json!({"job": job.name, "dates": dates, "need_attention": attention, "exit_code": code}));
             return;
         }
+        let job = job.name.as_str();
         let max = rows.iter().filter_map(|r| r.rows_now.or(r.last_run.as_ref().map(|l| l.output_rows))).max().unwrap_or(0).max(1);
         say!(self, "{:<12} {:<15} {:>10} {:<20} {:<34} rows", "date", "state", "rows", "last run (UTC)", "run key");
         for r in rows {
@@ -303,11 +321,11 @@ impl Output {
             let files: Vec<serde_json::Value> = all
                 .iter()
                 .map(|(f, r)| match r {
-                    Ok(fs) => json!({"file": f, "findings": fs}),
+                    Ok(fs) => json!({"file": f, "findings": fs, "error": null}),
                     Err(e) => {
                         let mut err = error_object(e);
                         err["message"] = json!(naming(f, e));
-                        json!({"file": f, "error": err})
+                        json!({"file": f, "findings": null, "error": err})
                     }
                 })
                 .collect();
@@ -337,9 +355,47 @@ impl Output {
         }
     }
 
-    pub fn window(&self, w: &fixpoint_core::lookback::WindowReport) {
+    /// A run with a lookback window. In JSON: the run date's own report at
+    /// the top (what a run without lookback prints), or `{"error": …}` when
+    /// that day failed, and the window under `window`. `failure`: the first
+    /// failed day's error.
+    pub fn window(&self, w: &WindowReport, job: &Job, failure: Option<&Error>) {
         if self.json {
-            self.json(&serde_json::to_value(w).expect("window serializes"));
+            let days: Vec<Value> = w
+                .days
+                .iter()
+                .map(|d| {
+                    json!({
+                        "run_date": d.run_date,
+                        "action": d.action,
+                        "reason": d.reason,
+                        "report": d.report.as_ref().map(|r| report_json(r, job)),
+                        "error": d.error.as_ref().map(|x| day_error_object(x, &d.reason))
+                    })
+                })
+                .collect();
+            let window = json!({"lookback": w.lookback, "days": days, "written": w.written, "skipped": w.skipped, "failed": w.failed});
+            let first_failed = w.days.iter().position(|d| d.action == "failed");
+            let mut top = match w.days.iter().rposition(|d| d.run_date == w.run_date) {
+                Some(i) => {
+                    let day = &w.days[i];
+                    match (&day.report, &day.error, failure) {
+                        (Some(r), _, _) => report_json(r, job),
+                        // The run date itself failed: its error, as a run
+                        // without lookback prints it (in full when it was
+                        // the window's first failure).
+                        (None, _, Some(e)) if first_failed == Some(i) => json!({ "error": error_object(e) }),
+                        (None, Some(x), _) => json!({ "error": day_error_object(x, &day.reason) }),
+                        (None, None, _) => {
+                            let error = json!({"class": "internal", "message": day.reason, "hint": null, "exit_code": code::INTERNAL});
+                            json!({ "error": error })
+                        }
+                    }
+                }
+                None => json!({}),
+            };
+            top["window"] = window;
+            self.json(&top);
             return;
         }
         say!(self, "{} {} with lookback {}: {} day(s) written, {} skipped, {} failed", w.job, w.run_date, w.lookback, w.written, w.skipped, w.failed);
@@ -352,7 +408,7 @@ impl Output {
 
     pub fn diff(&self, d: &fixpoint_core::diff::DiffReport) {
         if self.json {
-            self.json(&serde_json::to_value(d).expect("diff serializes"));
+            self.json_of(d);
             return;
         }
         say!(self, "diff {} vs {} on key ({})", d.a, d.b, d.key.join(", "));
@@ -362,15 +418,15 @@ impl Output {
             say!(self, "identical: {} rows, no row transferred", d.fingerprint_a.rows);
             return;
         }
-        for r in &d.only_in_a_rows {
-            say!(self, "  only in A  {}", r.join(", "));
+        for r in &d.listed_only_in_a {
+            say!(self, "  only in A  {r}");
         }
-        for r in &d.only_in_b_rows {
-            say!(self, "  only in B  {}", r.join(", "));
+        for r in &d.listed_only_in_b {
+            say!(self, "  only in B  {r}");
         }
-        for r in &d.changed_rows {
+        for r in &d.listed_changed {
             let changes: Vec<String> = r.changes.iter().map(|c| format!("{}: {} -> {}", c.column, c.a, c.b)).collect();
-            say!(self, "  changed    {}: {}", r.key.join(", "), changes.join("; "));
+            say!(self, "  changed    {}: {}", r.key, changes.join("; "));
         }
         say!(
             self,
@@ -384,7 +440,7 @@ impl Output {
 
     pub fn proof(&self, p: &fixpoint_core::prove::Proof) {
         if self.json {
-            self.json(&serde_json::to_value(p).expect("proof serializes"));
+            self.json_of(p);
             return;
         }
         say!(self, "prove {} {} (scope: {})", p.job, p.run_date, p.scope);
@@ -429,7 +485,7 @@ impl Output {
 
     pub fn runs(&self, entries: &[Entry]) {
         if self.json {
-            self.json(&json!({"runs": entries}));
+            self.json(&json!({"runs": entries.iter().map(entry_json).collect::<Vec<_>>()}));
             return;
         }
         say!(self, "{:<20} {:<16} {:<12} {:<10} {:>10} {:>10}  run key", "finished (UTC)", "job", "date", "outcome", "written", "rows");
@@ -455,24 +511,147 @@ impl Output {
             eprintln!("hint: {h}");
         }
         if self.json {
-            let mut v = json!({"error": error_object(e)});
-            if let Error::OutOfPartition { rows, column, sample, .. } = e {
-                v["error"]["rows"] = json!(rows);
-                v["error"]["column"] = json!(column);
-                v["error"]["sample"] = json!(sample.0.iter().cloned().collect::<std::collections::BTreeMap<_, _>>());
-            }
-            if let Error::AuditFailed { audit, results, .. } = e {
-                v["error"]["audit"] = json!(audit);
-                v["error"]["audits"] = json!(results);
-            }
-            self.json(&v);
+            self.json(&json!({"error": error_object(e)}));
         }
     }
 }
 
-/// The object under `"error"` in JSON output: class, message, hint, exit code.
-pub fn error_object(e: &Error) -> serde_json::Value {
-    json!({"class": class_name(e.class()), "message": e.to_string(), "hint": e.hint(), "exit_code": exit_code(e)})
+/// The object under `"error"` in JSON output: class, message, hint (null
+/// when none), exit code; a refused row adds `offending` (how many rows),
+/// `column` and `sample` (one of them, as an object), a failed audit adds
+/// `audit` (its name), `sample` (one offending row, or null) and `audits`
+/// (every audit's result).
+pub fn error_object(e: &Error) -> Value {
+    let mut v = json!({"class": class_name(e.class()), "message": e.to_string(), "hint": e.hint(), "exit_code": exit_code(e)});
+    match e {
+        Error::OutOfPartition { rows, column, sample, .. } => {
+            v["offending"] = json!(rows);
+            v["column"] = json!(column);
+            v["sample"] = row_value(&Row::from_pairs(&sample.0));
+        }
+        Error::AuditFailed { audit, sample, results, .. } => {
+            v["audit"] = json!(audit);
+            v["sample"] = if sample.is_empty() { Value::Null } else { display_row(sample) };
+            v["audits"] = audits_json(results);
+        }
+        _ => {}
+    }
+    v
+}
+
+/// The error object of a failed day of a lookback window (its message is
+/// the day's reason).
+fn day_error_object(d: &DayError, message: &str) -> Value {
+    json!({"class": class_name(d.class), "message": message, "hint": d.hint, "exit_code": class_code(d.class)})
+}
+
+/// A row as a JSON object.
+fn row_value(row: &Row) -> Value {
+    serde_json::to_value(row).expect("a row serializes")
+}
+
+/// A sample row written `{column: value, …}` as a JSON object (a row whose
+/// text cannot be read into columns: `{"row": "<text>"}`).
+fn display_row(text: &str) -> Value {
+    row_value(&Row::parse_display(text).unwrap_or_else(|| Row::unread(text)))
+}
+
+/// Audits' results in JSON: their sample rows as objects.
+fn audits_json(results: &[fixpoint_core::audit::AuditResult]) -> Value {
+    let mut v = json!({ "audits": results });
+    rows_in_audits(&mut v);
+    v["audits"].take()
+}
+
+/// Turns the sample rows of the audits under `v["audits"]` into objects.
+fn rows_in_audits(v: &mut Value) {
+    let Some(audits) = v.get_mut("audits").and_then(Value::as_array_mut) else { return };
+    for a in audits {
+        if let Some(sample) = a.get_mut("sample") {
+            let rows: Vec<Value> = sample.as_array().map(|s| s.iter().map(|x| display_row(x.as_str().unwrap_or_default())).collect()).unwrap_or_default();
+            *sample = Value::Array(rows);
+        }
+    }
+}
+
+/// A fingerprint in JSON, the one shape of every fingerprint in the output:
+/// `{"rows", "checksum", "kind"}`.
+fn fingerprint_value(fp: &Fingerprint) -> Value {
+    json!({"rows": fp.rows, "checksum": fp.checksum, "kind": fp.kind})
+}
+
+/// Moves the flat fingerprint fields of a report or a ledger entry
+/// (`input_rows`, `input_checksum`, `output_rows`, `output_checksum`,
+/// `fingerprint_kind`) into the fingerprint objects `input` and `output`.
+fn nest_fingerprints(v: &mut Value) {
+    let Some(o) = v.as_object_mut() else { return };
+    let kind = o.remove("fingerprint_kind").unwrap_or(Value::Null);
+    for side in ["input", "output"] {
+        let rows = o.remove(format!("{side}_rows").as_str()).unwrap_or(Value::Null);
+        let checksum = o.remove(format!("{side}_checksum").as_str()).unwrap_or(Value::Null);
+        o.insert(side.to_owned(), json!({"rows": rows, "checksum": checksum, "kind": kind.clone()}));
+    }
+}
+
+/// A run's report in JSON (`fixpoint run`, each date of `backfill`, each
+/// day of a lookback window): the report's keys with its fingerprints as
+/// `input` and `output` and the audits' sample rows as objects. A day of a
+/// file source without files (allow_missing) has `run_key`, `input` and
+/// `output` null: nothing was read. `method_note` only for
+/// replace_partition; `input_files` only for a file source (null when no
+/// file matched).
+pub fn report_json(r: &RunReport, job: &Job) -> Value {
+    let mut v = serde_json::to_value(r).expect("a report serializes");
+    nest_fingerprints(&mut v);
+    rows_in_audits(&mut v);
+    if let Some(o) = v.as_object_mut() {
+        if r.run_key.is_empty() {
+            for key in ["run_key", "input", "output"] {
+                o.insert(key.to_owned(), Value::Null);
+            }
+        }
+        if r.strategy != Strategy::ReplacePartition.name() {
+            o.remove("method_note");
+        }
+        if job.source.files.is_some() && !o.contains_key("input_files") {
+            o.insert("input_files".to_owned(), Value::Null);
+        }
+    }
+    v
+}
+
+/// A ledger entry in JSON (`runs`, `status`'s `last_run`): its keys with
+/// its fingerprints as `input` and `output` and the audits' sample rows as
+/// objects.
+pub fn entry_json(e: &Entry) -> Value {
+    let mut v = serde_json::to_value(e).expect("an entry serializes");
+    nest_fingerprints(&mut v);
+    rows_in_audits(&mut v);
+    v
+}
+
+/// One date of `status` in JSON. `output_now` only for replace_partition
+/// (null when the target does not exist); `files_changed` and `note` only
+/// for a file source; `run_key_now` null when a run would have no key (a
+/// file source's day without files).
+fn status_json(r: &DateStatus, job: &Job) -> Value {
+    let mut v = serde_json::to_value(r).expect("a status serializes");
+    if let Some(o) = v.as_object_mut() {
+        o.insert("last_run".to_owned(), r.last_run.as_ref().map(entry_json).unwrap_or(Value::Null));
+        o.insert("input_now".to_owned(), r.input_now.as_ref().map(fingerprint_value).unwrap_or(Value::Null));
+        o.insert("output_now".to_owned(), r.output_now.as_ref().map(fingerprint_value).unwrap_or(Value::Null));
+        if r.run_key_now.is_empty() {
+            o.insert("run_key_now".to_owned(), Value::Null);
+        }
+        if job.strategy != Strategy::ReplacePartition {
+            o.remove("output_now");
+        }
+        if job.source.files.is_none() {
+            o.remove("files_changed");
+            o.remove("note");
+        }
+    }
+    v
 }
 
 /// `e`'s message, starting with `file` unless it already names it.

@@ -62,9 +62,12 @@ fn run_prints_the_report_as_json_and_exits_0() {
     assert_eq!(v["run_date"], "2026-10-20");
     assert_eq!(v["rows_deleted"], 0);
     assert_eq!(v["rows_inserted"], 2, "the row with a quote in its note is filtered by the literal");
-    assert_eq!(v["output_rows"], 2);
+    assert_eq!(v["output"]["rows"], 2);
     assert_eq!(v["run_key"].as_str().unwrap().len(), 32);
-    assert_eq!(v["output_checksum"].as_str().unwrap().len(), 32);
+    assert_eq!(v["output"]["checksum"].as_str().unwrap().len(), 32);
+    assert_eq!(v["input"]["rows"], 2);
+    assert!(v["skip_reason"].is_null() && v["method_note"].is_null(), "present, null when none: {v}");
+    assert!(v.get("input_files").is_none() && v.get("window").is_none(), "absent: a SQL source, no lookback: {v}");
     // The fingerprint command agrees with the run's output fingerprint.
     let fp = fixpoint(
         tmp.path(),
@@ -73,13 +76,13 @@ fn run_prints_the_report_as_json_and_exits_0() {
     assert_eq!(fp.code, 0, "{}", fp.stderr);
     let f: serde_json::Value = serde_json::from_str(&fp.stdout).unwrap();
     assert_eq!(f["rows"], 2);
-    assert_eq!(f["checksum"], v["output_checksum"]);
+    assert_eq!(f["checksum"], v["output"]["checksum"]);
     // Again: same run key, skipped; text output says so.
     let again = fixpoint(tmp.path(), &["run", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb"]);
     assert_eq!(again.code, 0);
     assert!(again.stdout.contains("skipped"), "{}", again.stdout);
     assert!(again.stdout.contains(v["run_key"].as_str().unwrap()));
-    assert!(again.stdout.contains(v["output_checksum"].as_str().unwrap()));
+    assert!(again.stdout.contains(v["output"]["checksum"].as_str().unwrap()));
 }
 
 #[test]
@@ -147,8 +150,9 @@ fn refused_data_exits_3_and_changes_nothing() {
     assert_eq!(out.code, 3, "{}", out.stderr);
     insta::assert_snapshot!("out_of_partition", out.stderr);
     let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
-    assert_eq!(v["error"]["rows"], 1);
-    assert_eq!(v["error"]["sample"]["order_id"], "1");
+    assert_eq!(v["error"]["offending"], 1);
+    assert_eq!(v["error"]["column"], "dt");
+    assert_eq!(v["error"]["sample"], serde_json::json!({"order_id": 1, "order_total": "1.50", "dt": "2026-10-19"}));
     let db = duckdb::Connection::open(tmp.path().join("w.duckdb")).unwrap();
     let n: i64 = db.query_row("SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'silver'", [], |r| r.get(0)).unwrap();
     assert_eq!(n, 0, "no target was created");
@@ -188,11 +192,11 @@ fn a_killed_run_leaves_nothing_and_the_retry_converges() {
         assert!(!o.status.success() && o.status.code().is_none(), "{point}: killed by a signal");
         let fp = fixpoint(tmp.path(), &["fingerprint", "silver.orders", "--where", "dt = DATE '2026-10-20'", "--db", "duckdb:w.duckdb", "--output", "json"]);
         let f: serde_json::Value = serde_json::from_str(&fp.stdout).unwrap();
-        assert_eq!((f["rows"].clone(), f["checksum"].clone()), (clean["output_rows"].clone(), clean["output_checksum"].clone()), "{point}");
+        assert_eq!((f["rows"].clone(), f["checksum"].clone()), (clean["output"]["rows"].clone(), clean["output"]["checksum"].clone()), "{point}");
     }
     let retry = fixpoint(tmp.path(), &["run", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json"]);
     let r: serde_json::Value = serde_json::from_str(&retry.stdout).unwrap();
-    assert_eq!(r["output_checksum"], clean["output_checksum"]);
+    assert_eq!(r["output"]["checksum"], clean["output"]["checksum"]);
     assert_eq!(r["outcome"], "skipped");
 }
 
@@ -320,7 +324,7 @@ fn prove_passes_an_idempotent_job_and_catches_the_clock_and_randomness() {
     assert_eq!(v["runs"].as_array().unwrap().len(), 3);
     assert_eq!(v["crash"].as_array().unwrap().len(), 5);
     assert!(v["crash"].as_array().unwrap().iter().all(|c| c["previous_kept"] == true && c["ledger_clean"] == true && c["converged"] == true));
-    let checksums: Vec<&str> = v["runs"].as_array().unwrap().iter().map(|r| r["checksum"].as_str().unwrap()).collect();
+    let checksums: Vec<&str> = v["runs"].as_array().unwrap().iter().map(|r| r["output"]["checksum"].as_str().unwrap()).collect();
     assert!(checksums.iter().all(|c| *c == checksums[0]));
     assert!(v["verdict"].as_str().unwrap().contains("the diff is empty. Order: the same input stored in the opposite order gave the same output. Mutation: changing one input row of bronze.orders (order_total + 1) changed exactly one output row."), "{}", v["verdict"]);
     assert_eq!(v["order"]["outcome"], "passed");
@@ -337,7 +341,9 @@ fn prove_passes_an_idempotent_job_and_catches_the_clock_and_randomness() {
         assert!(v["verdict"].as_str().unwrap().starts_with("not idempotent: run 2 left 2 rows with checksum"), "{name}: {}", v["verdict"]);
         let diffs = v["runs"][1]["differs_from_first"].as_array().unwrap();
         assert_eq!(diffs.len(), 4, "{name}: both rows differ, in both directions: {diffs:?}");
-        assert!(diffs[0].as_str().unwrap().starts_with("only after this run: {order_id: "), "{name}: {diffs:?}");
+        assert_eq!(diffs[0]["side"], "after", "{name}: only after this run: {diffs:?}");
+        assert!(diffs[0]["row"]["order_id"].is_u64(), "{name}: a row is an object: {diffs:?}");
+        assert_eq!(diffs[3]["side"], "before", "{name}: only after run 1: {diffs:?}");
     }
     // A plain append: fixpoint has no append strategy, but a merge keyed on
     // a value generated per run appends every run's rows all the same.
@@ -382,12 +388,12 @@ fn the_same_job_runs_unchanged_on_postgres() {
     let first = fixpoint(tmp.path(), &["run", "job.toml", "--date", "2026-10-20", "--db", &url, "--output", "json"]);
     assert_eq!(first.code, 0, "{}", first.stderr);
     let v: serde_json::Value = serde_json::from_str(&first.stdout).unwrap();
-    assert_eq!((v["rows_inserted"].as_u64(), v["output_rows"].as_u64()), (Some(2), Some(2)));
-    assert!(v["fingerprint_kind"].as_str().unwrap().starts_with("native-v1/postgres "), "{}", v["fingerprint_kind"]);
+    assert_eq!((v["rows_inserted"].as_u64(), v["output"]["rows"].as_u64()), (Some(2), Some(2)));
+    assert!(v["output"]["kind"].as_str().unwrap().starts_with("native-v1/postgres "), "{}", v["output"]);
     let again = fixpoint(tmp.path(), &["run", "job.toml", "--date", "2026-10-20", "--db", &url, "--output", "json"]);
     let a: serde_json::Value = serde_json::from_str(&again.stdout).unwrap();
     assert_eq!(a["outcome"], "skipped");
-    assert_eq!(a["output_checksum"], v["output_checksum"]);
+    assert_eq!(a["output"]["checksum"], v["output"]["checksum"]);
     let proof = fixpoint(tmp.path(), &["prove", "job.toml", "--date", "2026-10-20", "--crash", "--db", &url]);
     assert_eq!(proof.code, 0, "{}\n{}", proof.stdout, proof.stderr);
     assert!(proof.stdout.contains("the diff is empty"), "{}", proof.stdout);
@@ -414,13 +420,16 @@ fn diff_exits_0_when_identical_and_4_with_the_differences() {
     }
     let differs = fixpoint(tmp.path(), &["diff", "bronze.orders", "s.b", "--key", "order_id", "--db", "duckdb:w.duckdb"]);
     assert_eq!(differs.code, 4, "{}\n{}", differs.stdout, differs.stderr);
-    assert!(differs.stdout.contains("  changed    order_id='2': order_total: '2.50' -> '9.00'\n"), "{}", differs.stdout);
-    assert!(differs.stdout.contains("  only in A  order_id='4', order_total='9.99', note='it''s', dt='2026-10-20'\n"), "{}", differs.stdout);
+    assert!(differs.stdout.contains("  changed    order_id=2: order_total: 2.50 -> 9.00\n"), "{}", differs.stdout);
+    assert!(differs.stdout.contains("  only in A  order_id=4, order_total=9.99, note='it''s', dt=2026-10-20\n"), "{}", differs.stdout);
     assert!(differs.stdout.contains("1 only in A, 0 only in B, 1 changed"), "{}", differs.stdout);
     let json = fixpoint(tmp.path(), &["diff", "bronze.orders", "s.b", "--key", "order_id", "--db", "duckdb:w.duckdb", "--output", "json"]);
     let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
     assert_eq!((v["changed"].as_u64(), v["only_in_a"].as_u64(), v["only_in_b"].as_u64()), (Some(1), Some(1), Some(0)));
-    assert_eq!(v["changed_rows"][0]["changes"][0], serde_json::json!({"column": "order_total", "a": "'2.50'", "b": "'9.00'"}));
+    assert_eq!(v["changed_rows"][0]["key"], serde_json::json!({"order_id": 2}));
+    assert_eq!(v["changed_rows"][0]["changes"][0], serde_json::json!({"column": "order_total", "a": "2.50", "b": "9.00"}));
+    assert_eq!(v["only_in_a_rows"][0], serde_json::json!({"order_id": 4, "order_total": "9.99", "note": "it's", "dt": "2026-10-20"}));
+    assert!(v["note"].is_null(), "{v}");
     let bad = fixpoint(tmp.path(), &["diff", "bronze.orders", "s.nope", "--key", "order_id", "--db", "duckdb:w.duckdb"]);
     assert_eq!(bad.code, 2);
     assert!(bad.stderr.contains("table s.nope (B) does not exist"), "{}", bad.stderr);
@@ -437,7 +446,10 @@ fn prove_runs_the_mutation_check_unless_told_not_to() {
     let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(v["mutation"]["outcome"], "passed");
     assert_eq!(v["mutation"]["change"], "order_total + 1");
-    assert_eq!(v["mutation"]["row"], serde_json::json!(["order_id=3", "order_total=\"3.50\"", "note=\"c\"", "dt=2026-10-20"]));
+    assert_eq!(v["mutation"]["row"], serde_json::json!({"order_id": 3, "order_total": "3.50", "note": "c", "dt": "2026-10-20"}));
+    assert!(v["mutation"].get("output_keys_changed").is_none(), "a replace_partition job has no keys: {v}");
+    assert!(v["mutation"]["sample"].as_array().unwrap().iter().all(|s| s["row"].is_object()), "{v}");
+    assert!(v["crash"].is_null(), "no --crash: {v}");
     let off = fixpoint(tmp.path(), &["prove", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--no-mutate", "--output", "json"]);
     assert_eq!(off.code, 0);
     let v: serde_json::Value = serde_json::from_str(&off.stdout).unwrap();
@@ -459,6 +471,8 @@ fn a_failing_audit_exits_6_and_publishes_nothing() {
     assert_eq!(v["error"]["class"], "audit");
     assert_eq!(v["error"]["audit"], "small orders");
     assert_eq!(v["error"]["audits"][0]["offending"], 1, "3.50 fails, 2.50 passes");
+    assert_eq!(v["error"]["audits"][0]["sample"][0], serde_json::json!({"order_id": 3, "order_total": "3.50", "dt": "2026-10-20"}));
+    assert_eq!(v["error"]["sample"], v["error"]["audits"][0]["sample"][0]);
     assert!(out.stderr.contains("hint: 1 blocking audit(s) failed; the previous contents are in place"), "{}", out.stderr);
     assert!(
         out.stderr.contains("error: audit small orders failed: 1 row(s) where (order_total < 3) does not hold; nothing was published. One offending row: {order_id: 3, order_total: \"3.50\", dt: 2026-10-20}"),
@@ -493,12 +507,18 @@ fn run_with_lookback_reports_each_day_and_fails_with_the_failed_days_code() {
         .unwrap();
     assert_eq!(failed.status.code(), Some(1), "an injected failure is a runtime failure");
     let v: serde_json::Value = serde_json::from_slice(&failed.stdout).unwrap();
-    assert_eq!((v["days"][0]["action"].as_str(), v["days"][1]["action"].as_str()), (Some("failed"), Some("skipped")));
+    let days = &v["window"]["days"];
+    assert_eq!((days[0]["action"].as_str(), days[1]["action"].as_str()), (Some("failed"), Some("skipped")));
+    assert_eq!((days[0]["error"]["class"].as_str(), days[0]["error"]["exit_code"].as_u64()), (Some("injected"), Some(1)), "{v}");
+    assert!(days[0]["report"].is_null() && days[1]["error"].is_null(), "{v}");
+    assert_eq!(v["outcome"], "skipped", "the top is the run date's own report: {v}");
     let retry = fixpoint(tmp.path(), &["run", "late.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json"]);
     assert_eq!(retry.code, 0);
     let v: serde_json::Value = serde_json::from_str(&retry.stdout).unwrap();
-    assert_eq!(v["days"][0]["action"], "reloaded");
-    assert_eq!(v["days"][0]["report"]["output_rows"], 2, "the late row is in");
+    assert_eq!(v["window"]["days"][0]["action"], "reloaded");
+    assert_eq!(v["window"]["days"][0]["report"]["output"]["rows"], 2, "the late row is in");
+    assert_eq!(v["window"]["lookback"], 1);
+    assert_eq!(v["run_date"], "2026-10-20");
     let early = fixpoint(tmp.path(), &["run", "late.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb"]);
     assert_eq!(early.code, 0);
     std::fs::write(tmp.path().join("started.toml"), format!("start = 2026-10-20\n{JOB}")).unwrap();
@@ -523,7 +543,7 @@ fn a_file_source_runs_reruns_reports_and_refuses_a_missing_day() {
     let first = run("2026-10-20");
     assert_eq!(first.code, 0, "{}", first.stderr);
     let v: serde_json::Value = serde_json::from_str(&first.stdout).unwrap();
-    assert_eq!(v["output_rows"], 3);
+    assert_eq!(v["output"]["rows"], 3);
     assert_eq!(v["input_files"]["files"][0]["path"], "a.csv");
     assert_eq!(v["input_files"]["files"][1]["size"], 28);
     assert_eq!(v["input_files"]["files"][0]["blake3"].as_str().unwrap().len(), 64);
@@ -556,6 +576,127 @@ fn a_file_source_runs_reruns_reports_and_refuses_a_missing_day() {
     assert_eq!(p["proved"], true);
     assert_eq!(p["mutation"]["outcome"], "passed", "{}", prove.stdout);
     assert_eq!(p["mutation"]["table"], "input (the day's files)");
+}
+
+/// The keys under which the JSON output holds a fingerprint.
+const FINGERPRINT_KEYS: &[&str] = &["input", "output", "before", "fingerprint_a", "fingerprint_b", "input_now", "output_now"];
+
+/// Keys the JSON output no longer has: a fingerprint's parts are always in
+/// a fingerprint object.
+const FLAT_FINGERPRINT_KEYS: &[&str] = &["input_rows", "input_checksum", "output_rows", "output_checksum", "fingerprint_kind", "rows_now", "input_rows_now"];
+
+/// Walks `v`: every fingerprint object (with its path), every row (with its
+/// path), and every key on the way.
+fn walk<'a>(v: &'a serde_json::Value, path: &str, fps: &mut Vec<(String, &'a serde_json::Value)>, rows: &mut Vec<(String, &'a serde_json::Value)>, keys: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(o) => {
+            for (k, x) in o {
+                let p = format!("{path}.{k}");
+                keys.push(k.clone());
+                if FINGERPRINT_KEYS.contains(&k.as_str()) && !x.is_null() {
+                    fps.push((p.clone(), x));
+                }
+                match (k.as_str(), x) {
+                    // diff's listed rows; an audit's offending rows.
+                    ("only_in_a_rows" | "only_in_b_rows", serde_json::Value::Array(a)) => rows.extend(a.iter().enumerate().map(|(i, r)| (format!("{p}[{i}]"), r))),
+                    // prove's samples ({"side", "row"}) and audits' samples (rows).
+                    ("sample" | "differs_from_first", serde_json::Value::Array(a)) => {
+                        for (i, r) in a.iter().enumerate() {
+                            rows.push((format!("{p}[{i}]"), r.get("row").filter(|_| r.get("side").is_some()).unwrap_or(r)));
+                        }
+                    }
+                    // An error's example row; prove's mutated input row.
+                    ("sample" | "row", x) if !x.is_null() => rows.push((p.clone(), x)),
+                    _ => {}
+                }
+                if let (Some(changed), "changed_rows") = (x.as_array(), k.as_str()) {
+                    rows.extend(changed.iter().enumerate().map(|(i, c)| (format!("{p}[{i}].key"), &c["key"])));
+                }
+                walk(x, &p, fps, rows, keys);
+            }
+        }
+        serde_json::Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                walk(x, &format!("{path}[{i}]"), fps, rows, keys);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn every_command_speaks_one_json_vocabulary() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    setup(dir);
+    std::fs::write(dir.join("late.toml"), format!("lookback = 1\n{JOB}").replace("silver.orders", "silver.late").replace("silver_orders", "silver_late")).unwrap();
+    std::fs::write(dir.join("wide.toml"), JOB.replace("WHERE dt = :run_date", "WHERE dt <= :run_date")).unwrap();
+    fn with(args: &[&str]) -> Vec<String> {
+        args.iter().chain(&["--db", "duckdb:w.duckdb", "--output", "json"]).map(|a| a.to_string()).collect()
+    }
+    let mut outputs: Vec<(String, i32, serde_json::Value)> = Vec::new();
+    let mut call = |args: Vec<String>, codes: &[i32]| -> serde_json::Value {
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = fixpoint(dir, &refs);
+        let name = args[..2].join(" ");
+        assert!(codes.contains(&o.code), "{name}: exit {}\n{}\n{}", o.code, o.stdout, o.stderr);
+        let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("{name}: stdout is not JSON ({e}):\n{}", o.stdout));
+        outputs.push((name, o.code, v.clone()));
+        v
+    };
+    let plain = call(with(&["run", "job.toml", "--date", "2026-10-20"]), &[0]);
+    let window = call(with(&["run", "late.toml", "--date", "2026-10-20"]), &[0]);
+    call(with(&["backfill", "job.toml", "--from", "2026-10-19", "--to", "2026-10-20"]), &[0]);
+    call(with(&["status", "job.toml"]), &[0, 4]);
+    call(with(&["runs"]), &[0]);
+    call(with(&["prove", "job.toml", "--date", "2026-10-20", "--crash", "--mutate-key", "order_id=3"]), &[0]);
+    {
+        let db = duckdb::Connection::open(dir.join("w.duckdb")).unwrap();
+        db.execute_batch("CREATE SCHEMA s; CREATE TABLE s.b AS SELECT * FROM bronze.orders; UPDATE s.b SET order_total = 9.00 WHERE order_id = 2; DELETE FROM s.b WHERE order_id = 4; INSERT INTO s.b VALUES (10, 0.10, 'new', DATE '2026-10-21');").unwrap();
+    }
+    call(with(&["diff", "bronze.orders", "s.b", "--key", "order_id"]), &[4]);
+    call(with(&["fingerprint", "silver.orders", "--where", "dt = DATE '2026-10-20'"]), &[0]);
+    call(with(&["run", "wide.toml", "--date", "2026-10-20"]), &[3]);
+
+    // One shape for run, with and without lookback: the run date's report,
+    // plus `window` with lookback.
+    let keys = |v: &serde_json::Value| v.as_object().unwrap().keys().filter(|k| *k != "window").cloned().collect::<Vec<_>>();
+    assert_eq!(keys(&plain), keys(&window), "{plain}\n{window}");
+    assert!(window["window"]["days"].is_array() && plain.get("window").is_none());
+
+    let fingerprint_keys = ["checksum", "kind", "rows"];
+    for (name, _, v) in &outputs {
+        let (mut fps, mut rows, mut keys) = (Vec::new(), Vec::new(), Vec::new());
+        walk(v, "", &mut fps, &mut rows, &mut keys);
+        if name == "fingerprint silver.orders" {
+            let top = v.as_object().unwrap();
+            assert_eq!(top.keys().filter(|k| *k != "table").collect::<Vec<_>>(), fingerprint_keys, "{name}: {v}");
+        } else if !name.starts_with("run wide") {
+            assert!(!fps.is_empty(), "{name}: a fingerprint somewhere: {v}");
+        }
+        for (path, fp) in &fps {
+            let o = fp.as_object().unwrap_or_else(|| panic!("{name}: {path} is not an object: {fp}"));
+            assert_eq!(o.keys().collect::<Vec<_>>(), fingerprint_keys, "{name}: {path}: {fp}");
+            assert!(fp["rows"].is_u64() && fp["checksum"].is_string() && fp["kind"].is_string(), "{name}: {path}: {fp}");
+        }
+        for (path, row) in &rows {
+            assert!(row.is_object(), "{name}: {path}: a row is an object: {row}");
+        }
+        for k in &keys {
+            assert!(!FLAT_FINGERPRINT_KEYS.contains(&k.as_str()), "{name}: {k}: {v}");
+        }
+        let rowful = ["prove job.toml", "diff bronze.orders", "run wide.toml"];
+        if rowful.contains(&name.as_str()) {
+            assert!(!rows.is_empty(), "{name}: rows listed: {v}");
+        }
+    }
+    // Rows hold typed values: numbers as numbers, timestamps and dates as ISO text.
+    let diff = &outputs.iter().find(|(n, _, _)| n == "diff bronze.orders").unwrap().2;
+    let listed: Vec<i64> = diff["only_in_a_rows"].as_array().unwrap().iter().map(|r| r["order_id"].as_i64().unwrap()).collect();
+    assert_eq!(listed, [4]);
+    assert_eq!(diff["only_in_b_rows"][0], serde_json::json!({"order_id": 10, "order_total": "0.10", "note": "new", "dt": "2026-10-21"}));
+    let error = &outputs.iter().find(|(n, _, _)| n == "run wide.toml").unwrap().2;
+    assert_eq!(error["error"]["sample"]["order_id"], 1, "{error}");
 }
 
 /// Every table of w.duckdb with all its rows, read with plain SQL: what a
@@ -865,10 +1006,10 @@ mod spark {
         assert_eq!(again.code, 0, "{}", again.stderr);
         let a: serde_json::Value = serde_json::from_str(&again.stdout).unwrap();
         assert_eq!(a["outcome"], "skipped");
-        assert_eq!(a["output_checksum"], r["output_checksum"]);
+        assert_eq!(a["output"]["checksum"], r["output"]["checksum"]);
         let fp = fixpoint(dir.path(), &["fingerprint", "silver.orders", "--where", "dt = DATE '2026-10-20'", "--db", &url, "--output", "json"]);
         let f: serde_json::Value = serde_json::from_str(&fp.stdout).unwrap();
-        assert_eq!((f["rows"].as_u64(), &f["checksum"]), (Some(3), &r["output_checksum"]), "the ledger's fingerprint is the table's");
+        assert_eq!((f["rows"].as_u64(), &f["checksum"]), (Some(3), &r["output"]["checksum"]), "the ledger's fingerprint is the table's");
 
         let wide = run("wide.toml");
         assert_eq!(wide.code, 3, "rows outside the day: a data error. {}", wide.stderr);

@@ -368,15 +368,23 @@ pub struct DateStatus {
     pub last_run: Option<Entry>,
     /// The run key a run now would have.
     pub run_key_now: String,
-    /// The source's rows now (not read for a file source).
+    /// The source's rows now (not read for a file source); the rows of
+    /// [`DateStatus::input_now`].
+    #[serde(skip)]
     pub input_rows_now: Option<u64>,
-    /// The target's rows of the date now (replace_partition), if known.
+    /// The target's rows of the date now (replace_partition), if known; the
+    /// rows of [`DateStatus::output_now`].
+    #[serde(skip)]
     pub rows_now: Option<u64>,
+    /// The source's fingerprint now (`None` for a file source keyed on its
+    /// files: no row is read).
+    pub input_now: Option<Fingerprint>,
+    /// The target's fingerprint of the date now (replace_partition, when the
+    /// target exists).
+    pub output_now: Option<Fingerprint>,
     /// A file source's files that differ from the last run's.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub files_changed: Vec<String>,
     /// Why a file source has no input for the date, when it has none.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
 }
 
@@ -452,8 +460,10 @@ pub fn status_range(job: &Job, dates: &[RunDate], engine: &mut dyn Engine) -> Re
             state,
             last_run: last,
             run_key_now: key,
-            input_rows_now: now.input.map(|fp| fp.rows),
-            rows_now: current.map(|c| c.rows),
+            input_rows_now: now.input.as_ref().map(|fp| fp.rows),
+            rows_now: current.as_ref().map(|c| c.rows),
+            input_now: now.input,
+            output_now: current,
             files_changed,
             note: now.note,
         });

@@ -9,6 +9,7 @@
 //! Identical tables transfer no rows; one changed row out of millions costs a
 //! few scans and a few hundred rows.
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
@@ -56,6 +57,26 @@ pub struct ChangedRow {
     pub changes: Vec<ColumnChange>,
 }
 
+/// One changed column of a changed row, typed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ValueChange {
+    /// The column.
+    pub column: String,
+    /// Its value in A.
+    pub a: Cell,
+    /// Its value in B.
+    pub b: Cell,
+}
+
+/// A row present on both sides with different values, typed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ChangedValues {
+    /// The key: column → value.
+    pub key: Row,
+    /// The columns that changed.
+    pub changes: Vec<ValueChange>,
+}
+
 /// The result.
 #[derive(Debug, Clone, Serialize)]
 pub struct DiffReport {
@@ -86,12 +107,28 @@ pub struct DiffReport {
     pub only_in_b: u64,
     /// Rows in both with different values (count).
     pub changed: u64,
-    /// Rows only in A (listed, as `column=value` pairs).
+    /// Rows only in A (listed, sorted by key), as `column=value` texts with
+    /// the canonical text as a SQL literal (`id='3'`, `label=NULL`). The
+    /// JSON output and the text output show [`DiffReport::listed_only_in_a`].
+    #[serde(skip)]
     pub only_in_a_rows: Vec<Vec<String>>,
-    /// Rows only in B (listed).
+    /// Rows only in B (listed), as `column=value` texts.
+    #[serde(skip)]
     pub only_in_b_rows: Vec<Vec<String>>,
-    /// Changed rows (listed).
+    /// Changed rows (listed), as texts.
+    #[serde(skip)]
     pub changed_rows: Vec<ChangedRow>,
+    /// Rows only in A (at most `max_listed`, sorted by key): column → value,
+    /// typed. In JSON: `only_in_a_rows`.
+    #[serde(rename = "only_in_a_rows")]
+    pub listed_only_in_a: Vec<Row>,
+    /// Rows only in B, typed. In JSON: `only_in_b_rows`.
+    #[serde(rename = "only_in_b_rows")]
+    pub listed_only_in_b: Vec<Row>,
+    /// Changed rows, typed: the key and each changed column's two values.
+    /// In JSON: `changed_rows`.
+    #[serde(rename = "changed_rows")]
+    pub listed_changed: Vec<ChangedValues>,
     /// Segment checksum queries run per side.
     pub segment_queries: u64,
     /// Rows read from both sides to find the differences.
@@ -282,6 +319,10 @@ pub fn diff(sides: &mut Sides<'_>, a: &TableName, b: &TableName, opts: &DiffOpti
     let all_a: Vec<Column> = ka.iter().chain(&va).cloned().collect();
     let all_b: Vec<Column> = kb.iter().chain(&vb).cloned().collect();
     check_type_families(sides, a, b, &all_a, &all_b)?;
+    // Each compared column's type class (one family on both sides: checked
+    // above), to show and sort the values read.
+    let key_classes: Vec<&'static str> = ka.iter().map(|c| sides.get(false).portable_value("t.x", c).1).collect();
+    let value_classes: Vec<&'static str> = va.iter().map(|c| sides.get(false).portable_value("t.x", c).1).collect();
 
     // Native hashes when both sides are one engine of one version and the
     // column types match; the portable encoding otherwise.
@@ -317,6 +358,9 @@ pub fn diff(sides: &mut Sides<'_>, a: &TableName, b: &TableName, opts: &DiffOpti
         only_in_a_rows: Vec::new(),
         only_in_b_rows: Vec::new(),
         changed_rows: Vec::new(),
+        listed_only_in_a: Vec::new(),
+        listed_only_in_b: Vec::new(),
+        listed_changed: Vec::new(),
         segment_queries: 0,
         rows_transferred: 0,
     };
@@ -348,12 +392,14 @@ pub fn diff(sides: &mut Sides<'_>, a: &TableName, b: &TableName, opts: &DiffOpti
     for (b, id) in to_read {
         by_level.entry(b).or_default().push(id);
     }
+    let mut found = Found::default();
     for (level, ids) in by_level {
         let rows_a = segment_rows(sides.get(false), &side_a, pred, &ka, &va, level, &ids)?;
         let rows_b = segment_rows(sides.get(true), &side_b, pred, &kb, &vb, level, &ids)?;
         report.rows_transferred += (rows_a.len() + rows_b.len()) as u64;
-        compare(&mut report, rows_a, rows_b, &ka, &va, max_listed);
+        compare(&mut report, &mut found, rows_a, rows_b, &key_classes, max_listed);
     }
+    found.list(&mut report, &ka, &va, &key_classes, &value_classes);
     let rows_differ = report.only_in_a + report.only_in_b + report.changed > 0;
     let (identical, note) = verdict(&report.fingerprint_a, &report.fingerprint_b, rows_differ);
     report.identical = identical;
@@ -437,7 +483,59 @@ fn pairs(cols: &[Column], values: &[Option<String>]) -> Vec<String> {
 
 type Values = Vec<Option<String>>;
 
-fn compare(report: &mut DiffReport, a: Vec<Read>, b: Vec<Read>, key: &[Column], cols: &[Column], max: usize) {
+/// The differing rows listed so far (at most the limit of each kind), as
+/// the canonical texts read: the key's values, then the columns' values.
+#[derive(Default)]
+struct Found {
+    only_a: Vec<(Values, Values)>,
+    only_b: Vec<(Values, Values)>,
+    changed: Vec<(Values, Values, Values)>,
+}
+
+impl Found {
+    /// Sorts the listed rows by key (numbers as numbers, NULLs first) and
+    /// writes them into the report, as texts and typed.
+    fn list(mut self, report: &mut DiffReport, key: &[Column], cols: &[Column], key_classes: &[&str], classes: &[&str]) {
+        self.only_a.sort_by(|x, y| cmp_values(key_classes, &x.0, &y.0));
+        self.only_b.sort_by(|x, y| cmp_values(key_classes, &x.0, &y.0));
+        self.changed.sort_by(|x, y| cmp_values(key_classes, &x.0, &y.0));
+        let sides = [
+            (&self.only_a, &mut report.only_in_a_rows, &mut report.listed_only_in_a),
+            (&self.only_b, &mut report.only_in_b_rows, &mut report.listed_only_in_b),
+        ];
+        for (rows, texts, listed) in sides {
+            for (k, v) in rows {
+                texts.push([pairs(key, k), pairs(cols, v)].concat());
+                listed.push(Row([typed_row(key, key_classes, k), typed_row(cols, classes, v)].concat()));
+            }
+        }
+        for (k, x, y) in &self.changed {
+            let differ: Vec<usize> = (0..cols.len()).filter(|&i| x.get(i) != y.get(i)).collect();
+            report.changed_rows.push(ChangedRow {
+                key: pairs(key, k),
+                changes: differ.iter().map(|&i| ColumnChange { column: cols[i].name.clone(), a: show(&x[i]), b: show(&y[i]) }).collect(),
+            });
+            report.listed_changed.push(ChangedValues {
+                key: Row(typed_row(key, key_classes, k)),
+                changes: differ
+                    .iter()
+                    .map(|&i| ValueChange {
+                        column: cols[i].name.clone(),
+                        a: Cell::from_canonical(x[i].as_deref(), classes[i]),
+                        b: Cell::from_canonical(y[i].as_deref(), classes[i]),
+                    })
+                    .collect(),
+            });
+        }
+    }
+}
+
+/// Columns' canonical texts as typed values, named.
+fn typed_row(names: &[Column], classes: &[&str], values: &[Option<String>]) -> Vec<(String, Cell)> {
+    names.iter().zip(classes).zip(values).map(|((c, class), v)| (c.name.clone(), Cell::from_canonical(v.as_deref(), class))).collect()
+}
+
+fn compare(report: &mut DiffReport, found: &mut Found, a: Vec<Read>, b: Vec<Read>, key_classes: &[&str], max: usize) {
     let mut left: BTreeMap<Values, Vec<Values>> = BTreeMap::new();
     for (k, v) in a {
         left.entry(k).or_default().push(v);
@@ -446,7 +544,8 @@ fn compare(report: &mut DiffReport, a: Vec<Read>, b: Vec<Read>, key: &[Column], 
     for (k, v) in b {
         right.entry(k).or_default().push(v);
     }
-    let keys: std::collections::BTreeSet<Values> = left.keys().chain(right.keys()).cloned().collect();
+    let mut keys: Vec<Values> = left.keys().chain(right.keys().filter(|k| !left.contains_key(*k))).cloned().collect();
+    keys.sort_by(|x, y| cmp_values(key_classes, x, y));
     for k in keys {
         let mut xs = left.remove(&k).unwrap_or_default();
         let mut ys = right.remove(&k).unwrap_or_default();
@@ -466,28 +565,370 @@ fn compare(report: &mut DiffReport, a: Vec<Read>, b: Vec<Read>, key: &[Column], 
         let n = xs.len().min(ys.len());
         for (x, y) in xs.iter().zip(&ys).take(n) {
             report.changed += 1;
-            if report.changed_rows.len() < max {
-                let changes = cols
-                    .iter()
-                    .zip(x.iter().zip(y))
-                    .filter(|(_, (p, q))| p != q)
-                    .map(|(c, (p, q))| ColumnChange { column: c.name.clone(), a: show(p), b: show(q) })
-                    .collect();
-                report.changed_rows.push(ChangedRow { key: pairs(key, &k), changes });
+            if found.changed.len() < max {
+                found.changed.push((k.clone(), x.clone(), y.clone()));
             }
         }
         for x in &xs[n..] {
             report.only_in_a += 1;
-            if report.only_in_a_rows.len() < max {
-                report.only_in_a_rows.push([pairs(key, &k), pairs(cols, x)].concat());
+            if found.only_a.len() < max {
+                found.only_a.push((k.clone(), x.clone()));
             }
         }
         for y in &ys[n..] {
             report.only_in_b += 1;
-            if report.only_in_b_rows.len() < max {
-                report.only_in_b_rows.push([pairs(key, &k), pairs(cols, y)].concat());
+            if found.only_b.len() < max {
+                found.only_b.push((k.clone(), y.clone()));
             }
         }
+    }
+}
+
+/// Orders two rows' canonical texts column by column: NULL first, numbers
+/// (integers, decimals, floats) and timestamps by value, anything else as
+/// text; equal values by their text. A total order.
+fn cmp_values(classes: &[&str], a: &[Option<String>], b: &[Option<String>]) -> Ordering {
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        let o = match (x, y) {
+            (None, None) => Ordering::Equal,
+            (None, Some(_)) => Ordering::Less,
+            (Some(_), None) => Ordering::Greater,
+            (Some(x), Some(y)) => cmp_text(classes.get(i).copied().unwrap_or("text"), x, y),
+        };
+        if o != Ordering::Equal {
+            return o;
+        }
+    }
+    a.len().cmp(&b.len())
+}
+
+/// Two canonical texts of one type class, in the order of their values
+/// (exactly, for integers and decimals), then as text.
+fn cmp_text(class: &str, a: &str, b: &str) -> Ordering {
+    let by_value = match class {
+        "int" | "decimal" | "timestamp" | "timestamptz" => match (decimal_parts(a), decimal_parts(b)) {
+            (Some(x), Some(y)) => cmp_decimal(x, y),
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (None, None) => Ordering::Equal,
+        },
+        "float" => match (a.parse::<f64>(), b.parse::<f64>()) {
+            (Ok(x), Ok(y)) => x.total_cmp(&y),
+            (Ok(_), Err(_)) => Ordering::Less,
+            (Err(_), Ok(_)) => Ordering::Greater,
+            (Err(_), Err(_)) => Ordering::Equal,
+        },
+        _ => Ordering::Equal,
+    };
+    by_value.then_with(|| a.cmp(b))
+}
+
+/// A decimal number's text (`-12`, `3.50`) as (negative, integer digits,
+/// fraction digits) without leading or trailing zeros; `None` when the text
+/// is not such a number.
+fn decimal_parts(t: &str) -> Option<(bool, &str, &str)> {
+    let (negative, digits) = match t.strip_prefix('-') {
+        Some(d) => (true, d),
+        None => (false, t.strip_prefix('+').unwrap_or(t)),
+    };
+    let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
+    if (int.is_empty() && frac.is_empty()) || !int.bytes().all(|b| b.is_ascii_digit()) || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let (int, frac) = (int.trim_start_matches('0'), frac.trim_end_matches('0'));
+    Some((negative && !(int.is_empty() && frac.is_empty()), int, frac))
+}
+
+/// Compares two numbers read by [`decimal_parts`] by value.
+fn cmp_decimal(a: (bool, &str, &str), b: (bool, &str, &str)) -> Ordering {
+    let magnitude = a.1.len().cmp(&b.1.len()).then_with(|| a.1.cmp(b.1)).then_with(|| a.2.cmp(b.2));
+    match (a.0, b.0) {
+        (false, false) => magnitude,
+        (true, true) => magnitude.reverse(),
+        (true, false) => Ordering::Less,
+        (false, true) => Ordering::Greater,
+    }
+}
+
+// Rows in reports.
+//
+// Every row a report lists (diff's rows, prove's samples, an audit's
+// offending rows, an error's example row) is a [`Row`]: column → [`Cell`].
+// In JSON a row is an object and each value has one form per type; in text
+// each type has one form too.
+
+/// One value of a row shown in a report, typed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cell {
+    /// SQL NULL: `null` in JSON, `NULL` in text.
+    Null,
+    /// A boolean: `true` or `false`.
+    Bool(bool),
+    /// An integer, its digits (`-12`): a JSON number (a string beyond 64 bits).
+    Int(String),
+    /// A decimal, exactly at its scale (`45.00`): a JSON string (a JSON
+    /// number could not keep it exact), bare in text.
+    Decimal(String),
+    /// A float in the shortest form that reads back as the same double
+    /// (`0.1`, `1e300`), or `nan`, `inf`, `-inf`: a JSON number (those
+    /// three as strings).
+    Float(String),
+    /// Text: a JSON string; quoted in text (`'it''s'`).
+    Text(String),
+    /// A date, `YYYY-MM-DD`.
+    Date(String),
+    /// A timestamp in ISO 8601: `2026-10-20T08:00:00`, with the fraction of
+    /// a second when there is one (`.500`, `.123456`); a timestamp with a
+    /// time zone is in UTC, with `Z`.
+    Timestamp(String),
+    /// Bytes as hexadecimal digits: a JSON string; `x'…'` in text.
+    Bytes(String),
+    /// A value of any other type, as the engine writes it: a JSON string;
+    /// quoted in text.
+    Other(String),
+}
+
+impl Cell {
+    /// A value read for `diff`: its canonical text (`None`: NULL; floats
+    /// already written as numbers) and its column's type class.
+    pub fn from_canonical(text: Option<&str>, class: &str) -> Cell {
+        let Some(t) = text else { return Cell::Null };
+        match class {
+            "int" => Cell::Int(t.to_owned()),
+            "decimal" => Cell::Decimal(t.to_owned()),
+            "float" => Cell::Float(t.to_owned()),
+            "text" => Cell::Text(t.to_owned()),
+            "date" => Cell::Date(t.to_owned()),
+            // Microseconds since 1970-01-01 00:00 (UTC for timestamptz).
+            "timestamp" | "timestamptz" => match t.parse::<i64>().ok().and_then(chrono::DateTime::<chrono::Utc>::from_timestamp_micros) {
+                Some(ts) => Cell::Timestamp(iso_timestamp(ts.naive_utc(), class == "timestamptz")),
+                None => Cell::Other(t.to_owned()),
+            },
+            "bool" => match t {
+                "t" | "true" => Cell::Bool(true),
+                "f" | "false" => Cell::Bool(false),
+                _ => Cell::Other(t.to_owned()),
+            },
+            "bytes" => Cell::Bytes(t.to_owned()),
+            _ => Cell::Other(t.to_owned()),
+        }
+    }
+
+    /// A value as [`crate::sql::Value::display`] writes it, the form of the
+    /// samples in errors, audits and `prove`: `NULL`, `true`, a number, a
+    /// date, a timestamp (`2026-10-20 08:00:00`), or text quoted with `"`
+    /// and escaped (decimals, bytes and other types read back as text).
+    pub fn from_display(s: &str) -> Cell {
+        if s == "NULL" {
+            return Cell::Null;
+        }
+        if s.len() >= 2 && s.starts_with('"') && s.ends_with('"') {
+            if let Some(t) = unescape_debug(&s[1..s.len() - 1]) {
+                return Cell::Text(t);
+            }
+        }
+        match s {
+            "true" => return Cell::Bool(true),
+            "false" => return Cell::Bool(false),
+            _ => {}
+        }
+        if s.parse::<i128>().is_ok() {
+            return Cell::Int(s.to_owned());
+        }
+        if let Ok(f) = s.parse::<f64>() {
+            let text = if f.is_nan() {
+                "nan".to_owned()
+            } else if f.is_infinite() {
+                (if f > 0.0 { "inf" } else { "-inf" }).to_owned()
+            } else {
+                s.to_owned()
+            };
+            return Cell::Float(text);
+        }
+        if chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d").is_ok() {
+            return Cell::Date(s.to_owned());
+        }
+        if let Ok(t) = chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%d %H:%M:%S%.f") {
+            return Cell::Timestamp(iso_timestamp(t, false));
+        }
+        Cell::Other(s.to_owned())
+    }
+}
+
+/// A timestamp in ISO 8601, with the fraction of a second when not whole,
+/// and `Z` when it is in UTC (a timestamp with time zone).
+fn iso_timestamp(t: chrono::NaiveDateTime, utc: bool) -> String {
+    format!("{}{}", t.format("%Y-%m-%dT%H:%M:%S%.f"), if utc { "Z" } else { "" })
+}
+
+/// The text inside a string written with Rust's `{:?}` (without its
+/// quotes); `None` when it is not one.
+fn unescape_debug(s: &str) -> Option<String> {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => return None,
+            '\\' => match chars.next()? {
+                'n' => out.push('\n'),
+                'r' => out.push('\r'),
+                't' => out.push('\t'),
+                '0' => out.push('\0'),
+                '\\' => out.push('\\'),
+                '"' => out.push('"'),
+                '\'' => out.push('\''),
+                'u' => {
+                    if chars.next()? != '{' {
+                        return None;
+                    }
+                    let mut hex = String::new();
+                    loop {
+                        match chars.next()? {
+                            '}' => break,
+                            h => hex.push(h),
+                        }
+                    }
+                    out.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
+                }
+                _ => return None,
+            },
+            c => out.push(c),
+        }
+    }
+    Some(out)
+}
+
+impl Serialize for Cell {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            Cell::Null => s.serialize_none(),
+            Cell::Bool(b) => s.serialize_bool(*b),
+            Cell::Int(t) => match (t.parse::<i64>(), t.parse::<u64>()) {
+                (Ok(i), _) => s.serialize_i64(i),
+                (_, Ok(u)) => s.serialize_u64(u),
+                _ => s.serialize_str(t),
+            },
+            Cell::Float(t) => match t.parse::<f64>() {
+                Ok(f) if f.is_finite() => s.serialize_f64(f),
+                _ => s.serialize_str(t),
+            },
+            Cell::Decimal(t) | Cell::Text(t) | Cell::Date(t) | Cell::Timestamp(t) | Cell::Bytes(t) | Cell::Other(t) => s.serialize_str(t),
+        }
+    }
+}
+
+impl std::fmt::Display for Cell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cell::Null => f.write_str("NULL"),
+            Cell::Bool(b) => write!(f, "{b}"),
+            Cell::Int(t) | Cell::Decimal(t) | Cell::Float(t) | Cell::Date(t) | Cell::Timestamp(t) => f.write_str(t),
+            Cell::Bytes(t) => write!(f, "x'{t}'"),
+            Cell::Text(t) | Cell::Other(t) => write!(f, "'{}'", t.replace('\'', "''")),
+        }
+    }
+}
+
+/// A row shown in a report: its columns in order, each with its value. A
+/// JSON object (column → value); `column=value, …` in text.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Row(pub Vec<(String, Cell)>);
+
+impl Row {
+    /// A row of `(column, value)` pairs whose values [`Cell::from_display`] reads
+    /// ([`crate::error::SampleRow`]).
+    pub fn from_pairs(pairs: &[(String, String)]) -> Row {
+        Row(pairs.iter().map(|(k, v)| (k.clone(), Cell::from_display(v))).collect())
+    }
+
+    /// A row written `{a: 1, b: "x"}` (the display of a sample row: an
+    /// audit's offending row, [`crate::error::SampleRow`]); `None` when the
+    /// text is not one.
+    pub fn parse_display(s: &str) -> Option<Row> {
+        let inner = s.strip_prefix('{')?.strip_suffix('}')?;
+        let mut row = Vec::new();
+        let mut rest = inner;
+        while !rest.is_empty() {
+            let (name, after) = rest.split_once(": ")?;
+            let (value, after) = split_value(after);
+            row.push((name.to_owned(), Cell::from_display(value)));
+            rest = match after.strip_prefix(", ") {
+                Some(r) => r,
+                None if after.is_empty() => after,
+                None => return None,
+            };
+        }
+        Some(Row(row))
+    }
+
+    /// A row written as `column=value` items (prove's mutated input row);
+    /// `None` when an item is not one.
+    pub fn parse_assignments(items: &[String]) -> Option<Row> {
+        items.iter().map(|i| i.split_once('=').map(|(k, v)| (k.to_owned(), Cell::from_display(v)))).collect::<Option<Vec<_>>>().map(Row)
+    }
+
+    /// A sample written `label: {a: 1, …}` (prove's samples): the label and
+    /// the row; `None` when the text is not one.
+    pub fn parse_labeled(s: &str) -> Option<(&str, Row)> {
+        let at = s.find(": {")?;
+        Some((&s[..at], Row::parse_display(&s[at + 2..])?))
+    }
+
+    /// A row whose text could not be read into columns: one column `row`
+    /// holding the text, so that every row is still an object.
+    pub fn unread(text: &str) -> Row {
+        Row(vec![("row".to_owned(), Cell::Text(text.to_owned()))])
+    }
+
+    /// The value of a column, if the row has it.
+    pub fn get(&self, column: &str) -> Option<&Cell> {
+        self.0.iter().find(|(c, _)| c == column).map(|(_, v)| v)
+    }
+}
+
+/// Splits a value written by [`crate::sql::Value::display`] off the start of
+/// `s`: a quoted text up to its closing quote, anything else up to `, ` or
+/// the end. Returns the value and the rest.
+fn split_value(s: &str) -> (&str, &str) {
+    if s.starts_with('"') {
+        let bytes = s.as_bytes();
+        let mut i = 1;
+        while i < bytes.len() {
+            match bytes[i] {
+                b'\\' => i += 2,
+                b'"' => return (&s[..=i], &s[i + 1..]),
+                _ => i += 1,
+            }
+        }
+        (s, "")
+    } else {
+        match s.find(", ") {
+            Some(i) => (&s[..i], &s[i..]),
+            None => (s, ""),
+        }
+    }
+}
+
+impl Serialize for Row {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
+
+impl std::fmt::Display for Row {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (k, v)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{k}={v}")?;
+        }
+        Ok(())
     }
 }
 
@@ -514,5 +955,63 @@ mod tests {
         assert!(!identical && note.is_some(), "different row counts are never identical");
         let other_kind = Fingerprint { kind: "native-v1/duckdb v1".into(), ..fp(3, "aa") };
         assert!(!verdict(&fp(3, "aa"), &other_kind, false).0, "fingerprints of different kinds are not equal");
+    }
+
+    #[test]
+    fn keys_sort_as_numbers_with_nulls_first() {
+        use super::cmp_values;
+        let key = |v: &[Option<&str>]| v.iter().map(|x| x.map(str::to_owned)).collect::<Vec<_>>();
+        let mut keys = vec![key(&[Some("10")]), key(&[Some("9")]), key(&[None]), key(&[Some("-2")]), key(&[Some("100")])];
+        keys.sort_by(|a, b| cmp_values(&["int"], a, b));
+        assert_eq!(keys, vec![key(&[None]), key(&[Some("-2")]), key(&[Some("9")]), key(&[Some("10")]), key(&[Some("100")])]);
+        let mut decimals = vec![key(&[Some("10.5")]), key(&[Some("9.75")]), key(&[Some("-0.5")]), key(&[Some("9.8")]), key(&[Some("-10.00")])];
+        decimals.sort_by(|a, b| cmp_values(&["decimal"], a, b));
+        assert_eq!(decimals, vec![key(&[Some("-10.00")]), key(&[Some("-0.5")]), key(&[Some("9.75")]), key(&[Some("9.8")]), key(&[Some("10.5")])]);
+        let mut texts = vec![key(&[Some("b")]), key(&[Some("10")]), key(&[Some("9")])];
+        texts.sort_by(|a, b| cmp_values(&["text"], a, b));
+        assert_eq!(texts, vec![key(&[Some("10")]), key(&[Some("9")]), key(&[Some("b")])], "text sorts as text");
+    }
+
+    #[test]
+    fn values_read_for_diff_are_typed() {
+        use super::Cell;
+        assert_eq!(Cell::from_canonical(Some("1792656000000000"), "timestamp"), Cell::Timestamp("2026-10-22T08:00:00".into()));
+        assert_eq!(Cell::from_canonical(Some("1792656000500000"), "timestamptz"), Cell::Timestamp("2026-10-22T08:00:00.500Z".into()));
+        assert_eq!(Cell::from_canonical(Some("t"), "bool"), Cell::Bool(true));
+        assert_eq!(Cell::from_canonical(None, "int"), Cell::Null);
+        let json = |c: Cell| serde_json::to_value(c).unwrap();
+        assert_eq!(json(Cell::Int("12".into())), serde_json::json!(12));
+        assert_eq!(json(Cell::Decimal("45.00".into())), serde_json::json!("45.00"));
+        assert_eq!(json(Cell::Float("0.1".into())), serde_json::json!(0.1));
+        assert_eq!(json(Cell::Float("nan".into())), serde_json::json!("nan"));
+        assert_eq!(json(Cell::Null), serde_json::Value::Null);
+        assert_eq!(Cell::Text("it's".into()).to_string(), "'it''s'");
+        assert_eq!(Cell::Decimal("45.00".into()).to_string(), "45.00");
+    }
+
+    #[test]
+    fn sample_rows_read_back_into_columns() {
+        use super::{Cell, Row};
+        let row = Row::parse_display("{order_id: 1, order_total: \"1.50\", note: \"a, \\\"b\\\": c\", dt: 2026-10-19, at: 2026-10-19 08:00:00.5, gone: NULL, ok: true}").unwrap();
+        assert_eq!(
+            row.0,
+            vec![
+                ("order_id".to_owned(), Cell::Int("1".into())),
+                ("order_total".to_owned(), Cell::Text("1.50".into())),
+                ("note".to_owned(), Cell::Text("a, \"b\": c".into())),
+                ("dt".to_owned(), Cell::Date("2026-10-19".into())),
+                ("at".to_owned(), Cell::Timestamp("2026-10-19T08:00:00.500".into())),
+                ("gone".to_owned(), Cell::Null),
+                ("ok".to_owned(), Cell::Bool(true)),
+            ]
+        );
+        assert_eq!(Row::parse_display("{}"), Some(Row(Vec::new())));
+        assert_eq!(Row::parse_display("not a row"), None);
+        let (label, row) = Row::parse_labeled("only after this run: {id: 3, name: \"x\"}").unwrap();
+        assert_eq!((label, row.get("id")), ("only after this run", Some(&Cell::Int("3".into()))));
+        let row = Row::parse_assignments(&["order_id=3".to_owned(), "note=\"a=b\"".to_owned()]).unwrap();
+        assert_eq!(row.get("note"), Some(&Cell::Text("a=b".into())));
+        assert_eq!(Cell::from_display("\"tab\\there \\u{1b}\""), Cell::Text("tab\there \u{1b}".into()));
+        assert_eq!(serde_json::to_value(&row).unwrap(), serde_json::json!({"order_id": 3, "note": "a=b"}));
     }
 }

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::date::RunDate;
 use crate::engine::Engine;
-use crate::error::Error;
+use crate::error::{Error, ErrorClass};
 use crate::ledger;
 use crate::run::{RunOptions, RunReport};
 use crate::spec::Job;
@@ -26,6 +26,25 @@ pub struct WindowDay {
     /// The run's report, when it ran (a day of the window skipped on its
     /// input fingerprint alone has none).
     pub report: Option<RunReport>,
+    /// Why the day failed, when it did (its message is `reason`).
+    #[serde(skip)]
+    pub error: Option<DayError>,
+}
+
+/// A failed day's error: its class and hint (the message is the day's
+/// `reason`), what the CLI's error object shows.
+#[derive(Debug, Clone)]
+pub struct DayError {
+    /// The error's class (the CLI maps it to an exit code).
+    pub class: ErrorClass,
+    /// A known fix, when there is one.
+    pub hint: Option<String>,
+}
+
+impl DayError {
+    fn of(e: &Error) -> DayError {
+        DayError { class: e.class(), hint: e.hint() }
+    }
 }
 
 /// A run with its lookback window.
@@ -66,6 +85,7 @@ pub fn run_window(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &
                 action: "outside".into(),
                 reason: format!("before the job's start {}", job.start.expect("checked")),
                 report: None,
+                error: None,
             });
             continue;
         }
@@ -76,7 +96,7 @@ pub fn run_window(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &
         let last = match looked_up {
             Ok(l) => l,
             Err(e) => {
-                days.push(WindowDay { run_date: day.to_string(), action: "failed".into(), reason: e.to_string(), report: None });
+                days.push(WindowDay { run_date: day.to_string(), action: "failed".into(), reason: e.to_string(), report: None, error: Some(DayError::of(&e)) });
                 first_error.get_or_insert(e);
                 continue;
             }
@@ -93,12 +113,13 @@ pub fn run_window(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &
                             action: "skipped".into(),
                             reason: "its input is unchanged since its last load (same input fingerprint)".into(),
                             report: None,
+                            error: None,
                         });
                         continue;
                     }
                     Ok(_) => {}
                     Err(e) => {
-                        days.push(WindowDay { run_date: day.to_string(), action: "failed".into(), reason: e.to_string(), report: None });
+                        days.push(WindowDay { run_date: day.to_string(), action: "failed".into(), reason: e.to_string(), report: None, error: Some(DayError::of(&e)) });
                         first_error.get_or_insert(e);
                         continue;
                     }
@@ -109,9 +130,9 @@ pub fn run_window(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &
         if fault_date.is_some_and(|f| f != day) {
             run.fault = None;
         }
-        let (action, reason, report) = match job.load_with(day, engine, &run) {
-            Ok(r) if r.outcome == "skipped" && r.run_key.is_empty() => ("skipped", r.skip_reason.clone().unwrap_or_default(), Some(r)),
-            Ok(r) if r.outcome == "skipped" => ("skipped", "unchanged since its last load (same input, the partition as recorded)".to_owned(), Some(r)),
+        let (action, reason, report, error) = match job.load_with(day, engine, &run) {
+            Ok(r) if r.outcome == "skipped" && r.run_key.is_empty() => ("skipped", r.skip_reason.clone().unwrap_or_default(), Some(r), None),
+            Ok(r) if r.outcome == "skipped" => ("skipped", "unchanged since its last load (same input, the partition as recorded)".to_owned(), Some(r), None),
             Ok(r) => {
                 let (action, reason) = match &last {
                     None => ("loaded", "never loaded".to_owned()),
@@ -123,15 +144,16 @@ pub fn run_window(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &
                     ),
                     Some(_) => ("reloaded", "the partition no longer held the recorded output (drift)".to_owned()),
                 };
-                (action, reason, Some(r))
+                (action, reason, Some(r), None)
             }
             Err(e) => {
                 let reason = e.to_string();
+                let error = DayError::of(&e);
                 first_error.get_or_insert(e);
-                ("failed", reason, None)
+                ("failed", reason, None, Some(error))
             }
         };
-        days.push(WindowDay { run_date: day.to_string(), action: action.into(), reason, report });
+        days.push(WindowDay { run_date: day.to_string(), action: action.into(), reason, report, error });
     }
     let count = |a: &[&str]| days.iter().filter(|d| a.contains(&d.action.as_str())).count();
     let report = WindowReport {

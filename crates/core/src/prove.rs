@@ -5,6 +5,7 @@
 use serde::Serialize;
 
 use crate::date::RunDate;
+use crate::diff::Row;
 use crate::engine::{fingerprint, Column, Engine, Filter, Scope};
 use crate::error::{Error, FailPoint, Result};
 use crate::fingerprint::{Fingerprint, Method};
@@ -28,8 +29,10 @@ pub struct ProveOptions {
     pub mutate_key: Vec<(String, String)>,
 }
 
-/// One run's evidence.
-#[derive(Debug, Clone, Serialize)]
+/// One run's evidence. In JSON: `run`, `run_key`, `output` (the scope's
+/// fingerprint after the run: `rows`, `checksum`, `kind`) and
+/// `differs_from_first` (sample rows: `side`, `row`).
+#[derive(Debug, Clone)]
 pub struct RunEvidence {
     /// 1-based run number.
     pub run: usize,
@@ -39,8 +42,52 @@ pub struct RunEvidence {
     pub rows: u64,
     /// Checksum of the scope after the run.
     pub checksum: String,
-    /// Rows that differ from run 1's result (both directions), as samples.
+    /// How the scope's fingerprint was made.
+    pub kind: String,
+    /// Rows that differ from run 1's result (both directions), as samples:
+    /// `only after this run: {column: value, …}` or `only after run 1: {…}`.
     pub differs_from_first: Vec<String>,
+}
+
+impl Serialize for RunEvidence {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("RunEvidence", 4)?;
+        st.serialize_field("run", &self.run)?;
+        st.serialize_field("run_key", &self.run_key)?;
+        st.serialize_field("output", &Fingerprint { kind: self.kind.clone(), rows: self.rows, checksum: self.checksum.clone() })?;
+        st.serialize_field("differs_from_first", &samples(&self.differs_from_first))?;
+        st.end()
+    }
+}
+
+/// One sample row in JSON: `{"side": "before" | "after", "row": {…}}`:
+/// a row only in the earlier result (run 1's, or before the change) or only
+/// in the later one.
+#[derive(Serialize)]
+struct SampleJson<'a> {
+    side: &'a str,
+    row: Row,
+}
+
+/// Sample rows written `label: {column: value, …}` as [`SampleJson`].
+fn samples(texts: &[String]) -> Vec<SampleJson<'static>> {
+    texts
+        .iter()
+        .map(|t| match Row::parse_labeled(t) {
+            Some((label, row)) => SampleJson { side: side(label), row },
+            None => SampleJson { side: if t.starts_with("before") || t.starts_with("only after run 1") { "before" } else { "after" }, row: Row::unread(t) },
+        })
+        .collect()
+}
+
+/// The side of a sample's label: `before` (only in the earlier result) or
+/// `after`.
+fn side(label: &str) -> &'static str {
+    match label {
+        "before" | "only after run 1" => "before",
+        _ => "after",
+    }
 }
 
 /// One crash point's evidence.
@@ -56,13 +103,17 @@ pub struct CrashEvidence {
     pub converged: bool,
 }
 
-/// The proof.
-#[derive(Debug, Clone, Serialize)]
+/// The proof. In JSON (see docs/json.md): `before` is null when the target
+/// did not exist yet, `crash` null without `--crash`, `order` and
+/// `mutation` null when those checks did not run; sample rows are objects.
+#[derive(Debug, Clone)]
 pub struct Proof {
     /// Job name.
     pub job: String,
     /// Run date.
     pub run_date: String,
+    /// The job's strategy.
+    pub strategy: String,
     /// What the scope is.
     pub scope: String,
     /// The scope before the first run.
@@ -81,6 +132,89 @@ pub struct Proof {
     pub failures: Vec<String>,
     /// The verdict in one sentence.
     pub verdict: String,
+}
+
+/// The `kind` of [`Proof::before`] when the target did not exist yet.
+pub const NO_TABLE: &str = "none";
+
+impl Serialize for Proof {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("Proof", 12)?;
+        st.serialize_field("job", &self.job)?;
+        st.serialize_field("run_date", &self.run_date)?;
+        st.serialize_field("strategy", &self.strategy)?;
+        st.serialize_field("scope", &self.scope)?;
+        st.serialize_field("before", &(self.before.kind != NO_TABLE).then_some(&self.before))?;
+        st.serialize_field("runs", &self.runs)?;
+        st.serialize_field("crash", &(!self.crash.is_empty()).then_some(&self.crash))?;
+        st.serialize_field("order", &self.order.as_ref().map(order_json))?;
+        st.serialize_field("mutation", &self.mutation.as_ref().map(|m| mutation_json(m, self.strategy == "merge")))?;
+        st.serialize_field("proved", &self.proved)?;
+        st.serialize_field("failures", &self.failures)?;
+        st.serialize_field("verdict", &self.verdict)?;
+        st.end()
+    }
+}
+
+/// [`crate::mutate::OrderEvidence`] in JSON, its samples as rows.
+#[derive(Serialize)]
+struct OrderJson<'a> {
+    outcome: &'a str,
+    output_rows_removed: u64,
+    output_rows_added: u64,
+    sample: Vec<SampleJson<'static>>,
+    message: &'a str,
+}
+
+fn order_json(o: &crate::mutate::OrderEvidence) -> OrderJson<'_> {
+    OrderJson {
+        outcome: &o.outcome,
+        output_rows_removed: o.output_rows_removed,
+        output_rows_added: o.output_rows_added,
+        sample: samples(&o.sample),
+        message: &o.message,
+    }
+}
+
+/// `t`, or `None` when it is empty (a value the check did not get to).
+fn non_empty(t: &str) -> Option<&str> {
+    (!t.is_empty()).then_some(t)
+}
+
+/// [`crate::mutate::MutationEvidence`] in JSON: the input row and the
+/// samples as rows; what the check did not get to (no row picked) null;
+/// `output_keys_changed` only for a merge job.
+#[derive(Serialize)]
+struct MutationJson<'a> {
+    outcome: &'a str,
+    table: Option<&'a str>,
+    column: Option<&'a str>,
+    row: Option<Row>,
+    change: Option<&'a str>,
+    candidates_tried: usize,
+    output_rows_removed: u64,
+    output_rows_added: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output_keys_changed: Option<Option<u64>>,
+    sample: Vec<SampleJson<'static>>,
+    message: &'a str,
+}
+
+fn mutation_json(m: &crate::mutate::MutationEvidence, merge: bool) -> MutationJson<'_> {
+    MutationJson {
+        outcome: &m.outcome,
+        table: non_empty(&m.table),
+        column: non_empty(&m.column),
+        row: (!m.row.is_empty()).then(|| Row::parse_assignments(&m.row).unwrap_or_else(|| Row::unread(&m.row.join(", ")))),
+        change: non_empty(&m.change),
+        candidates_tried: m.candidates_tried,
+        output_rows_removed: m.output_rows_removed,
+        output_rows_added: m.output_rows_added,
+        output_keys_changed: merge.then_some(m.output_keys_changed),
+        sample: samples(&m.sample),
+        message: &m.message,
+    }
 }
 
 fn scope_of<'a>(job: &'a Job, run_date: RunDate) -> (Scope<'a>, String) {
@@ -158,7 +292,7 @@ pub fn prove(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Prove
     let (_, scope_text) = scope_of(job, run_date);
     let cols = compared_cols(job, engine)?;
     let before = if cols.is_empty() {
-        Fingerprint { kind: "none".into(), rows: 0, checksum: "(no table yet)".into() }
+        Fingerprint { kind: NO_TABLE.into(), rows: 0, checksum: "(no table yet)".into() }
     } else {
         scope_fp(job, run_date, engine, &cols)?
     };
@@ -186,7 +320,7 @@ pub fn prove(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Prove
             }
             Some(_) => {}
         }
-        runs.push(RunEvidence { run: i, run_key: report.run_key, rows: fp.rows, checksum: fp.checksum, differs_from_first: differs });
+        runs.push(RunEvidence { run: i, run_key: report.run_key, rows: fp.rows, checksum: fp.checksum, kind: fp.kind, differs_from_first: differs });
     }
     let clean = first.expect("runs >= 2");
 
@@ -255,5 +389,18 @@ pub fn prove(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Prove
     } else {
         format!("not idempotent: {}", failures[0])
     };
-    Ok(Proof { job: job.name.clone(), run_date: run_date.to_string(), scope: scope_text, before, runs, crash, order, mutation, proved, failures, verdict })
+    Ok(Proof {
+        job: job.name.clone(),
+        run_date: run_date.to_string(),
+        strategy: job.strategy.name().into(),
+        scope: scope_text,
+        before,
+        runs,
+        crash,
+        order,
+        mutation,
+        proved,
+        failures,
+        verdict,
+    })
 }

@@ -744,15 +744,31 @@ impl Engine for Postgres {
         } else if ty.starts_with("character varying") || ty == "text" || ty.starts_with("character") {
             ("text", format!("CAST({expr} AS TEXT)"))
         } else if ty == "date" {
-            ("date", format!("to_char({expr}, 'YYYY-MM-DD')"))
+            // The text form (ISO: DateStyle is pinned per session) is
+            // `YYYY-MM-DD` for years 1 to 9999 and twice as fast as to_char;
+            // to_char elsewhere (BC, years past 9999, infinity), as before.
+            ("date", format!("CASE WHEN {expr} BETWEEN DATE '0001-01-01' AND DATE '9999-12-31' THEN CAST({expr} AS TEXT) ELSE to_char({expr}, 'YYYY-MM-DD') END"))
         } else if ty.starts_with("timestamp without time zone") {
-            ("timestamp", format!("CAST(CAST(extract(epoch FROM {expr}) * 1000000 AS BIGINT) AS TEXT)"))
+            // Microseconds since 1970 in integers: days times 86400000000,
+            // plus the time of day (its seconds as a double times 10^6 are
+            // within 2e-5 of the integer, so rounding gives it exactly); no
+            // NUMERIC as extract(epoch) returns. Infinite and out-of-range
+            // values fail, as extract's cast to BIGINT did.
+            (
+                "timestamp",
+                format!(
+                    "CAST((CAST({expr} AS DATE) - DATE '1970-01-01') * CAST(86400000000 AS BIGINT) \
+                     + CAST(round(date_part('epoch', CAST({expr} AS TIME)) * 1000000) AS BIGINT) AS TEXT)"
+                ),
+            )
         } else if ty.starts_with("timestamp with time zone") {
             ("timestamptz", format!("CAST(CAST(extract(epoch FROM {expr}) * 1000000 AS BIGINT) AS TEXT)"))
         } else if ty == "boolean" {
             ("bool", format!("CASE WHEN {expr} THEN 't' WHEN NOT {expr} THEN 'f' END"))
         } else if ty == "bytea" {
-            ("bytes", format!("upper(encode({expr}, 'hex'))"))
+            // Hex digits only: upper() in the C collation (the same letters,
+            // without the locale's case mapping) is the cheap one.
+            ("bytes", format!("upper(encode({expr}, 'hex') COLLATE \"C\")"))
         } else {
             ("other", format!("CAST({expr} AS TEXT)"))
         };
@@ -761,13 +777,42 @@ impl Engine for Postgres {
 
     fn portable_row_hash(&self, text_expr: &str) -> String {
         // The digest's first 8 bytes read little-endian (as DuckDB's
-        // md5_number does), as an unsigned number: the hex pairs reversed.
-        let pairs: Vec<String> = (0..8).rev().map(|i| format!("substr(h.h, {}, 2)", 2 * i + 1)).collect();
+        // md5_number does), as an unsigned number. PostgreSQL has no
+        // byte-order reversal, so the bytes are read one by one, which
+        // names the digest eight times: it is computed once, in a subquery
+        // that OFFSET 0 keeps from being merged into this one (merged, each
+        // reference would build the row's text and hash it again).
+        // The top byte's high bit is flipped, which makes the BIGINT the
+        // unsigned value minus 2^63; adding 2^63 back as NUMERIC gives the
+        // unsigned value without a CASE.
+        let mut bytes = vec!["(CAST(get_byte(m.d, 7) # 128 AS BIGINT) << 56)".to_owned()];
+        bytes.extend((1..7).rev().map(|i| format!("(CAST(get_byte(m.d, {i}) AS BIGINT) << {})", 8 * i)));
+        bytes.push("get_byte(m.d, 0)".to_owned());
         format!(
-            "(SELECT CAST(v.v AS NUMERIC) + CASE WHEN v.v < 0 THEN 18446744073709551616 ELSE 0 END \
-             FROM (SELECT CAST(CAST('x' || {} AS bit(64)) AS BIGINT) AS v FROM (SELECT md5({text_expr}) AS h) AS h) AS v)",
-            pairs.join(" || ")
+            "(SELECT CAST({} AS NUMERIC) + 9223372036854775808 FROM (SELECT decode(md5({text_expr}), 'hex') AS d OFFSET 0) AS m)",
+            bytes.join(" | ")
         )
+    }
+
+    fn portable_row_hash_direct(&self, alias: &str, columns: &[Column]) -> Option<String> {
+        // The same text as the fields joined with `||`, built in one call
+        // per 90 fields (concat_ws takes at most 100 arguments; every field
+        // is coalesced, so none is skipped as NULL), without copying the
+        // growing text at each `||`.
+        let fields: Vec<String> = columns
+            .iter()
+            .map(|c| {
+                let (text, class) = self.portable_value(&format!("{alias}.{}", quote_ident(&c.name)), c);
+                fixpoint_core::engine::portable_field(&text, class)
+            })
+            .collect();
+        let chunks: Vec<String> = fields.chunks(90).map(|f| format!("concat_ws('|', {})", f.join(", "))).collect();
+        let text = match chunks.len() {
+            0 => return None,
+            1 => chunks[0].clone(),
+            _ => format!("concat_ws('|', {})", chunks.join(", ")),
+        };
+        Some(self.portable_row_hash(&text))
     }
 }
 
