@@ -141,6 +141,26 @@ pub fn run_sql(url: &str, table: &str, d: RunDate, merge: bool) -> Result<(), Er
     Ok(())
 }
 
+/// The rows of `from` (a table or a parenthesized query, alias `d`), as a
+/// count and a sum of PostgreSQL's `hashtextextended` over each row's text:
+/// the result checks' digest, by another path than fixpoint's fingerprints.
+fn digest(url: &str, from: &str) -> Result<String, Error> {
+    let mut db = Postgres::connect(url)?;
+    let sql = format!("SELECT count(*) || ':' || coalesce(sum(hashtextextended(CAST(ROW({COLUMNS}) AS TEXT), 0)), 0) FROM {from}");
+    let rows = db.query(&Sql::raw(sql))?;
+    Ok(rows.rows.first().and_then(|r| r.first()).map(|v| v.display()).unwrap_or_default())
+}
+
+/// Checks that `side` left `table`'s day holding exactly the source's day.
+fn check_day(url: &str, side: &str, table: &str, date: &str) -> Result<(), Error> {
+    let got = digest(url, &format!("{table} AS d WHERE dt = DATE '{date}'"))?;
+    let want = digest(url, &format!("bronze.orders AS d WHERE dt = DATE '{date}'"))?;
+    if got != want {
+        return Err(Error::Internal(format!("the benchmark's sides disagree: after {side}, {table}'s day digests as {got} and the source's as {want}; no ratio is printed")));
+    }
+    Ok(())
+}
+
 pub fn run(admin: &str, rows: u64, days: u64, changes: u64, rounds: u32, dir: &Path, out: &Output) -> Result<(), Error> {
     let (rows, days, changes) =
         if rows == 20_000_000 && days == 4 { (5_000_000, 5, if changes == 200_000 { 100_000 } else { changes }) } else { (rows, days, changes) };
@@ -201,6 +221,13 @@ pub fn run(admin: &str, rows: u64, days: u64, changes: u64, rounds: u32, dir: &P
                     return Err(Error::Internal(format!("the partitioned target was not swapped: {v}")));
                 }
             }
+            let (name, table) = [
+                ("the hand-written SQL (plain table)", "silver.orders"),
+                ("fixpoint's delete+insert", "silver.orders"),
+                ("fixpoint's partition exchange", "silver.orders_part"),
+                ("the hand-written SQL (partitioned table)", "silver.orders_part"),
+            ][side];
+            check_day(&url, name, table, date)?;
             sides[side].push(s);
         }
     }
@@ -208,6 +235,24 @@ pub fn run(admin: &str, rows: u64, days: u64, changes: u64, rounds: u32, dir: &P
     let mut last = serde_json::Value::Null;
     new_batch(&url, changes)?;
     measure(&mut fixpoint(&merge))?;
+    // One batch merged by each side into its own copy of the table: the
+    // two tables must then be equal.
+    {
+        new_batch(&url, changes)?;
+        let mut db = Postgres::connect(&url)?;
+        exec(&mut db, "DROP TABLE IF EXISTS silver.orders_check;\nCREATE TABLE silver.orders_check AS SELECT * FROM silver.orders_m;\nALTER TABLE silver.orders_check ADD PRIMARY KEY (order_id);\nANALYZE silver.orders_check")?;
+        measure(&mut fixpoint(&merge))?;
+        measure(&mut hand("silver.orders_check", true))?;
+        let (fx, hw) = (digest(&url, "silver.orders_m AS d")?, digest(&url, "silver.orders_check AS d")?);
+        db.execute(&Sql::raw("DROP TABLE silver.orders_check"))?;
+        if fx != hw {
+            return Err(Error::Internal(format!("the benchmark's sides disagree on one batch merged into one table: fixpoint {fx}, hand-written {hw}; no ratio is printed")));
+        }
+        eprintln!("bench: one batch merged by each side gives the same table ({fx})");
+    }
+    // Every batch has the same keys (newer versions each time): each side
+    // must change as many rows.
+    let mut counts = std::collections::BTreeSet::new();
     for round in 0..rounds {
         eprintln!("bench: merge round {}/{rounds}", round + 1);
         let order = if round % 2 == 0 { [true, false] } else { [false, true] };
@@ -215,12 +260,18 @@ pub fn run(admin: &str, rows: u64, days: u64, changes: u64, rounds: u32, dir: &P
             new_batch(&url, changes)?;
             if fx {
                 let (s, v) = measure(&mut fixpoint(&merge))?;
+                counts.insert(v["rows_updated"].as_u64().unwrap_or(0) + v["rows_inserted"].as_u64().unwrap_or(0));
                 last = v;
                 fm.push(s);
             } else {
-                hm.push(measure(&mut hand("silver.orders_m", true))?.0);
+                let (s, v) = measure(&mut hand("silver.orders_m", true))?;
+                counts.insert(v["rows"].as_u64().unwrap_or(u64::MAX));
+                hm.push(s);
             }
         }
+    }
+    if counts.len() != 1 {
+        return Err(Error::Internal(format!("the merge's sides changed different numbers of rows: {counts:?}; no ratio is printed")));
     }
     let med = |v: &[Sample]| median(v.iter().map(|s| s.inner).collect());
     let wall = |v: &[Sample]| median(v.iter().map(|s| s.wall).collect());
@@ -231,7 +282,8 @@ pub fn run(admin: &str, rows: u64, days: u64, changes: u64, rounds: u32, dir: &P
         "server": version, "rows_in_table": rows, "rows_replaced": replaced, "rounds": rounds, "merge_batch_rows": changes,
         "hand_written_delete_insert_s": med(hw), "fixpoint_delete_insert_s": med(fx_plain),
         "fixpoint_partition_exchange_s": med(fx_part), "hand_written_delete_insert_partitioned_s": med(hw_part),
-        "ratio_delete_insert": med(fx_plain) / med(hw), "ratio_exchange": med(fx_part) / med(hw),
+        "ratio_delete_insert": med(fx_plain) / med(hw), "ratio_exchange": med(fx_part) / med(hw_part),
+        "ratio_exchange_over_plain_hand_written": med(fx_part) / med(hw), "results_checked": true,
         "process_s": {"hand": wall(hw), "fixpoint_delete_insert": wall(fx_plain), "fixpoint_exchange": wall(fx_part), "hand_partitioned": wall(hw_part)},
         "peak_rss_mb": {"hand": rss(hw), "fixpoint_delete_insert": rss(fx_plain), "fixpoint_exchange": rss(fx_part), "hand_partitioned": rss(hw_part)},
         "hand_written_merge_s": med(&hm), "fixpoint_merge_s": med(&fm), "ratio_merge": med(&fm) / med(&hm),
@@ -248,7 +300,12 @@ pub fn run(admin: &str, rows: u64, days: u64, changes: u64, rounds: u32, dir: &P
         println!("| fixpoint run --force, delete+insert (plain table) | {:.3} | {:.3} | {:.0} |", med(fx_plain), wall(fx_plain), rss(fx_plain));
         println!("| fixpoint run --force, partition exchange (LIST-partitioned table) | {:.3} | {:.3} | {:.0} |", med(fx_part), wall(fx_part), rss(fx_part));
         println!("| hand-written DELETE + INSERT on the partitioned table | {:.3} | {:.3} | {:.0} |", med(hw_part), wall(hw_part), rss(hw_part));
-        println!("ratio fixpoint / hand-written: {:.3} (delete+insert), {:.3} (partition exchange)", med(fx_plain) / med(hw), med(fx_part) / med(hw));
+        println!(
+            "ratio fixpoint / hand-written on the same table: {:.3} (delete+insert, plain), {:.3} (partition exchange, partitioned); exchange / plain hand-written: {:.3}",
+            med(fx_plain) / med(hw),
+            med(fx_part) / med(hw_part),
+            med(fx_part) / med(hw)
+        );
         println!("merge {changes} changed rows (1 in 10 keys twice) into the {rows}-row table (primary key on order_id):");
         println!("| side | merge (s) | client peak RSS (MiB) |");
         println!("|---|---|---|");

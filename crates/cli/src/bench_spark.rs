@@ -97,6 +97,25 @@ INSERT OVERWRITE TABLE silver.orders (order_id, customer_id, order_total, curren
 UNCACHE TABLE hand_merged;
 DROP VIEW hand_merged";
 
+/// The rows of `from`, as a count and a sum of Spark's `hash` (murmur3)
+/// over each row: the result checks' digest, by another path than
+/// fixpoint's fingerprints (xxhash64).
+fn digest(db: &mut Spark, from: &str) -> Result<String, Error> {
+    let sql = format!("SELECT concat(CAST(count(*) AS STRING), ':', CAST(coalesce(sum(CAST(hash({COLUMNS}) AS DECIMAL(38, 0))), 0) AS STRING)) FROM {from}");
+    let rows = db.query(&Sql::raw(sql))?;
+    Ok(rows.rows.first().and_then(|r| r.first()).map(|v| v.display()).unwrap_or_default())
+}
+
+/// Checks that `side` left the day holding exactly the source's day.
+fn check_day(db: &mut Spark, side: &str) -> Result<(), Error> {
+    let got = digest(db, "silver.orders WHERE dt = DATE '2026-10-20'")?;
+    let want = digest(db, "bronze.orders WHERE dt = DATE '2026-10-20'")?;
+    if got != want {
+        return Err(Error::Internal(format!("the benchmark's sides disagree: after {side}, the day digests as {got} and the source's as {want}; no ratio is printed")));
+    }
+    Ok(())
+}
+
 pub fn run(url: &str, rows: u64, days: u64, n_changes: u64, rounds: u32, dir: &Path, out: &Output) -> Result<(), Error> {
     let mut db = Spark::connect(url, std::time::Duration::from_secs(30))?;
     let per_day = rows / days;
@@ -111,40 +130,71 @@ pub fn run(url: &str, rows: u64, days: u64, n_changes: u64, rounds: u32, dir: &P
     // Warm-up: the first statements of a session pay for its setup.
     replace.load_with(date, &mut db, &force)?;
     let (mut hand, mut ours, mut skip) = (Vec::new(), Vec::new(), Vec::new());
+    let mut inserted = 0;
     for round in 0..rounds {
-        let t = Instant::now();
-        exec(&mut db, &format!("INSERT OVERWRITE TABLE silver.orders ({COLUMNS}) SELECT {COLUMNS} FROM bronze.orders WHERE dt = DATE '2026-10-20'"))?;
-        hand.push(t.elapsed().as_secs_f64());
-        let t = Instant::now();
-        let r = replace.load_with(date, &mut db, &force)?;
-        ours.push(t.elapsed().as_secs_f64());
+        let order = if round % 2 == 0 { [false, true] } else { [true, false] };
+        for fixpoint_side in order {
+            let t = Instant::now();
+            if fixpoint_side {
+                inserted = replace.load_with(date, &mut db, &force)?.rows_inserted;
+                ours.push(t.elapsed().as_secs_f64());
+                check_day(&mut db, "fixpoint's run")?;
+            } else {
+                exec(&mut db, &format!("INSERT OVERWRITE TABLE silver.orders ({COLUMNS}) SELECT {COLUMNS} FROM bronze.orders WHERE dt = DATE '2026-10-20'"))?;
+                hand.push(t.elapsed().as_secs_f64());
+                check_day(&mut db, "the hand-written INSERT OVERWRITE")?;
+            }
+        }
         let t = Instant::now();
         let s = replace.load(date, &mut db)?;
         skip.push(t.elapsed().as_secs_f64());
-        eprintln!("bench: replace round {round}: hand {:.2} s, fixpoint {:.2} s ({} rows), skip {:.2} s ({})", hand[hand.len() - 1], ours[ours.len() - 1], r.rows_inserted, skip[skip.len() - 1], s.outcome);
+        if s.outcome != "skipped" {
+            return Err(Error::Internal(format!("the retry was not skipped: {}", s.outcome)));
+        }
+        eprintln!("bench: replace round {round}: hand {:.2} s, fixpoint {:.2} s ({inserted} rows), skip {:.2} s", hand[hand.len() - 1], ours[ours.len() - 1], skip[skip.len() - 1]);
     }
     let (hand_m, ours_m, skip_m) = (median(hand.clone()), median(ours.clone()), median(skip.clone()));
 
     // Merge: each side applies its own batch per round (newer each time),
     // on the table as built (an earlier bench run left newer versions).
     exec(&mut db, &format!("INSERT OVERWRITE TABLE silver.orders ({COLUMNS}) SELECT {COLUMNS} FROM bronze.orders"))?;
+    let job = Job::from_toml(
+        "name = \"bench_merge\"\ntarget = \"silver.orders\"\nstrategy = \"merge\"\nkey = [\"order_id\"]\nversion = \"updated_at\"\npartition = \"dt\"\n\n[source]\nsql = \"SELECT order_id, customer_id, order_total, currency, updated_at, dt FROM staging.ours\"\n",
+        &dir.join("bench_spark_merge.toml"),
+    )?;
+    // One batch merged by each side into its own copy of the table: the two
+    // tables must then be equal.
+    {
+        changes(&mut db, "ours", n_changes, rows, per_day, 2 * rounds as u64)?;
+        exec(&mut db, "DROP TABLE IF EXISTS silver.orders_check;\nCREATE TABLE silver.orders_check USING parquet PARTITIONED BY (dt) AS SELECT * FROM silver.orders")?;
+        job.load(date, &mut db)?;
+        exec(&mut db, &HAND_MERGE.replace("{T}", "ours").replace("silver.orders ", "silver.orders_check "))?;
+        let (fx, hw) = (digest(&mut db, "silver.orders")?, digest(&mut db, "silver.orders_check")?);
+        exec(&mut db, "DROP TABLE silver.orders_check")?;
+        if fx != hw {
+            return Err(Error::Internal(format!("the benchmark's sides disagree on one batch merged into one table: fixpoint {fx}, hand-written {hw}; no ratio is printed")));
+        }
+        eprintln!("bench: one batch merged by each side gives the same table ({fx})");
+    }
     let (mut hand_merge, mut ours_merge) = (Vec::new(), Vec::new());
     let mut changed = 0;
     for round in 0..rounds as u64 {
-        changes(&mut db, "hand", n_changes, rows, per_day, 2 * round)?;
-        let t = Instant::now();
-        exec(&mut db, &HAND_MERGE.replace("{T}", "hand"))?;
-        hand_merge.push(t.elapsed().as_secs_f64());
-        changes(&mut db, "ours", n_changes, rows, per_day, 2 * round + 1)?;
-        let job = Job::from_toml(
-            "name = \"bench_merge\"\ntarget = \"silver.orders\"\nstrategy = \"merge\"\nkey = [\"order_id\"]\nversion = \"updated_at\"\npartition = \"dt\"\n\n[source]\nsql = \"SELECT order_id, customer_id, order_total, currency, updated_at, dt FROM staging.ours\"\n",
-            &dir.join("bench_spark_merge.toml"),
-        )?;
-        let t = Instant::now();
-        let r = job.load(date, &mut db)?;
-        ours_merge.push(t.elapsed().as_secs_f64());
-        changed = r.rows_updated + r.rows_inserted;
-        eprintln!("bench: merge round {round}: hand {:.2} s, fixpoint {:.2} s ({} updated, {} collapsed)", hand_merge[hand_merge.len() - 1], ours_merge[ours_merge.len() - 1], r.rows_updated, r.duplicates_collapsed);
+        let order = if round % 2 == 0 { [false, true] } else { [true, false] };
+        for fixpoint_side in order {
+            if fixpoint_side {
+                changes(&mut db, "ours", n_changes, rows, per_day, 2 * (rounds as u64 + 1 + round) + 1)?;
+                let t = Instant::now();
+                let r = job.load(date, &mut db)?;
+                ours_merge.push(t.elapsed().as_secs_f64());
+                changed = r.rows_updated + r.rows_inserted;
+            } else {
+                changes(&mut db, "hand", n_changes, rows, per_day, 2 * (rounds as u64 + 1 + round))?;
+                let t = Instant::now();
+                exec(&mut db, &HAND_MERGE.replace("{T}", "hand"))?;
+                hand_merge.push(t.elapsed().as_secs_f64());
+            }
+        }
+        eprintln!("bench: merge round {round}: hand {:.2} s, fixpoint {:.2} s ({changed} changed)", hand_merge[hand_merge.len() - 1], ours_merge[ours_merge.len() - 1]);
     }
     let (hm, om) = (median(hand_merge.clone()), median(ours_merge.clone()));
     let rss = peak_rss_mb();
@@ -153,6 +203,7 @@ pub fn run(url: &str, rows: u64, days: u64, n_changes: u64, rounds: u32, dir: &P
         "rows": rows, "days": days, "rounds": rounds, "changes": n_changes,
         "replace_partition": {"hand_written_s": hand_m, "fixpoint_s": ours_m, "ratio": ours_m / hand_m, "skip_s": skip_m},
         "merge": {"hand_written_s": hm, "fixpoint_s": om, "ratio": om / hm, "rows_changed": changed},
+        "results_checked": true,
         "client_peak_rss_mb": rss,
     });
     if out.is_json() {

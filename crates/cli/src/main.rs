@@ -419,7 +419,7 @@ pub(crate) fn open_engine(url: &str, wait: Duration) -> Result<Box<dyn Engine>, 
     }
     #[cfg(feature = "spark")]
     if fixpoint_spark::is_spark_url(url) {
-        return Ok(Box::new(fixpoint_spark::Spark::connect(url, wait.max(Duration::from_secs(10)))?));
+        return Ok(Box::new(fixpoint_spark::Spark::connect(url, wait.max(Duration::from_secs(10)))?.with_wait(wait)));
     }
     if url.starts_with("sc://") {
         return Err(Error::argument(
@@ -437,7 +437,7 @@ pub(crate) fn open_engine(url: &str, wait: Duration) -> Result<Box<dyn Engine>, 
 /// `FIXPOINT_FAIL_AT` obeyed.
 const TEST_MODE: &str = "FIXPOINT_TEST_MODE";
 
-/// `FIXPOINT_FAIL_AT=point[@date]` and `FIXPOINT_FAIL_MODE=abort|error`:
+/// `FIXPOINT_FAIL_AT=point[@date]` and `FIXPOINT_FAIL_MODE=error|abort|pause:MS`:
 /// fail on purpose at a step boundary (tests, the demo). Obeyed only with
 /// `FIXPOINT_TEST_MODE=1` as well: a stray `FIXPOINT_FAIL_AT` left in a
 /// production environment must not fail every run, so without test mode it
@@ -460,9 +460,19 @@ fn fault_from_env() -> Result<(Option<(FailPoint, FaultAction)>, Option<RunDate>
             Some("use one of after_guards, after_delete, mid_insert, after_insert, before_commit"),
         )
     })?;
-    let action = match std::env::var("FIXPOINT_FAIL_MODE").as_deref() {
-        Ok("abort") => FaultAction::Abort,
-        _ => FaultAction::Error,
+    let mode = std::env::var("FIXPOINT_FAIL_MODE").unwrap_or_default();
+    let action = match mode.as_str() {
+        "abort" => FaultAction::Abort,
+        "" | "error" => FaultAction::Error,
+        other => match other.strip_prefix("pause:").and_then(|ms| ms.parse::<u64>().ok()) {
+            Some(ms) => FaultAction::Pause(ms),
+            None => {
+                return Err(Error::argument(
+                    format!("FIXPOINT_FAIL_MODE={other:?} is not a fault mode"),
+                    Some("use error (the default), abort, or pause:MILLISECONDS"),
+                ))
+            }
+        },
     };
     Ok((Some((point, action)), date))
 }

@@ -969,17 +969,129 @@ mod spark {
     use super::fixpoint;
     use fixpoint_core::{Engine, Sql};
 
-    #[test]
-    fn runs_on_spark_with_exit_codes_and_json() {
+    /// The cluster has one catalog: one test at a time.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// The test server's URL and a session on it, or `None` (said) when it
+    /// is unreachable outside CI.
+    fn spark() -> Option<(String, fixpoint_spark::Spark)> {
         let url = std::env::var("FIXPOINT_TEST_SPARK").unwrap_or_else(|_| "sc://127.0.0.1:15002".into());
-        let mut db = match fixpoint_spark::Spark::connect(&url, std::time::Duration::from_secs(10)) {
-            Ok(db) => db,
+        match fixpoint_spark::Spark::connect(&url, std::time::Duration::from_secs(10)) {
+            Ok(db) => Some((url, db)),
             Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("spark is unreachable under CI=true: {e}"),
             Err(e) => {
                 eprintln!("skipped: spark is unreachable ({e})");
-                return;
+                None
             }
+        }
+    }
+
+    fn rows(db: &mut fixpoint_spark::Spark, sql: &str) -> Vec<Vec<String>> {
+        let rows = db.query(&Sql::raw(sql)).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        rows.rows.iter().map(|r| r.iter().map(|v| v.display()).collect()).collect()
+    }
+
+    /// A run whose whole process is frozen (SIGSTOP: its lease renewal too)
+    /// for longer than its lease, while another run takes the day over and
+    /// commits, wakes up to find the lease lost and stops without writing:
+    /// the day and the ledger are the other run's.
+    #[test]
+    fn a_run_frozen_past_its_lease_writes_nothing() {
+        use std::io::BufRead;
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((url, mut db)) = spark() else { return };
+        for stmt in [
+            "DROP DATABASE IF EXISTS bronze CASCADE",
+            "DROP DATABASE IF EXISTS silver CASCADE",
+            "DROP DATABASE IF EXISTS fixpoint CASCADE",
+            "CREATE DATABASE bronze",
+            "CREATE TABLE bronze.orders (order_id BIGINT, order_total DECIMAL(12,2), dt DATE)",
+            "INSERT INTO bronze.orders VALUES (1, 1.50, DATE '2026-10-20'), (2, 2.50, DATE '2026-10-20')",
+        ] {
+            db.execute(&Sql::raw(stmt)).unwrap_or_else(|e| panic!("{e}"));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let job = "name = \"day\"\ntarget = \"silver.orders\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n\n[source]\nsql = \"SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date\"\n";
+        std::fs::write(dir.path().join("day.toml"), job).unwrap();
+        let run = |extra: &[(&str, &str)], args: &[&str]| {
+            let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_fixpoint"));
+            c.args(["run", "day.toml", "--date", "2026-10-20", "--db", &url])
+                .args(args)
+                .current_dir(dir.path())
+                .env_remove("FIXPOINT_DB")
+                .env_remove("FIXPOINT_FAIL_AT")
+                .env_remove("FIXPOINT_FAIL_MODE")
+                .env("FIXPOINT_SPARK_LEASE_SECONDS", "3")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            for (k, v) in extra {
+                c.env(k, v);
+            }
+            c
         };
+        // The first load creates the table; then the day's source changes.
+        let first = run(&[], &[]).output().unwrap();
+        assert_eq!(first.status.code(), Some(0), "{}", String::from_utf8_lossy(&first.stderr));
+        db.execute(&Sql::raw("INSERT INTO bronze.orders VALUES (3, 3.50, DATE '2026-10-20')")).unwrap();
+
+        // Run A reads the changed source, takes the lease and pauses after
+        // its guards; it is frozen there, renewal thread included.
+        let mut a = run(&[("FIXPOINT_TEST_MODE", "1"), ("FIXPOINT_FAIL_AT", "after_guards"), ("FIXPOINT_FAIL_MODE", "pause:1500")], &[]).spawn().unwrap();
+        let pid = a.id().to_string();
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let stderr = a.stderr.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut all = String::new();
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line.clone());
+                all.push_str(&line);
+                all.push('\n');
+            }
+            all
+        });
+        loop {
+            let line = rx.recv_timeout(std::time::Duration::from_secs(120)).expect("run A reaches its pause");
+            if line.contains("pausing 1500 ms at fail point after_guards") {
+                break;
+            }
+        }
+        assert!(std::process::Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+        std::thread::sleep(std::time::Duration::from_millis(4500));
+        // Meanwhile the source changes again and run B takes the expired
+        // lease over and commits.
+        db.execute(&Sql::raw("INSERT INTO bronze.orders VALUES (4, 4.50, DATE '2026-10-20')")).unwrap();
+        let b = run(&[], &["--no-wait", "--output", "json"]).output().unwrap();
+        let b_err = String::from_utf8_lossy(&b.stderr).into_owned();
+        assert_eq!(b.status.code(), Some(0), "{b_err}");
+        assert!(b_err.contains("taking over the expired lease"), "{b_err}");
+        let b: serde_json::Value = serde_json::from_slice(&b.stdout).unwrap();
+        assert_eq!((b["outcome"].as_str(), b["rows_inserted"].as_u64()), (Some("committed"), Some(4)), "{b}");
+
+        // A wakes up, finds the lease lost, writes nothing: exit 5 (busy).
+        assert!(std::process::Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+        let status = a.wait().unwrap();
+        let a_err = reader.join().unwrap();
+        assert_eq!(status.code(), Some(5), "{a_err}");
+        assert!(a_err.contains("lost its lease") && a_err.contains("wrote nothing"), "{a_err}");
+
+        // Independent of fixpoint's fingerprints: the day is exactly the
+        // source as B read it, and the ledger holds the first load and B.
+        assert_eq!(
+            rows(&mut db, "SELECT order_id, CAST(order_total AS STRING) FROM silver.orders WHERE dt = DATE '2026-10-20' ORDER BY order_id"),
+            rows(&mut db, "SELECT order_id, CAST(order_total AS STRING) FROM bronze.orders WHERE dt = DATE '2026-10-20' ORDER BY order_id"),
+        );
+        assert_eq!(rows(&mut db, "SELECT count(*) FROM silver.orders"), vec![vec!["4".to_owned()]]);
+        assert_eq!(
+            rows(&mut db, "SELECT input_rows, output_rows FROM fixpoint.runs WHERE job = 'day' ORDER BY input_rows"),
+            vec![vec!["2".to_owned(), "2".to_owned()], vec!["4".to_owned(), "4".to_owned()]],
+            "the first load and B; nothing of A"
+        );
+    }
+
+    #[test]
+    fn runs_on_spark_with_exit_codes_and_json() {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((url, mut db)) = spark() else { return };
         for stmt in [
             "DROP DATABASE IF EXISTS bronze CASCADE",
             "DROP DATABASE IF EXISTS silver CASCADE",

@@ -54,6 +54,7 @@ impl RunOptions {
             Some((p, FaultAction::Error)) if p == at => Err(Error::Injected(at)),
             Some((p, FaultAction::Abort)) if p == at => std::process::abort(),
             Some((p, FaultAction::Pause(ms))) if p == at => {
+                eprintln!("fixpoint: pausing {ms} ms at fail point {} (test mode)", at.name());
                 std::thread::sleep(std::time::Duration::from_millis(ms));
                 Ok(())
             }

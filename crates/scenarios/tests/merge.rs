@@ -454,6 +454,7 @@ scenarios!(
     generated_target_key_is_found,
     written_types_differ_from_the_source,
     merge_backfills_batch_by_batch,
+    wrong_input_changes_nothing,
     merge_without_tombstones_or_partition,
     seed_feed_replays_and_out_of_order,
     tombstones_delete_and_never_resurrect,
@@ -612,8 +613,58 @@ fn duckdb_plans_agree_on_upserts() {
     assert_eq!(count(engines[0].as_mut(), "SELECT count(*) FROM silver.orders"), 5);
 }
 
+
+/// Wrong input changes nothing, on every engine Spark included (the
+/// DuckDB and PostgreSQL variants of each are in wrong_input.rs): a source
+/// reading its own target, a target in fixpoint's schema, a version without
+/// a meaningful order, a key `append_new_columns` would add. Each is refused
+/// as bad input before anything is written.
+fn wrong_input_changes_nothing(e: &dyn EngineUnderTest) {
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    seed(db);
+    let merge = job(MERGE_JOB);
+    merge.load(d("2026-10-19"), db).unwrap();
+    let before = target(db);
+    let runs = count(db, "SELECT count(*) FROM fixpoint.runs");
+    let input = |e: &Error| assert_eq!(e.class(), fixpoint_core::ErrorClass::Input, "{e}");
+
+    let mut own = merge.clone();
+    own.source = own.source.with_sql("SELECT order_id, customer_id, order_total, currency, updated_at, dt, op FROM silver.orders".into()).unwrap();
+    let err = own.load(d("2026-10-20"), db).unwrap_err();
+    input(&err);
+    assert!(err.to_string().contains("the source reads the job's own target silver.orders"), "{err}");
+
+    let mut reserved = merge.clone();
+    reserved.target = fixpoint_core::TableName::parse("fixpoint.runs").unwrap();
+    let err = reserved.load(d("2026-10-20"), db).unwrap_err();
+    input(&err);
+    assert!(err.to_string().contains("is reserved for"), "{err}");
+
+    let text_version = job(&MERGE_JOB.replace(
+        "SELECT order_id, customer_id, order_total, currency, updated_at,",
+        "SELECT order_id, customer_id, order_total, currency, CAST(updated_at AS VARCHAR) AS updated_at,",
+    ));
+    let err = text_version.load(d("2026-10-20"), db).unwrap_err();
+    input(&err);
+    assert!(err.to_string().contains("updated_at"), "{err}");
+
+    let appended_key = job(
+        &MERGE_JOB
+            .replace("key = [\"order_id\"]", "key = [\"order_ref\"]\non_schema_change = \"append_new_columns\"")
+            .replace("SELECT order_id,", "SELECT order_id AS order_ref, order_id,"),
+    );
+    let err = appended_key.load(d("2026-10-20"), db).unwrap_err();
+    input(&err);
+    assert!(err.to_string().contains("order_ref") && err.to_string().contains("cannot be appended"), "{err}");
+
+    assert_eq!(target(db), before, "the target is as it was");
+    assert_eq!(count(db, "SELECT count(*) FROM fixpoint.runs"), runs, "no ledger row");
+}
+
 spark_scenarios!(
     merge_backfills_batch_by_batch,
+    wrong_input_changes_nothing,
     unpartitioned_merge_is_refused_on_spark,
     seed_feed_replays_and_out_of_order,
     tombstones_delete_and_never_resurrect,

@@ -1,8 +1,9 @@
 //! What only Spark has: concurrent runs without transactions across
-//! statements (a run holds a lease, a view in the `fixpoint` database that
-//! the metastore creates atomically, from its guards to its ledger row, so
-//! two runs of one partition at once end as one run), and tables stored
-//! partitioned. (Feature `spark`; skipped without a server, failing under
+//! statements (a run holds a lease, a generation of views in the `fixpoint`
+//! database that the metastore creates atomically, renewed while the run
+//! lives, from its guards to its ledger row, so two runs of one partition at
+//! once end as one run), and tables stored partitioned. A run frozen past
+//! its lease is in `crates/cli/tests/cli.rs` (it needs a process to stop). (Feature `spark`; skipped without a server, failing under
 //! CI=true.)
 
 #[cfg(feature = "spark")]
@@ -12,9 +13,36 @@ mod spark {
     use fixpoint_core::{ledger, Error, FailPoint, FaultAction, RunOptions, Sql};
     use fixpoint_scenarios::*;
 
-    fn lease_view(job: &str, target: &str, scope: &str) -> String {
+    /// The views of a lease's generations (`fixpoint.lease__<hash>__g<n>`),
+    /// read with plain SQL, oldest first: (name, properties).
+    fn lease_views(db: &mut dyn fixpoint_core::Engine, job: &str, target: &str, scope: &str) -> Vec<(String, Vec<(String, String)>)> {
         let key = format!("fixpoint:{job}:{target}:{scope}");
-        format!("fixpoint.lease__{}", &fixpoint_core::runkey::hash_hex(&["fixpoint-lease-v1", &key])[..16])
+        let prefix = format!("lease__{}__g", &fixpoint_core::runkey::hash_hex(&["fixpoint-lease-v2", &key])[..16]);
+        let Ok(listed) = db.query(&Sql::raw(format!("SHOW VIEWS IN fixpoint LIKE '{prefix}*'"))) else { return Vec::new() };
+        let mut views: Vec<(u64, String)> = listed
+            .rows
+            .iter()
+            .filter_map(|r| r.get(1).and_then(|v| v.as_str()).map(str::to_owned))
+            .filter_map(|n| n.strip_prefix(&prefix).and_then(|g| g.parse().ok()).map(|g| (g, n.clone())))
+            .collect();
+        views.sort();
+        views
+            .into_iter()
+            .map(|(_, name)| {
+                let props = db.query(&Sql::raw(format!("SHOW TBLPROPERTIES fixpoint.{name}"))).unwrap_or_else(|e| panic!("{e}"));
+                let props = props
+                    .rows
+                    .iter()
+                    .filter_map(|r| Some((r.first()?.as_str()?.to_owned(), r.get(1)?.as_str()?.to_owned())))
+                    .filter(|(k, _)| k.starts_with("fixpoint."))
+                    .collect();
+                (name, props)
+            })
+            .collect()
+    }
+
+    fn prop<'a>(props: &'a [(String, String)], key: &str) -> Option<&'a str> {
+        props.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
     }
 
     #[test]
@@ -24,22 +52,28 @@ mod spark {
         let mut db = spark.fresh();
         exec(db.as_mut(), BRONZE);
         let job = job(SILVER_JOB);
-        // The first run pauses after its guards, holding the lease; the
-        // second starts meanwhile, waits, then finds the day as recorded.
+        // The first run pauses after its guards for 5 s, holding a lease of
+        // 2 s that it renews meanwhile; the second starts meanwhile, waits,
+        // then finds the day as recorded.
         let first = {
             let job = job.clone();
-            let mut session = spark.session();
+            let mut session = spark.session().with_lease(Duration::from_secs(2));
             std::thread::spawn(move || {
-                let opts = RunOptions { fault: Some((FailPoint::AfterGuards, FaultAction::Pause(4000))), ..Default::default() };
+                let opts = RunOptions { fault: Some((FailPoint::AfterGuards, FaultAction::Pause(5000))), ..Default::default() };
                 job.load_with(d("2026-10-20"), &mut session, &opts)
             })
         };
-        std::thread::sleep(Duration::from_millis(1500));
-        // While it holds the lease, --no-wait is refused at once, naming it.
+        // Past the first lease's own length: only its renewal keeps it.
+        std::thread::sleep(Duration::from_millis(3500));
         let mut third = spark.session();
         let busy = job.load_with(d("2026-10-20"), &mut third, &RunOptions { no_wait: true, ..Default::default() }).unwrap_err();
         assert!(matches!(busy, Error::Busy { .. }), "{busy}");
         assert!(busy.to_string().contains("holds the lease on silver.orders (2026-10-20)"), "{busy}");
+        let views = lease_views(db.as_mut(), "silver_orders", "silver.orders", "2026-10-20");
+        assert_eq!(views.len(), 1, "{views:?}");
+        let until: u64 = prop(&views[0].1, "fixpoint.expires_ms").unwrap().parse().unwrap();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+        assert!(until > now, "renewed: its expiry {until} lies ahead of {now}");
         let mut second = spark.session();
         let b = job.load(d("2026-10-20"), &mut second).unwrap();
         let a = first.join().unwrap().unwrap();
@@ -49,29 +83,52 @@ mod spark {
         assert_eq!(day_fp(db.as_mut(), "silver.orders", "2026-10-20", &["load_id"]), a.output());
         assert_eq!(count(db.as_mut(), "SELECT count(*) FROM silver.orders"), 4);
         assert_eq!(ledger::entries(db.as_mut(), Some("silver_orders"), None, None).unwrap().len(), 1, "one run recorded");
-        // Both released their lease.
-        let view = lease_view("silver_orders", "silver.orders", "2026-10-20");
-        assert!(db.query(&Sql::raw(format!("SELECT * FROM {view}"))).is_err(), "the lease view is gone");
+        // Both released it: one generation per take, the newest kept, released.
+        let views = lease_views(db.as_mut(), "silver_orders", "silver.orders", "2026-10-20");
+        assert_eq!(views.len(), 1, "older generations are dropped: {views:?}");
+        assert!(views[0].0.ends_with("__g1"), "two takes, two generations: {views:?}");
+        assert_eq!(prop(&views[0].1, "fixpoint.released"), Some("true"), "{views:?}");
     }
 
     #[test]
-    fn an_expired_lease_of_a_dead_run_is_broken() {
+    fn expired_leases_are_taken_over_and_unreadable_ones_count_as_held() {
         let Some(spark) = SparkUnderTest::get() else { return };
         let _one_at_a_time = spark.exclusive();
         let mut db = spark.fresh();
         exec(db.as_mut(), BRONZE);
         let job = job(SILVER_JOB);
-        // A run that died holding its lease, long expired.
-        let view = lease_view("silver_orders", "silver.orders", "2026-10-20");
+        let key = "fixpoint:silver_orders:silver.orders:2026-10-20";
+        let prefix = format!("fixpoint.lease__{}__g", &fixpoint_core::runkey::hash_hex(&["fixpoint-lease-v2", key])[..16]);
+        let lease = |g: u64, owner: &str, expires: &str| {
+            format!("CREATE VIEW {prefix}{g} TBLPROPERTIES ('fixpoint.owner' = '{owner}', 'fixpoint.expires_ms' = '{expires}') AS SELECT 1 AS held")
+        };
+        // A run that died holding its lease, long expired: taken over by
+        // creating the next generation, the dead one's dropped.
         exec(db.as_mut(), "CREATE DATABASE IF NOT EXISTS fixpoint");
-        exec(db.as_mut(), &format!("CREATE VIEW {view} TBLPROPERTIES ('fixpoint.owner' = 'dead-run', 'fixpoint.expires_ms' = '1') AS SELECT 1 AS held"));
+        exec(db.as_mut(), &lease(4, "dead-run", "1"));
         let r = job.load_with(d("2026-10-20"), db.as_mut(), &RunOptions { no_wait: true, ..Default::default() }).unwrap();
         assert_eq!(r.outcome, "committed");
-        // A live lease of another run is not broken.
-        exec(db.as_mut(), &format!("CREATE VIEW {view} TBLPROPERTIES ('fixpoint.owner' = 'live-run', 'fixpoint.expires_ms' = '99999999999999') AS SELECT 1 AS held"));
+        let views = lease_views(db.as_mut(), "silver_orders", "silver.orders", "2026-10-20");
+        assert_eq!(views.iter().map(|v| v.0.rsplit("__").next().unwrap().to_owned()).collect::<Vec<_>>(), vec!["g5"], "{views:?}");
+        // A live lease of another run (the next generation) is not broken.
+        exec(db.as_mut(), &lease(6, "live-run", "99999999999999"));
         let err = job.load_with(d("2026-10-20"), db.as_mut(), &RunOptions { no_wait: true, force: true, ..Default::default() }).unwrap_err();
+        assert!(matches!(err, Error::Busy { .. }), "{err}");
         assert!(err.to_string().contains("run live-run"), "{err}");
-        exec(db.as_mut(), &format!("DROP VIEW {view}"));
+        // Nor one whose expiry cannot be read: held, named, with the fix;
+        // waiting (bounded by --wait) ends the same way.
+        exec(db.as_mut(), &lease(7, "garbled-run", "soon"));
+        let err = job.load_with(d("2026-10-20"), db.as_mut(), &RunOptions { no_wait: true, force: true, ..Default::default() }).unwrap_err();
+        assert!(matches!(err, Error::Busy { .. }), "{err}");
+        assert!(err.to_string().contains("cannot be read") && err.to_string().contains("counts as held") && err.to_string().contains("DROP VIEW"), "{err}");
+        let mut waiting = spark.session().with_wait(Duration::from_secs(2));
+        let started = std::time::Instant::now();
+        let err = job.load_with(d("2026-10-20"), &mut waiting, &RunOptions { force: true, ..Default::default() }).unwrap_err();
+        assert!(matches!(err, Error::Busy { .. }), "{err}");
+        assert!(started.elapsed() >= Duration::from_secs(2) && started.elapsed() < Duration::from_secs(30), "waited {:?}", started.elapsed());
+        assert_eq!(ledger::entries(db.as_mut(), Some("silver_orders"), None, None).unwrap().len(), 1, "only the first run recorded");
+        exec(db.as_mut(), &format!("DROP VIEW {prefix}7"));
+        exec(db.as_mut(), &format!("DROP VIEW {prefix}6"));
     }
 
     #[test]

@@ -12,29 +12,37 @@ use fixpoint_core::sql::{Sql, Value};
 use fixpoint_core::{Error, Result};
 
 use crate::client::{Client, SparkError};
+use crate::lease::{self, Held, Renewer};
 
 /// A Spark session on a Spark Connect server.
 pub struct Spark {
     client: Client,
     url: String,
-    /// The leases this session holds: scope -> (view, owner token).
-    leases: std::collections::HashMap<String, (TableName, String)>,
+    /// How long the server may take to answer a connection.
+    connect_timeout: Duration,
+    /// The leases this session holds: scope -> lease (see the `lease` module).
+    leases: std::collections::HashMap<String, Held>,
+    /// How long a lease lasts unless renewed.
+    lease: Duration,
+    /// How long to wait for another run's lease (`--wait`).
+    wait: Duration,
+    /// Renews the leases held, once the first is taken.
+    renewer: Option<Renewer>,
 }
 
-/// How long a lease lasts when its run dies without releasing it
-/// (`FIXPOINT_SPARK_LEASE_SECONDS`, default one hour).
-fn lease_seconds() -> u64 {
-    std::env::var("FIXPOINT_SPARK_LEASE_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3600)
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
-
-/// A string literal for the few values fixpoint makes itself and Spark's
-/// grammar takes only as literals (table properties): quotes doubled.
-fn lit(s: &str) -> String {
-    format!("'{}'", s.replace('\\', "").replace('\'', "''"))
+/// How long a lease lasts unless its run renews it: a run that dies keeps
+/// its lease this long (`FIXPOINT_SPARK_LEASE_SECONDS`, default 600).
+fn lease_from_env() -> Result<Duration> {
+    match std::env::var("FIXPOINT_SPARK_LEASE_SECONDS") {
+        Err(_) => Ok(Duration::from_secs(600)),
+        Ok(s) => match s.trim().parse::<u64>() {
+            Ok(n) if n >= 1 => Ok(Duration::from_secs(n)),
+            _ => Err(Error::argument(
+                format!("FIXPOINT_SPARK_LEASE_SECONDS={s:?} is not a whole number of seconds of at least 1"),
+                Some("set it to how long a dead run's lease should keep other runs out, e.g. 600, or unset it"),
+            )),
+        },
+    }
 }
 
 fn err(context: &str) -> impl FnOnce(SparkError) -> Error + '_ {
@@ -49,7 +57,15 @@ impl Spark {
             context: format!("connecting to {url}"),
             message: e.to_string(),
         })?;
-        let mut spark = Spark { client, url: url.to_owned(), leases: Default::default() };
+        let mut spark = Spark {
+            client,
+            url: url.to_owned(),
+            connect_timeout: timeout,
+            leases: Default::default(),
+            lease: lease_from_env()?,
+            wait: Duration::from_secs(60),
+            renewer: None,
+        };
         // fixpoint's SQL quotes identifiers the standard way ("name"), which
         // Spark reads as identifiers only with this setting (and ANSI mode).
         // An INSERT OVERWRITE replaces only the partitions its rows fall
@@ -70,25 +86,41 @@ impl Spark {
         &self.url
     }
 
-    /// The lease's view: `fixpoint.lease__<hash of the scope>`.
-    fn lease_view(scope: &str) -> TableName {
-        let h = &fixpoint_core::runkey::hash_hex(&["fixpoint-lease-v1", scope])[..16];
-        TableName { schema: fixpoint_core::ledger::SCHEMA.into(), table: format!("lease__{h}") }
+    /// How long a run waits for another run's lease (the CLI's `--wait`;
+    /// default 60 s); `--no-wait` does not wait at all.
+    pub fn with_wait(mut self, wait: Duration) -> Spark {
+        self.wait = wait;
+        self
     }
 
-    /// A lease's owner token and expiry (ms since the epoch), if it exists.
-    fn lease_holder(&mut self, view: &TableName) -> Result<Option<(String, u64)>> {
-        match self.client.query(&format!("SHOW TBLPROPERTIES {}", view.quoted()), &[]) {
-            Ok(batches) => {
-                let rows = to_rows(&batches)?;
-                let prop = |k: &str| {
-                    rows.rows.iter().find(|r| r.first() == Some(&Value::Text(k.into()))).and_then(|r| r.get(1)).and_then(|v| v.as_str().map(str::to_owned))
-                };
-                Ok(Some((prop("fixpoint.owner").unwrap_or_default(), prop("fixpoint.expires_ms").and_then(|v| v.parse().ok()).unwrap_or(0))))
+    /// How long a lease lasts unless renewed (default
+    /// `FIXPOINT_SPARK_LEASE_SECONDS`, else 600 s): how long a run that died
+    /// keeps others out. Renewed every third of it while the run lives.
+    pub fn with_lease(mut self, lease: Duration) -> Spark {
+        self.lease = lease;
+        self
+    }
+
+    /// Checks that this session still holds each lease it took: right
+    /// before a write (`before`), with a third of the lease ahead, so a run
+    /// that lost its lease stops having written nothing; right after one,
+    /// so a write that raced a take-over is reported, not recorded.
+    fn check_leases(&mut self, before: bool) -> Result<()> {
+        let margin = if before { self.lease / 3 } else { Duration::ZERO };
+        let held: Vec<(String, Held)> = self.leases.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        for (scope, h) in held {
+            if let Err(why) = lease::check(&mut self.client, &h, margin)? {
+                let scope = scope.strip_prefix("fixpoint:").unwrap_or(&scope);
+                return Err(Error::Busy {
+                    message: if before {
+                        format!("this run lost its lease on {scope}: {why}; this run wrote nothing (was its process paused for longer than the lease, {} s?); run it again", self.lease.as_secs())
+                    } else {
+                        format!("this run lost its lease on {scope} while it wrote: {why}; the day may hold this run's write over the other run's, and no ledger row was written; run the job again for this date to rewrite and record it")
+                    },
+                });
             }
-            Err(e) if e.error_class.as_deref() == Some("TABLE_OR_VIEW_NOT_FOUND") => Ok(None),
-            Err(e) => Err(err("reading a lease")(e)),
         }
+        Ok(())
     }
 
     /// The partition columns of a table (`DESCRIBE TABLE`'s partition section).
@@ -255,72 +287,29 @@ impl Engine for Spark {
         Ok(Vec::new())
     }
 
-    /// A lease is a view `fixpoint.lease__<hash>`: creating a view that
-    /// exists fails in the metastore, atomically, so exactly one run
-    /// creates it. Its properties hold the owner's token and an expiry,
-    /// after which a dead run's lease is broken.
+    /// A lease is a generation of views `fixpoint.lease__<hash>__g<n>`,
+    /// taken in one atomic step, renewed while the run lives, checked
+    /// before every write (see the `lease` module).
     fn acquire_lease(&mut self, scope: &str, wait: bool) -> Result<std::result::Result<(), String>> {
-        let view = Self::lease_view(scope);
-        let owner = uuid::Uuid::new_v4().to_string();
-        let mut waited = false;
-        loop {
-            let expires = now_ms() + lease_seconds() * 1000;
-            let create = format!(
-                "CREATE VIEW {} TBLPROPERTIES ('fixpoint.owner' = {}, 'fixpoint.expires_ms' = {}) AS SELECT 1 AS held",
-                view.quoted(),
-                lit(&owner),
-                lit(&expires.to_string())
-            );
-            match self.client.execute(&create, &[]) {
-                Ok(()) => {
-                    if waited {
-                        eprintln!("fixpoint: got the lease on {scope}");
-                    }
-                    self.leases.insert(scope.to_owned(), (view, owner));
-                    return Ok(Ok(()));
-                }
-                Err(e) if e.error_class.as_deref().is_some_and(|c| c.contains("ALREADY_EXISTS")) => {}
-                Err(e) if e.error_class.as_deref() == Some("SCHEMA_NOT_FOUND") => {
-                    // The first run on this cluster: the lease's database.
-                    self.client
-                        .execute(&format!("CREATE DATABASE IF NOT EXISTS {}", quote_ident(fixpoint_core::ledger::SCHEMA)), &[])
-                        .map_err(err("creating the fixpoint database"))?;
-                    continue;
-                }
-                Err(e) => return Err(err("taking a lease")(e)),
+        let wait = wait.then_some(self.wait);
+        match lease::acquire(&mut self.client, scope, self.lease, wait)? {
+            Ok(held) => {
+                let renewer = self.renewer.get_or_insert_with(|| Renewer::start(&self.url, self.connect_timeout, self.lease));
+                renewer.hold(&held);
+                self.leases.insert(scope.to_owned(), held);
+                Ok(Ok(()))
             }
-            let Some((holder, until)) = self.lease_holder(&view)? else { continue };
-            let now = now_ms();
-            if until <= now {
-                // Its run died without releasing it: break it, unless it
-                // was renewed meanwhile.
-                if self.lease_holder(&view)?.is_some_and(|(h, _)| h == holder) {
-                    eprintln!("fixpoint: breaking the expired lease on {scope} (held by run {holder})");
-                    self.client.execute(&format!("DROP VIEW IF EXISTS {}", view.quoted()), &[]).map_err(err("breaking an expired lease"))?;
-                }
-                continue;
-            }
-            let desc = format!("run {holder}, for up to {} s more (lease {})", (until - now) / 1000, view);
-            if !wait {
-                return Ok(Err(desc));
-            }
-            if !waited {
-                eprintln!("fixpoint: waiting for another run holding the lease on {scope}: {desc}");
-                waited = true;
-            }
-            std::thread::sleep(Duration::from_millis(500));
+            Err(holder) => Ok(Err(holder)),
         }
     }
 
     fn release_lease(&mut self, scope: &str) -> Result<()> {
-        let Some((view, owner)) = self.leases.remove(scope) else { return Ok(()) };
-        match self.lease_holder(&view)? {
-            Some((holder, _)) if holder == owner => {
-                self.client.execute(&format!("DROP VIEW IF EXISTS {}", view.quoted()), &[]).map_err(err("releasing a lease"))
-            }
-            // Broken by another run after it expired: not ours any more.
-            _ => Ok(()),
+        let Some(held) = self.leases.remove(scope) else { return Ok(()) };
+        let stopped = self.renewer.as_ref().is_none_or(|r| r.stop_renewing(&held.prefix, self.connect_timeout + Duration::from_secs(5)));
+        if !stopped {
+            return Err(Error::Internal(format!("the renewal of lease {} did not stop in time; it is left to expire", held.view())));
         }
+        lease::release(&mut self.client, &held)
     }
 
     /// A cached temporary view, materialized at once (`CACHE TABLE … AS`).
@@ -338,6 +327,7 @@ impl Engine for Spark {
 
     fn create_table(&mut self, table: &TableName, columns: &[Column], partition: Option<&str>) -> Result<()> {
         let cols: Vec<String> = columns.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
+        self.check_leases(true)?;
         let mut stmt = format!("CREATE TABLE {} ({}) USING parquet", table.quoted(), cols.join(", "));
         if let Some(p) = partition {
             stmt.push_str(&format!(" PARTITIONED BY ({})", quote_ident(p)));
@@ -349,6 +339,7 @@ impl Engine for Spark {
         if self.table_columns(table)?.is_some_and(|cols| cols.iter().any(|c| c.name == column.name)) {
             return Ok(());
         }
+        self.check_leases(true)?;
         let stmt = format!("ALTER TABLE {} ADD COLUMNS ({} {})", table.quoted(), quote_ident(&column.name), column.ty);
         self.client.execute(&stmt, &[]).map_err(err(&stmt))
     }
@@ -360,12 +351,16 @@ impl Engine for Spark {
     fn overwrite_partitions(&mut self, table: &TableName, columns: &[String], select: &Sql) -> Result<()> {
         let cols: Vec<String> = columns.iter().map(|c| quote_ident(c)).collect();
         let text = format!("INSERT OVERWRITE TABLE {} ({}) {}", table.quoted(), cols.join(", "), select.text);
-        self.client.execute(&text, &select.params).map_err(err(&text))
+        self.check_leases(true)?;
+        self.client.execute(&text, &select.params).map_err(err(&text))?;
+        self.check_leases(false)
     }
 
     fn drop_partition_value(&mut self, table: &TableName, column: &str, value: &Value, _ty: &str) -> Result<()> {
         let text = format!("ALTER TABLE {} DROP IF EXISTS PARTITION ({} = $1)", table.quoted(), quote_ident(column));
-        self.client.execute(&text, std::slice::from_ref(value)).map_err(err(&text))
+        self.check_leases(true)?;
+        self.client.execute(&text, std::slice::from_ref(value)).map_err(err(&text))?;
+        self.check_leases(false)
     }
 
     fn read_sum(&self, v: &Value) -> Result<i128> {
@@ -378,7 +373,7 @@ impl Engine for Spark {
 }
 
 /// Arrow batches as fixpoint rows.
-fn to_rows(batches: &[RecordBatch]) -> Result<Rows> {
+pub(crate) fn to_rows(batches: &[RecordBatch]) -> Result<Rows> {
     let mut rows = Rows { columns: Vec::new(), rows: Vec::new() };
     for b in batches {
         if rows.columns.is_empty() {

@@ -19,6 +19,9 @@ pub mod client;
 mod engine;
 
 #[cfg(feature = "spark")]
+mod lease;
+
+#[cfg(feature = "spark")]
 pub use engine::Spark;
 
 /// Whether `url` names a Spark Connect server (`sc://…`).
