@@ -66,18 +66,7 @@ impl Spark {
             wait: Duration::from_secs(60),
             renewer: None,
         };
-        // fixpoint's SQL quotes identifiers the standard way ("name"), which
-        // Spark reads as identifiers only with this setting (and ANSI mode).
-        // An INSERT OVERWRITE replaces only the partitions its rows fall
-        // in, written aside and swapped in when the job commits (static
-        // mode would delete first, and wipe a whole table).
-        for setting in [
-            "SET spark.sql.ansi.enabled = true",
-            "SET spark.sql.ansi.doubleQuotedIdentifiers = true",
-            "SET spark.sql.sources.partitionOverwriteMode = dynamic",
-        ] {
-            spark.client.execute(setting, &[]).map_err(err("setting up the session"))?;
-        }
+        set_up(&mut spark.client).map_err(err("setting up the session"))?;
         Ok(spark)
     }
 
@@ -370,6 +359,23 @@ impl Engine for Spark {
             other => other.as_i128().ok_or_else(|| Error::Internal(format!("spark: a checksum sum came back as {other:?}"))),
         }
     }
+}
+
+/// The settings every fixpoint session runs with. fixpoint's SQL quotes
+/// identifiers the standard way ("name"), which Spark reads as identifiers
+/// only with doubleQuotedIdentifiers (and ANSI mode). An INSERT OVERWRITE
+/// replaces only the partitions its rows fall in, written aside and
+/// swapped in when the job commits (static mode would delete first, and
+/// wipe a whole table).
+pub(crate) fn set_up(client: &mut Client) -> std::result::Result<(), SparkError> {
+    for setting in [
+        "SET spark.sql.ansi.enabled = true",
+        "SET spark.sql.ansi.doubleQuotedIdentifiers = true",
+        "SET spark.sql.sources.partitionOverwriteMode = dynamic",
+    ] {
+        client.execute(setting, &[])?;
+    }
+    Ok(())
 }
 
 /// Arrow batches as fixpoint rows.

@@ -319,7 +319,7 @@ impl Renewer {
                         continue;
                     }
                     if client.is_none() {
-                        match Client::connect(&url, connect_timeout) {
+                        match Client::connect(&url, connect_timeout).and_then(|mut c| crate::engine::set_up(&mut c).map(|()| c)) {
                             Ok(c) => client = Some(c),
                             Err(e) => {
                                 eprintln!("fixpoint: could not connect to renew the run's lease (will try again): {e}");
