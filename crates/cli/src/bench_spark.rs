@@ -209,7 +209,7 @@ pub fn run(url: &str, rows: u64, days: u64, n_changes: u64, rounds: u32, dir: &P
     if out.is_json() {
         out.json(&report);
     } else {
-        println!("spark, {days} days x {per_day} rows, median of {rounds}:");
+        println!("spark, {days} days x {per_day} rows, median of {rounds} alternating rounds (each side's result checked against the source, and one merged batch against the other side's):");
         println!("  replace_partition (one {per_day}-row day): hand-written INSERT OVERWRITE {hand_m:.2} s, fixpoint {ours_m:.2} s = {:.2}x; a skipped retry {skip_m:.2} s", ours_m / hand_m);
         println!("  merge ({n_changes} changes, 1 in 10 keys twice): hand-written copy-on-write {hm:.2} s, fixpoint {om:.2} s = {:.2}x", om / hm);
         println!("  client peak RSS {rss:.0} MiB");

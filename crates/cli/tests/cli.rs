@@ -986,6 +986,21 @@ mod spark {
         }
     }
 
+    /// The catalog emptied of the test's databases, then `bronze.orders`
+    /// with `columns` holding `values`.
+    fn bronze(db: &mut fixpoint_spark::Spark, columns: &str, values: &str) {
+        for stmt in [
+            "DROP DATABASE IF EXISTS bronze CASCADE".to_owned(),
+            "DROP DATABASE IF EXISTS silver CASCADE".to_owned(),
+            "DROP DATABASE IF EXISTS fixpoint CASCADE".to_owned(),
+            "CREATE DATABASE bronze".to_owned(),
+            format!("CREATE TABLE bronze.orders ({columns})"),
+            format!("INSERT INTO bronze.orders VALUES {values}"),
+        ] {
+            db.execute(&Sql::raw(stmt)).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+
     fn rows(db: &mut fixpoint_spark::Spark, sql: &str) -> Vec<Vec<String>> {
         let rows = db.query(&Sql::raw(sql)).unwrap_or_else(|e| panic!("{sql}: {e}"));
         rows.rows.iter().map(|r| r.iter().map(|v| v.display()).collect()).collect()
@@ -1000,16 +1015,11 @@ mod spark {
         use std::io::BufRead;
         let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         let Some((url, mut db)) = spark() else { return };
-        for stmt in [
-            "DROP DATABASE IF EXISTS bronze CASCADE",
-            "DROP DATABASE IF EXISTS silver CASCADE",
-            "DROP DATABASE IF EXISTS fixpoint CASCADE",
-            "CREATE DATABASE bronze",
-            "CREATE TABLE bronze.orders (order_id BIGINT, order_total DECIMAL(12,2), dt DATE)",
-            "INSERT INTO bronze.orders VALUES (1, 1.50, DATE '2026-10-20'), (2, 2.50, DATE '2026-10-20')",
-        ] {
-            db.execute(&Sql::raw(stmt)).unwrap_or_else(|e| panic!("{e}"));
-        }
+        bronze(
+            &mut db,
+            "order_id BIGINT, order_total DECIMAL(12,2), dt DATE",
+            "(1, 1.50, DATE '2026-10-20'), (2, 2.50, DATE '2026-10-20')",
+        );
         let dir = tempfile::tempdir().unwrap();
         let job = "name = \"day\"\ntarget = \"silver.orders\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n\n[source]\nsql = \"SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date\"\n";
         std::fs::write(dir.path().join("day.toml"), job).unwrap();
@@ -1092,16 +1102,11 @@ mod spark {
     fn runs_on_spark_with_exit_codes_and_json() {
         let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         let Some((url, mut db)) = spark() else { return };
-        for stmt in [
-            "DROP DATABASE IF EXISTS bronze CASCADE",
-            "DROP DATABASE IF EXISTS silver CASCADE",
-            "DROP DATABASE IF EXISTS fixpoint CASCADE",
-            "CREATE DATABASE bronze",
-            "CREATE TABLE bronze.orders (order_id BIGINT, order_total DECIMAL(12,2), updated_at TIMESTAMP, dt DATE)",
-            "INSERT INTO bronze.orders VALUES (1, 1.50, TIMESTAMP '2026-10-20 08:00:00', DATE '2026-10-20'), (2, 2.50, TIMESTAMP '2026-10-20 09:00:00', DATE '2026-10-20'), (2, 2.75, TIMESTAMP '2026-10-20 10:00:00', DATE '2026-10-20'), (3, 3.50, TIMESTAMP '2026-10-21 08:00:00', DATE '2026-10-21')",
-        ] {
-            db.execute(&Sql::raw(stmt)).unwrap_or_else(|e| panic!("{e}"));
-        }
+        bronze(
+            &mut db,
+            "order_id BIGINT, order_total DECIMAL(12,2), updated_at TIMESTAMP, dt DATE",
+            "(1, 1.50, TIMESTAMP '2026-10-20 08:00:00', DATE '2026-10-20'), (2, 2.50, TIMESTAMP '2026-10-20 09:00:00', DATE '2026-10-20'), (2, 2.75, TIMESTAMP '2026-10-20 10:00:00', DATE '2026-10-20'), (3, 3.50, TIMESTAMP '2026-10-21 08:00:00', DATE '2026-10-21')",
+        );
         let dir = tempfile::tempdir().unwrap();
         let replace = "name = \"day\"\ntarget = \"silver.orders\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n\n[source]\nsql = \"SELECT order_id, order_total, updated_at, dt FROM bronze.orders WHERE dt = :run_date\"\n";
         std::fs::write(dir.path().join("day.toml"), replace).unwrap();
