@@ -185,6 +185,7 @@ pub(crate) fn acquire(client: &mut Client, scope: &str, lease: Duration, wait: O
     let owner = format!("{}", uuid::Uuid::new_v4());
     let deadline = wait.map(|w| Instant::now() + w);
     let mut said_waiting = false;
+    let mut vanished = 0;
     loop {
         let listed = generations(client, &prefix)?;
         let newest = listed.last().copied();
@@ -193,7 +194,13 @@ pub(crate) fn acquire(client: &mut Client, scope: &str, lease: Duration, wait: O
             Some(g) => {
                 let held_by = match state(client, &view(&prefix, g))? {
                     // Taken over (and dropped) since the listing: look again.
-                    State::Gone => continue,
+                    State::Gone => {
+                        vanished += 1;
+                        if vanished > 50 {
+                            return Err(Error::Internal(format!("spark: the lease view {} is listed but cannot be read", view(&prefix, g))));
+                        }
+                        continue;
+                    }
                     State::Released => None,
                     State::Held { owner, until_ms } if until_ms <= now_ms() => {
                         eprintln!("fixpoint: taking over the expired lease on {scope} (run {owner} held it and stopped renewing it)");
