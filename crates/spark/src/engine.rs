@@ -102,7 +102,7 @@ impl Spark {
                 let scope = scope.strip_prefix("fixpoint:").unwrap_or(&scope);
                 return Err(Error::Busy {
                     message: if before {
-                        format!("this run lost its lease on {scope}: {why}; this run wrote nothing (was its process paused for longer than the lease, {} s?); run it again", self.lease.as_secs())
+                        format!("this run lost its lease on {scope}: {why}; this run wrote nothing to the target's rows (was its process paused for longer than the lease, {} s?); run it again", self.lease.as_secs())
                     } else {
                         format!("this run lost its lease on {scope} while it wrote: {why}; the day may hold this run's write over the other run's, and no ledger row was written; run the job again for this date to rewrite and record it")
                     },
