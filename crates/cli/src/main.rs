@@ -85,6 +85,7 @@ const MAX_PROVE_RUNS: usize = 100;
 enum DialectArg {
     Duckdb,
     Postgres,
+    Spark,
 }
 
 #[derive(Copy, Clone, PartialEq, Eq, ValueEnum)]
@@ -519,7 +520,13 @@ fn is_query_error(message: &str) -> bool {
 
 /// `run` and `backfill` refuse a job with lint errors unless allowed.
 fn lint_gate(job: &Job, db_url: &str, engine: &mut dyn Engine, allow: bool) -> Result<(), Error> {
-    let dialect = if db_url.starts_with("postgres") { SqlDialect::Postgres } else { SqlDialect::DuckDb };
+    let dialect = if db_url.starts_with("postgres") {
+        SqlDialect::Postgres
+    } else if db_url.starts_with("sc://") {
+        SqlDialect::Spark
+    } else {
+        SqlDialect::DuckDb
+    };
     let target = fixpoint_core::lint::lint_target(job, engine)?;
     match lint(job, dialect).map(|mut f| {
         f.extend(target);
@@ -816,6 +823,7 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             let dialect = match dialect {
                 DialectArg::Duckdb => SqlDialect::DuckDb,
                 DialectArg::Postgres => SqlDialect::Postgres,
+                DialectArg::Spark => SqlDialect::Spark,
             };
             let mut engine = db.as_deref().map(|url| open_engine(url, Duration::from_secs(60))).transpose()?;
             // Every file is linted; one that cannot be read, parsed or

@@ -2,7 +2,15 @@
 //! the arguments or the database can be wrong. Each case must give a clear
 //! error naming the problem (checked by a fragment of the message), the
 //! documented exit code, nothing on stdout in text mode, the same error as
-//! JSON with `--output json`, and leave the database exactly as it was.
+//! JSON with `--output json`, and leave the database exactly as it was
+//! (read back by the database's own client, not by fixpoint).
+//!
+//! The catalogue runs on every engine: DuckDB (a file), PostgreSQL (a
+//! database of its own) and, with the feature `spark`, Spark. A case that
+//! names the catalogue's database runs on each, with the engine's URL; the
+//! others (a job file that does not parse, a URL of no known engine) fail
+//! before any database is chosen and run once. Where an engine words an
+//! error its own way, the case carries that engine's fragment.
 
 use std::path::Path;
 use std::process::Command;
@@ -16,22 +24,24 @@ partition = "dt"
 sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
 "#;
 
+// Partitioned: on Spark a merge rewrites partitions.
 const MERGE: &str = r#"name = "orders_merge"
 target = "silver.orders_m"
 strategy = "merge"
 key = ["order_id"]
 version = "updated_at"
+partition = "dt"
 
 [source]
-sql = "SELECT order_id, order_total, updated_at FROM bronze.orders WHERE dt = :run_date"
+sql = "SELECT order_id, order_total, updated_at, dt FROM bronze.orders WHERE dt = :run_date"
 "#;
 
 const SETUP: &str = "CREATE SCHEMA bronze;
 CREATE TABLE bronze.orders (order_id BIGINT, order_total DECIMAL(12,2), updated_at TIMESTAMP, dt DATE);
 INSERT INTO bronze.orders VALUES (1, 1.50, TIMESTAMP '2026-10-19 08:00:00', DATE '2026-10-19'),
   (2, 2.50, TIMESTAMP '2026-10-20 08:00:00', DATE '2026-10-20'), (3, 3.50, TIMESTAMP '2026-10-20 09:00:00', DATE '2026-10-20');
-CREATE TABLE bronze.nulls (kind VARCHAR, order_id BIGINT, order_total DECIMAL(12,2), updated_at TIMESTAMP);
-INSERT INTO bronze.nulls VALUES ('key', NULL, 1.00, TIMESTAMP '2026-10-20 08:00:00'), ('version', 7, 1.00, NULL);
+CREATE TABLE bronze.nulls (kind VARCHAR, order_id BIGINT, order_total DECIMAL(12,2), updated_at TIMESTAMP, dt DATE);
+INSERT INTO bronze.nulls VALUES ('key', NULL, 1.00, TIMESTAMP '2026-10-20 08:00:00', DATE '2026-10-20'), ('version', 7, 1.00, NULL, DATE '2026-10-20');
 CREATE SCHEMA views;
 CREATE VIEW views.orders AS SELECT order_id, order_total, dt FROM bronze.orders;";
 
@@ -53,8 +63,27 @@ fn run(bin: &Path, dir: &Path, args: &[&str], as_nobody: bool) -> Out {
     Out { code: o.status.code().unwrap_or(-1), stdout: String::from_utf8_lossy(&o.stdout).into_owned(), stderr: String::from_utf8_lossy(&o.stderr).into_owned() }
 }
 
-/// Everything a bad input could have changed.
-fn state(dir: &Path) -> Vec<String> {
+/// The engines the catalogue runs on.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Eng {
+    DuckDb,
+    Postgres,
+    #[allow(dead_code)]
+    Spark,
+}
+
+impl Eng {
+    fn label(self) -> &'static str {
+        match self {
+            Eng::DuckDb => "DuckDB",
+            Eng::Postgres => "PostgreSQL",
+            Eng::Spark => "Spark",
+        }
+    }
+}
+
+/// Everything a bad input could have changed, in a DuckDB file.
+fn duckdb_state(dir: &Path) -> Vec<String> {
     let db = duckdb::Connection::open(dir.join("w.duckdb")).unwrap();
     let mut out = Vec::new();
     for q in [
@@ -90,10 +119,32 @@ struct Case {
     code: i32,
     needle: String,
     special: Special,
+    /// The fragment on an engine that words the error its own way.
+    worded: Vec<(Eng, String)>,
+    /// Engines the case does not apply to, and why.
+    not_on: Vec<Eng>,
 }
 
 fn case(name: &'static str, job: Option<String>, args: &[&str], code: i32, needle: &str) -> Case {
-    Case { name, job, args: args.iter().map(|s| s.to_string()).collect(), code, needle: needle.into(), special: Special::None }
+    Case { name, job, args: args.iter().map(|s| s.to_string()).collect(), code, needle: needle.into(), special: Special::None, worded: Vec::new(), not_on: Vec::new() }
+}
+
+impl Case {
+    /// On `e` the message holds `needle` instead.
+    fn on(mut self, e: Eng, needle: &str) -> Case {
+        self.worded.push((e, needle.into()));
+        self
+    }
+
+    /// The case is about something `e` does not have.
+    fn not_on(mut self, e: Eng) -> Case {
+        self.not_on.push(e);
+        self
+    }
+
+    fn needle(&self, e: Eng) -> &str {
+        self.worded.iter().find(|(w, _)| *w == e).map_or(&self.needle, |(_, n)| n)
+    }
 }
 
 const RUN: &[&str] = &["run", "case.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb"];
@@ -128,8 +179,12 @@ fn cases() -> Vec<Case> {
         case("unknown on_schema_change", r("partition = \"dt\"", "partition = \"dt\"\non_schema_change = \"sync\""), RUN, 2, "on_schema_change: \"sync\": expected \"fail\" or \"append_new_columns\""),
         case("missing job file", None, &["run", "nope.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb"], 2, "nope.toml: (file): cannot read the job file"),
         // Unknown tables and columns.
-        case("unknown source table", src("SELECT order_id, order_total, dt FROM bronze.nope WHERE dt = :run_date"), RUN, 2, "source.sql of job silver_orders (duckdb): Catalog Error: Table with name nope does not exist"),
-        case("unknown source column", src("SELECT order_id, nope, dt FROM bronze.orders WHERE dt = :run_date"), RUN, 2, "Referenced column \"nope\" not found"),
+        case("unknown source table", src("SELECT order_id, order_total, dt FROM bronze.nope WHERE dt = :run_date"), RUN, 2, "source.sql of job silver_orders (duckdb): Catalog Error: Table with name nope does not exist")
+            .on(Eng::Postgres, "source.sql of job silver_orders (postgres): undefined table: relation \"bronze.nope\" does not exist")
+            .on(Eng::Spark, "source.sql of job silver_orders (spark): [TABLE_OR_VIEW_NOT_FOUND] The table or view `bronze`.`nope` cannot be found"),
+        case("unknown source column", src("SELECT order_id, nope, dt FROM bronze.orders WHERE dt = :run_date"), RUN, 2, "Referenced column \"nope\" not found")
+            .on(Eng::Postgres, "source.sql of job silver_orders (postgres): undefined column: column \"nope\" does not exist")
+            .on(Eng::Spark, "source.sql of job silver_orders (spark): [UNRESOLVED_COLUMN.WITH_SUGGESTION] A column, variable, or function parameter with name `nope` cannot be resolved"),
         case("unknown partition column", r("partition = \"dt\"", "partition = \"day\""), RUN, 2, "has no column \"day\" (the job's partition column)"),
         case("unknown merge key", m("[\"order_id\"]", "[\"nope\"]"), RUN, 2, "has no column \"nope\" (the job's key)"),
         case("unknown merge version", m("version = \"updated_at\"", "version = \"nope\""), RUN, 2, "has no column \"nope\" (the job's version)"),
@@ -142,52 +197,72 @@ fn cases() -> Vec<Case> {
             RUN,
             2,
             "has no column order_ref (BIGINT), the job's merge key: it cannot be appended",
-        ),
+        )
+        .on(Eng::Postgres, "has no column order_ref (bigint), the job's merge key: it cannot be appended")
+        .on(Eng::Spark, "has no column order_ref (bigint), the job's merge key: it cannot be appended"),
         case(
             "a merge version of type VARCHAR",
-            Some(MERGE.replace("silver.orders_m", "silver.orders_v").replace("updated_at FROM", "CAST(updated_at AS VARCHAR) AS updated_at FROM")),
+            Some(MERGE.replace("silver.orders_m", "silver.orders_v").replace("order_total, updated_at,", "order_total, CAST(updated_at AS VARCHAR) AS updated_at,")),
             RUN,
             2,
             "the version column updated_at of job orders_merge is VARCHAR",
-        ),
+        )
+        .on(Eng::Postgres, "the version column updated_at of job orders_merge is character varying")
+        .on(Eng::Spark, "the version column updated_at of job orders_merge is string"),
         case("prove with a --mutate-key column the source lacks", Some(REPLACE.into()), &["prove", "case.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--mutate-key", "nope=1"], 2, "--mutate-key nope"),
         // Plain mistakes the database finds: the job file's key, exit 2,
         // not "a retry may work" with fixpoint's SQL.
-        case("a view as the target", r("target = \"silver.orders\"", "target = \"views.orders\""), RUN, 2, "case.toml: target: views.orders is a view on duckdb, not a table"),
+        case("a view as the target", r("target = \"silver.orders\"", "target = \"views.orders\""), RUN, 2, "case.toml: target: views.orders is a view on duckdb, not a table")
+            .on(Eng::Postgres, "case.toml: target: views.orders is a view on postgres, not a table")
+            .on(Eng::Spark, "case.toml: target: views.orders is a view on spark, not a table"),
         case(
             "a partition column that is not a date",
             src("SELECT order_id, order_total, 20261020 AS dt FROM bronze.orders WHERE dt = :run_date"),
             RUN,
             2,
             "case.toml: partition: the partition column dt is INTEGER in the source query",
-        ),
+        )
+        .on(Eng::Postgres, "case.toml: partition: the partition column dt is integer in the source query")
+        .on(Eng::Spark, "case.toml: partition: the partition column dt is int in the source query"),
         case(
             "a merge's deleted condition naming a missing column",
             m("version = \"updated_at\"", "version = \"updated_at\"\ndeleted = \"op = 'D'\""),
             RUN,
             2,
             "case.toml: deleted: the condition `deleted` on the source's rows does not run on duckdb: Binder Error",
-        ),
+        )
+        .on(Eng::Postgres, "case.toml: deleted: the condition `deleted` on the source's rows does not run on postgres: undefined column: column \"op\" does not exist")
+        .on(Eng::Spark, "case.toml: deleted: the condition `deleted` on the source's rows does not run on spark: [UNRESOLVED_COLUMN.WITH_SUGGESTION] A column, variable, or function parameter with name `op` cannot be resolved"),
         case(
             "an audit naming a missing column",
             Some(format!("{REPLACE}\n[[audit]]\nkind = \"not_null\"\ncolumns = [\"nope\"]\n")),
             RUN_FORCED,
             2,
             "case.toml: audit[0].columns: audit \"not_null(nope)\" does not run on duckdb: Binder Error",
-        ),
+        )
+        .on(Eng::Postgres, "case.toml: audit[0].columns: audit \"not_null(nope)\" does not run on postgres: undefined column")
+        .on(Eng::Spark, "case.toml: audit[0].columns: audit \"not_null(nope)\" does not run on spark: [UNRESOLVED_COLUMN"),
         case(
             "an audit query naming a missing table",
             Some(format!("{REPLACE}\n[[audit]]\nname = \"lookup\"\nkind = \"sql\"\nsql = \"SELECT * FROM silver.nope WHERE dt = :run_date\"\n")),
             RUN_FORCED,
             2,
             "case.toml: audit[0].sql: audit \"lookup\" does not run on duckdb: Catalog Error",
-        ),
+        )
+        .on(Eng::Postgres, "case.toml: audit[0].sql: audit \"lookup\" does not run on postgres: undefined table: relation \"silver.nope\" does not exist")
+        .on(Eng::Spark, "case.toml: audit[0].sql: audit \"lookup\" does not run on spark: [TABLE_OR_VIEW_NOT_FOUND] The table or view `silver`.`nope` cannot be found"),
         // The data.
         case("NULL merge key", m("FROM bronze.orders WHERE dt = :run_date", "FROM bronze.nulls WHERE kind = 'key'"), RUN, 3, "a NULL in the key (order_id)"),
         case("NULL merge version", m("FROM bronze.orders WHERE dt = :run_date", "FROM bronze.nulls WHERE kind = 'version'"), RUN, 3, "a NULL version (updated_at)"),
-        case("type mismatch with the target", src("SELECT order_id, CAST(order_total AS VARCHAR) AS order_total, dt FROM bronze.orders WHERE dt = :run_date"), RUN, 2, "the type of column(s) order_total (DECIMAL(12,2) in the target, VARCHAR in the source) changed"),
-        case("new source column", src("SELECT order_id, order_total, updated_at, dt FROM bronze.orders WHERE dt = :run_date"), RUN, 2, "the source returns new column(s) updated_at TIMESTAMP that the target silver.orders lacks"),
-        case("dropped source column", src("SELECT order_id, dt FROM bronze.orders WHERE dt = :run_date"), RUN, 2, "the source no longer returns column(s) order_total DECIMAL(12,2)"),
+        case("type mismatch with the target", src("SELECT order_id, CAST(order_total AS VARCHAR) AS order_total, dt FROM bronze.orders WHERE dt = :run_date"), RUN, 2, "the type of column(s) order_total (DECIMAL(12,2) in the target, VARCHAR in the source) changed")
+            .on(Eng::Postgres, "the type of column(s) order_total (numeric(12,2) in the target, character varying in the source) changed")
+            .on(Eng::Spark, "the type of column(s) order_total (decimal(12,2) in the target, string in the source) changed"),
+        case("new source column", src("SELECT order_id, order_total, updated_at, dt FROM bronze.orders WHERE dt = :run_date"), RUN, 2, "the source returns new column(s) updated_at TIMESTAMP that the target silver.orders lacks")
+            .on(Eng::Postgres, "the source returns new column(s) updated_at timestamp without time zone that the target silver.orders lacks")
+            .on(Eng::Spark, "the source returns new column(s) updated_at timestamp that the target silver.orders lacks"),
+        case("dropped source column", src("SELECT order_id, dt FROM bronze.orders WHERE dt = :run_date"), RUN, 2, "the source no longer returns column(s) order_total DECIMAL(12,2)")
+            .on(Eng::Postgres, "the source no longer returns column(s) order_total numeric(12,2)")
+            .on(Eng::Spark, "the source no longer returns column(s) order_total decimal(12,2)"),
         case("rows outside the partition", src("SELECT order_id, order_total, dt FROM bronze.orders WHERE dt <= :run_date"), RUN, 3, "1 source row(s) have dt other than the run date 2026-10-20; nothing was changed"),
         case("too few rows", r("partition = \"dt\"", "partition = \"dt\"\nmin_rows = 100"), RUN, 3, "100"),
         // Dates and other arguments.
@@ -217,9 +292,13 @@ fn cases() -> Vec<Case> {
             RUN,
             2,
             "case.toml: source.sql: cannot be read as DuckDB SQL: sql parser error: ",
-        ),
+        )
+        .on(Eng::Postgres, "case.toml: source.sql: cannot be read as PostgreSQL SQL: sql parser error: ")
+        .on(Eng::Spark, "case.toml: source.sql: cannot be read as Spark SQL: sql parser error: "),
         case("injection in the source query", src("SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date; DROP TABLE bronze.orders"), RUN, 2, "source.sql"),
-        case("injection in a column name", src("SELECT order_id, order_total, dt, 1 AS \\\"x\\\"\\\"; DROP TABLE bronze.orders; --\\\" FROM bronze.orders WHERE dt = :run_date"), RUN, 2, "the source returns new column(s) x\"; DROP TABLE bronze.orders; -- INTEGER"),
+        case("injection in a column name", src("SELECT order_id, order_total, dt, 1 AS \\\"x\\\"\\\"; DROP TABLE bronze.orders; --\\\" FROM bronze.orders WHERE dt = :run_date"), RUN, 2, "the source returns new column(s) x\"; DROP TABLE bronze.orders; -- INTEGER")
+            .on(Eng::Postgres, "the source returns new column(s) x\"; DROP TABLE bronze.orders; -- integer")
+            .on(Eng::Spark, "the source returns new column(s) x\"; DROP TABLE bronze.orders; -- int that"),
         case("injection in --where", None, &["fingerprint", "silver.orders", "--where", "1=1; DROP TABLE bronze.orders", "--db", "duckdb:w.duckdb"], 2, "--where: is not a single condition"),
         case("injection in a table argument", None, &["fingerprint", "silver.orders; DROP TABLE bronze.orders", "--db", "duckdb:w.duckdb"], 2, "is not a table name"),
         // The database.
@@ -259,35 +338,51 @@ fn chmod(path: &Path, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
-#[test]
-fn every_bad_input_is_named_refused_and_changes_nothing() {
+/// The catalogue's database URL on every engine but DuckDB, in the args.
+const DUCKDB_URL: &str = "duckdb:w.duckdb";
+
+/// A folder with a copy of the binary anyone may run (the cases that need
+/// `nobody`), the job files and the odd files the cases name.
+fn workdir() -> (tempfile::TempDir, std::path::PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
-    // A copy of the binary anyone may run (the cases that need `nobody`).
+    let dir = tmp.path().to_owned();
     let bin = dir.join("fixpoint");
     std::fs::copy(env!("CARGO_BIN_EXE_fixpoint"), &bin).unwrap();
     chmod(&bin, 0o755);
-    chmod(dir, 0o777);
-    {
-        let db = duckdb::Connection::open(dir.join("w.duckdb")).unwrap();
-        db.execute_batch(SETUP).unwrap();
-    }
+    chmod(&dir, 0o777);
     std::fs::write(dir.join("garbage.duckdb"), "this is not a database\n".repeat(400)).unwrap();
     std::fs::create_dir(dir.join("folder")).unwrap();
     std::fs::write(dir.join("job.toml"), REPLACE).unwrap();
     std::fs::write(dir.join("merge.toml"), MERGE).unwrap();
+    (tmp, bin)
+}
+
+/// Loads both targets through the binary (a day of the replace job, two
+/// of the merge), then goes through every case that applies to `e` at
+/// `url`, comparing `state()` before and after each.
+fn catalogue(e: Eng, url: &str, dir: &Path, bin: &Path, state: &mut dyn FnMut() -> Vec<String>) {
     for (job, date) in [("job.toml", "2026-10-20"), ("merge.toml", "2026-10-20"), ("merge.toml", "2026-10-19")] {
-        let o = run(&bin, dir, &["run", job, "--date", date, "--db", "duckdb:w.duckdb"], false);
+        let o = run(bin, dir, &["run", job, "--date", date, "--db", url], false);
         assert_eq!(o.code, 0, "{}", o.stderr);
     }
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    let pg = pg_reachable();
-    let before = state(dir);
-    assert!(before[1].contains("2.50"), "the target is loaded: {before:?}");
+    let pg = e == Eng::DuckDb && pg_reachable();
+    let before = state();
+    assert!(before[1].contains("2.5"), "the target is loaded: {before:?}");
     let mut checked = 0;
+    let mut failures: Vec<String> = Vec::new();
+    let print = std::env::var_os("FIXPOINT_PRINT_CATALOGUE").is_some();
+    if print {
+        eprintln!("\n{} ({url}):\n\n| case | exit | message (first error line) |\n|---|---|---|", e.label());
+    }
     for c in cases() {
-        if c.special == Special::Pg && !pg {
+        if c.not_on.contains(&e) || (c.special == Special::Pg && !pg) {
+            continue;
+        }
+        // A case that never reaches a database runs in DuckDB's pass only.
+        let names_db = c.args.iter().any(|a| a == DUCKDB_URL);
+        if e != Eng::DuckDb && (!names_db || c.special != Special::None) {
             continue;
         }
         let _ = std::fs::remove_file(dir.join("case.toml"));
@@ -306,35 +401,162 @@ fn every_bad_input_is_named_refused_and_changes_nothing() {
             _ => {}
         }
         let nobody = root && matches!(c.special, Special::Unreadable | Special::ReadOnly);
-        let args: Vec<&str> = c.args.iter().map(String::as_str).collect();
-        let text = run(&bin, dir, &args, nobody);
+        let args: Vec<&str> = c.args.iter().map(|a| if a == DUCKDB_URL { url } else { a.as_str() }).collect();
+        let text = run(bin, dir, &args, nobody);
         let mut json_args = args.clone();
         json_args.extend(["--output", "json"]);
-        let json = run(&bin, dir, &json_args, nobody);
+        let json = run(bin, dir, &json_args, nobody);
         drop(holder);
         chmod(dir, 0o777);
-        chmod(&db_file, 0o644);
-        let name = c.name;
-        assert_eq!(text.code, c.code, "{name}: exit code; stderr:\n{}", text.stderr);
-        assert!(text.stderr.contains(&c.needle), "{name}: the message names the problem ({:?}):\n{}", c.needle, text.stderr);
-        assert!(text.stdout.is_empty(), "{name}: nothing on stdout in text mode: {}", text.stdout);
-        assert!(!text.stderr.contains("secret") && !json.stdout.contains("secret"), "{name}: passwords are never printed");
-        assert_eq!(json.code, c.code, "{name}: --output json: {}", json.stderr);
-        if !json.stdout.is_empty() {
-            let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap_or_else(|e| panic!("{name}: {e}: {}", json.stdout));
-            assert_eq!(v["error"]["exit_code"], c.code, "{name}: {v}");
-        } else {
-            // Only clap's own argument errors come before the output mode is known.
-            assert_eq!(c.code, 2, "{name}: JSON error expected on stdout");
-            assert!(json.stderr.contains(&c.needle), "{name}");
+        if db_file.exists() {
+            chmod(&db_file, 0o644);
         }
-        assert_eq!(state(dir), before, "{name}: the database is unchanged");
+        let name = format!("{} ({})", c.name, e.label());
+        let needle = c.needle(e);
+        // Every case is checked; the failures are told together at the end.
+        let verdict = (|| -> Result<(), String> {
+            let check = |ok: bool, what: String| if ok { Ok(()) } else { Err(what) };
+            check(text.code == c.code, format!("{name}: exit code {} (expected {}); stderr:\n{}", text.code, c.code, text.stderr))?;
+            check(text.stderr.contains(needle), format!("{name}: the message names the problem ({needle:?}):\n{}", text.stderr))?;
+            check(text.stdout.is_empty(), format!("{name}: nothing on stdout in text mode: {}", text.stdout))?;
+            check(!text.stderr.contains("secret") && !json.stdout.contains("secret"), format!("{name}: passwords are never printed"))?;
+            check(json.code == c.code, format!("{name}: --output json: {}", json.stderr))?;
+            if !json.stdout.is_empty() {
+                let v: serde_json::Value = serde_json::from_str(&json.stdout).map_err(|e| format!("{name}: {e}: {}", json.stdout))?;
+                check(v["error"]["exit_code"] == c.code, format!("{name}: {v}"))?;
+            } else {
+                // Only clap's own argument errors come before the output mode is known.
+                check(c.code == 2, format!("{name}: JSON error expected on stdout"))?;
+                check(json.stderr.contains(needle), name.clone())?;
+            }
+            let after = state();
+            check(after == before, format!("{name}: the database is unchanged: before {before:?}, after {after:?}"))
+        })();
+        if let Err(why) = verdict {
+            failures.push(why);
+            continue;
+        }
         checked += 1;
-        if std::env::var_os("FIXPOINT_PRINT_CATALOGUE").is_some() {
+        if print {
             let first = text.stderr.lines().find(|l| l.starts_with("error")).or(text.stderr.lines().next()).unwrap_or("").replace('|', "\\|");
-            eprintln!("| {name} | {} | `` {} `` |", c.code, first.replace(&dir.display().to_string(), "[DIR]"));
+            let first = first.replace(&dir.display().to_string(), "[DIR]");
+            eprintln!("| {} | {} | `` {} `` |", c.name, c.code, first);
         }
     }
-    eprintln!("bad-input catalogue: {checked} cases checked");
-    assert!(checked >= 64, "{checked}");
+    eprintln!("bad-input catalogue on {}: {checked} cases checked, {} failed", e.label(), failures.len());
+    assert!(failures.is_empty(), "{} case(s) failed:\n\n{}", failures.len(), failures.join("\n\n"));
+    let least = if e == Eng::DuckDb { 64 } else { 45 };
+    assert!(checked >= least, "{checked}");
+}
+
+#[test]
+fn every_bad_input_is_named_refused_and_changes_nothing() {
+    let (tmp, bin) = workdir();
+    let dir = tmp.path();
+    {
+        let db = duckdb::Connection::open(dir.join("w.duckdb")).unwrap();
+        db.execute_batch(SETUP).unwrap();
+    }
+    catalogue(Eng::DuckDb, DUCKDB_URL, dir, &bin, &mut || duckdb_state(dir));
+}
+
+/// The same cases on PostgreSQL, in a database of their own; the state
+/// read back with the `postgres` client.
+#[test]
+fn every_bad_input_is_named_refused_and_changes_nothing_on_postgres() {
+    if !pg_reachable() {
+        return;
+    }
+    let admin_url = std::env::var("FIXPOINT_TEST_PG").unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into());
+    let name = format!("fixpoint_bad_input_{}", std::process::id());
+    let mut admin = postgres::Client::connect(&admin_url, postgres::NoTls).unwrap();
+    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).unwrap();
+    admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+    let (base, _) = admin_url.rsplit_once('/').expect("a URL with a database");
+    let url = format!("{base}/{name}");
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut db = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+        db.batch_execute(SETUP).unwrap();
+        let (tmp, bin) = workdir();
+        let dir = tmp.path();
+        catalogue(Eng::Postgres, &url, dir, &bin, &mut || postgres_state(&mut db));
+    }));
+    let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+/// Everything a bad input could have changed, read with `postgres`.
+fn postgres_state(db: &mut postgres::Client) -> Vec<String> {
+    let mut out = Vec::new();
+    for q in [
+        "SELECT string_agg(table_schema || '.' || table_name || ':' || table_type, ',' ORDER BY table_schema, table_name) FROM information_schema.tables WHERE table_schema NOT IN ('pg_catalog', 'information_schema')",
+        "SELECT string_agg(CAST(s AS text), ';' ORDER BY CAST(s AS text)) FROM silver.orders AS s",
+        "SELECT string_agg(CAST(s AS text), ';' ORDER BY CAST(s AS text)) FROM silver.orders_m AS s",
+        "SELECT string_agg(CAST(s AS text), ';' ORDER BY CAST(s AS text)) FROM bronze.orders AS s",
+        "SELECT CAST(count(*) AS text) FROM fixpoint.runs",
+        "SELECT string_agg(nspname, ',' ORDER BY nspname) FROM pg_namespace",
+    ] {
+        out.push(db.query_one(q, &[]).unwrap().get::<_, Option<String>>(0).unwrap_or_default());
+    }
+    out
+}
+
+/// The same cases on Spark (one catalog: one test at a time across the
+/// suite's Spark tests, which run in other processes after this one).
+#[cfg(feature = "spark")]
+mod spark {
+    use super::*;
+    use fixpoint_core::{Engine, Sql};
+
+    #[test]
+    fn every_bad_input_is_named_refused_and_changes_nothing_on_spark() {
+        let url = std::env::var("FIXPOINT_TEST_SPARK").unwrap_or_else(|_| "sc://127.0.0.1:15002".into());
+        let mut db = match fixpoint_spark::Spark::connect(&url, std::time::Duration::from_secs(10)) {
+            Ok(db) => db,
+            Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("spark is unreachable under CI=true: {e}"),
+            Err(e) => {
+                eprintln!("skipped: spark is unreachable ({e})");
+                return;
+            }
+        };
+        for d in ["bronze", "silver", "views", "fixpoint"] {
+            db.execute(&Sql::raw(format!("DROP DATABASE IF EXISTS {d} CASCADE"))).unwrap();
+        }
+        for stmt in SETUP.split(";\n").map(str::trim).filter(|s| !s.is_empty()) {
+            db.execute(&Sql::raw(stmt)).unwrap_or_else(|e| panic!("{e}\n{stmt}"));
+        }
+        let (tmp, bin) = workdir();
+        let dir = tmp.path();
+        catalogue(Eng::Spark, &url, dir, &bin, &mut || spark_state(&mut db));
+    }
+
+    /// Everything a bad input could have changed, read with plain Spark
+    /// SQL (the leases' views, which every run takes and leaves released,
+    /// left out).
+    fn spark_state(db: &mut fixpoint_spark::Spark) -> Vec<String> {
+        let mut all = |sql: &str| -> String {
+            match db.query(&Sql::raw(sql)) {
+                Ok(r) => {
+                    let mut rows: Vec<String> = r.rows.iter().map(|r| r.iter().map(|v| v.display()).collect::<Vec<_>>().join("|")).collect();
+                    rows.sort();
+                    rows.join(";")
+                }
+                Err(e) => format!("error: {e}"),
+            }
+        };
+        let mut tables = Vec::new();
+        for d in ["bronze", "silver", "views", "fixpoint"] {
+            tables.extend(all(&format!("SHOW TABLES IN {d}")).split(';').filter(|t| !t.contains("lease__")).map(str::to_owned));
+        }
+        vec![
+            tables.join(","),
+            all("SELECT * FROM silver.orders"),
+            all("SELECT * FROM silver.orders_m"),
+            all("SELECT * FROM bronze.orders"),
+            all("SELECT count(*) FROM fixpoint.runs"),
+            all("SHOW DATABASES"),
+        ]
+    }
 }

@@ -383,9 +383,10 @@ pub(crate) fn describe_source(job: &Job, engine: &mut dyn Engine, params: &RunPa
 }
 
 /// Whether an engine's error message is about the query itself (DuckDB's
-/// parser, binder and catalog errors; PostgreSQL's SQLSTATE class 42).
+/// parser, binder and catalog errors; PostgreSQL's and Spark's SQLSTATE
+/// class 42).
 fn is_query_error(message: &str) -> bool {
-    ["Parser Error", "Binder Error", "Catalog Error", "Conversion Error", "(SQLSTATE 42"].iter().any(|m| message.contains(m))
+    ["Parser Error", "Binder Error", "Catalog Error", "Conversion Error", "(SQLSTATE 42", "SQLSTATE: 42"].iter().any(|m| message.contains(m))
 }
 
 /// Whether an engine's error message says a statement could not be

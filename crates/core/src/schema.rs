@@ -93,13 +93,7 @@ fn names(cols: &[Column]) -> String {
 /// Columns of `table` that have a default (or identity / generated value):
 /// a source that does not return them is not a drift.
 fn defaulted(engine: &mut dyn Engine, table: &TableName) -> Result<Vec<String>> {
-    let mut sql = Sql::new();
-    sql.push("SELECT column_name FROM information_schema.columns WHERE table_schema = ")
-        .param(Value::Text(table.schema.clone()))
-        .push(" AND table_name = ")
-        .param(Value::Text(table.table.clone()))
-        .push(" AND column_default IS NOT NULL");
-    let mut out: Vec<String> = engine.query(&sql)?.rows.iter().filter_map(|r| r[0].as_str().map(str::to_owned)).collect();
+    let mut out: Vec<String> = engine.column_defaults(table)?.into_iter().map(|(name, _)| name).collect();
     if engine.name() == "postgres" {
         let mut sql = Sql::new();
         sql.push("SELECT column_name FROM information_schema.columns WHERE table_schema = ")

@@ -105,11 +105,11 @@ impl Visitor for Refs {
 
 /// The relations a query reads (each name's parts, lower case, as written:
 /// `orders`, `silver.orders`, `db.silver.orders`), or `None` when no
-/// dialect fixpoint knows (DuckDB, PostgreSQL, generic SQL) can parse it.
+/// dialect fixpoint knows (DuckDB, PostgreSQL, Spark, generic SQL) can parse it.
 /// `text` is the query with its run parameters made placeholders
 /// ([`crate::sql::SourceTemplate::text_for_parsing`]).
 pub fn relations(text: &str) -> Option<Vec<Vec<String>>> {
-    let dialects: [&dyn Dialect; 3] = [&DuckDbDialect {}, &PostgreSqlDialect {}, &GenericDialect {}];
+    let dialects: [&dyn Dialect; 4] = [&DuckDbDialect {}, &PostgreSqlDialect {}, &crate::lint::SparkSql, &GenericDialect {}];
     let statements = dialects.iter().find_map(|d| Parser::parse_sql(*d, text).ok())?;
     let mut refs = Refs { frames: Vec::new(), functions: Vec::new(), found: Vec::new() };
     let _ = statements.visit(&mut refs);

@@ -1,6 +1,6 @@
 //! The lint corpus: one job file per finding under tests/lint/, each with
 //! its exact findings (rule, severity, line and column in the job file), in
-//! both dialects.
+//! every dialect.
 
 use std::path::Path;
 
@@ -35,6 +35,9 @@ fn corpus() {
         // DuckDB syntax: read with the DuckDB dialect only.
         ("using_sample.toml", &[("random", E, 8, 40)]),
         ("using_sample_seeded.toml", &[]),
+        // Spark syntax (backticks; double quotes are identifiers in
+        // fixpoint's Spark sessions): read with the Spark dialect only.
+        ("spark_quoted.toml", &[("random", E, 8, 39)]),
     ];
     let files: Vec<String> = std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/lint"))
         .unwrap()
@@ -44,8 +47,13 @@ fn corpus() {
     assert_eq!(files.len(), cases.len(), "every corpus file has its expectation");
     for (file, expected) in cases {
         let expected: Vec<(String, Severity, usize, usize)> = expected.iter().map(|(r, s, l, c)| (r.to_string(), *s, *l, *c)).collect();
-        let dialects: &[SqlDialect] =
-            if file.starts_with("using_sample") { &[SqlDialect::DuckDb] } else { &[SqlDialect::DuckDb, SqlDialect::Postgres] };
+        let dialects: &[SqlDialect] = if file.starts_with("using_sample") {
+            &[SqlDialect::DuckDb]
+        } else if file.starts_with("spark_") {
+            &[SqlDialect::Spark]
+        } else {
+            &[SqlDialect::DuckDb, SqlDialect::Postgres, SqlDialect::Spark]
+        };
         for &dialect in dialects {
             assert_eq!(findings(file, dialect), expected, "{file} ({dialect:?})");
         }
@@ -70,4 +78,6 @@ fn unparsable_sql_is_an_error_with_its_position() {
     assert_eq!(e, "source.sql: cannot be read as DuckDB SQL: sql parser error: Expected: table name, found: WHERE at Line: 1, Column: 23");
     let e = lint(&job, SqlDialect::Postgres).unwrap_err().to_string();
     assert!(e.starts_with("source.sql: cannot be read as PostgreSQL SQL:") && e.contains("Line: 1, Column: 23"), "{e}");
+    let e = lint(&job, SqlDialect::Spark).unwrap_err().to_string();
+    assert!(e.starts_with("source.sql: cannot be read as Spark SQL:") && e.contains("Line: 1, Column: 23"), "{e}");
 }

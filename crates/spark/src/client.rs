@@ -45,11 +45,34 @@ impl SparkError {
         let details = status.get_error_details();
         let info = details.error_info();
         let meta = |k: &str| info.and_then(|i| i.metadata.get(k).cloned()).filter(|v| !v.is_empty());
-        SparkError { error_class: meta("errorClass"), sql_state: meta("sqlState"), message: status.message().trim().to_owned() }
+        SparkError { error_class: meta("errorClass"), sql_state: meta("sqlState"), message: without_plan(status.message()).to_owned() }
     }
 
     fn local(message: impl Into<String>) -> SparkError {
         SparkError { error_class: None, sql_state: None, message: message.into() }
+    }
+}
+
+/// An analysis error's message without the logical plan Spark appends
+/// after its SQLSTATE and position (`…SQLSTATE: 42P01; line 1 pos 53;` then
+/// the plan, line by line): the plan names Spark's internal column ids and
+/// tells the user nothing the first lines do not.
+fn without_plan(message: &str) -> &str {
+    let message = message.trim();
+    match message.find("SQLSTATE: ").and_then(|s| message[s..].find(";\n").map(|e| s + e)) {
+        Some(cut) => &message[..cut],
+        None => message,
+    }
+}
+
+#[cfg(test)]
+mod plan_tests {
+    #[test]
+    fn the_plan_is_left_out() {
+        let m = "[TABLE_OR_VIEW_NOT_FOUND] The table `b`.`x` cannot be found.\nSearch path: [a].\nSQLSTATE: 42P01; line 1 pos 53;\n'Project ['a]\n+- 'Filter (x)";
+        assert_eq!(super::without_plan(m), "[TABLE_OR_VIEW_NOT_FOUND] The table `b`.`x` cannot be found.\nSearch path: [a].\nSQLSTATE: 42P01; line 1 pos 53");
+        assert_eq!(super::without_plan("[X] no plan. SQLSTATE: 22012"), "[X] no plan. SQLSTATE: 22012");
+        assert_eq!(super::without_plan("plain"), "plain");
     }
 }
 

@@ -269,6 +269,19 @@ impl Engine for Spark {
         false
     }
 
+    /// A view (the metastore's `Type` of the relation), or `None`.
+    fn relation_kind(&mut self, table: &TableName) -> Result<Option<String>> {
+        let rows = match self.client.query(&format!("DESCRIBE TABLE EXTENDED {}", table.quoted()), &[]) {
+            Ok(b) => to_rows(&b)?,
+            Err(e) if e.error_class.as_deref() == Some("TABLE_OR_VIEW_NOT_FOUND") => return Ok(None),
+            Err(e) => return Err(err("describing a table")(e)),
+        };
+        let view = rows.rows.iter().any(|r| {
+            r.first().and_then(|v| v.as_str()) == Some("Type") && r.get(1).and_then(|v| v.as_str()).is_some_and(|t| t.eq_ignore_ascii_case("VIEW"))
+        });
+        Ok(view.then(|| "a view".to_owned()))
+    }
+
     /// Spark has no information_schema in its session catalog, and its
     /// column defaults must be constants (no sequences, no uuid()): no
     /// generated keys to find.
