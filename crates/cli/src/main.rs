@@ -19,7 +19,7 @@ use fixpoint_core::lint::{lint, Severity, SqlDialect};
 use fixpoint_core::{Error, FailPoint, FaultAction, Job, Method, RunDate, RunOptions, TableName};
 
 use fixpoint_core::backfill::DateOutcome;
-use output::{exit_code, Output};
+use output::{exit_code, ExitStatus, Output};
 
 /// Make data load jobs safe to re-run, and prove it.
 #[derive(Parser)]
@@ -341,10 +341,7 @@ fn main() -> ExitCode {
     };
     let out = Output::new(format == Format::Json);
     match dispatch(cli.command, &out) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) if matches!(&e, Error::Internal(m) if m.starts_with(output::REPORTED)) => {
-            ExitCode::from(e.to_string().rsplit(' ').next().and_then(|c| c.parse().ok()).unwrap_or(1))
-        }
+        Ok(status) => ExitCode::from(status.code()),
         Err(e) => {
             out.error(&e);
             ExitCode::from(exit_code(&e))
@@ -572,7 +569,9 @@ fn lint_gate(job: &Job, db_url: &str, engine: &mut dyn Engine, allow: bool) -> R
     }
 }
 
-fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
+/// Runs the command; `Ok` with the status of an outcome it reported itself
+/// (on stdout), `Err` with an error not yet reported.
+fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
     match command {
         Command::Run { job, date, db, force, allow_nondeterministic, no_wait, .. } => {
             interrupt::watch(out.is_json());
@@ -601,13 +600,13 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
                 interrupt::over();
                 out.window(&report, &job, failure.as_ref());
                 return match failure {
-                    None => Ok(()),
+                    None => Ok(ExitStatus::Success),
                     Some(e) => {
                         eprintln!("error: {e}");
                         if let Some(h) = e.hint() {
                             eprintln!("hint: {h}");
                         }
-                        Err(Error::Internal(format!("{} {}", output::REPORTED, exit_code(&e))))
+                        Ok(ExitStatus::of(&e))
                     }
                 };
             }
@@ -616,7 +615,7 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             let report = job.load_with(run_date, engine.as_mut(), &opts)?;
             interrupt::over();
             out.run_report(&report, &job);
-            Ok(())
+            Ok(ExitStatus::Success)
         }
         Command::Fingerprint { table, predicate, exclude, portable, db, .. } => {
             let table = TableName::parse(&table)?;
@@ -652,7 +651,7 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
                 (e, _) => e,
             })?;
             out.fingerprint(&table, &fp);
-            Ok(())
+            Ok(ExitStatus::Success)
         }
         Command::Backfill { job, from, to, parallel, force, keep_going, allow_nondeterministic, no_wait, max_dates, db, .. } => {
             interrupt::watch(out.is_json());
@@ -685,7 +684,7 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
                 }
             }
             let wait = Duration::from_secs(db.wait);
-            let code = if parallel > 1 && engine.name() != "duckdb" {
+            let status = if parallel > 1 && engine.name() != "duckdb" {
                 drop(engine);
                 interrupt::backfill(&job.name, &dates, true);
                 interrupt::engine_opened(transactional);
@@ -709,10 +708,7 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
                     outcomes
                 })
             };
-            match code {
-                0 => Ok(()),
-                code => Err(Error::Internal(format!("{} {code}", output::REPORTED))),
-            }
+            Ok(status)
         }
         Command::Status { job, from, to, max_dates, db, .. } => {
             let job = Job::from_file(&job)?;
@@ -762,9 +758,9 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
                     job.name,
                     output::code::PROOF
                 );
-                return Err(Error::Internal(format!("{} {}", output::REPORTED, output::code::PROOF)));
+                return Ok(ExitStatus::Proof);
             }
-            Ok(())
+            Ok(ExitStatus::Success)
         }
         Command::Runs { job, limit, db, .. } => {
             let mut engine = db.open()?;
@@ -788,7 +784,7 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
                 }
             }
             out.runs(&entries);
-            Ok(())
+            Ok(ExitStatus::Success)
         }
         Command::Prove { job, date, runs, crash, no_mutate, mutate_key, db, .. } => {
             let run_date = RunDate::parse(&date)?;
@@ -814,9 +810,9 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             let proof = fixpoint_core::prove::prove(&job, run_date, engine.as_mut(), &opts)?;
             out.proof(&proof);
             if proof.proved {
-                Ok(())
+                Ok(ExitStatus::Success)
             } else {
-                Err(Error::Internal(format!("{} {}", output::REPORTED, output::code::PROOF)))
+                Ok(ExitStatus::Proof)
             }
         }
         Command::Lint { jobs, dialect, deny_warnings, db, .. } => {
@@ -848,12 +844,12 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             }
             out.lint(&all, errors, warnings);
             if let Some(e) = all.iter().find_map(|(_, r)| r.as_ref().err()) {
-                return Err(Error::Internal(format!("{} {}", output::REPORTED, exit_code(e))));
+                return Ok(ExitStatus::of(e));
             }
             if errors > 0 || (deny_warnings && warnings > 0) {
-                return Err(Error::Internal(format!("{} {}", output::REPORTED, output::code::INPUT)));
+                return Ok(ExitStatus::Input);
             }
-            Ok(())
+            Ok(ExitStatus::Success)
         }
         Command::Diff { table_a, table_b, key, predicate, exclude, limit, db_b, db, .. } => {
             let (ta, tb) = (TableName::parse(&table_a)?, TableName::parse(&table_b)?);
@@ -871,14 +867,14 @@ fn dispatch(command: Command, out: &Output) -> Result<(), Error> {
             let report = fixpoint_core::diff::diff(&mut sides, &ta, &tb, &opts)?;
             out.diff(&report);
             if report.identical {
-                Ok(())
+                Ok(ExitStatus::Success)
             } else {
-                Err(Error::Internal(format!("{} {}", output::REPORTED, output::code::PROOF)))
+                Ok(ExitStatus::Proof)
             }
         }
-        Command::Demo { rows, dir, .. } => demo::run(rows, &dir, out),
-        Command::Bench(args) => bench::run(args, out),
-        Command::BenchSql(args) => bench::run_sql(args),
+        Command::Demo { rows, dir, .. } => demo::run(rows, &dir, out).map(|()| ExitStatus::Success),
+        Command::Bench(args) => bench::run(args, out).map(|()| ExitStatus::Success),
+        Command::BenchSql(args) => bench::run_sql(args).map(|()| ExitStatus::Success),
     }
 }
 

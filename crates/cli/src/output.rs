@@ -9,8 +9,6 @@ use fixpoint_core::ledger::Entry;
 use fixpoint_core::lookback::{DayError, WindowReport};
 use fixpoint_core::{Error, ErrorClass, Fingerprint, Job, RunDate, RunReport, Strategy, TableName};
 
-/// Marks an error already reported on stdout; the number after it is the exit code.
-pub const REPORTED: &str = "already reported; exit code";
 use serde_json::{json, Value};
 
 /// Exit codes, documented in the README.
@@ -31,21 +29,65 @@ pub mod code {
     pub const INTERNAL: u8 = 70;
 }
 
-/// The exit code for an error.
-pub fn exit_code(e: &Error) -> u8 {
-    class_code(e.class())
+/// How a command ended, as its exit code tells an orchestrator. An error
+/// carries its status through its class; a command that reported its own
+/// outcome (a failed proof, a backfill with a failed date) returns one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// Everything asked for was done.
+    Success,
+    /// The database or file system failed; a retry may work.
+    Runtime,
+    /// The input (job file, arguments, SQL) is wrong.
+    Input,
+    /// The source data was refused by a guard; nothing changed.
+    Data,
+    /// A proof failed, or differences were found.
+    Proof,
+    /// Another run holds the lock.
+    Busy,
+    /// A blocking audit failed; nothing was published.
+    Audit,
+    /// A bug in fixpoint.
+    Internal,
 }
 
-/// The exit code for an error of class `c`.
-pub fn class_code(c: ErrorClass) -> u8 {
-    match c {
-        ErrorClass::Input | ErrorClass::Unsupported => code::INPUT,
-        ErrorClass::Data => code::DATA,
-        ErrorClass::Busy => code::BUSY,
-        ErrorClass::Audit => code::AUDIT,
-        ErrorClass::Runtime | ErrorClass::Injected => code::RUNTIME,
-        ErrorClass::Internal => code::INTERNAL,
+impl ExitStatus {
+    /// The process's exit code.
+    pub fn code(self) -> u8 {
+        match self {
+            ExitStatus::Success => 0,
+            ExitStatus::Runtime => code::RUNTIME,
+            ExitStatus::Input => code::INPUT,
+            ExitStatus::Data => code::DATA,
+            ExitStatus::Proof => code::PROOF,
+            ExitStatus::Busy => code::BUSY,
+            ExitStatus::Audit => code::AUDIT,
+            ExitStatus::Internal => code::INTERNAL,
+        }
     }
+
+    /// The status of an error of class `c`.
+    pub fn of_class(c: ErrorClass) -> ExitStatus {
+        match c {
+            ErrorClass::Input | ErrorClass::Unsupported => ExitStatus::Input,
+            ErrorClass::Data => ExitStatus::Data,
+            ErrorClass::Busy => ExitStatus::Busy,
+            ErrorClass::Audit => ExitStatus::Audit,
+            ErrorClass::Runtime | ErrorClass::Injected => ExitStatus::Runtime,
+            ErrorClass::Internal => ExitStatus::Internal,
+        }
+    }
+
+    /// The status of an error.
+    pub fn of(e: &Error) -> ExitStatus {
+        ExitStatus::of_class(e.class())
+    }
+}
+
+/// The exit code for an error.
+pub fn exit_code(e: &Error) -> u8 {
+    ExitStatus::of(e).code()
 }
 
 fn class_name(c: ErrorClass) -> &'static str {
@@ -191,7 +233,7 @@ impl Output {
     /// Runs a backfill with a progress bar on stderr (when it is a terminal
     /// and the output is text), prints the summary, returns the exit code.
     /// Runs a backfill through `run` (sequential or parallel), showing progress, and reports it.
-    pub fn backfill(&self, job: &Job, dates: &[RunDate], run: impl FnOnce(&mut dyn FnMut(&DateOutcome)) -> Vec<DateOutcome>) -> u8 {
+    pub fn backfill(&self, job: &Job, dates: &[RunDate], run: impl FnOnce(&mut dyn FnMut(&DateOutcome)) -> Vec<DateOutcome>) -> ExitStatus {
         let bar = if !self.json && std::io::stderr().is_terminal() {
             indicatif::ProgressBar::new(dates.len() as u64)
         } else {
@@ -213,13 +255,14 @@ impl Output {
         let skipped = count(|o| matches!(o, DateOutcome::Done(r) if r.outcome == "skipped"));
         let failed = count(|o| matches!(o, DateOutcome::Failed(..)));
         let not_run = count(|o| matches!(o, DateOutcome::NotRun(_)));
-        let code = outcomes
+        let status = outcomes
             .iter()
             .find_map(|o| match o {
-                DateOutcome::Failed(_, e) => Some(exit_code(e)),
+                DateOutcome::Failed(_, e) => Some(ExitStatus::of(e)),
                 _ => None,
             })
-            .unwrap_or(0);
+            .unwrap_or(ExitStatus::Success);
+        let code = status.code();
         if self.json {
             let dates: Vec<serde_json::Value> = outcomes
                 .iter()
@@ -259,7 +302,7 @@ impl Output {
                 }
             }
         }
-        code
+        status
     }
 
     /// The status table; `attention`: how many dates need attention
@@ -542,7 +585,7 @@ pub fn error_object(e: &Error) -> Value {
 /// The error object of a failed day of a lookback window (its message is
 /// the day's reason).
 fn day_error_object(d: &DayError, message: &str) -> Value {
-    json!({"class": class_name(d.class), "message": message, "hint": d.hint, "exit_code": class_code(d.class)})
+    json!({"class": class_name(d.class), "message": message, "hint": d.hint, "exit_code": ExitStatus::of_class(d.class).code()})
 }
 
 /// A row as a JSON object.
