@@ -1,11 +1,6 @@
 //! `fixpoint`: run load jobs so that running them again changes nothing, and
 //! prove it.
 
-mod bench;
-mod bench_files;
-mod bench_pg;
-#[cfg(feature = "spark")]
-mod bench_spark;
 mod demo;
 mod output;
 
@@ -307,11 +302,6 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
-    /// Measure fixpoint against hand-written SQL (see BENCHMARKS.md).
-    Bench(bench::BenchArgs),
-    /// The hand-written SQL side of the benchmark (internal).
-    #[command(hide = true)]
-    BenchSql(bench::BenchSqlArgs),
 }
 
 fn main() -> ExitCode {
@@ -336,8 +326,6 @@ fn main() -> ExitCode {
         | Command::Lint { common, .. }
         | Command::Prove { common, .. }
         | Command::Diff { common, .. } => common.output,
-        Command::Bench(a) => a.common.output,
-        Command::BenchSql(_) => Format::Text,
     };
     let out = Output::new(format == Format::Json);
     match dispatch(cli.command, &out) {
@@ -873,8 +861,6 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
             }
         }
         Command::Demo { rows, dir, .. } => demo::run(rows, &dir, out).map(|()| ExitStatus::Success),
-        Command::Bench(args) => bench::run(args, out).map(|()| ExitStatus::Success),
-        Command::BenchSql(args) => bench::run_sql(args).map(|()| ExitStatus::Success),
     }
 }
 

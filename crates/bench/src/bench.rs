@@ -1,4 +1,4 @@
-//! `fixpoint bench`: fixpoint against the hand-written SQL on the same DuckDB
+//! `fixpoint-bench`: fixpoint against the hand-written SQL on the same DuckDB
 //! file, alternating, each side in its own process (wall time, in-process
 //! time and peak RSS from wait4).
 
@@ -11,8 +11,7 @@ use fixpoint_core::{Error, RunDate};
 use fixpoint_duckdb::DuckDb;
 use serde_json::json;
 
-use crate::output::Output;
-use crate::Common;
+use crate::Output;
 
 #[derive(Copy, Clone, PartialEq, Eq, clap::ValueEnum)]
 pub enum BenchStrategy {
@@ -67,8 +66,12 @@ pub struct BenchArgs {
     /// postgres: the server (a database `fixpoint_bench` is created there).
     #[arg(long, default_value = "postgres://root@127.0.0.1:5432/test")]
     db: String,
-    #[command(flatten)]
-    pub common: Common,
+    /// Output format of the figures: text, or one JSON object on stdout.
+    #[arg(long, value_enum, default_value = "text")]
+    pub output: crate::Format,
+    /// The fixpoint binary (default: the one built beside fixpoint-bench).
+    #[arg(long)]
+    pub fixpoint: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -152,7 +155,7 @@ pub fn run_sql(args: BenchSqlArgs) -> Result<(), Error> {
     if let Some(url) = &args.pg {
         return crate::bench_pg::run_sql(url, &args.table, d, args.merge);
     }
-    let file = args.file.ok_or_else(|| Error::argument("bench-sql needs --file or --pg", None))?;
+    let file = args.file.ok_or_else(|| Error::argument("fixpoint-bench sql needs --file or --pg", None))?;
     let db = DuckDb::open(&file, Duration::from_secs(60))?;
     let conn = db.connection();
     if let Some(script) = &args.exec {
@@ -195,7 +198,7 @@ pub fn run_sql(args: BenchSqlArgs) -> Result<(), Error> {
         if std::env::var_os("FIXPOINT_TRACE").is_some() {
             let now = fixpoint_core::run::minor_faults();
             eprintln!(
-                "bench-sql: merge {:>8.1} ms {:>7} faults, commit {:>8.1} ms {:>7} faults",
+                "fixpoint-bench sql: merge {:>8.1} ms {:>7} faults, commit {:>8.1} ms {:>7} faults",
                 merged.as_secs_f64() * 1000.0,
                 merge_faults - faults,
                 (start.elapsed() - merged).as_secs_f64() * 1000.0,
@@ -210,7 +213,7 @@ pub fn run_sql(args: BenchSqlArgs) -> Result<(), Error> {
     let mut last = start;
     let mut step = |what: &str| {
         if trace {
-            eprintln!("bench-sql: {what:<10} {:>8.1} ms", last.elapsed().as_secs_f64() * 1000.0);
+            eprintln!("fixpoint-bench sql: {what:<10} {:>8.1} ms", last.elapsed().as_secs_f64() * 1000.0);
             last = Instant::now();
         }
     };
@@ -277,23 +280,23 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// Runs `sql` on the DuckDB `file` in a child process (`bench-sql --exec`).
+/// Runs `sql` on the DuckDB `file` in a child process (`fixpoint-bench sql --exec`).
 /// The benchmark's own process stays small: Linux starts a child's peak RSS
 /// (what `wait4` reports) from its parent's at the fork, so a parent that
 /// had built the tables itself would inflate every side's figure alike.
 pub(crate) fn exec_in_child(file: &Path, sql: &str) -> Result<(), Error> {
     let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
     let mut c = Command::new(exe);
-    c.args(["bench-sql", "--file", &file.display().to_string(), "--date", "2026-10-20", &format!("--exec={sql}")]);
+    c.args(["sql", "--file", &file.display().to_string(), "--date", "2026-10-20", &format!("--exec={sql}")]);
     measure(&mut c).map(|_| ())
 }
 
 /// The value of `query` on the DuckDB `file`, read in a child process
-/// (`bench-sql --query`), like [`exec_in_child`].
+/// (`fixpoint-bench sql --query`), like [`exec_in_child`].
 pub(crate) fn digest_in_child(file: &Path, query: &str) -> Result<String, Error> {
     let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
     let mut c = Command::new(exe);
-    c.args(["bench-sql", "--file", &file.display().to_string(), "--date", "2026-10-20", &format!("--query={query}")]);
+    c.args(["sql", "--file", &file.display().to_string(), "--date", "2026-10-20", &format!("--query={query}")]);
     let (_, v) = measure(&mut c)?;
     Ok(v["value"].as_str().unwrap_or("NULL").to_owned())
 }
@@ -406,13 +409,13 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
     let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
     let url = format!("duckdb:{}", file.display());
     let fixpoint = |extra: &[&str]| {
-        let mut c = Command::new(&exe);
+        let mut c = crate::fixpoint_command();
         c.args(["run", &job.display().to_string(), "--date", date, "--db", &url, "--output", "json"]).args(extra);
         c
     };
     let hand = || {
         let mut c = Command::new(&exe);
-        c.args(["bench-sql", "--file", &file.display().to_string(), "--date", date]);
+        c.args(["sql", "--file", &file.display().to_string(), "--date", date]);
         c
     };
     // Warm-up: one of each (creates the ledger, warms the page cache).
@@ -493,13 +496,13 @@ fn readme_shape(file: &Path, exe: &Path, date: &str, rounds: u32) -> Result<(Vec
     std::fs::write(&job, README_JOB).map_err(|source| Error::Io { path: job.clone(), source })?;
     let url = format!("duckdb:{}", file.display());
     let fixpoint = || {
-        let mut c = Command::new(exe);
+        let mut c = crate::fixpoint_command();
         c.args(["run", &job.display().to_string(), "--date", date, "--db", &url, "--output", "json"]);
         c
     };
     let hand = || {
         let mut c = Command::new(exe);
-        c.args(["bench-sql", "--file", &file.display().to_string(), "--date", date, "--readme"]);
+        c.args(["sql", "--file", &file.display().to_string(), "--date", date, "--readme"]);
         c
     };
     let mut tick = 0u32;
@@ -573,10 +576,10 @@ fn verify_merge(file: &Path, exe: &Path, pruned: &Path, unpruned: &Path, changes
     let mut digests = Vec::new();
     for (name, job) in [("pruned", Some(pruned)), ("unpruned", Some(unpruned)), ("hand", None)] {
         let db = copy(name)?;
-        let mut c = Command::new(exe);
+        let mut c = if job.is_some() { crate::fixpoint_command() } else { Command::new(exe) };
         match job {
             Some(job) => c.args(["run", &job.display().to_string(), "--date", "2026-10-20", "--db", &format!("duckdb:{}", db.display()), "--output", "json"]),
-            None => c.args(["bench-sql", "--file", &db.display().to_string(), "--date", "2026-10-20", "--merge"]),
+            None => c.args(["sql", "--file", &db.display().to_string(), "--date", "2026-10-20", "--merge"]),
         };
         measure(&mut c)?;
         digests.push((name, digest_in_child(&db, &digest_sql("SELECT * FROM silver.orders"))?));
@@ -613,13 +616,13 @@ fn run_merge(args: BenchArgs, out: &Output) -> Result<(), Error> {
     let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
     let url = format!("duckdb:{}", file.display());
     let fixpoint = |job: &Path| {
-        let mut c = Command::new(&exe);
+        let mut c = crate::fixpoint_command();
         c.args(["run", &job.display().to_string(), "--date", "2026-10-20", "--db", &url, "--output", "json"]);
         c
     };
     let hand = || {
         let mut c = Command::new(&exe);
-        c.args(["bench-sql", "--file", &file.display().to_string(), "--date", "2026-10-20", "--merge"]);
+        c.args(["sql", "--file", &file.display().to_string(), "--date", "2026-10-20", "--merge"]);
         c
     };
     new_batch(&file, args.changes)?;
@@ -712,7 +715,6 @@ fn run_backfill(args: BenchArgs, out: &Output) -> Result<(), Error> {
         format!("name = \"bench_backfill\"\ntarget = \"silver.orders\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\nmin_rows = 1\n\n[source]\nsql = \"{SOURCE}:run_date\"\n"),
     )
     .map_err(|source| Error::Io { path: job.clone(), source })?;
-    let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
     let url = format!("duckdb:{}", file.display());
     let first = RunDate::parse("2026-10-19")?;
     let last = RunDate::range(first, RunDate::from_naive(first.date() + chrono::Duration::days(days as i64 - 1)));
@@ -720,7 +722,7 @@ fn run_backfill(args: BenchArgs, out: &Output) -> Result<(), Error> {
     let empty = || exec_in_child(&file, "DROP TABLE IF EXISTS silver.orders; DROP SCHEMA IF EXISTS fixpoint CASCADE; CHECKPOINT;");
     let timed = |extra: &[&str]| -> Result<Sample, Error> {
         let start = Instant::now();
-        let mut c = Command::new(&exe);
+        let mut c = crate::fixpoint_command();
         c.args(["backfill", &job.display().to_string(), "--from", "2026-10-19", "--to", &to, "--db", &url, "--output", "json"]).args(extra);
         let (mut s, _) = measure(&mut c)?;
         s.inner = start.elapsed().as_secs_f64();
@@ -739,7 +741,7 @@ fn run_backfill(args: BenchArgs, out: &Output) -> Result<(), Error> {
     }
     let mut one = Vec::new();
     for _ in 0..args.rounds {
-        let mut c = Command::new(&exe);
+        let mut c = crate::fixpoint_command();
         c.args(["run", &job.display().to_string(), "--date", "2026-10-20", "--db", &url, "--force", "--output", "json"]);
         let start = Instant::now();
         let (mut s, _) = measure(&mut c)?;
@@ -913,12 +915,11 @@ fn run_backfill_files(args: BenchArgs, out: &Output) -> Result<(), Error> {
         "name = \"bench_backfill_files\"\ntarget = \"silver.orders_bf\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n\n[source]\nfiles = \"backfill_files/dt={run_date}/*.parquet\"\n",
     )
     .map_err(|source| Error::Io { path: job.clone(), source })?;
-    let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
     let url = format!("duckdb:{}", file.display());
     let to = RunDate::from_naive(first.date() + chrono::Duration::days(days as i64 - 1)).to_string();
     let timed = |args: &[&str]| -> Result<Sample, Error> {
         let start = Instant::now();
-        let mut c = Command::new(&exe);
+        let mut c = crate::fixpoint_command();
         c.args(args).args(["--db", &url, "--output", "json"]);
         let (mut s, _) = measure(&mut c)?;
         s.inner = start.elapsed().as_secs_f64();
@@ -964,11 +965,10 @@ fn run_lookback(args: BenchArgs, out: &Output) -> Result<(), Error> {
     for (path, extra) in [(&plain, ""), (&window, "lookback = 7\n")] {
         std::fs::write(path, format!("{extra}name = \"bench_lookback\"\n{body}")).map_err(|source| Error::Io { path: path.clone(), source })?;
     }
-    let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
     let url = format!("duckdb:{}", file.display());
     let last = RunDate::from_naive(RunDate::parse("2026-10-19")?.date() + chrono::Duration::days(days as i64 - 1)).to_string();
     let cmd = |job: &Path, extra: &[&str]| {
-        let mut c = Command::new(&exe);
+        let mut c = crate::fixpoint_command();
         c.args(["run", &job.display().to_string(), "--date", &last, "--db", &url, "--output", "json"]).args(extra);
         c
     };

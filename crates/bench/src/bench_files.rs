@@ -1,4 +1,4 @@
-//! `fixpoint bench --strategy files`: file sources. The input fingerprint's
+//! `fixpoint-bench --strategy files`: file sources. The input fingerprint's
 //! hashing throughput against `cat FILES > /dev/null` (the page-cache limit),
 //! and one day of Parquet files loaded by fixpoint against the hand-written
 //! load on the same engine: on DuckDB `BEGIN; DELETE; INSERT … SELECT FROM
@@ -16,7 +16,7 @@ use fixpoint_duckdb::DuckDb;
 use serde_json::json;
 
 use crate::bench::{measure, median, Sample};
-use crate::output::Output;
+use crate::Output;
 
 const DAY: &str = "2026-10-20";
 const FILES: u64 = 4;
@@ -91,7 +91,7 @@ fn listed(dir: &Path) -> Result<InputFiles, Error> {
     Ok(InputFiles { checksum: String::new(), files, base, format: FileFormat::Parquet })
 }
 
-/// The hand-written load of the day's files (`bench-sql --files DIR`).
+/// The hand-written load of the day's files (`fixpoint-bench sql --files DIR`).
 pub fn run_sql(files_dir: &Path, file: Option<&Path>, pg: Option<&str>) -> Result<(), Error> {
     let d = RunDate::parse(DAY)?;
     let files = listed(files_dir)?;
@@ -244,9 +244,9 @@ pub fn run(rows: u64, rounds: u32, dir: &Path, pg_admin: Option<&str>, out: &Out
     )
     .map_err(io(&job))?;
     let run_on = |url: String| {
-        let (exe, job) = (exe.clone(), job.clone());
+        let job = job.clone();
         move || {
-            let mut c = Command::new(&exe);
+            let mut c = crate::fixpoint_command();
             c.args(["run", &job.display().to_string(), "--date", DAY, "--db", &url, "--output", "json", "--force"]);
             c
         }
@@ -255,7 +255,7 @@ pub fn run(rows: u64, rounds: u32, dir: &Path, pg_admin: Option<&str>, out: &Out
         let (exe, dir, duck) = (exe.clone(), dir.clone(), duck.clone());
         move || {
             let mut c = Command::new(&exe);
-            c.args(["bench-sql", "--date", DAY, "--files", &dir.display().to_string()]);
+            c.args(["sql", "--date", DAY, "--files", &dir.display().to_string()]);
             match &pg {
                 Some(url) => c.args(["--pg", url]),
                 None => c.args(["--file", &duck.display().to_string()]),

@@ -1,4 +1,4 @@
-//! `fixpoint bench --strategy postgres`: the same measurements on a
+//! `fixpoint-bench --strategy postgres`: the same measurements on a
 //! PostgreSQL server. One day of a table replaced by fixpoint with partition
 //! exchange (a table partitioned by day), by fixpoint with delete + insert (a
 //! plain table), and by the hand-written BEGIN; DELETE; INSERT … SELECT;
@@ -15,7 +15,7 @@ use fixpoint_postgres::Postgres;
 use serde_json::json;
 
 use crate::bench::{measure, median, Sample, HAND_MERGE};
-use crate::output::Output;
+use crate::Output;
 
 const DATABASE: &str = "fixpoint_bench";
 const COLUMNS: &str = "order_id, customer_id, order_total, currency, updated_at, dt";
@@ -180,13 +180,13 @@ pub fn run(admin: &str, rows: u64, days: u64, changes: u64, rounds: u32, dir: &P
     let date = "2026-10-20";
     let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
     let fixpoint = |job: &str| {
-        let mut c = Command::new(&exe);
+        let mut c = crate::fixpoint_command();
         c.args(["run", job, "--date", date, "--db", &url, "--force", "--output", "json"]);
         c
     };
     let hand = |table: &str, merge: bool| {
         let mut c = Command::new(&exe);
-        c.args(["bench-sql", "--pg", &url, "--table", table, "--date", date, "--file", "-"]);
+        c.args(["sql", "--pg", &url, "--table", table, "--date", date, "--file", "-"]);
         if merge {
             c.arg("--merge");
         }
@@ -353,7 +353,6 @@ INSERT INTO bench.meta VALUES ('{shape}')",
     )
     .map_err(|source| Error::Io { path: job.clone(), source })?;
     let to = (chrono::NaiveDate::from_ymd_opt(2026, 10, 19).expect("date") + chrono::Duration::days(days as i64 - 1)).format("%Y-%m-%d").to_string();
-    let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
     let empty = || -> Result<(), Error> {
         let mut db = Postgres::connect(&url)?;
         db.execute(&Sql::raw("DROP SCHEMA IF EXISTS silver CASCADE"))?;
@@ -363,7 +362,7 @@ INSERT INTO bench.meta VALUES ('{shape}')",
         Ok(())
     };
     let timed = |extra: &[&str]| -> Result<Sample, Error> {
-        let mut c = Command::new(&exe);
+        let mut c = crate::fixpoint_command();
         c.args(["backfill", &job.display().to_string(), "--from", "2026-10-19", "--to", &to, "--db", &url, "--output", "json"]).args(extra);
         let start = Instant::now();
         let (mut s, _) = measure(&mut c)?;
@@ -385,7 +384,7 @@ INSERT INTO bench.meta VALUES ('{shape}')",
     let mut one = Vec::new();
     let mut floor = Vec::new();
     for _ in 0..rounds {
-        let mut c = Command::new(&exe);
+        let mut c = crate::fixpoint_command();
         c.args(["run", &job.display().to_string(), "--date", "2026-10-20", "--force", "--db", &url, "--output", "json"]);
         let start = Instant::now();
         let (mut s, _) = measure(&mut c)?;

@@ -1,4 +1,4 @@
-//! `fixpoint bench --strategy spark --db sc://host:port` (feature `spark`):
+//! `fixpoint-bench --strategy spark --db sc://host:port` (feature `spark`):
 //! on the cluster, one day of `silver.orders` (a parquet table partitioned
 //! by day) replaced by fixpoint against the hand-written `INSERT OVERWRITE`,
 //! and a batch of changes merged by fixpoint (copy-on-write of the touched
@@ -13,7 +13,7 @@ use fixpoint_spark::Spark;
 use serde_json::json;
 
 use crate::bench::median;
-use crate::output::Output;
+use crate::Output;
 
 const COLUMNS: &str = "order_id, customer_id, order_total, currency, updated_at, dt";
 
