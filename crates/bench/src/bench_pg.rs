@@ -119,7 +119,7 @@ ANALYZE staging.changes"
     )
 }
 
-/// The hand-written SQL on PostgreSQL (the `bench-sql --pg` child).
+/// The hand-written SQL on PostgreSQL (the `fixpoint-bench sql --pg` child).
 pub fn run_sql(url: &str, table: &str, d: RunDate, merge: bool) -> Result<(), Error> {
     let table = fixpoint_core::TableName::parse(table)?;
     let mut db = Postgres::connect(url)?;
