@@ -329,7 +329,8 @@ impl Renewer {
                         match Client::connect(&url, connect_timeout).and_then(|mut c| crate::engine::set_up(&mut c).map(|()| c)) {
                             Ok(c) => client = Some(c),
                             Err(e) => {
-                                eprintln!("fixpoint: could not connect to renew the run's lease (will try again): {e}");
+                                eprintln!("fixpoint: could not connect to renew the run's lease (trying again in a few seconds): {e}");
+                                due = Instant::now() + Duration::from_secs(5).min(every);
                                 continue;
                             }
                         }
@@ -341,8 +342,12 @@ impl Renewer {
                             Ok(true) => {}
                             Ok(false) => lost.push(h.prefix.clone()),
                             Err(e) => {
-                                eprintln!("fixpoint: could not renew the lease {} (will try again): {e}", h.view());
+                                // An idle session's connection may have been
+                                // closed: a new one tries again in a second,
+                                // not a third of the lease later.
+                                eprintln!("fixpoint: could not renew the lease {} (trying again on a new connection): {e}", h.view());
                                 client = None;
+                                due = Instant::now() + Duration::from_secs(1).min(every);
                                 break;
                             }
                         }
