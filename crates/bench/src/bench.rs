@@ -189,14 +189,14 @@ pub fn run_sql(args: BenchSqlArgs) -> Result<(), Error> {
     }
     if args.merge {
         let start = Instant::now();
-        let faults = fixpoint_core::run::minor_faults();
+        let faults = fixpoint_core::run::protocol::minor_faults();
         conn.execute_batch("BEGIN").map_err(db_err("BEGIN"))?;
         let n = conn.execute(HAND_MERGE, []).map_err(db_err("MERGE"))?;
         let merged = start.elapsed();
-        let merge_faults = fixpoint_core::run::minor_faults();
+        let merge_faults = fixpoint_core::run::protocol::minor_faults();
         conn.execute_batch("COMMIT").map_err(db_err("COMMIT"))?;
         if std::env::var_os("FIXPOINT_TRACE").is_some() {
-            let now = fixpoint_core::run::minor_faults();
+            let now = fixpoint_core::run::protocol::minor_faults();
             eprintln!(
                 "fixpoint-bench sql: merge {:>8.1} ms {:>7} faults, commit {:>8.1} ms {:>7} faults",
                 merged.as_secs_f64() * 1000.0,
@@ -802,8 +802,9 @@ fn run_backfill(args: BenchArgs, out: &Output) -> Result<(), Error> {
 /// Fingerprints and diff, in process (the engine does the work; the client
 /// holds one row per segment at most).
 fn run_fingerprint(args: BenchArgs, out: &Output) -> Result<(), Error> {
-    use fixpoint_core::diff::{diff, DiffOptions, Sides};
-    use fixpoint_core::engine::{fingerprint, Engine, Scope};
+    use fixpoint_core::tools::diff::{diff, DiffOptions, Sides};
+    use fixpoint_core::fingerprint::compute::{fingerprint, Scope};
+    use fixpoint_core::engine::Engine;
     use fixpoint_core::{Method, TableName};
     let file = args.dir.join("bench.duckdb");
     setup(&file, args.rows, args.days)?;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use fixpoint_core::files::{FileFormat, FileSource, InputFile, InputFiles};
+use fixpoint_core::job::files::{FileFormat, FileSource, InputFile, InputFiles};
 use fixpoint_core::{Engine, Error, RunDate, Sql, TableName};
 use fixpoint_duckdb::DuckDb;
 use serde_json::json;

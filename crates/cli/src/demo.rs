@@ -5,8 +5,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use fixpoint_core::engine::{fingerprint, Engine, Filter, Scope};
-use fixpoint_core::{ledger, Error, Fingerprint, Job, Method, RunDate, RunOptions};
+use fixpoint_core::fingerprint::compute::{fingerprint, Filter, Scope};
+
+use fixpoint_core::engine::Engine;
+use fixpoint_core::{Error, Fingerprint, Job, Method, RunDate, RunOptions};
+use fixpoint_core::run::ledger;
 use fixpoint_duckdb::DuckDb;
 use serde_json::json;
 

@@ -9,11 +9,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use fixpoint_core::engine::{fingerprint, Engine, Filter, Scope};
-use fixpoint_core::lint::{lint, Severity, SqlDialect};
+use fixpoint_core::fingerprint::compute::{fingerprint, Filter, Scope};
+use fixpoint_core::engine::Engine;
+use fixpoint_core::tools::lint::{lint, Severity, SqlDialect};
 use fixpoint_core::{Error, FailPoint, FaultAction, Job, Method, RunDate, RunOptions, TableName};
 
-use fixpoint_core::backfill::DateOutcome;
+use fixpoint_core::tools::backfill::DateOutcome;
 use output::{exit_code, ExitStatus, Output};
 
 /// Make data load jobs safe to re-run, and prove it.
@@ -512,7 +513,7 @@ fn lint_gate(job: &Job, db_url: &str, engine: &mut dyn Engine, allow: bool) -> R
     } else {
         SqlDialect::DuckDb
     };
-    let target = fixpoint_core::lint::lint_target(job, engine)?;
+    let target = fixpoint_core::tools::lint::lint_target(job, engine)?;
     match lint(job, dialect).map(|mut f| {
         f.extend(target);
         f
@@ -573,7 +574,7 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
             let job = Job::from_file(&job)?;
             interrupt::run(&job.name, run_date, job.lookback);
             let mut engine = db.open()?;
-            interrupt::engine_opened(engine.transactional());
+            interrupt::engine_opened(engine.leases().is_none());
             lint_gate(&job, db.url(), engine.as_mut(), allow_nondeterministic)?;
             let (fault, fault_date) = fault_from_env()?;
             if job.start.is_some_and(|s| run_date < s) {
@@ -584,7 +585,7 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
             }
             if job.lookback > 0 {
                 let opts = RunOptions { force, fault, no_wait };
-                let (report, failure) = fixpoint_core::lookback::run_window(&job, run_date, engine.as_mut(), &opts, fault_date);
+                let (report, failure) = fixpoint_core::tools::lookback::run_window(&job, run_date, engine.as_mut(), &opts, fault_date);
                 interrupt::over();
                 out.window(&report, &job, failure.as_ref());
                 return match failure {
@@ -608,7 +609,7 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
         Command::Fingerprint { table, predicate, exclude, portable, db, .. } => {
             let table = TableName::parse(&table)?;
             if let Some(p) = &predicate {
-                fixpoint_core::sql::check_predicate("--where", p)?;
+                fixpoint_core::job::sql::check_predicate("--where", p)?;
             }
             let mut engine = db.open()?;
             let columns = engine.table_columns(&table)?.ok_or_else(|| Error::Schema {
@@ -657,14 +658,14 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
             let dates = if count == 0 { Vec::new() } else { RunDate::range(first, to) };
             interrupt::backfill(&job.name, &dates, false);
             let mut engine = db.open()?;
-            let transactional = engine.transactional();
+            let transactional = engine.leases().is_none();
             interrupt::engine_opened(transactional);
             lint_gate(&job, db.url(), engine.as_mut(), allow_nondeterministic)?;
             if parallel > 1 && engine.name() == "duckdb" {
                 eprintln!("fixpoint: duckdb allows one writer per database file; running the dates one at a time");
             }
             let (fault, fault_date) = fault_from_env()?;
-            let opts = fixpoint_core::backfill::BackfillOptions { run: RunOptions { force, fault, no_wait }, keep_going, fault_date };
+            let opts = fixpoint_core::tools::backfill::BackfillOptions { run: RunOptions { force, fault, no_wait }, keep_going, fault_date };
             if let Some(start) = job.start {
                 let left_out = date_count(from, to, None) - count;
                 if left_out > 0 {
@@ -679,7 +680,7 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
                 let url = db.url();
                 let connect = || open_engine(url, wait);
                 out.backfill(&job, &dates, |progress| {
-                    let outcomes = fixpoint_core::backfill::backfill_parallel(&job, &dates, parallel, &connect, &opts, |o: &DateOutcome| {
+                    let outcomes = fixpoint_core::tools::backfill::backfill_parallel(&job, &dates, parallel, &connect, &opts, |o: &DateOutcome| {
                         interrupt::finished(o);
                         progress(o);
                     });
@@ -688,7 +689,7 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
                 })
             } else {
                 out.backfill(&job, &dates, |progress| {
-                    let outcomes = fixpoint_core::backfill::backfill(&job, &dates, engine.as_mut(), &opts, |o: &DateOutcome| {
+                    let outcomes = fixpoint_core::tools::backfill::backfill(&job, &dates, engine.as_mut(), &opts, |o: &DateOutcome| {
                         interrupt::finished(o);
                         progress(o);
                     });
@@ -714,7 +715,7 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
             let (from, to, fix) = match (from, to) {
                 (Some(f), Some(t)) => (f, t, "check --from and --to"),
                 (from, to) => {
-                    let mut loaded: Vec<RunDate> = fixpoint_core::ledger::entries(engine.as_mut(), Some(&job.name), None, None)?
+                    let mut loaded: Vec<RunDate> = fixpoint_core::run::ledger::entries(engine.as_mut(), Some(&job.name), None, None)?
                         .iter()
                         .filter_map(|e| RunDate::parse(&e.run_date).ok())
                         .collect();
@@ -736,8 +737,8 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
             let count = date_count(from, to, job.start);
             check_range(from, to, count, max_dates, fix)?;
             let dates = if count == 0 { Vec::new() } else { RunDate::range(job.start.map_or(from, |s| s.max(from)), to) };
-            let rows = fixpoint_core::backfill::status_range(&job, &dates, engine.as_mut())?;
-            let attention = fixpoint_core::backfill::needing_attention(&job, &rows);
+            let rows = fixpoint_core::tools::backfill::status_range(&job, &dates, engine.as_mut())?;
+            let attention = fixpoint_core::tools::backfill::needing_attention(&job, &rows);
             out.status(&job, &rows, attention);
             if attention > 0 {
                 eprintln!(
@@ -752,9 +753,9 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
         }
         Command::Runs { job, limit, db, .. } => {
             let mut engine = db.open()?;
-            let entries = fixpoint_core::ledger::entries(engine.as_mut(), job.as_deref(), None, Some(limit))?;
+            let entries = fixpoint_core::run::ledger::entries(engine.as_mut(), job.as_deref(), None, Some(limit))?;
             if entries.is_empty() && limit > 0 {
-                let known = fixpoint_core::ledger::jobs(engine.as_mut())?;
+                let known = fixpoint_core::run::ledger::jobs(engine.as_mut())?;
                 match &job {
                     // A job without runs: most likely a typo in its name.
                     Some(name) => {
@@ -794,8 +795,8 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
                 return Err(Error::argument("--mutate-key with --no-mutate: the mutation check is off", Some("drop one of them")));
             }
             let (job, mut engine) = parse_job_and_engine(&job, &db)?;
-            let opts = fixpoint_core::prove::ProveOptions { runs, crash, mutate: !no_mutate, mutate_key };
-            let proof = fixpoint_core::prove::prove(&job, run_date, engine.as_mut(), &opts)?;
+            let opts = fixpoint_core::tools::prove::ProveOptions { runs, crash, mutate: !no_mutate, mutate_key };
+            let proof = fixpoint_core::tools::prove::prove(&job, run_date, engine.as_mut(), &opts)?;
             out.proof(&proof);
             if proof.proved {
                 Ok(ExitStatus::Success)
@@ -812,12 +813,12 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
             let mut engine = db.as_deref().map(|url| open_engine(url, Duration::from_secs(60))).transpose()?;
             // Every file is linted; one that cannot be read, parsed or
             // linted is reported with its error, and the rest go on.
-            let mut all: Vec<(String, Result<Vec<fixpoint_core::lint::Finding>, Error>)> = Vec::new();
+            let mut all: Vec<(String, Result<Vec<fixpoint_core::tools::lint::Finding>, Error>)> = Vec::new();
             for path in &jobs {
                 let linted = Job::from_file(path).and_then(|job| {
                     let mut findings = lint(&job, dialect)?;
                     if let Some(engine) = engine.as_mut() {
-                        findings.extend(fixpoint_core::lint::lint_target(&job, engine.as_mut())?);
+                        findings.extend(fixpoint_core::tools::lint::lint_target(&job, engine.as_mut())?);
                     }
                     Ok(findings)
                 });
@@ -848,11 +849,11 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
                 _ => None,
             };
             let mut sides = match b.as_mut() {
-                Some(b) => fixpoint_core::diff::Sides::Two(a.as_mut(), b.as_mut()),
-                None => fixpoint_core::diff::Sides::One(a.as_mut()),
+                Some(b) => fixpoint_core::tools::diff::Sides::Two(a.as_mut(), b.as_mut()),
+                None => fixpoint_core::tools::diff::Sides::One(a.as_mut()),
             };
-            let opts = fixpoint_core::diff::DiffOptions { key, predicate, exclude, segment_rows: 0, max_listed: limit };
-            let report = fixpoint_core::diff::diff(&mut sides, &ta, &tb, &opts)?;
+            let opts = fixpoint_core::tools::diff::DiffOptions { key, predicate, exclude, segment_rows: 0, max_listed: limit };
+            let report = fixpoint_core::tools::diff::diff(&mut sides, &ta, &tb, &opts)?;
             out.diff(&report);
             if report.identical {
                 Ok(ExitStatus::Success)
@@ -879,7 +880,7 @@ mod interrupt {
     use std::io::{IsTerminal, Write};
     use std::sync::{Mutex, MutexGuard, Once};
 
-    use fixpoint_core::backfill::DateOutcome;
+    use fixpoint_core::tools::backfill::DateOutcome;
     use fixpoint_core::RunDate;
 
     /// The exit code after Ctrl-C.

@@ -3,15 +3,15 @@
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use fixpoint_core::backfill::{DateOutcome, DateState, DateStatus};
-use fixpoint_core::diff::Row;
-use fixpoint_core::ledger::Entry;
-use fixpoint_core::lookback::{DayError, WindowReport};
+use fixpoint_core::tools::backfill::{DateOutcome, DateState, DateStatus};
+use fixpoint_core::tools::diff::Row;
+use fixpoint_core::run::ledger::Entry;
+use fixpoint_core::tools::lookback::{DayError, WindowReport};
 use fixpoint_core::{Error, ErrorClass, Fingerprint, Job, RunDate, RunReport, Strategy, TableName};
 
 use serde_json::{json, Value};
 
-/// Exit codes, documented in the README.
+/// Exit codes, documented in the README and docs/json.md.
 pub mod code {
     /// The input (job file, arguments, SQL) is wrong.
     pub const INPUT: u8 = 2;
@@ -350,7 +350,7 @@ impl Output {
 
     /// The lint report of every file: its findings, or (on stderr, and in
     /// the JSON under `error`) why it could not be linted.
-    pub fn lint(&self, all: &[(String, Result<Vec<fixpoint_core::lint::Finding>, Error>)], errors: usize, warnings: usize) {
+    pub fn lint(&self, all: &[(String, Result<Vec<fixpoint_core::tools::lint::Finding>, Error>)], errors: usize, warnings: usize) {
         let failed = all.iter().filter(|(_, r)| r.is_err()).count();
         for (file, r) in all {
             if let Err(e) = r {
@@ -379,8 +379,8 @@ impl Output {
             let Ok(findings) = r else { continue };
             for f in findings {
                 let sev = match f.severity {
-                    fixpoint_core::lint::Severity::Error => "error",
-                    fixpoint_core::lint::Severity::Warning => "warning",
+                    fixpoint_core::tools::lint::Severity::Error => "error",
+                    fixpoint_core::tools::lint::Severity::Warning => "warning",
                 };
                 if f.line == 0 {
                     say!(self, "{file}: {sev}[{}]: {}", f.rule, f.message);
@@ -449,7 +449,7 @@ impl Output {
         }
     }
 
-    pub fn diff(&self, d: &fixpoint_core::diff::DiffReport) {
+    pub fn diff(&self, d: &fixpoint_core::tools::diff::DiffReport) {
         if self.json {
             self.json_of(d);
             return;
@@ -481,7 +481,7 @@ impl Output {
         }
     }
 
-    pub fn proof(&self, p: &fixpoint_core::prove::Proof) {
+    pub fn proof(&self, p: &fixpoint_core::tools::prove::Proof) {
         if self.json {
             self.json_of(p);
             return;
@@ -600,7 +600,7 @@ fn display_row(text: &str) -> Value {
 }
 
 /// Audits' results in JSON: their sample rows as objects.
-fn audits_json(results: &[fixpoint_core::audit::AuditResult]) -> Value {
+fn audits_json(results: &[fixpoint_core::error::AuditResult]) -> Value {
     let mut v = json!({ "audits": results });
     rows_in_audits(&mut v);
     v["audits"].take()

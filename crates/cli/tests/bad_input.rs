@@ -1,4 +1,4 @@
-//! The bad-input catalogue (RELIABILITY.md): every way a job file, its data,
+//! The bad-input catalogue (docs/reliability.md): every way a job file, its data,
 //! the arguments or the database can be wrong. Each case must give a clear
 //! error naming the problem (checked by a fragment of the message), the
 //! documented exit code, nothing on stdout in text mode, the same error as
@@ -122,23 +122,16 @@ struct Case {
     /// The fragment on an engine that words the error its own way.
     worded: Vec<(Eng, String)>,
     /// Engines the case does not apply to, and why.
-    not_on: Vec<Eng>,
 }
 
 fn case(name: &'static str, job: Option<String>, args: &[&str], code: i32, needle: &str) -> Case {
-    Case { name, job, args: args.iter().map(|s| s.to_string()).collect(), code, needle: needle.into(), special: Special::None, worded: Vec::new(), not_on: Vec::new() }
+    Case { name, job, args: args.iter().map(|s| s.to_string()).collect(), code, needle: needle.into(), special: Special::None, worded: Vec::new() }
 }
 
 impl Case {
     /// On `e` the message holds `needle` instead.
     fn on(mut self, e: Eng, needle: &str) -> Case {
         self.worded.push((e, needle.into()));
-        self
-    }
-
-    /// The case is about something `e` does not have.
-    fn not_on(mut self, e: Eng) -> Case {
-        self.not_on.push(e);
         self
     }
 
@@ -377,7 +370,7 @@ fn catalogue(e: Eng, url: &str, dir: &Path, bin: &Path, state: &mut dyn FnMut() 
         eprintln!("\n{} ({url}):\n\n| case | exit | message (first error line) |\n|---|---|---|", e.label());
     }
     for c in cases() {
-        if c.not_on.contains(&e) || (c.special == Special::Pg && !pg) {
+        if c.special == Special::Pg && !pg {
             continue;
         }
         // A case that never reaches a database runs in DuckDB's pass only.

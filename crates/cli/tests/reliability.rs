@@ -25,7 +25,7 @@
 //!
 //! Trials: `FIXPOINT_CRASH_TRIALS` (default 8 per engine and command, 10 per
 //! plan); kill delays: `FIXPOINT_SEED` (default from the process id,
-//! printed); `--nocapture` prints the figures recorded in RELIABILITY.md.
+//! printed); `--nocapture` prints the figures recorded in docs/reliability.md.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -34,7 +34,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fixpoint_core::engine::{fingerprint, Column, Engine, Filter, Scope};
+use fixpoint_core::fingerprint::compute::{fingerprint, Filter, Scope};
+
+use fixpoint_core::engine::{Column, Engine};
 use fixpoint_core::{Fingerprint, Method, RunDate, Sql, TableName};
 
 const ROWS_PER_DAY: i64 = 50_000;

@@ -149,7 +149,7 @@ pub enum Error {
         /// How many blocking audits failed.
         failed: usize,
         /// Every audit's result.
-        results: Vec<crate::audit::AuditResult>,
+        results: Vec<crate::error::AuditResult>,
     },
     /// The source has fewer rows than the job's `min_rows`.
     #[error("the source has {rows} row(s) for {run_date}, fewer than min_rows = {min_rows}; nothing was changed")]
@@ -311,4 +311,21 @@ mod tests {
         assert_eq!(redact_url("duckdb:x.duckdb"), "duckdb:x.duckdb");
         assert_eq!(redact_url("postgres://u:p@ss@h/db"), "postgres://u:***@h/db");
     }
+}
+
+/// What one audit found.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AuditResult {
+    /// The audit's name.
+    pub name: String,
+    /// `error` or `warn`.
+    pub severity: String,
+    /// Whether it passed.
+    pub passed: bool,
+    /// Offending rows (for the row count audits: the rows counted).
+    pub offending: u64,
+    /// What was found, in one sentence.
+    pub detail: String,
+    /// Up to 5 offending rows.
+    pub sample: Vec<String>,
 }

@@ -1,37 +1,29 @@
-//! fixpoint's core: job specs, run dates, plans, run keys, fingerprints and
-//! the ledger, written against a small [`engine::Engine`] trait. No database
-//! drivers live here.
+//! fixpoint's core, written against a small [`engine::Engine`] trait; no
+//! database drivers live here. The modules, each using only those above it:
+//!
+//! - [`error`]: errors and their classes;
+//! - [`job`]: what the user declared (job file, dates, SQL, files, audits);
+//! - [`engine`]: the traits an engine implements;
+//! - [`fingerprint`]: fingerprints and run keys;
+//! - [`run`]: the run protocol (options, input, transaction, report, ledger);
+//! - [`plans`]: how each strategy changes the target;
+//! - [`tools`]: what is built on runs (backfill, lookback, prove, diff, lint).
 #![deny(missing_docs)]
 
-pub mod audit;
-pub mod backfill;
-pub mod date;
-pub mod diff;
 pub mod engine;
 pub mod error;
-pub mod files;
 pub mod fingerprint;
-pub mod ident;
-pub mod ledger;
-pub mod lint;
-pub mod lookback;
-pub mod md5lanes;
-mod merge;
-pub mod mutate;
-mod overwrite;
-pub mod prove;
+pub mod job;
+pub mod plans;
 pub mod run;
-pub mod runkey;
-pub mod schema;
-pub mod spec;
-pub mod sql;
-pub mod sqlrefs;
+pub mod tools;
 
-pub use date::RunDate;
 pub use engine::{Column, Engine, Rows};
 pub use error::{Error, ErrorClass, FailPoint, Result};
 pub use fingerprint::{Fingerprint, Method};
-pub use ident::TableName;
-pub use run::{FaultAction, RunOptions, RunReport};
-pub use spec::{Job, Strategy};
-pub use sql::{Sql, Value};
+pub use job::date::RunDate;
+pub use job::ident::TableName;
+pub use job::spec::{Job, Strategy};
+pub use job::sql::{Sql, Value};
+pub use run::protocol::{FaultAction, RunOptions};
+pub use run::report::RunReport;

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use fixpoint_core::lint::{lint, Severity, SqlDialect};
+use fixpoint_core::tools::lint::{lint, Severity, SqlDialect};
 use fixpoint_core::Job;
 
 fn findings(file: &str, dialect: SqlDialect) -> Vec<(String, Severity, usize, usize)> {

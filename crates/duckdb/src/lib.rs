@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use duckdb::types::{TimeUnit, Value as DValue};
-use fixpoint_core::engine::{Column, Engine, Rows};
-use fixpoint_core::files::{FileFormat, InputFiles};
-use fixpoint_core::ident::{quote_ident, TableName};
-use fixpoint_core::sql::{Sql, Value};
+use fixpoint_core::engine::{Accelerator, Column, Dialect, Engine, FileInput, Rows};
+use fixpoint_core::job::files::{FileFormat, InputFiles};
+use fixpoint_core::job::ident::{quote_ident, TableName};
+use fixpoint_core::job::sql::{Sql, Value};
 use fixpoint_core::{Error, Result};
 
 pub mod portable;
@@ -259,7 +259,7 @@ impl DuckDb {
         let full = files.path_strings();
         let hive: Vec<(usize, String, String)> =
             full.iter().enumerate().flat_map(|(i, p)| hive_pairs(p).into_iter().map(move |(k, v)| (i, k, v))).collect();
-        let compressed_csv = files.format == FileFormat::Csv && files.files.iter().any(|f| fixpoint_core::files::is_compressed(&f.path));
+        let compressed_csv = files.format == FileFormat::Csv && files.files.iter().any(|f| fixpoint_core::job::files::is_compressed(&f.path));
         if hive.is_empty() && !compressed_csv && files.format != FileFormat::Json {
             return Ok(());
         }
@@ -269,12 +269,12 @@ impl DuckDb {
         };
         if compressed_csv && own.iter().any(|c| c.name == "column0") {
             for (i, f) in files.files.iter().enumerate() {
-                if !fixpoint_core::files::is_compressed(&f.path) {
+                if !fixpoint_core::job::files::is_compressed(&f.path) {
                     continue;
                 }
                 let cols = self.own_columns_of_one(files, i)?;
                 if cols.len() == 1 && cols[0].name == "column0" {
-                    return Err(fixpoint_core::files::headerless_csv(&format!("{} (in {})", f.path, files.base.display())));
+                    return Err(fixpoint_core::job::files::headerless_csv(&format!("{} (in {})", f.path, files.base.display())));
                 }
             }
         }
@@ -655,7 +655,7 @@ impl Engine for DuckDb {
         // anything else; another name may be a view, which DESCRIBE
         // answers, outside a transaction (inside one, the catalog error of a
         // missing name would abort it).
-        if self.in_transaction || table.schema == fixpoint_core::ledger::SCHEMA {
+        if self.in_transaction || table.schema == fixpoint_core::run::ledger::SCHEMA {
             return Ok(None);
         }
         match self.columns_of(&table.quoted()) {
@@ -699,39 +699,20 @@ impl Engine for DuckDb {
         r.map(|_| ())
     }
 
-    fn file_input(&mut self, files: &InputFiles) -> Result<Sql> {
-        // DuckDB binds a table function's arguments when it plans the query,
-        // so the paths cannot be statement parameters. They are bound as
-        // parameters into a temporary table, gathered into a session
-        // variable, and the reader takes the variable: no path is ever
-        // spliced into SQL text.
-        self.execute(&Sql::raw(format!("CREATE OR REPLACE TEMPORARY TABLE {FILES_TABLE} (n INTEGER, path VARCHAR)")))?;
-        for chunk in files.path_strings().chunks(500).enumerate() {
-            let (c, paths) = chunk;
-            let mut sql = Sql::new();
-            sql.push(&format!("INSERT INTO {FILES_TABLE} VALUES "));
-            for (i, p) in paths.iter().enumerate() {
-                if i > 0 {
-                    sql.push(", ");
-                }
-                sql.push("(").typed_param(Value::Int((c * 500 + i) as i64), "INTEGER").push(", ");
-                sql.typed_param(Value::Text(p.clone()), "VARCHAR").push(")");
-            }
-            self.execute(&sql)?;
-        }
-        self.execute(&Sql::raw(format!("SET VARIABLE {FILES_VARIABLE} = (SELECT list(path ORDER BY n) FROM {FILES_TABLE})")))?;
-        self.check_files(files)?;
-        Ok(Sql::raw(file_reader(files, &format!("getvariable('{FILES_VARIABLE}')"), "")))
+    fn dialect(&self) -> &dyn Dialect {
+        self
     }
 
-    fn release_file_input(&mut self) -> Result<()> {
-        self.execute(&Sql::raw(format!("RESET VARIABLE {FILES_VARIABLE}")))?;
-        self.execute(&Sql::raw(format!("RESET VARIABLE {ONE_FILE_VARIABLE}")))?;
-        self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {HIVE_TABLE}")))?;
-        self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {FILES_TABLE}")))?;
-        Ok(())
+    fn file_input(&mut self) -> Option<&mut dyn FileInput> {
+        Some(self)
     }
 
+    fn accelerator(&mut self) -> Option<&mut dyn Accelerator> {
+        Some(self)
+    }
+}
+
+impl Dialect for DuckDb {
     fn native_row_hash(&self, alias: &str, columns: &[Column]) -> Option<String> {
         let cols: Vec<String> = columns.iter().map(|c| format!("{alias}.{}", quote_ident(&c.name))).collect();
         Some(format!("hash({})", cols.join(", ")))
@@ -770,6 +751,76 @@ impl Engine for DuckDb {
         (text, class)
     }
 
+    fn portable_row_hash(&self, text_expr: &str) -> String {
+        // The digest's first 8 bytes read little-endian (md5_number's low
+        // 64 bits); PostgreSQL computes the same from md5()'s hex.
+        format!("CAST(md5_number({text_expr}) & 18446744073709551615 AS UBIGINT)")
+    }
+
+    fn portable_row_hash_direct(&self, alias: &str, columns: &[Column]) -> Option<String> {
+        if !self.portable_functions {
+            return None;
+        }
+        let fields: Vec<String> = columns
+            .iter()
+            .map(|c| {
+                let expr = format!("{alias}.{}", quote_ident(&c.name));
+                portable::field_expr(&expr, &c.ty, self.portable_value(&expr, c).1)
+            })
+            .collect();
+        Some(format!("{}(row({}))", portable::HASH_FUNCTION, fields.join(", ")))
+    }
+
+    /// Also two DECIMALs of one scale stored in one integer width
+    /// (precision 1–4, 5–9, 10–18, 19–38): DuckDB hashes the stored
+    /// integer, which the cast leaves as it is (or refuses).
+    fn same_native_hash(&self, from: &str, to: &str) -> bool {
+        if from.eq_ignore_ascii_case(to) {
+            return true;
+        }
+        match (decimal_of(from), decimal_of(to)) {
+            (Some((p1, s1)), Some((p2, s2))) => s1 == s2 && decimal_width(p1) == decimal_width(p2),
+            _ => false,
+        }
+    }
+}
+
+impl FileInput for DuckDb {
+    fn stage_files(&mut self, files: &InputFiles) -> Result<Sql> {
+        // DuckDB binds a table function's arguments when it plans the query,
+        // so the paths cannot be statement parameters. They are bound as
+        // parameters into a temporary table, gathered into a session
+        // variable, and the reader takes the variable: no path is ever
+        // spliced into SQL text.
+        self.execute(&Sql::raw(format!("CREATE OR REPLACE TEMPORARY TABLE {FILES_TABLE} (n INTEGER, path VARCHAR)")))?;
+        for chunk in files.path_strings().chunks(500).enumerate() {
+            let (c, paths) = chunk;
+            let mut sql = Sql::new();
+            sql.push(&format!("INSERT INTO {FILES_TABLE} VALUES "));
+            for (i, p) in paths.iter().enumerate() {
+                if i > 0 {
+                    sql.push(", ");
+                }
+                sql.push("(").typed_param(Value::Int((c * 500 + i) as i64), "INTEGER").push(", ");
+                sql.typed_param(Value::Text(p.clone()), "VARCHAR").push(")");
+            }
+            self.execute(&sql)?;
+        }
+        self.execute(&Sql::raw(format!("SET VARIABLE {FILES_VARIABLE} = (SELECT list(path ORDER BY n) FROM {FILES_TABLE})")))?;
+        self.check_files(files)?;
+        Ok(Sql::raw(file_reader(files, &format!("getvariable('{FILES_VARIABLE}')"), "")))
+    }
+
+    fn release_files(&mut self) -> Result<()> {
+        self.execute(&Sql::raw(format!("RESET VARIABLE {FILES_VARIABLE}")))?;
+        self.execute(&Sql::raw(format!("RESET VARIABLE {ONE_FILE_VARIABLE}")))?;
+        self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {HIVE_TABLE}")))?;
+        self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {FILES_TABLE}")))?;
+        Ok(())
+    }
+}
+
+impl Accelerator for DuckDb {
     fn tap_partition(&mut self, value: &str, alias: &str, hashed: &[Column], day: chrono::NaiveDate) -> Option<(Sql, u64)> {
         if !self.tap_registered || hashed.is_empty() {
             return None;
@@ -794,28 +845,6 @@ impl Engine for DuckDb {
         Some((sql, token))
     }
 
-    fn table_has_columns(&mut self, table: &TableName, columns: &[&str]) -> Option<bool> {
-        if let Some(d) = self.described.get_mut().get(&table.quoted()) {
-            return Some(columns.iter().all(|c| d.columns.iter().any(|k| k.name == *c)));
-        }
-        // The appender's lookup runs no statement: a missing table or
-        // column is an error of the C API, which aborts no transaction.
-        self.conn.appender_with_columns_to_db(&table.table, &table.schema, columns).ok().map(|_| true)
-    }
-
-    fn append_row(&mut self, table: &TableName, columns: &[&str], values: &[Value]) -> Option<Result<()>> {
-        let context = format!("appending a row to {}", table.quoted());
-        let err = |e: duckdb::Error| Error::Database { engine: "duckdb", context: context.clone(), message: e.to_string() };
-        let appended = (|| {
-            let mut app = self.conn.appender_with_columns_to_db(&table.table, &table.schema, columns).map_err(err)?;
-            app.append_row(duckdb::appender_params_from_iter(values.iter().map(to_duck))).map_err(err)?;
-            // Flushed here, into the transaction: dropped unflushed, an
-            // appender's error would have nowhere to go.
-            app.flush().map_err(err)
-        })();
-        Some(appended)
-    }
-
     fn tap_if(&mut self, cond: &str, allowed: &str) -> Option<(Sql, u64)> {
         if !self.tap_registered {
             return None;
@@ -838,25 +867,13 @@ impl Engine for DuckDb {
         Some((sql, token))
     }
 
-    fn merge_refuses_in_statement(&self) -> bool {
-        self.tap_registered
-    }
-
-    fn merge_in_one_statement(&self) -> bool {
-        self.tap_registered && self.one_statement_merge
-    }
-
-    /// Also two DECIMALs of one scale stored in one integer width
-    /// (precision 1–4, 5–9, 10–18, 19–38): DuckDB hashes the stored
-    /// integer, which the cast leaves as it is (or refuses).
-    fn same_native_hash(&self, from: &str, to: &str) -> bool {
-        if from.eq_ignore_ascii_case(to) {
-            return true;
+    fn tap_close(&mut self, token: u64) -> Option<(u64, u64, i128)> {
+        if tap::is_dedup(token) {
+            let d = tap::close_dedup(token);
+            return Some((d.rows, d.ties, d.sum));
         }
-        match (decimal_of(from), decimal_of(to)) {
-            (Some((p1, s1)), Some((p2, s2))) => s1 == s2 && decimal_width(p1) == decimal_width(p2),
-            _ => false,
-        }
+        let s = tap::close(token);
+        Some((s.rows, s.outside, s.sum))
     }
 
     fn tap_ties_after(&mut self, trigger: u64, dedup: u64) {
@@ -867,33 +884,34 @@ impl Engine for DuckDb {
         tap::is_dedup(token).then(|| tap::close_dedup_deferred(token))
     }
 
-    fn tap_close(&mut self, token: u64) -> Option<(u64, u64, i128)> {
-        if tap::is_dedup(token) {
-            let d = tap::close_dedup(token);
-            return Some((d.rows, d.ties, d.sum));
-        }
-        let s = tap::close(token);
-        Some((s.rows, s.outside, s.sum))
+    fn merge_refuses_in_statement(&self) -> bool {
+        self.tap_registered
     }
 
-    fn portable_row_hash_direct(&self, alias: &str, columns: &[Column]) -> Option<String> {
-        if !self.portable_functions {
-            return None;
-        }
-        let fields: Vec<String> = columns
-            .iter()
-            .map(|c| {
-                let expr = format!("{alias}.{}", quote_ident(&c.name));
-                portable::field_expr(&expr, &c.ty, self.portable_value(&expr, c).1)
-            })
-            .collect();
-        Some(format!("{}(row({}))", portable::HASH_FUNCTION, fields.join(", ")))
+    fn merge_in_one_statement(&self) -> bool {
+        self.tap_registered && self.one_statement_merge
     }
 
-    fn portable_row_hash(&self, text_expr: &str) -> String {
-        // The digest's first 8 bytes read little-endian (md5_number's low
-        // 64 bits); PostgreSQL computes the same from md5()'s hex.
-        format!("CAST(md5_number({text_expr}) & 18446744073709551615 AS UBIGINT)")
+    fn table_has_columns(&mut self, table: &TableName, columns: &[&str]) -> Option<bool> {
+        if let Some(d) = self.described.get_mut().get(&table.quoted()) {
+            return Some(columns.iter().all(|c| d.columns.iter().any(|k| k.name == *c)));
+        }
+        // The appender's lookup runs no statement: a missing table or
+        // column is an error of the C API, which aborts no transaction.
+        self.conn.appender_with_columns_to_db(&table.table, &table.schema, columns).ok().map(|_| true)
+    }
+
+    fn append_row(&mut self, table: &TableName, columns: &[&str], values: &[Value]) -> Option<Result<()>> {
+        let context = format!("appending a row to {}", table.quoted());
+        let err = |e: duckdb::Error| Error::Database { engine: "duckdb", context: context.clone(), message: e.to_string() };
+        let appended = (|| {
+            let mut app = self.conn.appender_with_columns_to_db(&table.table, &table.schema, columns).map_err(err)?;
+            app.append_row(duckdb::appender_params_from_iter(values.iter().map(to_duck))).map_err(err)?;
+            // Flushed here, into the transaction: dropped unflushed, an
+            // appender's error would have nowhere to go.
+            app.flush().map_err(err)
+        })();
+        Some(appended)
     }
 }
 

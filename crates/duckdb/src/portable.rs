@@ -6,7 +6,7 @@
 //! row's typed columns as one `STRUCT` (so a NULL field reaches it instead of
 //! making the result NULL), writes the same canonical text DuckDB's SQL
 //! would, and hashes a whole vector of rows at once with the multi-lane MD5
-//! of `fixpoint_core::md5lanes`. The value is identical to the SQL form
+//! of `fixpoint_core::fingerprint::md5lanes`. The value is identical to the SQL form
 //! (tested against it on every type), so fingerprints stay comparable with
 //! PostgreSQL's, which computes the text and `md5()` in SQL.
 //!
@@ -22,7 +22,7 @@ use duckdb::core::{DataChunkHandle, Inserter, LogicalTypeHandle, LogicalTypeId};
 use duckdb::ffi;
 use duckdb::vscalar::{ScalarFunctionSignature, VScalar};
 use duckdb::vtab::arrow::WritableVector;
-use fixpoint_core::md5lanes::md5_lo64_many;
+use fixpoint_core::fingerprint::md5lanes::md5_lo64_many;
 
 /// The SQL name of the hash: `fixpoint_portable_md5(row(c1, …, cn))`.
 pub const HASH_FUNCTION: &str = "fixpoint_portable_md5";

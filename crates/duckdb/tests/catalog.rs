@@ -2,7 +2,8 @@
 //! would abort a transaction), its columns (described once, again after any
 //! change) and its column defaults.
 
-use fixpoint_core::sql::Sql;
+use fixpoint_core::engine::Accelerator;
+use fixpoint_core::job::sql::Sql;
 use fixpoint_core::{Engine, TableName};
 use fixpoint_duckdb::DuckDb;
 
@@ -114,7 +115,7 @@ fn casts_that_keep_the_native_hash() {
         ("DOUBLE", "DECIMAL(12,2)", false),
     ];
     for (from, to, same) in cases {
-        assert_eq!(db.same_native_hash(from, to), same, "{from} -> {to}");
+        assert_eq!(db.dialect().same_native_hash(from, to), same, "{from} -> {to}");
         if same {
             // Values both types hold, NULL included.
             let sql = format!(
@@ -139,7 +140,7 @@ fn casts_that_keep_the_native_hash() {
 /// rollback, kept after a commit).
 #[test]
 fn columns_known_and_rows_appended_inside_a_transaction() {
-    use fixpoint_core::sql::Value;
+    use fixpoint_core::job::sql::Value;
     let mut db = DuckDb::open_in_memory().unwrap();
     let t = TableName::parse("s.t").unwrap();
     db.execute(&Sql::raw("CREATE SCHEMA s; CREATE TABLE s.t (id BIGINT, v VARCHAR, d DATE); CREATE VIEW s.w AS SELECT 1 AS id")).unwrap();

@@ -3,9 +3,11 @@
 //! `md5_number`) on every type, NULLs and edge values included: the text is
 //! compared row by row, then the hash, then whole fingerprints.
 
-use fixpoint_core::engine::{fingerprint, portable_field, Column, Scope};
-use fixpoint_core::ident::quote_ident;
-use fixpoint_core::sql::Sql;
+use fixpoint_core::fingerprint::compute::{fingerprint, portable_field, Scope};
+
+use fixpoint_core::engine::Column;
+use fixpoint_core::job::ident::quote_ident;
+use fixpoint_core::job::sql::Sql;
 use fixpoint_core::{Engine, Method, TableName};
 use fixpoint_duckdb::DuckDb;
 
@@ -74,7 +76,7 @@ fn the_rust_row_text_is_the_sql_row_text_on_every_type() {
     let mut udf_fields = Vec::new();
     for c in &cols {
         let expr = format!("t.{}", quote_ident(&c.name));
-        let (text, class) = db.portable_value(&expr, c);
+        let (text, class) = db.dialect().portable_value(&expr, c);
         sql_fields.push(portable_field(&text, class));
         udf_fields.push(fixpoint_duckdb::portable::field_expr(&expr, &c.ty, class));
     }
@@ -88,7 +90,7 @@ fn the_rust_row_text_is_the_sql_row_text_on_every_type() {
     assert!(mismatches.rows.is_empty(), "rows whose texts differ (id, SQL, Rust): {:#?}", mismatches.rows);
 
     // And the hash: md5_number of the SQL text's low 64 bits.
-    let sql_hash = db.portable_row_hash(&sql_text);
+    let sql_hash = db.dialect().portable_row_hash(&sql_text);
     let udf_hash = format!("{}(row({}))", fixpoint_duckdb::portable::HASH_FUNCTION, udf_fields.join(", "));
     let rows = db
         .query(&Sql::raw(format!(

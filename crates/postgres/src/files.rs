@@ -21,10 +21,10 @@ use std::error::Error as StdError;
 
 use bytes::{BufMut, BytesMut};
 use duckdb::types::ValueRef;
-use fixpoint_core::engine::{Column, Engine};
-use fixpoint_core::files::InputFiles;
-use fixpoint_core::ident::quote_ident;
-use fixpoint_core::sql::Sql;
+use fixpoint_core::engine::{Column, Engine, FileInput};
+use fixpoint_core::job::files::InputFiles;
+use fixpoint_core::job::ident::quote_ident;
+use fixpoint_core::job::sql::Sql;
 use fixpoint_core::{Error, Result};
 use postgres::binary_copy::BinaryCopyInWriter;
 use postgres::types::{IsNull, ToSql, Type};
@@ -282,7 +282,7 @@ pub(crate) fn stage(client: &mut Client, files: &InputFiles) -> Result<u64> {
 /// are the files' in order), or into [`STAGE`] (created) when `None`.
 pub(crate) fn copy_files(client: &mut Client, files: &InputFiles, into: Option<&str>) -> Result<u64> {
     let mut duck = fixpoint_duckdb::DuckDb::open_in_memory()?;
-    let relation = duck.file_input(files)?;
+    let relation = duck.stage_files(files)?;
     let mut all = Sql::new();
     all.push("SELECT * FROM ").append(&relation);
     let columns = duck.describe(&all)?;

@@ -12,9 +12,9 @@ use std::error::Error as StdError;
 
 mod files;
 
-use fixpoint_core::engine::{Column, DayPartition, Engine, Rows};
-use fixpoint_core::ident::{quote_ident, TableName};
-use fixpoint_core::sql::{Sql, Value};
+use fixpoint_core::engine::{Column, DayPartition, Dialect, Engine, FileInput, Locks, PartitionExchange, Rows};
+use fixpoint_core::job::ident::{quote_ident, TableName};
+use fixpoint_core::job::sql::{Sql, Value};
 use fixpoint_core::{Error, Result};
 use postgres::types::{FromSql, ToSql, Type};
 use postgres::{Client, NoTls};
@@ -219,7 +219,7 @@ impl Postgres {
     /// columns in order) the way a file source is staged: the embedded
     /// DuckDB reads the files, `COPY … (FORMAT binary)` writes them. For the
     /// hand-written side of benchmarks; runs in the caller's transaction.
-    pub fn copy_files_into(&mut self, files: &fixpoint_core::files::InputFiles, table: &TableName) -> Result<u64> {
+    pub fn copy_files_into(&mut self, files: &fixpoint_core::job::files::InputFiles, table: &TableName) -> Result<u64> {
         files::copy_files(self.client(), files, Some(&table.quoted()))
     }
 
@@ -509,6 +509,143 @@ impl Engine for Postgres {
         Ok(())
     }
 
+    fn create_temp_table_as(&mut self, name: &str, query: &Sql) -> Result<u64> {
+        // CREATE TABLE AS cannot take parameters here: create, then insert.
+        let cols = self.describe(query)?;
+        let defs: Vec<String> = cols.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
+        self.execute(&Sql::raw(format!("CREATE TEMPORARY TABLE {name} ({})", defs.join(", "))))?;
+        let mut sql = Sql::new();
+        sql.push(&format!("INSERT INTO {name} "));
+        sql.text.push_str(&query.text);
+        sql.params = query.params.clone();
+        let rows = self.execute(&sql)?;
+        // Autovacuum never analyzes temporary tables: without statistics the
+        // planner guesses their size and picks nested loops over millions of rows.
+        self.execute(&Sql::raw(format!("ANALYZE {name}")))?;
+        Ok(rows)
+    }
+
+    fn dialect(&self) -> &dyn Dialect {
+        self
+    }
+
+    fn locks(&mut self) -> Option<&mut dyn Locks> {
+        Some(self)
+    }
+
+    fn partition_exchange(&mut self) -> Option<&mut dyn PartitionExchange> {
+        Some(self)
+    }
+
+    fn file_input(&mut self) -> Option<&mut dyn FileInput> {
+        Some(self)
+    }
+}
+
+impl Dialect for Postgres {
+    fn native_row_hash(&self, alias: &str, columns: &[Column]) -> Option<String> {
+        let cols: Vec<String> = columns.iter().map(|c| format!("{alias}.{}", quote_ident(&c.name))).collect();
+        Some(format!("hashtextextended(CAST(ROW({}) AS TEXT), 0)", cols.join(", ")))
+    }
+
+    fn portable_value(&self, expr: &str, column: &Column) -> (String, &'static str) {
+        let ty = column.ty.to_ascii_lowercase();
+        let (class, text) = if ["smallint", "integer", "bigint"].contains(&ty.as_str()) {
+            ("int", format!("CAST({expr} AS TEXT)"))
+        } else if ty.starts_with("numeric") {
+            ("decimal", format!("CAST({expr} AS TEXT)"))
+        } else if ty == "real" || ty == "double precision" {
+            // The bits of the absolute value (fixpoint_core::fingerprint::write_float),
+            // read as the binary send format writes them (big-endian IEEE 754).
+            let x = format!("CAST({expr} AS DOUBLE PRECISION)");
+            ("float", format!(
+                "CASE WHEN {x} IS NULL THEN NULL WHEN {x} = 'NaN' THEN 'nan' WHEN {x} = 'Infinity' THEN 'inf' WHEN {x} = '-Infinity' THEN '-inf' WHEN {x} = 0 THEN '0' \
+                 ELSE (CASE WHEN {x} < 0 THEN '-' ELSE '' END) || CAST(CAST(CAST(('x' || encode(float8send(abs({x})), 'hex')) AS bit(64)) AS BIGINT) AS TEXT) END"
+            ))
+        } else if ty.starts_with("character varying") || ty == "text" || ty.starts_with("character") {
+            ("text", format!("CAST({expr} AS TEXT)"))
+        } else if ty == "date" {
+            // The text form (ISO: DateStyle is pinned per session) is
+            // `YYYY-MM-DD` for years 1 to 9999 and twice as fast as to_char;
+            // to_char elsewhere (BC, years past 9999, infinity), as before.
+            ("date", format!("CASE WHEN {expr} BETWEEN DATE '0001-01-01' AND DATE '9999-12-31' THEN CAST({expr} AS TEXT) ELSE to_char({expr}, 'YYYY-MM-DD') END"))
+        } else if ty.starts_with("timestamp without time zone") {
+            // Microseconds since 1970 in integers: days times 86400000000,
+            // plus the time of day (its seconds as a double times 10^6 are
+            // within 2e-5 of the integer, so rounding gives it exactly); no
+            // NUMERIC as extract(epoch) returns. Infinite and out-of-range
+            // values fail, as extract's cast to BIGINT did.
+            (
+                "timestamp",
+                format!(
+                    "CAST((CAST({expr} AS DATE) - DATE '1970-01-01') * CAST(86400000000 AS BIGINT) \
+                     + CAST(round(date_part('epoch', CAST({expr} AS TIME)) * 1000000) AS BIGINT) AS TEXT)"
+                ),
+            )
+        } else if ty.starts_with("timestamp with time zone") {
+            ("timestamptz", format!("CAST(CAST(extract(epoch FROM {expr}) * 1000000 AS BIGINT) AS TEXT)"))
+        } else if ty == "boolean" {
+            ("bool", format!("CASE WHEN {expr} THEN 't' WHEN NOT {expr} THEN 'f' END"))
+        } else if ty == "bytea" {
+            // Hex digits only: upper() in the C collation (the same letters,
+            // without the locale's case mapping) is the cheap one.
+            ("bytes", format!("upper(encode({expr}, 'hex') COLLATE \"C\")"))
+        } else {
+            ("other", format!("CAST({expr} AS TEXT)"))
+        };
+        (text, class)
+    }
+
+    fn portable_row_hash(&self, text_expr: &str) -> String {
+        // The digest's first 8 bytes read little-endian (as DuckDB's
+        // md5_number does), as an unsigned number. PostgreSQL has no
+        // byte-order reversal, so the bytes are read one by one, which
+        // names the digest eight times: it is computed once, in a subquery
+        // that OFFSET 0 keeps from being merged into this one (merged, each
+        // reference would build the row's text and hash it again).
+        // The top byte's high bit is flipped, which makes the BIGINT the
+        // unsigned value minus 2^63; adding 2^63 back as NUMERIC gives the
+        // unsigned value without a CASE.
+        let mut bytes = vec!["(CAST(get_byte(m.d, 7) # 128 AS BIGINT) << 56)".to_owned()];
+        bytes.extend((1..7).rev().map(|i| format!("(CAST(get_byte(m.d, {i}) AS BIGINT) << {})", 8 * i)));
+        bytes.push("get_byte(m.d, 0)".to_owned());
+        format!(
+            "(SELECT CAST({} AS NUMERIC) + 9223372036854775808 FROM (SELECT decode(md5({text_expr}), 'hex') AS d OFFSET 0) AS m)",
+            bytes.join(" | ")
+        )
+    }
+
+    fn portable_row_hash_direct(&self, alias: &str, columns: &[Column]) -> Option<String> {
+        // The same text as the fields joined with `||`, built in one call
+        // per 90 fields (concat_ws takes at most 100 arguments; every field
+        // is coalesced, so none is skipped as NULL), without copying the
+        // growing text at each `||`.
+        let fields: Vec<String> = columns
+            .iter()
+            .map(|c| {
+                let (text, class) = self.portable_value(&format!("{alias}.{}", quote_ident(&c.name)), c);
+                fixpoint_core::fingerprint::compute::portable_field(&text, class)
+            })
+            .collect();
+        let chunks: Vec<String> = fields.chunks(90).map(|f| format!("concat_ws('|', {})", f.join(", "))).collect();
+        let text = match chunks.len() {
+            0 => return None,
+            1 => chunks[0].clone(),
+            _ => format!("concat_ws('|', {})", chunks.join(", ")),
+        };
+        Some(self.portable_row_hash(&text))
+    }
+
+    fn row_id(&self) -> (&'static str, &'static str, bool) {
+        ("ctid", "tid", false)
+    }
+
+    fn fingerprint_before_writing(&self) -> bool {
+        true
+    }
+}
+
+impl Locks for Postgres {
     /// The run's lock, held to the end of its transaction. A REPEATABLE
     /// READ transaction takes its snapshot at its first statement, so a run
     /// that waited inside its transaction for another run would then read
@@ -568,7 +705,9 @@ impl Engine for Postgres {
             _ => Err(Error::Internal(format!("the run's lock {scope:?} was not granted to the session holding it"))),
         }
     }
+}
 
+impl PartitionExchange for Postgres {
     fn day_partition(&mut self, table: &TableName, column: &str, day: chrono::NaiveDate) -> Result<DayPartition> {
         let Some((strategy, natts, key, ty)) = self.partition_key(table)? else {
             return Ok(DayPartition::NotPartitioned);
@@ -688,131 +827,16 @@ impl Engine for Postgres {
         }
         Ok(())
     }
+}
 
-    fn row_id(&self) -> (&'static str, &'static str, bool) {
-        ("ctid", "tid", false)
-    }
-
-    fn fingerprint_before_writing(&self) -> bool {
-        true
-    }
-
-    fn file_input(&mut self, files: &fixpoint_core::files::InputFiles) -> Result<Sql> {
+impl FileInput for Postgres {
+    fn stage_files(&mut self, files: &fixpoint_core::job::files::InputFiles) -> Result<Sql> {
         files::stage(self.client(), files)?;
         Ok(Sql::raw(files::STAGE))
     }
 
-    fn release_file_input(&mut self) -> Result<()> {
+    fn release_files(&mut self) -> Result<()> {
         self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {}", files::STAGE))).map(|_| ())
-    }
-
-    fn create_temp_table_as(&mut self, name: &str, query: &Sql) -> Result<u64> {
-        // CREATE TABLE AS cannot take parameters here: create, then insert.
-        let cols = self.describe(query)?;
-        let defs: Vec<String> = cols.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
-        self.execute(&Sql::raw(format!("CREATE TEMPORARY TABLE {name} ({})", defs.join(", "))))?;
-        let mut sql = Sql::new();
-        sql.push(&format!("INSERT INTO {name} "));
-        sql.text.push_str(&query.text);
-        sql.params = query.params.clone();
-        let rows = self.execute(&sql)?;
-        // Autovacuum never analyzes temporary tables: without statistics the
-        // planner guesses their size and picks nested loops over millions of rows.
-        self.execute(&Sql::raw(format!("ANALYZE {name}")))?;
-        Ok(rows)
-    }
-
-    fn native_row_hash(&self, alias: &str, columns: &[Column]) -> Option<String> {
-        let cols: Vec<String> = columns.iter().map(|c| format!("{alias}.{}", quote_ident(&c.name))).collect();
-        Some(format!("hashtextextended(CAST(ROW({}) AS TEXT), 0)", cols.join(", ")))
-    }
-
-    fn portable_value(&self, expr: &str, column: &Column) -> (String, &'static str) {
-        let ty = column.ty.to_ascii_lowercase();
-        let (class, text) = if ["smallint", "integer", "bigint"].contains(&ty.as_str()) {
-            ("int", format!("CAST({expr} AS TEXT)"))
-        } else if ty.starts_with("numeric") {
-            ("decimal", format!("CAST({expr} AS TEXT)"))
-        } else if ty == "real" || ty == "double precision" {
-            // The bits of the absolute value (fixpoint_core::fingerprint::write_float),
-            // read as the binary send format writes them (big-endian IEEE 754).
-            let x = format!("CAST({expr} AS DOUBLE PRECISION)");
-            ("float", format!(
-                "CASE WHEN {x} IS NULL THEN NULL WHEN {x} = 'NaN' THEN 'nan' WHEN {x} = 'Infinity' THEN 'inf' WHEN {x} = '-Infinity' THEN '-inf' WHEN {x} = 0 THEN '0' \
-                 ELSE (CASE WHEN {x} < 0 THEN '-' ELSE '' END) || CAST(CAST(CAST(('x' || encode(float8send(abs({x})), 'hex')) AS bit(64)) AS BIGINT) AS TEXT) END"
-            ))
-        } else if ty.starts_with("character varying") || ty == "text" || ty.starts_with("character") {
-            ("text", format!("CAST({expr} AS TEXT)"))
-        } else if ty == "date" {
-            // The text form (ISO: DateStyle is pinned per session) is
-            // `YYYY-MM-DD` for years 1 to 9999 and twice as fast as to_char;
-            // to_char elsewhere (BC, years past 9999, infinity), as before.
-            ("date", format!("CASE WHEN {expr} BETWEEN DATE '0001-01-01' AND DATE '9999-12-31' THEN CAST({expr} AS TEXT) ELSE to_char({expr}, 'YYYY-MM-DD') END"))
-        } else if ty.starts_with("timestamp without time zone") {
-            // Microseconds since 1970 in integers: days times 86400000000,
-            // plus the time of day (its seconds as a double times 10^6 are
-            // within 2e-5 of the integer, so rounding gives it exactly); no
-            // NUMERIC as extract(epoch) returns. Infinite and out-of-range
-            // values fail, as extract's cast to BIGINT did.
-            (
-                "timestamp",
-                format!(
-                    "CAST((CAST({expr} AS DATE) - DATE '1970-01-01') * CAST(86400000000 AS BIGINT) \
-                     + CAST(round(date_part('epoch', CAST({expr} AS TIME)) * 1000000) AS BIGINT) AS TEXT)"
-                ),
-            )
-        } else if ty.starts_with("timestamp with time zone") {
-            ("timestamptz", format!("CAST(CAST(extract(epoch FROM {expr}) * 1000000 AS BIGINT) AS TEXT)"))
-        } else if ty == "boolean" {
-            ("bool", format!("CASE WHEN {expr} THEN 't' WHEN NOT {expr} THEN 'f' END"))
-        } else if ty == "bytea" {
-            // Hex digits only: upper() in the C collation (the same letters,
-            // without the locale's case mapping) is the cheap one.
-            ("bytes", format!("upper(encode({expr}, 'hex') COLLATE \"C\")"))
-        } else {
-            ("other", format!("CAST({expr} AS TEXT)"))
-        };
-        (text, class)
-    }
-
-    fn portable_row_hash(&self, text_expr: &str) -> String {
-        // The digest's first 8 bytes read little-endian (as DuckDB's
-        // md5_number does), as an unsigned number. PostgreSQL has no
-        // byte-order reversal, so the bytes are read one by one, which
-        // names the digest eight times: it is computed once, in a subquery
-        // that OFFSET 0 keeps from being merged into this one (merged, each
-        // reference would build the row's text and hash it again).
-        // The top byte's high bit is flipped, which makes the BIGINT the
-        // unsigned value minus 2^63; adding 2^63 back as NUMERIC gives the
-        // unsigned value without a CASE.
-        let mut bytes = vec!["(CAST(get_byte(m.d, 7) # 128 AS BIGINT) << 56)".to_owned()];
-        bytes.extend((1..7).rev().map(|i| format!("(CAST(get_byte(m.d, {i}) AS BIGINT) << {})", 8 * i)));
-        bytes.push("get_byte(m.d, 0)".to_owned());
-        format!(
-            "(SELECT CAST({} AS NUMERIC) + 9223372036854775808 FROM (SELECT decode(md5({text_expr}), 'hex') AS d OFFSET 0) AS m)",
-            bytes.join(" | ")
-        )
-    }
-
-    fn portable_row_hash_direct(&self, alias: &str, columns: &[Column]) -> Option<String> {
-        // The same text as the fields joined with `||`, built in one call
-        // per 90 fields (concat_ws takes at most 100 arguments; every field
-        // is coalesced, so none is skipped as NULL), without copying the
-        // growing text at each `||`.
-        let fields: Vec<String> = columns
-            .iter()
-            .map(|c| {
-                let (text, class) = self.portable_value(&format!("{alias}.{}", quote_ident(&c.name)), c);
-                fixpoint_core::engine::portable_field(&text, class)
-            })
-            .collect();
-        let chunks: Vec<String> = fields.chunks(90).map(|f| format!("concat_ws('|', {})", f.join(", "))).collect();
-        let text = match chunks.len() {
-            0 => return None,
-            1 => chunks[0].clone(),
-            _ => format!("concat_ws('|', {})", chunks.join(", ")),
-        };
-        Some(self.portable_row_hash(&text))
     }
 }
 

@@ -5,7 +5,9 @@
 
 use std::path::Path;
 
-use fixpoint_core::engine::{fingerprint, Engine, Filter, Scope};
+use fixpoint_core::fingerprint::compute::{fingerprint, Filter, Scope};
+
+use fixpoint_core::engine::Engine;
 use fixpoint_core::{Fingerprint, Job, Method, RunDate, Sql, TableName};
 
 /// An engine the scenarios run on.
@@ -152,7 +154,7 @@ impl EngineUnderTest for SparkUnderTest {
         for r in dbs.rows {
             let name = r[0].display().trim_matches('"').to_owned();
             if name != "default" {
-                let stmt = format!("DROP DATABASE IF EXISTS {} CASCADE", fixpoint_core::ident::quote_ident(&name));
+                let stmt = format!("DROP DATABASE IF EXISTS {} CASCADE", fixpoint_core::job::ident::quote_ident(&name));
                 spark.execute(&Sql::raw(stmt)).unwrap_or_else(|e| panic!("{e}"));
             }
         }
@@ -224,7 +226,7 @@ pub fn rewrite(engine: &mut dyn Engine, table: &str, select: &str) {
             "CREATE TABLE {new} AS {select};\nDROP TABLE {old};\nALTER TABLE {new} RENAME TO {name}",
             new = new.quoted(),
             old = t.quoted(),
-            name = fixpoint_core::ident::quote_ident(&t.table)
+            name = fixpoint_core::job::ident::quote_ident(&t.table)
         ),
     );
 }
@@ -244,9 +246,9 @@ pub fn change_order_3(engine: &mut dyn Engine) {
 /// rolls back); without transactions (Spark) the commit point is the one
 /// statement that overwrites the partitions: after it, the run's output is
 /// in place, complete, with no ledger row (the next run rewrites and records it).
-pub fn before_commit_point(engine: &dyn Engine, point: fixpoint_core::FailPoint) -> bool {
+pub fn before_commit_point(engine: &mut dyn Engine, point: fixpoint_core::FailPoint) -> bool {
     use fixpoint_core::FailPoint::*;
-    engine.transactional() || matches!(point, AfterGuards | AfterDelete | MidInsert)
+    engine.leases().is_none() || matches!(point, AfterGuards | AfterDelete | MidInsert)
 }
 
 /// A job from TOML text.

@@ -1,7 +1,8 @@
 //! Audits before publish, run on every engine: each kind passing and
 //! failing; a blocking failure publishes nothing; warnings are recorded.
 
-use fixpoint_core::{ledger, Error, ErrorClass, RunOptions};
+use fixpoint_core::{Error, ErrorClass, RunOptions};
+use fixpoint_core::run::ledger;
 use fixpoint_scenarios::*;
 
 fn with_audits(audits: &str) -> fixpoint_core::Job {

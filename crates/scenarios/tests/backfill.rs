@@ -1,6 +1,6 @@
 //! backfill and status scenarios, run on every engine.
 
-use fixpoint_core::backfill::{backfill, done_dates, status, status_range, BackfillOptions, DateOutcome, DateState};
+use fixpoint_core::tools::backfill::{backfill, done_dates, status, status_range, BackfillOptions, DateOutcome, DateState};
 use fixpoint_core::{Engine, FailPoint, FaultAction, RunDate, RunOptions};
 use fixpoint_scenarios::*;
 

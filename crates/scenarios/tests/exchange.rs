@@ -7,8 +7,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use fixpoint_core::backfill::{backfill, backfill_parallel, BackfillOptions, DateOutcome};
-use fixpoint_core::{ledger, Engine, Error, FailPoint, FaultAction, RunOptions, RunReport, Sql};
+use fixpoint_core::tools::backfill::{backfill, backfill_parallel, BackfillOptions, DateOutcome};
+use fixpoint_core::{Engine, Error, FailPoint, FaultAction, RunOptions, RunReport, Sql};
+use fixpoint_core::run::ledger;
 use fixpoint_postgres::Postgres;
 use fixpoint_scenarios::*;
 
@@ -293,13 +294,13 @@ fn a_parallel_backfill_ends_as_the_sequential_one() {
     let again = backfill_parallel(&job, &dates, 3, &connect, &BackfillOptions::default(), |_| {});
     assert!(again.iter().all(|o| matches!(o, DateOutcome::Done(r) if r.outcome == "skipped")), "{again:?}");
     // Found done through the parent, in one grouped scan of its partitions.
-    let done = fixpoint_core::backfill::done_dates(&job, &dates, &mut db).unwrap();
+    let done = fixpoint_core::tools::backfill::done_dates(&job, &dates, &mut db).unwrap();
     assert_eq!(done.len(), 4);
     assert_eq!(done[&d("2026-10-20")].output_rows, 4);
 
     // A failed date stops the backfill from starting new dates; nothing of it is committed.
     exec(&mut db, CHANGE_THE_20TH);
-    let mut done: Vec<String> = fixpoint_core::backfill::done_dates(&job, &dates, &mut db).unwrap().keys().map(|d| d.to_string()).collect();
+    let mut done: Vec<String> = fixpoint_core::tools::backfill::done_dates(&job, &dates, &mut db).unwrap().keys().map(|d| d.to_string()).collect();
     done.sort();
     assert_eq!(done, ["2026-10-18", "2026-10-19", "2026-10-21"], "the changed 20th is not done");
     let opts = BackfillOptions {

@@ -1,6 +1,7 @@
 //! Double-fired runs on PostgreSQL: the same job and partition at the same
 //! moment serialize on an advisory lock; the final state equals one run.
 
+use fixpoint_core::engine::Locks;
 use fixpoint_core::{Engine, Error, FailPoint, FaultAction, RunOptions};
 use fixpoint_postgres::Postgres;
 use fixpoint_scenarios::*;

@@ -4,8 +4,9 @@
 
 use std::path::PathBuf;
 
-use fixpoint_core::backfill::{status, DateState};
-use fixpoint_core::{ledger, Error, ErrorClass, Job};
+use fixpoint_core::tools::backfill::{status, DateState};
+use fixpoint_core::{Error, ErrorClass, Job};
+use fixpoint_core::run::ledger;
 use fixpoint_scenarios::*;
 
 /// A folder for one test's bronze files and job file.
@@ -355,12 +356,12 @@ sql = "SELECT order_id, total, :run_date AS dt FROM input"
     let mut db = e.fresh();
     let db = db.as_mut();
     let opts = fixpoint_core::RunOptions::default();
-    let (w, err) = fixpoint_core::lookback::run_window(&job, d("2026-10-20"), db, &opts, None);
+    let (w, err) = fixpoint_core::tools::lookback::run_window(&job, d("2026-10-20"), db, &opts, None);
     assert!(err.is_none(), "{err:?}");
     assert_eq!(w.written, 3);
     // A late row lands in the 19th's file.
     lake.text("daily/2026-10-19/orders.csv", "order_id,total\n1,19.00\n2,5.00\n3,7.00\n");
-    let (w, err) = fixpoint_core::lookback::run_window(&job, d("2026-10-20"), db, &opts, None);
+    let (w, err) = fixpoint_core::tools::lookback::run_window(&job, d("2026-10-20"), db, &opts, None);
     assert!(err.is_none(), "{err:?}");
     let actions: Vec<(&str, &str)> = w.days.iter().map(|x| (x.run_date.as_str(), x.action.as_str())).collect();
     assert_eq!(actions, [("2026-10-18", "skipped"), ("2026-10-19", "reloaded"), ("2026-10-20", "skipped")]);
@@ -369,14 +370,14 @@ sql = "SELECT order_id, total, :run_date AS dt FROM input"
     // A backfill over the window finds every day done from the files' hashes;
     // a replaced file reruns its day only.
     let days = fixpoint_core::RunDate::range(d("2026-10-18"), d("2026-10-20"));
-    let done = fixpoint_core::backfill::done_dates(&job, &days, db).unwrap();
+    let done = fixpoint_core::tools::backfill::done_dates(&job, &days, db).unwrap();
     assert_eq!(done.len(), 3);
     assert_eq!(done[&d("2026-10-19")].output_rows, 3);
     lake.text("daily/2026-10-18/orders.csv", "order_id,total\n1,18.50\n2,5.00\n");
-    let outcomes: Vec<String> = fixpoint_core::backfill::backfill(&job, &days, db, &Default::default(), |_| {})
+    let outcomes: Vec<String> = fixpoint_core::tools::backfill::backfill(&job, &days, db, &Default::default(), |_| {})
         .into_iter()
         .map(|o| match o {
-            fixpoint_core::backfill::DateOutcome::Done(r) => r.outcome,
+            fixpoint_core::tools::backfill::DateOutcome::Done(r) => r.outcome,
             other => format!("{other:?}"),
         })
         .collect();

@@ -22,7 +22,7 @@
 //! `partition`, the whole table); a run failed on purpose after its
 //! overwrite leaves its output without a ledger row, and a merge failed
 //! between recording its tombstones and its rewrite leaves the tombstones,
-//! as the README documents; the model predicts both.
+//! as docs/engines.md documents; the model predicts both.
 //!
 //! A plain-Rust model of each job predicts every run before it is compared:
 //! committed (with the report's counts), skipped (nothing to do), or
@@ -39,7 +39,7 @@
 //! FIXPOINT_HISTORIES=10000 cargo test --workspace --test histories -- --nocapture
 //! ```
 //!
-//! prints the figures recorded in RELIABILITY.md. Each test prints its seed;
+//! prints the figures recorded in docs/reliability.md. Each test prints its seed;
 //! a failure prints the minimal failing history and the command that runs
 //! it again (`FIXPOINT_HISTORY_SEED`, `FIXPOINT_HISTORY_THREADS=1`).
 
@@ -47,8 +47,9 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
-use fixpoint_core::backfill::{backfill, BackfillOptions, DateOutcome};
-use fixpoint_core::{ledger, Error, ErrorClass, FailPoint, FaultAction, Job, RunOptions, RunReport};
+use fixpoint_core::tools::backfill::{backfill, BackfillOptions, DateOutcome};
+use fixpoint_core::{Error, ErrorClass, FailPoint, FaultAction, Job, RunOptions, RunReport};
+use fixpoint_core::run::ledger;
 use fixpoint_scenarios::*;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
@@ -395,7 +396,7 @@ impl MergeModel {
             .collect()
     }
 
-    /// The merge of `rows` as one batch, step by step as the README's
+    /// The merge of `rows` as one batch, step by step as docs/strategies.md
     /// merge runs it: keep one row per key (newest version, tombstone
     /// first, then the values' order); `on_tie = "error"`: refuse a key
     /// with another upsert at its kept upsert's version that differs;
@@ -486,7 +487,7 @@ impl MergeModel {
         out
     }
 
-    /// The README's contract, said another way: for every key, the winner
+    /// The merge contract (docs/strategies.md), said another way: for every key, the winner
     /// among every row of every committed batch (newest version, then a
     /// tombstone, then the values' order); absent if a tombstone.
     fn contract_rows(&self) -> Vec<Vec<String>> {

@@ -1,8 +1,9 @@
 //! Late-arriving data, run on every engine: a run with `lookback` reloads
 //! exactly the days whose input changed, anchored to the run date.
 
-use fixpoint_core::lookback::{run_window, WindowReport};
-use fixpoint_core::{ledger, Error, FailPoint, FaultAction, RunOptions};
+use fixpoint_core::tools::lookback::{run_window, WindowReport};
+use fixpoint_core::{Error, FailPoint, FaultAction, RunOptions};
+use fixpoint_core::run::ledger;
 use fixpoint_scenarios::*;
 
 fn actions(w: &WindowReport) -> Vec<(String, String)> {

@@ -1,6 +1,7 @@
 //! merge scenarios, run on every engine, and a randomized model test.
 
-use fixpoint_core::{ledger, Error, FailPoint, FaultAction, RunOptions, RunReport};
+use fixpoint_core::{Error, FailPoint, FaultAction, RunOptions, RunReport};
+use fixpoint_core::run::ledger;
 use fixpoint_scenarios::*;
 
 const CHANGES: &str = "
@@ -72,7 +73,7 @@ fn seed_feed_replays_and_out_of_order(e: &dyn EngineUnderTest) {
     let after_tue = target(db);
     // The output fingerprint is that of the batch's keys as the target holds them.
     {
-        use fixpoint_core::engine::{fingerprint, Filter, Scope};
+        use fixpoint_core::fingerprint::compute::{fingerprint, Filter, Scope};
         let t = fixpoint_core::TableName::parse("silver.orders").unwrap();
         let cols = db.table_columns(&t).unwrap().unwrap();
         let scope = Scope::Table { table: &t, filter: Some(Filter::Predicate("order_id IN (1, 4)")) };
@@ -378,7 +379,7 @@ fn written_types_differ_from_the_source(e: &dyn EngineUnderTest) {
     exec(db, "CREATE TABLE silver.orders (order_id BIGINT, customer_id BIGINT, order_total DECIMAL(10,2), currency VARCHAR, updated_at TIMESTAMP, dt DATE, op VARCHAR)");
     let t = fixpoint_core::TableName::parse("silver.orders").unwrap();
     let check = |db: &mut dyn fixpoint_core::Engine, r: &RunReport, keys: &str| {
-        use fixpoint_core::engine::{fingerprint, Filter, Scope};
+        use fixpoint_core::fingerprint::compute::{fingerprint, Filter, Scope};
         let cols = db.table_columns(&t).unwrap().unwrap();
         let filter = format!("order_id IN ({keys})");
         let scope = Scope::Table { table: &t, filter: Some(Filter::Predicate(&filter)) };
@@ -413,7 +414,7 @@ fn unpartitioned_merge_is_refused_on_spark(e: &dyn EngineUnderTest) {
 }
 
 fn merge_backfills_batch_by_batch(e: &dyn EngineUnderTest) {
-    use fixpoint_core::backfill::{backfill, BackfillOptions, DateOutcome};
+    use fixpoint_core::tools::backfill::{backfill, BackfillOptions, DateOutcome};
     let mut db = e.fresh();
     let db = db.as_mut();
     seed(db);
@@ -432,7 +433,7 @@ fn merge_backfills_batch_by_batch(e: &dyn EngineUnderTest) {
 }
 
 fn generated_target_key_is_found(e: &dyn EngineUnderTest) {
-    use fixpoint_core::lint::{lint_target, Severity};
+    use fixpoint_core::tools::lint::{lint_target, Severity};
     let mut db = e.fresh();
     let db = db.as_mut();
     exec(db, "CREATE SCHEMA silver;\nCREATE SEQUENCE silver.order_ids;\nCREATE TABLE silver.orders (order_id BIGINT DEFAULT nextval('silver.order_ids'), customer_id BIGINT, order_total DECIMAL(12,2), currency VARCHAR, updated_at TIMESTAMP, dt DATE, op VARCHAR)");
@@ -607,8 +608,8 @@ fn duckdb_plans_agree_on_upserts() {
         let db = engines[0].as_mut();
         let cols = db.table_columns(&table).unwrap().unwrap();
         let filter = format!("order_id IN ({})", keys.join(", "));
-        let scope = fixpoint_core::engine::Scope::Table { table: &table, filter: Some(fixpoint_core::engine::Filter::Predicate(&filter)) };
-        assert_eq!(fixpoint_core::engine::fingerprint(db, fixpoint_core::Method::Native, &scope, &cols).unwrap(), reports[0].output(), "{day}");
+        let scope = fixpoint_core::fingerprint::compute::Scope::Table { table: &table, filter: Some(fixpoint_core::fingerprint::compute::Filter::Predicate(&filter)) };
+        assert_eq!(fixpoint_core::fingerprint::compute::fingerprint(db, fixpoint_core::Method::Native, &scope, &cols).unwrap(), reports[0].output(), "{day}");
     }
     assert_eq!(count(engines[0].as_mut(), "SELECT count(*) FROM silver.orders"), 5);
 }

@@ -2,7 +2,7 @@
 //! DuckDB and in PostgreSQL give the same checksum, and one changed value
 //! changes it on both.
 
-use fixpoint_core::engine::{fingerprint, Scope};
+use fixpoint_core::fingerprint::compute::{fingerprint, Scope};
 use fixpoint_core::{Engine, Fingerprint, Method, TableName};
 use fixpoint_scenarios::*;
 
@@ -86,7 +86,7 @@ fn the_portable_checksum_agrees_between_duckdb_and_postgres() {
 
 #[test]
 fn diff_between_duckdb_and_postgres_reports_exactly_the_changed_row() {
-    use fixpoint_core::diff::{diff, DiffOptions, Sides};
+    use fixpoint_core::tools::diff::{diff, DiffOptions, Sides};
     let Some((mut duck, mut pg)) = both() else { return };
     let t = TableName::parse("s.t").unwrap();
     let key = DiffOptions { key: vec!["id".into()], ..Default::default() };
@@ -133,10 +133,10 @@ fn postgres_writes_each_float_as_its_bits() {
         "1.7976931348623157e308", "-8.98846567431158e307", "0.1", "0.30000000000000004", "1", "0.5", "1e300", "-1234.5", "1.0000000000000002",
     ];
     let col = fixpoint_core::engine::Column { name: "v".into(), ty: "double precision".into() };
-    let (text, class) = pg.portable_value("x.v", &col);
+    let (text, class) = pg.dialect().portable_value("x.v", &col);
     assert_eq!(class, "float");
     let literals: Vec<String> = values.iter().enumerate().map(|(i, v)| format!("({i}, CAST('{v}' AS DOUBLE PRECISION))")).collect();
-    let rows = pg.query(&fixpoint_core::sql::Sql::raw(format!("SELECT x.i, {text} FROM (VALUES {}) AS x(i, v) ORDER BY x.i", literals.join(", ")))).unwrap();
+    let rows = pg.query(&fixpoint_core::job::sql::Sql::raw(format!("SELECT x.i, {text} FROM (VALUES {}) AS x(i, v) ORDER BY x.i", literals.join(", ")))).unwrap();
     let got: Vec<String> = rows.rows.iter().map(|r| r[1].display().trim_matches('"').to_owned()).collect();
     let want: Vec<String> = values
         .iter()
@@ -145,8 +145,8 @@ fn postgres_writes_each_float_as_its_bits() {
     assert_eq!(got, want);
     // A REAL is widened exactly.
     let real = fixpoint_core::engine::Column { name: "v".into(), ty: "real".into() };
-    let (text, _) = pg.portable_value("x.v", &real);
-    let rows = pg.query(&fixpoint_core::sql::Sql::raw(format!("SELECT {text} FROM (VALUES (CAST('0.1' AS REAL))) AS x(v)"))).unwrap();
+    let (text, _) = pg.dialect().portable_value("x.v", &real);
+    let rows = pg.query(&fixpoint_core::job::sql::Sql::raw(format!("SELECT {text} FROM (VALUES (CAST('0.1' AS REAL))) AS x(v)"))).unwrap();
     assert_eq!(rows.rows[0][0].display().trim_matches('"'), f64::from(0.1f32).to_bits().to_string());
 }
 
@@ -346,7 +346,7 @@ fn load_generated(db: &mut dyn Engine, dialect: &Dialect, rows: &[Vec<Gen>]) {
         let values: Vec<String> =
             batch.iter().map(|r| format!("({})", r.iter().map(|v| literal(v, dialect)).collect::<Vec<_>>().join(", "))).collect();
         // Run as it is: values hold newlines and semicolons, which `exec` would split on.
-        db.execute(&fixpoint_core::sql::Sql::raw(format!("INSERT INTO s.g VALUES {}", values.join(",\n"))))
+        db.execute(&fixpoint_core::job::sql::Sql::raw(format!("INSERT INTO s.g VALUES {}", values.join(",\n"))))
             .unwrap_or_else(|e| panic!("loading the generated rows: {e}"));
     }
 }

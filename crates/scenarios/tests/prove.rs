@@ -1,8 +1,9 @@
 //! `prove`'s mutation check and `diff`, run on every engine.
 
-use fixpoint_core::diff::{diff, DiffOptions, Sides};
-use fixpoint_core::prove::{prove, ProveOptions};
-use fixpoint_core::{ledger, Engine, ErrorClass, TableName};
+use fixpoint_core::tools::diff::{diff, DiffOptions, Sides};
+use fixpoint_core::tools::prove::{prove, ProveOptions};
+use fixpoint_core::{Engine, ErrorClass, TableName};
+use fixpoint_core::run::ledger;
 use fixpoint_scenarios::*;
 
 fn opts(mutate_key: &[(&str, &str)]) -> ProveOptions {

@@ -1,6 +1,7 @@
 //! replace_partition scenarios, run on every engine.
 
-use fixpoint_core::{ledger, Error, FailPoint, FaultAction, RunOptions};
+use fixpoint_core::{Error, FailPoint, FaultAction, RunOptions};
+use fixpoint_core::run::ledger;
 use fixpoint_scenarios::*;
 
 fn force() -> RunOptions {
@@ -294,7 +295,7 @@ fn target_is_created_and_checked(e: &dyn EngineUnderTest) {
 }
 
 fn fingerprints_are_order_independent_and_collision_resistant(e: &dyn EngineUnderTest) {
-    use fixpoint_core::engine::{fingerprint, Scope};
+    use fixpoint_core::fingerprint::compute::{fingerprint, Scope};
     use fixpoint_core::{Method, TableName};
     let mut db = e.fresh();
     let db = db.as_mut();
@@ -338,7 +339,7 @@ INSERT INTO t.b VALUES ('u', 'v', 3, 'w'), ('p', 'q', 1, '1'), ('r', NULL, 2, ''
 
 #[test]
 fn the_seed_jobs_lint_clean() {
-    use fixpoint_core::lint::{lint, SqlDialect};
+    use fixpoint_core::tools::lint::{lint, SqlDialect};
     for dialect in [SqlDialect::DuckDb, SqlDialect::Postgres] {
         assert_eq!(lint(&job(SILVER_JOB), dialect).unwrap(), vec![]);
     }

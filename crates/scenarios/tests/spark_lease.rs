@@ -10,14 +10,15 @@
 mod spark {
     use std::time::Duration;
 
-    use fixpoint_core::{ledger, Error, FailPoint, FaultAction, RunOptions, Sql};
+    use fixpoint_core::{Error, FailPoint, FaultAction, RunOptions, Sql};
+    use fixpoint_core::run::ledger;
     use fixpoint_scenarios::*;
 
     /// The views of a lease's generations (`fixpoint.lease__<hash>__g<n>`),
     /// read with plain SQL, oldest first: (name, properties).
     fn lease_views(db: &mut dyn fixpoint_core::Engine, job: &str, target: &str, scope: &str) -> Vec<(String, Vec<(String, String)>)> {
         let key = format!("fixpoint:{job}:{target}:{scope}");
-        let prefix = format!("lease__{}__g", &fixpoint_core::runkey::hash_hex(&["fixpoint-lease-v2", &key])[..16]);
+        let prefix = format!("lease__{}__g", &fixpoint_core::job::digest::hash_hex(&["fixpoint-lease-v2", &key])[..16]);
         let Ok(listed) = db.query(&Sql::raw(format!("SHOW VIEWS IN fixpoint LIKE '{prefix}*'"))) else { return Vec::new() };
         let mut views: Vec<(u64, String)> = listed
             .rows
@@ -98,7 +99,7 @@ mod spark {
         exec(db.as_mut(), BRONZE);
         let job = job(SILVER_JOB);
         let key = "fixpoint:silver_orders:silver.orders:2026-10-20";
-        let prefix = format!("fixpoint.lease__{}__g", &fixpoint_core::runkey::hash_hex(&["fixpoint-lease-v2", key])[..16]);
+        let prefix = format!("fixpoint.lease__{}__g", &fixpoint_core::job::digest::hash_hex(&["fixpoint-lease-v2", key])[..16]);
         let lease = |g: u64, owner: &str, expires: &str| {
             format!("CREATE VIEW {prefix}{g} TBLPROPERTIES ('fixpoint.owner' = '{owner}', 'fixpoint.expires_ms' = '{expires}') AS SELECT 1 AS held")
         };

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use arrow_array::RecordBatch;
-use fixpoint_core::sql::Value;
+use fixpoint_core::job::sql::Value;
 use spark_connect_proto as pb;
 use spark_connect_proto::spark_connect_service_client::SparkConnectServiceClient;
 use tonic::transport::Channel;

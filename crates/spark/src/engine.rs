@@ -6,9 +6,9 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::*;
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::{DataType, TimeUnit};
-use fixpoint_core::engine::{Column, Engine, Rows};
-use fixpoint_core::ident::{quote_ident, TableName};
-use fixpoint_core::sql::{Sql, Value};
+use fixpoint_core::engine::{Column, Dialect, Engine, Leases, Rows};
+use fixpoint_core::job::ident::{quote_ident, TableName};
+use fixpoint_core::job::sql::{Sql, Value};
 use fixpoint_core::{Error, Result};
 
 use crate::client::{Client, SparkError};
@@ -202,6 +202,45 @@ impl Engine for Spark {
         }
     }
 
+    /// A view (the metastore's `Type` of the relation), or `None`.
+    fn relation_kind(&mut self, table: &TableName) -> Result<Option<String>> {
+        let rows = match self.client.query(&format!("DESCRIBE TABLE EXTENDED {}", table.quoted()), &[]) {
+            Ok(b) => to_rows(&b)?,
+            Err(e) if e.error_class.as_deref() == Some("TABLE_OR_VIEW_NOT_FOUND") => return Ok(None),
+            Err(e) => return Err(err("describing a table")(e)),
+        };
+        let view = rows.rows.iter().any(|r| {
+            r.first().and_then(|v| v.as_str()) == Some("Type") && r.get(1).and_then(|v| v.as_str()).is_some_and(|t| t.eq_ignore_ascii_case("VIEW"))
+        });
+        Ok(view.then(|| "a view".to_owned()))
+    }
+
+    /// Spark has no information_schema in its session catalog, and its
+    /// column defaults must be constants (no sequences, no uuid()): no
+    /// generated keys to find.
+    fn column_defaults(&mut self, _table: &TableName) -> Result<Vec<(String, String)>> {
+        Ok(Vec::new())
+    }
+
+    fn add_column(&mut self, table: &TableName, column: &Column) -> Result<()> {
+        if self.table_columns(table)?.is_some_and(|cols| cols.iter().any(|c| c.name == column.name)) {
+            return Ok(());
+        }
+        self.check_leases(true)?;
+        let stmt = format!("ALTER TABLE {} ADD COLUMNS ({} {})", table.quoted(), quote_ident(&column.name), column.ty);
+        self.client.execute(&stmt, &[]).map_err(err(&stmt))
+    }
+
+    fn dialect(&self) -> &dyn Dialect {
+        self
+    }
+
+    fn leases(&mut self) -> Option<&mut dyn Leases> {
+        Some(self)
+    }
+}
+
+impl Dialect for Spark {
     fn native_row_hash(&self, alias: &str, columns: &[Column]) -> Option<String> {
         // Spark's xxhash64 skips NULL arguments, so (NULL, 'a') would hash
         // as ('a', NULL): each value is followed by its NULL flag.
@@ -265,30 +304,16 @@ impl Engine for Spark {
         "STRING"
     }
 
-    fn transactional(&self) -> bool {
-        false
+    fn read_sum(&self, v: &Value) -> Result<i128> {
+        match v {
+            Value::Null => Ok(0),
+            Value::Text(s) => s.parse::<i128>().map_err(|_| Error::Internal(format!("spark: a checksum sum came back as {s:?}"))),
+            other => other.as_i128().ok_or_else(|| Error::Internal(format!("spark: a checksum sum came back as {other:?}"))),
+        }
     }
+}
 
-    /// A view (the metastore's `Type` of the relation), or `None`.
-    fn relation_kind(&mut self, table: &TableName) -> Result<Option<String>> {
-        let rows = match self.client.query(&format!("DESCRIBE TABLE EXTENDED {}", table.quoted()), &[]) {
-            Ok(b) => to_rows(&b)?,
-            Err(e) if e.error_class.as_deref() == Some("TABLE_OR_VIEW_NOT_FOUND") => return Ok(None),
-            Err(e) => return Err(err("describing a table")(e)),
-        };
-        let view = rows.rows.iter().any(|r| {
-            r.first().and_then(|v| v.as_str()) == Some("Type") && r.get(1).and_then(|v| v.as_str()).is_some_and(|t| t.eq_ignore_ascii_case("VIEW"))
-        });
-        Ok(view.then(|| "a view".to_owned()))
-    }
-
-    /// Spark has no information_schema in its session catalog, and its
-    /// column defaults must be constants (no sequences, no uuid()): no
-    /// generated keys to find.
-    fn column_defaults(&mut self, _table: &TableName) -> Result<Vec<(String, String)>> {
-        Ok(Vec::new())
-    }
-
+impl Leases for Spark {
     /// A lease is a generation of views `fixpoint.lease__<hash>__g<n>`,
     /// taken in one atomic step, renewed while the run lives, checked
     /// before every write (see the `lease` module).
@@ -337,15 +362,6 @@ impl Engine for Spark {
         self.client.execute(&stmt, &[]).map_err(err(&stmt))
     }
 
-    fn add_column(&mut self, table: &TableName, column: &Column) -> Result<()> {
-        if self.table_columns(table)?.is_some_and(|cols| cols.iter().any(|c| c.name == column.name)) {
-            return Ok(());
-        }
-        self.check_leases(true)?;
-        let stmt = format!("ALTER TABLE {} ADD COLUMNS ({} {})", table.quoted(), quote_ident(&column.name), column.ty);
-        self.client.execute(&stmt, &[]).map_err(err(&stmt))
-    }
-
     fn partition_columns(&mut self, table: &TableName) -> Result<Vec<String>> {
         self.described_partitions(table)
     }
@@ -363,14 +379,6 @@ impl Engine for Spark {
         self.check_leases(true)?;
         self.client.execute(&text, std::slice::from_ref(value)).map_err(err(&text))?;
         self.check_leases(false)
-    }
-
-    fn read_sum(&self, v: &Value) -> Result<i128> {
-        match v {
-            Value::Null => Ok(0),
-            Value::Text(s) => s.parse::<i128>().map_err(|_| Error::Internal(format!("spark: a checksum sum came back as {s:?}"))),
-            other => other.as_i128().ok_or_else(|| Error::Internal(format!("spark: a checksum sum came back as {other:?}"))),
-        }
     }
 }
 

@@ -37,8 +37,8 @@ use std::collections::HashMap;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use fixpoint_core::ident::{quote_ident, TableName};
-use fixpoint_core::sql::Value;
+use fixpoint_core::job::ident::{quote_ident, TableName};
+use fixpoint_core::job::sql::Value;
 use fixpoint_core::{Error, Result};
 
 use crate::client::{Client, SparkError};
@@ -46,13 +46,13 @@ use crate::engine::to_rows;
 
 /// The database the views live in (the ledger's).
 fn database() -> &'static str {
-    fixpoint_core::ledger::SCHEMA
+    fixpoint_core::run::ledger::SCHEMA
 }
 
 /// `lease__<hash of the scope>__g`: a generation's view name is this
 /// followed by its number.
 pub(crate) fn prefix(scope: &str) -> String {
-    let h = &fixpoint_core::runkey::hash_hex(&["fixpoint-lease-v2", scope])[..16];
+    let h = &fixpoint_core::job::digest::hash_hex(&["fixpoint-lease-v2", scope])[..16];
     format!("lease__{h}__g")
 }
 

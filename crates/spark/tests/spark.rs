@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use fixpoint_core::engine::{fingerprint, Scope};
-use fixpoint_core::sql::{Sql, Value};
+use fixpoint_core::fingerprint::compute::{fingerprint, Scope};
+use fixpoint_core::job::sql::{Sql, Value};
 use fixpoint_core::{Engine, Error, Method, TableName};
 use fixpoint_spark::Spark;
 
@@ -140,7 +140,7 @@ fn the_cluster_writes_each_float_as_its_bits() {
         }
     }
     let col = fixpoint_core::engine::Column { name: "v".into(), ty: "double".into() };
-    let (text, class) = db.portable_value("x.v", &col);
+    let (text, class) = db.dialect().portable_value("x.v", &col);
     assert_eq!(class, "float");
     let literals: Vec<String> = values.iter().enumerate().map(|(i, v)| format!("({i}, CAST('{v}' AS DOUBLE))")).collect();
     let rows = db.query(&Sql::raw(format!("SELECT x.i, {text} FROM VALUES {} AS x(i, v) ORDER BY x.i", literals.join(", ")))).unwrap();

@@ -1,0 +1,114 @@
+//! The run protocol: options (fail points for tests), the fence of a run's
+//! scope, its transaction, and step timings.
+
+use std::time::Instant;
+
+use crate::engine::Engine;
+use crate::error::{Error, FailPoint, Result};
+use crate::job::spec::Job;
+
+/// What to do at a fail point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultAction {
+    /// Return [`Error::Injected`]; the plan rolls back.
+    Error,
+    /// Abort the process on the spot, like `kill -9`.
+    Abort,
+    /// Sleep this many milliseconds there, then go on (to make concurrent
+    /// runs overlap in tests).
+    Pause(u64),
+}
+
+/// Options of one run.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Rewrite even when the target already holds this run's output.
+    pub force: bool,
+    /// Fail on purpose at a step boundary (tests, proofs, the demo).
+    pub fault: Option<(FailPoint, FaultAction)>,
+    /// When another run holds the job's lock, fail at once (exit 5) instead of waiting.
+    pub no_wait: bool,
+}
+
+/// Takes the run's lock (inside its transaction): one job, one scope at a time.
+pub(crate) fn fence(engine: &mut dyn Engine, job: &Job, scope: &str, opts: &RunOptions) -> Result<()> {
+    let key = format!("fixpoint:{}:{}:{scope}", job.name, job.target);
+    if crate::engine::lock_scope(engine, &key, !opts.no_wait)? {
+        Ok(())
+    } else {
+        Err(Error::Busy { message: format!("another run of job {} holds the lock on {} ({scope}); --no-wait was given", job.name, job.target) })
+    }
+}
+
+impl RunOptions {
+    pub(crate) fn step(&self, at: FailPoint) -> Result<()> {
+        match self.fault {
+            Some((p, FaultAction::Error)) if p == at => Err(Error::Injected(at)),
+            Some((p, FaultAction::Abort)) if p == at => std::process::abort(),
+            Some((p, FaultAction::Pause(ms))) if p == at => {
+                eprintln!("fixpoint: pausing {ms} ms at fail point {} (test mode)", at.name());
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A run's wall time in whole milliseconds, rounded to the nearest (not
+/// truncated: the benchmarks compare it with times measured in fractions of
+/// a millisecond, and truncating would shave ~0.5 ms off every run).
+pub(crate) fn elapsed_ms(started: Instant) -> u64 {
+    (started.elapsed().as_secs_f64() * 1000.0).round() as u64
+}
+
+/// Step timings on stderr when `FIXPOINT_TRACE` is set (for profiling),
+/// with the process's minor page faults (first touches of memory) of each
+/// step where the system tells them (Linux).
+pub(crate) struct Trace {
+    on: bool,
+    last: Instant,
+    faults: u64,
+}
+
+/// This process's minor page faults so far (`/proc/self/stat`, field 10;
+/// 0 where there is none).
+pub fn minor_faults() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The command name (field 2) may hold spaces: count after its ')'.
+    stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(7)).and_then(|f| f.parse().ok()).unwrap_or(0)
+}
+
+impl Trace {
+    pub(crate) fn new() -> Trace {
+        let on = std::env::var_os("FIXPOINT_TRACE").is_some();
+        Trace { on, last: Instant::now(), faults: if on { minor_faults() } else { 0 } }
+    }
+
+    pub(crate) fn step(&mut self, what: &str) {
+        if self.on {
+            let now = Instant::now();
+            let faults = minor_faults();
+            eprintln!("fixpoint: {what:<24} {:>8.1} ms {:>7} faults", (now - self.last).as_secs_f64() * 1000.0, faults.saturating_sub(self.faults));
+            self.last = now;
+            self.faults = faults;
+        }
+    }
+}
+
+/// Runs `body` inside a transaction: commit on success, roll back on error.
+pub(crate) fn in_transaction<T>(engine: &mut dyn Engine, body: impl FnOnce(&mut dyn Engine) -> Result<T>) -> Result<T> {
+    engine.begin()?;
+    match body(engine) {
+        Ok(v) => {
+            engine.commit()?;
+            Ok(v)
+        }
+        Err(e) => {
+            // The original error is what the user needs; a failed rollback
+            // (connection gone) leaves nothing committed either way.
+            let _ = engine.rollback();
+            Err(e)
+        }
+    }
+}
