@@ -121,7 +121,6 @@ struct Case {
     special: Special,
     /// The fragment on an engine that words the error its own way.
     worded: Vec<(Eng, String)>,
-    /// Engines the case does not apply to, and why.
 }
 
 fn case(name: &'static str, job: Option<String>, args: &[&str], code: i32, needle: &str) -> Case {

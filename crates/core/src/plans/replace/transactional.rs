@@ -20,355 +20,450 @@ use crate::run::report::{entry, skipped, RunReport};
 use crate::run::sqlerror::first_row;
 use crate::plans::steps::{check_source_columns, fingerprinted};
 
+/// The columns a run works with, read before its transaction.
+struct Shape {
+    /// The source query's columns.
+    source: Vec<Column>,
+    /// The target's columns (with those schema drift adds), `None` when it
+    /// does not exist yet.
+    target: Option<Vec<Column>>,
+    /// The source's new columns the run adds to the target.
+    added: Vec<Column>,
+    /// The fingerprinted columns of the input and of the output.
+    input: Vec<Column>,
+    output: Vec<Column>,
+}
+
+/// What the guards found before anything was written.
+struct Guarded {
+    /// The fingerprint's select list (count only, when the fingerprint is
+    /// taken of the day as written).
+    fp: FingerprintSelect,
+    /// The tap on the insert, when the accelerator counts and hashes the
+    /// rows as they are inserted (the guards then run on its figures).
+    tap: Option<(Sql, u64)>,
+    /// The source's rows (0 when tapped: known after the insert).
+    rows: u64,
+    /// The input fingerprint, when taken before writing.
+    input: Option<Fingerprint>,
+}
+
+/// What writing the day did.
+struct Written {
+    rows_deleted: u64,
+    rows_inserted: u64,
+    method: &'static str,
+    /// The output fingerprint, when the write already knows it (the staged
+    /// table of an exchange, the tapped insert).
+    output: Option<Fingerprint>,
+}
+
+/// One run of `replace_partition` in a transaction.
+struct Day<'a> {
+    job: &'a Job,
+    run_date: RunDate,
+    opts: &'a RunOptions,
+    run_input: &'a RunInput,
+    partition: &'a str,
+    shape: Shape,
+    params: RunParams,
+    job_hash: String,
+    trace: Trace,
+}
+
 pub(super) fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions, run_input: &RunInput, started: Instant) -> Result<RunReport> {
-    let mut trace = Trace::new();
     let started_at = chrono::Utc::now().naive_utc();
     let partition = job.partition.as_deref().ok_or_else(|| Error::Internal("replace_partition without partition".into()))?;
-    let mut params = run_input.params.clone();
+    let mut trace = Trace::new();
+    let shape = describe(job, engine, &run_input.params, partition, &mut trace)?;
+    let mut day = Day { job, run_date, opts, run_input, partition, shape, params: run_input.params.clone(), job_hash: job.definition_hash(), trace };
+    let report = in_transaction(engine, |engine| day.run(engine, started, started_at));
+    day.trace.step("commit");
+    report.map(|mut r| {
+        r.elapsed_ms = elapsed_ms(started);
+        r
+    })
+}
 
-    // 1. Describe the source and check it fits the target.
-    let source_cols = describe_source(job, engine, &params)?;
+/// 1. The source described and checked against the target; schema drift
+///    refused (naming the columns) or the new columns to add.
+fn describe(job: &Job, engine: &mut dyn Engine, params: &RunParams, partition: &str, trace: &mut Trace) -> Result<Shape> {
+    let source = describe_source(job, engine, params)?;
     trace.step("describe source");
-    check_source_columns(job, &source_cols, partition)?;
-    let target_cols = engine.table_columns(&job.target)?;
-    // Schema drift: refused (naming the columns), or new columns to add in
-    // the run's transaction.
-    let added = crate::run::schema::reconcile(engine, job, &source_cols, target_cols.as_deref())?;
-    let target_cols = target_cols.map(|mut cols| {
+    check_source_columns(job, &source, partition)?;
+    let target = engine.table_columns(&job.target)?;
+    let added = crate::run::schema::reconcile(engine, job, &source, target.as_deref())?;
+    let target = target.map(|mut cols| {
         cols.extend(added.iter().cloned());
         cols
     });
     trace.step("describe");
-    let input_cols = fingerprinted(&source_cols, &job.metadata);
-    let output_cols = match &target_cols {
+    let input = fingerprinted(&source, &job.metadata);
+    let output = match &target {
         Some(cols) => fingerprinted(cols, &job.metadata),
-        None => input_cols.clone(),
+        None => input.clone(),
     };
+    Ok(Shape { source, target, added, input, output })
+}
 
-    in_transaction(engine, |engine| {
-        fence(engine, job, &run_date.to_string(), opts)?;
+impl Day<'_> {
+    /// The run in its transaction: the steps in order.
+    fn run(&mut self, engine: &mut dyn Engine, started: Instant, started_at: chrono::NaiveDateTime) -> Result<RunReport> {
+        fence(engine, self.job, &self.run_date.to_string(), self.opts)?;
         ledger::ensure(engine)?;
-        trace.step("begin, ledger");
+        self.trace.step("begin, ledger");
+        let last = self.last_entry(engine)?;
+        let layout = self.layout(engine)?;
+        let exchange = self.job.swap == Swap::Exchange && matches!(layout, DayPartition::Swappable { .. });
 
-        // 2. Guards and input fingerprint in one scan of the source.
-        let job_hash = job.definition_hash();
-        let file_key = run_input.file_key(&job_hash, run_date);
-        let scope = Scope::Table { table: &job.target, filter: Some(Filter::DateEquals(partition, run_date.date())) };
-        let last = if !opts.force && target_cols.is_some() {
-            ledger::entries_of_existing(engine, Some(&job.name), Some(run_date), Some(1))?.into_iter().next()
-        } else {
-            None
-        };
-        trace.step("ledger lookup");
-
-        // How the day is changed: swapped in whole when the target is
-        // partitioned by day (partition exchange), else delete + insert.
-        // With `swap = "delete_insert"` never swapped: a reader whose
-        // snapshot predates the run (REPEATABLE READ, SERIALIZABLE,
-        // pg_dump) would find the swapped-in partition's rows too new for
-        // it, an empty day; deleted rows it still sees (MVCC).
-        let layout = match &target_cols {
-            Some(_) => match engine.partition_exchange() {
-                Some(x) => x.day_partition(&job.target, partition, run_date.date())?,
-                None => DayPartition::NotPartitioned,
-            },
-            None => DayPartition::NotPartitioned,
-        };
-        let exchange = job.swap == Swap::Exchange && matches!(layout, DayPartition::Swappable { .. });
-        trace.step("layout");
-
-        // A file source's run key is known from its files: a retry over the
-        // same files, with the partition as recorded, reads no row.
+        // 2. A file source's run key is known from its files: a retry over
+        //    the same files, with the partition as recorded, reads no row.
+        let file_key = self.run_input.file_key(&self.job_hash, self.run_date);
         if let Some(key) = &file_key {
-            params.run_key = key.clone();
-        }
-        if let (Some(last), Some(key)) = (&last, &file_key) {
-            if let Some(now) = unchanged(engine, &layout, &scope, &output_cols, last, key)? {
-                trace.step("target fp");
-                let input = Fingerprint { kind: last.fingerprint_kind.clone(), rows: last.input_rows, checksum: last.input_checksum.clone() };
-                return Ok(skipped(job, run_date, key, &input, &now, started));
+            self.params.run_key = key.clone();
+            if let Some(last) = &last {
+                if let Some(now) = unchanged(engine, &layout, &self.scope(), &self.shape.output, last, key)? {
+                    self.trace.step("target fp");
+                    let input = Fingerprint { kind: last.fingerprint_kind.clone(), rows: last.input_rows, checksum: last.input_checksum.clone() };
+                    return Ok(skipped(self.job, self.run_date, key, &input, &now, started));
+                }
             }
         }
 
-        // 2. Guards before anything is deleted, in one scan of the source.
-        //    The input fingerprint is taken in the same scan when it is
-        //    needed before writing: to decide a skip, to bind :run_key, or
-        //    because the target's columns differ from the source's. Otherwise
-        //    the guards only count (cheap), and the fingerprint is taken once,
-        //    of the partition as written, in the same transaction.
-        let before_writing = (file_key.is_none() && (last.is_some() || job.source.template().uses_any(&[RunParam::RunKey])))
-            || output_cols != input_cols
-            || engine.dialect().fingerprint_before_writing();
-        // Or, when nothing needs them before writing and the engine can tap
-        //    the insert (DuckDB), the guards and the output fingerprint are
-        //    taken as the rows stream into the delete + insert, and a failed
-        //    guard rolls both back: nothing changes either way, with no scan
-        //    of its own (see `Engine::tap_partition`).
-        let is_date = |cols: &[Column]| cols.iter().any(|c| c.name == partition && c.ty.eq_ignore_ascii_case("DATE"));
-        let tapped = if !before_writing
-            && !exchange
-            && !matches!(opts.fault, Some((FailPoint::MidInsert, _)))
-            && is_date(&source_cols)
-            && target_cols.as_deref().is_none_or(is_date)
-        {
-            // (Only a token: nothing is kept until the insert's rows arrive.)
-            engine.accelerator().and_then(|a| a.tap_partition(&format!("s.{}", quote_ident(partition)), "s", &input_cols, run_date.date()))
+        // 3. The guards, before anything is deleted.
+        let guarded = self.guard(engine, exchange, last.is_some() && file_key.is_none(), file_key.is_none())?;
+
+        // 4. A retry over the same input, with the target still holding the
+        //    recorded output, has nothing to do.
+        if let (Some(input), None) = (&guarded.input, &file_key) {
+            self.params.run_key = run_key(&self.job_hash, self.run_date, input);
+            if let Some(last) = last.as_ref().filter(|l| l.fingerprint_kind == input.kind) {
+                if let Some(now) = unchanged(engine, &layout, &self.scope(), &self.shape.output, last, &self.params.run_key)? {
+                    self.trace.step("target fp");
+                    return Ok(skipped(self.job, self.run_date, &self.params.run_key, input, &now, started));
+                }
+            }
+        }
+        self.opts.step(FailPoint::AfterGuards)?;
+
+        // 5. The target created or given the source's new columns; the day written.
+        let created_target = self.prepare_target(engine)?;
+        let written = match &layout {
+            DayPartition::Swappable { existing } if exchange => self.swap_in(engine, existing.as_ref(), &guarded)?,
+            _ => self.delete_insert(engine, &layout, &guarded)?,
+        };
+
+        // 6. The output fingerprint, checked against the input.
+        let (input, output) = self.fingerprints(engine, &guarded, &written)?;
+        let key = file_key.unwrap_or_else(|| run_key(&self.job_hash, self.run_date, &input));
+
+        // 7. Audits of the day as it will be published, 8. the ledger row.
+        let audits = self.audit(engine, written.rows_deleted)?;
+        let mut report = RunReport::new(self.job, self.run_date, key, "committed", &input, &output);
+        report.rows_deleted = written.rows_deleted;
+        report.rows_inserted = written.rows_inserted;
+        report.created_target = created_target;
+        report.audits = audits;
+        report.input_files = self.run_input.files.clone();
+        report.method = written.method.into();
+        report.method_note = self.method_note(&layout, exchange);
+        ledger::record(engine, &entry(self.job, &self.job_hash, &report, started_at))?;
+        self.opts.step(FailPoint::BeforeCommit)?;
+        self.trace.step("ledger row");
+        Ok(report)
+    }
+
+    /// The day's rows in the target.
+    fn scope(&self) -> Scope<'_> {
+        Scope::Table { table: &self.job.target, filter: Some(Filter::DateEquals(self.partition, self.run_date.date())) }
+    }
+
+    /// The ledger's last entry for this job and date (none with `--force`,
+    /// or before the target exists).
+    fn last_entry(&mut self, engine: &mut dyn Engine) -> Result<Option<ledger::Entry>> {
+        let last = if !self.opts.force && self.shape.target.is_some() {
+            ledger::entries_of_existing(engine, Some(&self.job.name), Some(self.run_date), Some(1))?.into_iter().next()
         } else {
             None
         };
-        let tap = tapped.is_some();
+        self.trace.step("ledger lookup");
+        Ok(last)
+    }
+
+    /// How the target keeps the day. It is swapped in whole when the
+    /// target is partitioned by day (partition exchange), else deleted and
+    /// inserted. With `swap = "delete_insert"` never swapped: a reader
+    /// whose snapshot predates the run (REPEATABLE READ, SERIALIZABLE,
+    /// pg_dump) would find the swapped-in partition's rows too new for it,
+    /// an empty day; deleted rows it still sees (MVCC).
+    fn layout(&mut self, engine: &mut dyn Engine) -> Result<DayPartition> {
+        let layout = match (&self.shape.target, engine.partition_exchange()) {
+            (Some(_), Some(x)) => x.day_partition(&self.job.target, self.partition, self.run_date.date())?,
+            _ => DayPartition::NotPartitioned,
+        };
+        self.trace.step("layout");
+        Ok(layout)
+    }
+
+    /// The guards before anything is deleted, in one scan of the source
+    /// (rows outside the day, too few rows). The input fingerprint is taken
+    /// in the same scan when it is needed before writing: to decide a skip
+    /// (`for_skip`), to bind `:run_key` (`for_key`), or because the target's
+    /// columns differ from the source's. Otherwise the scan only counts, and
+    /// the fingerprint is taken once, of the day as written. Or, when
+    /// nothing needs them before writing and the engine's accelerator can
+    /// tap the insert, the guards and the output fingerprint are taken as
+    /// the rows stream into the delete + insert, and a failed guard rolls
+    /// both back: no scan of its own.
+    fn guard(&mut self, engine: &mut dyn Engine, exchange: bool, for_skip: bool, for_key: bool) -> Result<Guarded> {
+        let (job, partition, shape) = (self.job, self.partition, &self.shape);
+        let before_writing = for_skip
+            || (for_key && job.source.template().uses_any(&[RunParam::RunKey]))
+            || shape.output != shape.input
+            || engine.dialect().fingerprint_before_writing();
+        let is_date = |cols: &[Column]| cols.iter().any(|c| c.name == partition && c.ty.eq_ignore_ascii_case("DATE"));
+        let tap = if !before_writing
+            && !exchange
+            && !matches!(self.opts.fault, Some((FailPoint::MidInsert, _)))
+            && is_date(&shape.source)
+            && shape.target.as_deref().is_none_or(is_date)
+        {
+            // (Only a token: nothing is kept until the insert's rows arrive.)
+            engine.accelerator().and_then(|a| a.tap_partition(&format!("s.{}", quote_ident(partition)), "s", &shape.input, self.run_date.date()))
+        } else {
+            None
+        };
         let fp = if before_writing {
-            fingerprint_select(engine, Method::Native, "s", &input_cols)?
+            fingerprint_select(engine, Method::Native, "s", &shape.input)?
         } else {
             // Only the count: the fingerprint is taken of the day as written.
             let kind = fingerprint_kind(engine, Method::Native)?;
             FingerprintSelect { select: format!("count(*) AS {}, 0 AS {}", quote_ident(FP_ROWS), quote_ident(FP_SUM)), kind, signature: Vec::new() }
         };
-        let out_of_partition = |engine: &mut dyn Engine, params: &RunParams, rows: u64| -> Result<Error> {
+        if tap.is_some() {
+            return Ok(Guarded { fp, tap, rows: 0, input: None });
+        }
+        let mut sql = Sql::new();
+        sql.push("SELECT ").push(&fp.select).push(", count(*) FILTER (WHERE s.").ident(partition);
+        sql.push(" IS DISTINCT FROM ");
+        sql.typed_param(Value::Date(self.run_date.date()), "DATE").push(") AS \"outside\" FROM ");
+        Scope::Source { template: job.source.template(), params: &self.params }.write_from(&mut sql, "s");
+        let rows = engine.query(&sql)?;
+        let row = rows.single("the guard scan")?;
+        let (input_rows, sum, outside) = (row.count(FP_ROWS)?, engine.dialect().read_sum(row.value(FP_SUM)?)?, row.count("outside")?);
+        self.check_rows(engine, input_rows, outside)?;
+        self.trace.step("guards");
+        let input = before_writing.then(|| fp.of(input_rows, sum));
+        Ok(Guarded { fp, tap: None, rows: input_rows, input })
+    }
+
+    /// The guards on the counts: no row outside the day, at least `min_rows`.
+    fn check_rows(&self, engine: &mut dyn Engine, rows: u64, outside: u64) -> Result<()> {
+        if outside > 0 {
             let mut sql = Sql::new();
             sql.push("SELECT * FROM ");
-            Scope::Source { template: job.source.template(), params }.write_from(&mut sql, "s");
-            sql.push(" WHERE s.").ident(partition).push(" IS DISTINCT FROM ");
-            sql.typed_param(Value::Date(run_date.date()), "DATE").push(" LIMIT 1");
-            Ok(Error::OutOfPartition { rows, column: partition.to_owned(), run_date: run_date.to_string(), sample: first_row(engine, &sql)? })
-        };
-        let (input_rows, sum) = if tap {
-            (0, 0)
-        } else {
-            let mut sql = Sql::new();
-            sql.push("SELECT ").push(&fp.select).push(", count(*) FILTER (WHERE s.").ident(partition);
-            sql.push(" IS DISTINCT FROM ");
-            sql.typed_param(Value::Date(run_date.date()), "DATE").push(") AS \"outside\" FROM ");
-            Scope::Source { template: job.source.template(), params: &params }.write_from(&mut sql, "s");
-            let rows = engine.query(&sql)?;
-            let row = rows.single("the guard scan")?;
-            let input_rows = row.count(FP_ROWS)?;
-            let sum = engine.dialect().read_sum(row.value(FP_SUM)?)?;
-            let outside = row.count("outside")?;
-            if outside > 0 {
-                return Err(out_of_partition(engine, &params, outside)?);
-            }
-            if let Some(min) = job.min_rows {
-                if input_rows < min {
-                    return Err(Error::TooFewRows { rows: input_rows, min_rows: min, run_date: run_date.to_string() });
-                }
-            }
-            trace.step("guards");
-            (input_rows, sum)
-        };
-        let early_input = before_writing.then(|| fp.of(input_rows, sum));
-        if let (Some(input), None) = (&early_input, &file_key) {
-            params.run_key = run_key(&job_hash, run_date, input);
+            Scope::Source { template: self.job.source.template(), params: &self.params }.write_from(&mut sql, "s");
+            sql.push(" WHERE s.").ident(self.partition).push(" IS DISTINCT FROM ");
+            sql.typed_param(Value::Date(self.run_date.date()), "DATE").push(" LIMIT 1");
+            let sample = first_row(engine, &sql)?;
+            return Err(Error::OutOfPartition { rows: outside, column: self.partition.to_owned(), run_date: self.run_date.to_string(), sample });
         }
+        match self.job.min_rows {
+            Some(min) if rows < min => Err(Error::TooFewRows { rows, min_rows: min, run_date: self.run_date.to_string() }),
+            _ => Ok(()),
+        }
+    }
 
-        // 3. A retry over the same input, with the target still holding the
-        //    recorded output, has nothing to do.
-        if let (Some(last), Some(input), None) = (&last, &early_input, &file_key) {
-            if last.fingerprint_kind == input.kind {
-                if let Some(now) = unchanged(engine, &layout, &scope, &output_cols, last, &params.run_key)? {
-                    trace.step("target fp");
-                    return Ok(skipped(job, run_date, &params.run_key, input, &now, started));
+    /// Creates the target from the source's columns when missing, or adds
+    /// the source's new columns (`on_schema_change`); whether it created it.
+    fn prepare_target(&self, engine: &mut dyn Engine) -> Result<bool> {
+        crate::run::schema::append(engine, &self.job.target, &self.shape.added)?;
+        if self.shape.target.is_some() {
+            return Ok(false);
+        }
+        engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&self.job.target.schema))))?;
+        let cols: Vec<String> = self.shape.source.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
+        engine.execute(&Sql::raw(format!("CREATE TABLE {} ({})", self.job.target.quoted(), cols.join(", "))))?;
+        Ok(true)
+    }
+
+    /// `INSERT INTO into … SELECT` of the source's rows (the first `limit`),
+    /// the partition column taken from `tap` when the insert is tapped.
+    fn insert(&self, into: &TableName, limit: Option<u64>, tap: Option<&Sql>) -> Sql {
+        let col_list = self.shape.source.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", ");
+        let mut sql = Sql::new();
+        sql.push("INSERT INTO ").push(&into.quoted()).push(" (").push(&col_list).push(") SELECT ");
+        for (i, c) in self.shape.source.iter().enumerate() {
+            if i > 0 {
+                sql.push(", ");
+            }
+            match tap {
+                Some(t) if c.name == self.partition => {
+                    sql.text.push_str(&t.text);
+                    sql.params.extend(t.params.iter().cloned());
+                }
+                _ => {
+                    sql.push(&format!("s.{}", quote_ident(&c.name)));
                 }
             }
         }
-        opts.step(FailPoint::AfterGuards)?;
-
-        // 4. Create the target from the source's columns when missing, or
-        //    add the source's new columns (on_schema_change).
-        crate::run::schema::append(engine, &job.target, &added)?;
-        let created_target = target_cols.is_none();
-        if created_target {
-            engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&job.target.schema))))?;
-            let cols: Vec<String> = source_cols.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
-            engine.execute(&Sql::raw(format!("CREATE TABLE {} ({})", job.target.quoted(), cols.join(", "))))?;
+        sql.push(" FROM ");
+        Scope::Source { template: self.job.source.template(), params: &self.params }.write_from(&mut sql, "s");
+        if let Some(n) = limit {
+            sql.push(" LIMIT ").typed_param(Value::Int(n as i64), "BIGINT");
         }
+        sql
+    }
 
-        let col_list = source_cols.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", ");
-        let insert_tapped = |into: &TableName, limit: Option<u64>, tapped: Option<&Sql>| {
-            let mut sql = Sql::new();
-            sql.push("INSERT INTO ").push(&into.quoted()).push(" (").push(&col_list).push(") SELECT ");
-            for (i, c) in source_cols.iter().enumerate() {
-                if i > 0 {
-                    sql.push(", ");
-                }
-                match tapped {
-                    Some(t) if c.name == partition => {
-                        sql.text.push_str(&t.text);
-                        sql.params.extend(t.params.iter().cloned());
-                    }
-                    _ => {
-                        sql.push(&format!("s.{}", quote_ident(&c.name)));
-                    }
-                }
-            }
-            sql.push(" FROM ");
-            Scope::Source { template: job.source.template(), params: &params }.write_from(&mut sql, "s");
-            if let Some(n) = limit {
-                sql.push(" LIMIT ").typed_param(Value::Int(n as i64), "BIGINT");
-            }
-            sql
+    /// A test's fault in the middle of the insert: half the rows written.
+    fn half_insert_fault(&self, engine: &mut dyn Engine, into: &TableName, rows: u64) -> Result<()> {
+        if matches!(self.opts.fault, Some((FailPoint::MidInsert, _))) {
+            engine.execute(&self.insert(into, Some(rows / 2), None))?;
+            self.opts.step(FailPoint::MidInsert)?;
+        }
+        Ok(())
+    }
+
+    /// 5a. Partition exchange: the day built as a standalone table (readers
+    ///     still see the old day, unblocked), then the old partition
+    ///     detached and the new one attached, in this transaction.
+    fn swap_in(&mut self, engine: &mut dyn Engine, existing: Option<&TableName>, guarded: &Guarded) -> Result<Written> {
+        let (job, partition, day) = (self.job, self.partition, self.run_date.date());
+        let staged = partition_exchange(engine)?.create_day_table(&job.target, partition, day)?;
+        self.half_insert_fault(engine, &staged, guarded.rows)?;
+        let rows_inserted = engine.execute(&self.insert(&staged, None, None))?;
+        self.trace.step("insert (staged)");
+        self.opts.step(FailPoint::AfterInsert)?;
+        let output = match &guarded.input {
+            Some(input) if self.shape.output == self.shape.input => input.clone(),
+            _ => fingerprint(engine, Method::Native, &Scope::Table { table: &staged, filter: None }, &self.shape.output)?,
         };
-        let insert = |into: &TableName, limit: Option<u64>| insert_tapped(into, limit, None);
-        let (rows_deleted, rows_inserted, method, staged_fp) = match &layout {
-            // 5a. Partition exchange: build the day as a standalone table
-            //     (readers still see the old day, unblocked), then detach the
-            //     old partition and attach the new one, in this transaction.
-            DayPartition::Swappable { existing } if exchange => {
-                let staged = partition_exchange(engine)?.create_day_table(&job.target, partition, run_date.date())?;
-                if matches!(opts.fault, Some((FailPoint::MidInsert, _))) {
-                    engine.execute(&insert(&staged, Some(input_rows / 2)))?;
-                    opts.step(FailPoint::MidInsert)?;
-                }
-                let rows_inserted = engine.execute(&insert(&staged, None))?;
-                trace.step("insert (staged)");
-                opts.step(FailPoint::AfterInsert)?;
-                let staged_fp = match &early_input {
-                    Some(input) if output_cols == input_cols => Some(input.clone()),
-                    _ => Some(fingerprint(engine, Method::Native, &Scope::Table { table: &staged, filter: None }, &output_cols)?),
-                };
-                trace.step("output fp");
-                let (rows_deleted, name) = match existing {
-                    Some(old) => {
-                        let mut sql = Sql::new();
-                        sql.push("SELECT count(*) AS \"n\" FROM ").push(&old.quoted());
-                        let n = query_count(engine, &sql, "n", "the day's old partition")?;
-                        partition_exchange(engine)?.drop_partition(&job.target, old)?;
-                        (n, old.table.clone())
-                    }
-                    None => (0, day_partition_name(&job.target.table, run_date)),
-                };
-                opts.step(FailPoint::AfterDelete)?;
-                partition_exchange(engine)?.attach_day(&job.target, &staged, partition, run_date.date(), &name)?;
-                trace.step("swap");
-                (rows_deleted, rows_inserted, "partition exchange", staged_fp)
-            }
-            // 5b. Delete the partition, insert the source's rows.
-            _ => {
-                // `swap = "delete_insert"` on a target partitioned by day
-                // with no partition for this day yet: the insert needs one.
-                // Created empty, in this transaction (a reader with an
-                // older snapshot saw no rows of the day, and sees none).
-                if let DayPartition::Swappable { existing: None } = &layout {
-                    let empty = partition_exchange(engine)?.create_day_table(&job.target, partition, run_date.date())?;
-                    partition_exchange(engine)?.attach_day(&job.target, &empty, partition, run_date.date(), &day_partition_name(&job.target.table, run_date))?;
-                    trace.step("day partition");
-                }
+        self.trace.step("output fp");
+        let (rows_deleted, name) = match existing {
+            Some(old) => {
                 let mut sql = Sql::new();
-                sql.push("DELETE FROM ").push(&job.target.quoted()).push(" WHERE ").ident(partition).push(" = ");
-                sql.typed_param(Value::Date(run_date.date()), "DATE");
-                let rows_deleted = engine.execute(&sql)?;
-                trace.step("delete");
-                opts.step(FailPoint::AfterDelete)?;
-                if matches!(opts.fault, Some((FailPoint::MidInsert, _))) {
-                    engine.execute(&insert(&job.target, Some(input_rows / 2)))?;
-                    opts.step(FailPoint::MidInsert)?;
+                sql.push("SELECT count(*) AS \"n\" FROM ").push(&old.quoted());
+                let n = query_count(engine, &sql, "n", "the day's old partition")?;
+                partition_exchange(engine)?.drop_partition(&job.target, old)?;
+                (n, old.table.clone())
+            }
+            None => (0, day_partition_name(&job.target.table, self.run_date)),
+        };
+        self.opts.step(FailPoint::AfterDelete)?;
+        partition_exchange(engine)?.attach_day(&job.target, &staged, partition, day, &name)?;
+        self.trace.step("swap");
+        Ok(Written { rows_deleted, rows_inserted, method: "partition exchange", output: Some(output) })
+    }
+
+    /// 5b. The day's rows deleted, the source's inserted (tapped, when the
+    ///     guards ride on the insert: they are checked on its figures).
+    fn delete_insert(&mut self, engine: &mut dyn Engine, layout: &DayPartition, guarded: &Guarded) -> Result<Written> {
+        let (job, partition, day) = (self.job, self.partition, self.run_date.date());
+        // `swap = "delete_insert"` on a target partitioned by day with no
+        // partition for this day yet: the insert needs one. Created empty,
+        // in this transaction (a reader with an older snapshot saw no rows
+        // of the day, and sees none).
+        if let DayPartition::Swappable { existing: None } = layout {
+            let empty = partition_exchange(engine)?.create_day_table(&job.target, partition, day)?;
+            partition_exchange(engine)?.attach_day(&job.target, &empty, partition, day, &day_partition_name(&job.target.table, self.run_date))?;
+            self.trace.step("day partition");
+        }
+        let mut sql = Sql::new();
+        sql.push("DELETE FROM ").push(&job.target.quoted()).push(" WHERE ").ident(partition).push(" = ");
+        sql.typed_param(Value::Date(day), "DATE");
+        let rows_deleted = engine.execute(&sql)?;
+        self.trace.step("delete");
+        self.opts.step(FailPoint::AfterDelete)?;
+        self.half_insert_fault(engine, &job.target, guarded.rows)?;
+        let (rows_inserted, output) = match &guarded.tap {
+            None => (engine.execute(&self.insert(&job.target, None, None))?, None),
+            Some((expr, token)) => {
+                let inserted = engine.execute(&self.insert(&job.target, None, Some(expr)));
+                let seen = engine.accelerator().and_then(|a| a.tap_close(*token));
+                let inserted = inserted?;
+                let (seen, outside, sum) = seen.ok_or_else(|| Error::Internal("the insert's tap was lost".into()))?;
+                if seen > inserted {
+                    // The tap must see each inserted row once: its
+                    // fingerprint would be wrong.
+                    return Err(Error::Internal(format!("the insert's tap saw {seen} rows but {inserted} were inserted; rolled back")));
                 }
-                let (rows_inserted, tapped_fp) = match &tapped {
-                    None => (engine.execute(&insert(&job.target, None))?, None),
-                    Some((expr, token)) => {
-                        let inserted = engine.execute(&insert_tapped(&job.target, None, Some(expr)));
-                        let seen = engine.accelerator().and_then(|a| a.tap_close(*token));
-                        let inserted = inserted?;
-                        let (seen, outside, sum) = seen.ok_or_else(|| Error::Internal("the insert's tap was lost".into()))?;
-                        if seen > inserted {
-                            // The tap must see each inserted row once: its
-                            // fingerprint would be wrong.
-                            return Err(Error::Internal(format!("the insert's tap saw {seen} rows but {inserted} were inserted; rolled back")));
-                        }
-                        // A NULL partition is not seen by the tap: outside too.
-                        let outside = outside + inserted.saturating_sub(seen);
-                        if outside > 0 {
-                            return Err(out_of_partition(engine, &params, outside)?);
-                        }
-                        if let Some(min) = job.min_rows {
-                            if inserted < min {
-                                return Err(Error::TooFewRows { rows: inserted, min_rows: min, run_date: run_date.to_string() });
-                            }
-                        }
-                        let signature: Vec<String> = output_cols.iter().map(|c| format!("{} {}", c.name, c.ty)).collect();
-                        (inserted, Some(Fingerprint::from_sum(&fp.kind, &signature, inserted, sum)))
-                    }
-                };
-                trace.step(if tapped_fp.is_some() { "insert (guards and fingerprint tapped)" } else { "insert" });
-                opts.step(FailPoint::AfterInsert)?;
-                (rows_deleted, rows_inserted, "delete+insert", tapped_fp)
+                // A NULL partition is not seen by the tap: outside too.
+                self.check_rows(engine, inserted, outside + inserted.saturating_sub(seen))?;
+                let signature: Vec<String> = self.shape.output.iter().map(|c| format!("{} {}", c.name, c.ty)).collect();
+                (inserted, Some(Fingerprint::from_sum(&guarded.fp.kind, &signature, inserted, sum)))
             }
         };
-        let input_rows = if tap { rows_inserted } else { input_rows };
+        self.trace.step(if output.is_some() { "insert (guards and fingerprint tapped)" } else { "insert" });
+        self.opts.step(FailPoint::AfterInsert)?;
+        Ok(Written { rows_deleted, rows_inserted, method: "delete+insert", output })
+    }
 
-        // 6. Fingerprint what was written, check it, record it.
-        // The partition now holds exactly the source rows (the guard proved
-        // every one belongs to it, the delete removed every other). When the
-        // input was fingerprinted before writing and the target's
-        // fingerprinted columns are the source's (same names, types, order),
-        // that scan (same transaction, same snapshot) is the output's
-        // fingerprint; otherwise scan the partition as written.
-        let output = match (&early_input, staged_fp) {
-            (_, Some(staged)) => staged,
-            (Some(input), None) if output_cols == input_cols => input.clone(),
-            _ => fingerprint(engine, Method::Native, &scope, &output_cols)?,
+    /// The input and output fingerprints. The day now holds exactly the
+    /// source's rows (the guard proved every one belongs to it, the delete
+    /// removed every other). When the input was fingerprinted before
+    /// writing and the target's fingerprinted columns are the source's
+    /// (same names, types, order), that scan (same transaction, same
+    /// snapshot) is the output's fingerprint; otherwise the day is scanned
+    /// as written. The counts must agree, or the run rolls back.
+    fn fingerprints(&mut self, engine: &mut dyn Engine, guarded: &Guarded, written: &Written) -> Result<(Fingerprint, Fingerprint)> {
+        let input_rows = if guarded.tap.is_some() { written.rows_inserted } else { guarded.rows };
+        let output = match (&guarded.input, &written.output) {
+            (_, Some(known)) => known.clone(),
+            (Some(input), None) if self.shape.output == self.shape.input => input.clone(),
+            _ => fingerprint(engine, Method::Native, &self.scope(), &self.shape.output)?,
         };
-        let input = early_input.unwrap_or_else(|| output.clone());
-        let key = file_key.unwrap_or_else(|| run_key(&job_hash, run_date, &input));
-        trace.step("output fp");
-        if rows_inserted != input_rows || output.rows != input_rows {
+        let input = guarded.input.clone().unwrap_or_else(|| output.clone());
+        self.trace.step("output fp");
+        if written.rows_inserted != input_rows || output.rows != input_rows {
             return Err(Error::Internal(format!(
-                "the source gave {input_rows} rows but {rows_inserted} were inserted and the partition holds {}; rolled back",
-                output.rows
+                "the source gave {input_rows} rows but {} were inserted and the partition holds {}; rolled back",
+                written.rows_inserted, output.rows
             )));
         }
-        // 7. Audit the day as it will be published (inside the transaction:
-        //    a blocking failure rolls everything back).
-        let audits = if job.audits.is_empty() {
-            Vec::new()
+        Ok((input, output))
+    }
+
+    /// The audits of the day as it will be published (inside the
+    /// transaction: a blocking failure rolls everything back).
+    fn audit(&mut self, engine: &mut dyn Engine, rows_deleted: u64) -> Result<Vec<crate::error::AuditResult>> {
+        if self.job.audits.is_empty() {
+            return Ok(Vec::new());
+        }
+        let previous = if rows_deleted > 0 {
+            rows_deleted
         } else {
-            let previous = if rows_deleted > 0 {
-                Some(rows_deleted)
-            } else {
-                // A new day: compare with the day before.
-                let mut sql = Sql::new();
-                sql.push("SELECT count(*) AS \"n\" FROM ").push(&job.target.quoted()).push(" WHERE ").ident(partition).push(" = ");
-                sql.typed_param(Value::Date(run_date.date() - chrono::Duration::days(1)), "DATE");
-                Some(query_count(engine, &sql, "n", "the day before's rows")?)
-            };
-            let from = |sql: &mut Sql| {
-                sql.push("(SELECT * FROM ");
-                scope.write_from(sql, "s");
-                sql.push(") AS a");
-            };
-            let scope = crate::run::audit::AuditScope { from: &from, previous_rows: previous, run_date: run_date.date() };
-            let results = crate::run::audit::audit(job, engine, &scope)?;
-            trace.step("audits");
-            results
+            // A new day: compare with the day before.
+            let mut sql = Sql::new();
+            sql.push("SELECT count(*) AS \"n\" FROM ").push(&self.job.target.quoted()).push(" WHERE ").ident(self.partition).push(" = ");
+            sql.typed_param(Value::Date(self.run_date.date() - chrono::Duration::days(1)), "DATE");
+            query_count(engine, &sql, "n", "the day before's rows")?
         };
-        let mut report = RunReport::new(job, run_date, key, "committed", &input, &output);
-        report.rows_deleted = rows_deleted;
-        report.rows_inserted = rows_inserted;
-        report.created_target = created_target;
-        report.audits = audits;
-        report.input_files = run_input.files.clone();
-        report.method = method.into();
-        report.method_note = match &layout {
-            DayPartition::Unswappable(why) if job.swap == Swap::Exchange => Some(format!("no partition exchange: {why}")),
+        let day = self.scope();
+        let from = |sql: &mut Sql| {
+            sql.push("(SELECT * FROM ");
+            day.write_from(sql, "s");
+            sql.push(") AS a");
+        };
+        let scope = crate::run::audit::AuditScope { from: &from, previous_rows: Some(previous), run_date: self.run_date.date() };
+        let results = crate::run::audit::audit(self.job, engine, &scope)?;
+        self.trace.step("audits");
+        Ok(results)
+    }
+
+    /// Why the day was not swapped in, where it could have been.
+    fn method_note(&self, layout: &DayPartition, exchange: bool) -> Option<String> {
+        match layout {
+            DayPartition::Unswappable(why) if self.job.swap == Swap::Exchange => Some(format!("no partition exchange: {why}")),
             DayPartition::Swappable { existing: Some(p) } if !exchange => {
                 Some(format!("no partition exchange: the job has swap = \"delete_insert\" (the day's rows were deleted from {p} and the new ones inserted)"))
             }
             DayPartition::Swappable { existing: None } if !exchange => Some(format!(
                 "no partition exchange: the job has swap = \"delete_insert\" (the day's partition {} was created empty, then inserted into)",
-                TableName { schema: job.target.schema.clone(), table: day_partition_name(&job.target.table, run_date) }
+                TableName { schema: self.job.target.schema.clone(), table: day_partition_name(&self.job.target.table, self.run_date) }
             )),
             _ => None,
-        };
-        ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
-        opts.step(FailPoint::BeforeCommit)?;
-        trace.step("ledger row");
-        Ok(report)
-    })
-    .map(|mut r| {
-        trace.step("commit");
-        r.elapsed_ms = elapsed_ms(started);
-        r
-    })
+        }
+    }
 }
 
 /// The partition's fingerprint now, when the ledger's last entry has run key

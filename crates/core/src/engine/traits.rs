@@ -1,16 +1,129 @@
-//! What only some engines can do, each an intent-level trait reached
-//! through an accessor of [`crate::engine::Engine`] that returns `None`
-//! where the engine cannot. Each extends the engine, so a plan holding one
-//! runs its statements on the same connection.
+//! The engine traits: [`Engine`], what every engine does, and what only
+//! some can do, each an intent-level trait reached through an accessor of
+//! [`Engine`] that returns `None` where the engine cannot. Each extends the
+//! engine, so a plan holding one runs its statements on the same
+//! connection. (One module: the engine names its capabilities, and each
+//! capability extends the engine.)
 
 use chrono::NaiveDate;
 
-use crate::engine::rows::Column;
-use crate::engine::Engine;
+use crate::engine::dialect::Dialect;
+use crate::engine::rows::{Column, Rows};
 use crate::error::Result;
 use crate::job::files::InputFiles;
 use crate::job::ident::{quote_ident, TableName};
 use crate::job::sql::{Sql, Value};
+
+/// A connection to a database that can run fixpoint's plans: statements,
+/// transactions, what tables and queries look like, and the SQL it writes
+/// its own way ([`Dialect`]). What only some engines can do is a
+/// capability, reached through an accessor that returns `None` where the
+/// engine has none; returning `None` is never wrong (the plans then take
+/// the portable path).
+pub trait Engine {
+    /// A short name for messages (`duckdb`, `postgres`).
+    fn name(&self) -> &'static str;
+
+    /// The engine and its version, e.g. `duckdb v1.4.1`.
+    fn version(&mut self) -> Result<String>;
+
+    /// Runs a statement; returns the rows it changed.
+    fn execute(&mut self, sql: &Sql) -> Result<u64>;
+
+    /// Runs a query and reads every row.
+    fn query(&mut self, sql: &Sql) -> Result<Rows>;
+
+    /// Starts a transaction.
+    fn begin(&mut self) -> Result<()> {
+        self.execute(&Sql::raw("BEGIN")).map(|_| ())
+    }
+
+    /// Commits the transaction.
+    fn commit(&mut self) -> Result<()> {
+        self.execute(&Sql::raw("COMMIT")).map(|_| ())
+    }
+
+    /// Rolls the transaction back.
+    fn rollback(&mut self) -> Result<()> {
+        self.execute(&Sql::raw("ROLLBACK")).map(|_| ())
+    }
+
+    /// The columns a query returns, without running it to completion.
+    fn describe(&mut self, query: &Sql) -> Result<Vec<Column>>;
+
+    /// A table's columns, or `None` when it does not exist. Must not fail
+    /// for a missing table (inside a transaction a failed statement aborts it).
+    fn table_columns(&mut self, table: &TableName) -> Result<Option<Vec<Column>>>;
+
+    /// What `table` is when it exists but is not a table a run can write
+    /// (`"a view"`, `"a materialized view"`, `"a foreign table"`, …), so a
+    /// run refuses it before anything is written; `None` when it is a
+    /// table or does not exist. Must not fail for a missing name (nor
+    /// abort a transaction). The default knows no other kind of relation.
+    fn relation_kind(&mut self, table: &TableName) -> Result<Option<String>> {
+        let _ = table;
+        Ok(None)
+    }
+
+    /// The columns of `table` that have a DEFAULT, with its expression
+    /// (from `information_schema.columns`), for the lint of generated keys.
+    fn column_defaults(&mut self, table: &TableName) -> Result<Vec<(String, String)>> {
+        let mut sql = Sql::new();
+        sql.push("SELECT column_name, CAST(column_default AS VARCHAR) FROM information_schema.columns WHERE table_schema = ")
+            .param(Value::Text(table.schema.clone()))
+            .push(" AND table_name = ")
+            .param(Value::Text(table.table.clone()))
+            .push(" AND column_default IS NOT NULL");
+        let rows = self.query(&sql)?;
+        Ok(rows.rows.into_iter().filter_map(|r| Some((r.first()?.as_str()?.to_owned(), r.get(1)?.as_str()?.to_owned()))).collect())
+    }
+
+    /// Creates a temporary table `name` (already quoted) holding `query`'s
+    /// rows; returns how many.
+    fn create_temp_table_as(&mut self, name: &str, query: &Sql) -> Result<u64> {
+        let mut sql = Sql::new();
+        sql.push(&format!("CREATE TEMPORARY TABLE {name} AS "));
+        sql.text.push_str(&query.text);
+        sql.params = query.params.clone();
+        self.execute(&sql)
+    }
+
+    /// Adds a column to a table, unless it has it.
+    fn add_column(&mut self, table: &TableName, column: &Column) -> Result<()> {
+        let sql = format!("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}", table.quoted(), quote_ident(&column.name), column.ty);
+        self.execute(&Sql::raw(sql)).map(|_| ())
+    }
+
+    /// The SQL this engine writes its own way: row hashes, text, sums.
+    fn dialect(&self) -> &dyn Dialect;
+
+    /// Locks that serialize two runs of one scope ([`Locks`]); `None`:
+    /// the engine has one writer (DuckDB), fenced already.
+    fn locks(&mut self) -> Option<&mut dyn Locks> {
+        None
+    }
+
+    /// Swapping a day's partition in whole ([`PartitionExchange`]).
+    fn partition_exchange(&mut self) -> Option<&mut dyn PartitionExchange> {
+        None
+    }
+
+    /// Reading a file source's files ([`FileInput`]).
+    fn file_input(&mut self) -> Option<&mut dyn FileInput> {
+        None
+    }
+
+    /// The leased plans of engines without multi-statement transactions
+    /// ([`Leases`]); `None`: the engine has transactions.
+    fn leases(&mut self) -> Option<&mut dyn Leases> {
+        None
+    }
+
+    /// Faster plans for some runs ([`Accelerator`]).
+    fn accelerator(&mut self) -> Option<&mut dyn Accelerator> {
+        None
+    }
+}
 
 /// How a table keeps one day's rows, for swapping the day in whole
 /// (partition exchange) instead of deleting and inserting it.
