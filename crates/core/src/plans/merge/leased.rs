@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use crate::engine::{Column, Leases};
 use crate::error::{Error, FailPoint, Result};
-use crate::fingerprint::compute::{fingerprint_select, Scope};
+use crate::fingerprint::compute::fingerprint_select;
 use crate::fingerprint::runkey::run_key;
 use crate::fingerprint::Method;
 use crate::job::date::RunDate;
@@ -45,7 +45,8 @@ pub(crate) fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Leases, 
 }
 
 fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Leases, opts: &RunOptions, run_input: &RunInput, started: Instant) -> Result<RunReport> {
-    use crate::plans::merge::sql::{count, keys_match, q, rows_differ, tombstone_table, DELETED};
+    use crate::plans::merge::steps::{flagged_source, scan_stage};
+use crate::plans::merge::sql::{count, keys_match, q, rows_differ, tombstone_table, DELETED};
     use crate::job::spec::OnTie;
     let mut trace = Trace::new();
     let started_at = chrono::Utc::now().naive_utc();
@@ -118,28 +119,13 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Leases, opts: &Ru
         trace.step("describe, ledger");
 
         // 1. The source, read once, with its tombstone flag.
-        let mut sql = Sql::new();
-        sql.push("SELECT s.*, ");
-        match &spec.deleted {
-            Some(pred) => sql.push(&format!("coalesce(({pred}), false)")),
-            None => sql.push("false"),
-        };
-        sql.push(&format!(" AS {} FROM ", quote_ident(DELETED)));
-        Scope::Source { template: job.source.template(), params: &params }.write_from(&mut sql, "s");
+        let sql = flagged_source(job, spec, &params);
         engine.stage(STAGE, &sql).map_err(|e| crate::plans::merge::refusals::deleted_error(job, spec, &source_cols, e))?;
         trace.step("stage");
 
         // 2. NULL keys and versions refused; the input fingerprint.
-        let null_key = spec.key.iter().map(|k| format!("{} IS NULL", quote_ident(k))).collect::<Vec<_>>().join(" OR ");
-        let fp = fingerprint_select(engine, Method::Native, "s", &input_cols)?;
-        let rows = engine.query(&Sql::raw(format!(
-            "SELECT {}, count(*) FILTER (WHERE {null_key}) AS \"null_keys\", count(*) FILTER (WHERE {version} IS NULL) AS \"null_versions\" FROM {STAGE} AS s",
-            fp.select
-        )))?;
-        let row = rows.single("the stage scan")?;
-        let input = fp.read(&row, engine)?;
+        let input = scan_stage(engine, spec, STAGE, &source_list, &input_cols)?;
         let input_rows = input.rows;
-        crate::plans::merge::refusals::refuse_nulls(engine, spec, STAGE, &source_list, row.count("null_keys")?, row.count("null_versions")?)?;
         let job_hash = job.definition_hash();
         let key = run_input.file_key(&job_hash, run_date).unwrap_or_else(|| run_key(&job_hash, run_date, &input));
 

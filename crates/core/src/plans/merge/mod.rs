@@ -5,6 +5,7 @@
 mod leased;
 pub(crate) mod refusals;
 pub(crate) mod sql;
+mod steps;
 mod transactional;
 
 use std::time::Instant;

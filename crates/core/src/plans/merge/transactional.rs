@@ -26,7 +26,8 @@ use crate::run::report::{entry, RunReport};
 use crate::run::protocol::{in_transaction, RunOptions};
 use crate::fingerprint::runkey::run_key;
 use crate::job::spec::{Job, MergeSpec, OnTie};
-use crate::plans::merge::refusals::{check_source, cross_tie_error, deleted_error, duplicate_keys_error, moved_error, refuse_nulls, tie_error};
+use crate::plans::merge::steps::{flagged_source, scan_stage};
+use crate::plans::merge::refusals::{check_source, cross_tie_error, deleted_error, duplicate_keys_error, moved_error, tie_error};
 use crate::plans::merge::sql::{batch_tie_cond, count, dedup_sql, keys_match, merge_actions, q, rows_differ, sorts_before, tombstone_table, DELETED};
 use crate::job::sql::Sql;
 
@@ -811,30 +812,13 @@ pub(super) fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, 
         // 1. Stage the source once, with its tombstone flag.
         engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {STAGE}")))?;
         engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {BATCH}")))?;
-        let mut sql = Sql::new();
-        sql.push("SELECT s.*, ");
-        match &spec.deleted {
-            Some(pred) => sql.push(&format!("coalesce(({pred}), false)")),
-            None => sql.push("false"),
-        };
-        sql.push(&format!(" AS {} FROM ", quote_ident(DELETED)));
-        Scope::Source { template: job.source.template(), params: &params }.write_from(&mut sql, "s");
+        let sql = flagged_source(job, spec, &params);
         engine.create_temp_table_as(STAGE, &sql).map_err(|e| deleted_error(job, spec, &source_cols, e))?;
 
         trace.step("stage");
         // 2. NULL keys and versions are refused; the input fingerprint is
         //    taken in the same scan.
-        let null_key = spec.key.iter().map(|k| format!("{} IS NULL", quote_ident(k))).collect::<Vec<_>>().join(" OR ");
-        let fp = fingerprint_select(engine, Method::Native, "s", &input_cols)?;
-        let mut sql = Sql::new();
-        sql.push(&format!(
-            "SELECT {}, count(*) FILTER (WHERE {null_key}) AS \"null_keys\", count(*) FILTER (WHERE {version} IS NULL) AS \"null_versions\" FROM {STAGE} AS s",
-            fp.select
-        ));
-        let rows = engine.query(&sql)?;
-        let row = rows.single("the stage scan")?;
-        refuse_nulls(engine, spec, STAGE, &source_list, row.count("null_keys")?, row.count("null_versions")?)?;
-        let input = fp.read(&row, engine)?;
+        let input = scan_stage(engine, spec, STAGE, &source_list, &input_cols)?;
         let input_rows = input.rows;
         let job_hash = job.definition_hash();
         let key = run_input.file_key(&job_hash, run_date).unwrap_or_else(|| run_key(&job_hash, run_date, &input));
