@@ -41,6 +41,8 @@ pub struct DuckDb {
     portable_functions: bool,
     /// Whether the run tap (guards and fingerprint during the insert) is registered.
     tap_registered: bool,
+    /// What this connection's taps saw, by token.
+    taps: tap::Taps,
     /// Whether an upsert-only merge tries the one-statement plan first.
     one_statement_merge: bool,
     /// What `DESCRIBE` said of each table (columns, and the defaults the
@@ -172,7 +174,8 @@ impl DuckDb {
         // value, slower. Registering fails only on a broken connection,
         // which the first statement reports.
         let portable_registered = portable::register(&conn).is_ok();
-        let tap_registered = tap::register(&conn).is_ok();
+        let taps = tap::Taps::new();
+        let tap_registered = tap::register(&conn, &taps).is_ok();
         let warming = warm_keywords(&conn);
         DuckDb {
             conn,
@@ -182,6 +185,7 @@ impl DuckDb {
             portable_registered,
             portable_functions: portable_registered,
             tap_registered,
+            taps,
             one_statement_merge: true,
             described: Default::default(),
             warming,
@@ -218,6 +222,12 @@ impl DuckDb {
     /// The file, if any.
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
+    }
+
+    /// This connection's taps: the accelerator's test switch (tests open,
+    /// read and close taps on it directly).
+    pub fn taps(&self) -> &tap::Taps {
+        &self.taps
     }
 
     /// The underlying connection, for setup code and benchmarks. Handing it
@@ -827,7 +837,7 @@ impl Accelerator for DuckDb {
         }
         let hash = self.native_row_hash(alias, hashed)?;
         let days = (day - chrono::NaiveDate::from_ymd_opt(1970, 1, 1).expect("a date")).num_days();
-        let token = tap::open_partition(i32::try_from(days).ok()?);
+        let token = self.taps.open_partition(i32::try_from(days).ok()?);
         let mut sql = Sql::new();
         sql.push(&format!("{}(", tap::FUNCTION)).typed_param(Value::Int(token as i64), "UBIGINT");
         sql.push(&format!(", {hash}, {value})"));
@@ -838,7 +848,7 @@ impl Accelerator for DuckDb {
         if !self.tap_registered {
             return None;
         }
-        let token = tap::open();
+        let token = self.taps.open();
         let mut sql = Sql::new();
         sql.push(&format!("{}(", tap::ROWS_FUNCTION)).typed_param(Value::Int(token as i64), "UBIGINT");
         sql.push(", CAST(").append(hash).push(" AS UBIGINT))");
@@ -849,7 +859,7 @@ impl Accelerator for DuckDb {
         if !self.tap_registered {
             return None;
         }
-        let token = tap::open();
+        let token = self.taps.open();
         let mut sql = Sql::new();
         sql.push(&format!("{}(", tap::IF_FUNCTION)).typed_param(Value::Int(token as i64), "UBIGINT");
         sql.push(&format!(", ({cond}), ({allowed}))"));
@@ -860,7 +870,7 @@ impl Accelerator for DuckDb {
         if !self.tap_registered {
             return None;
         }
-        let token = tap::open_dedup();
+        let token = self.taps.open_dedup();
         let mut sql = Sql::new();
         sql.push(&format!("{}(", tap::DEDUP_FUNCTION)).typed_param(Value::Int(token as i64), "UBIGINT");
         sql.push(&format!(", CAST({hash} AS UBIGINT), CAST({pair} AS UBIGINT), CAST({row} AS UBIGINT))"));
@@ -868,20 +878,20 @@ impl Accelerator for DuckDb {
     }
 
     fn tap_close(&mut self, token: u64) -> Option<(u64, u64, i128)> {
-        if tap::is_dedup(token) {
-            let d = tap::close_dedup(token);
+        if self.taps.is_dedup(token) {
+            let d = self.taps.close_dedup(token);
             return Some((d.rows, d.ties, d.sum));
         }
-        let s = tap::close(token);
+        let s = self.taps.close(token);
         Some((s.rows, s.outside, s.sum))
     }
 
     fn tap_ties_after(&mut self, trigger: u64, dedup: u64) {
-        tap::count_ties_after(trigger, dedup);
+        self.taps.count_ties_after(trigger, dedup);
     }
 
     fn tap_close_dedup_deferred(&mut self, token: u64) -> Option<(u64, i128, Box<dyn FnOnce() -> u64 + Send>)> {
-        tap::is_dedup(token).then(|| tap::close_dedup_deferred(token))
+        self.taps.is_dedup(token).then(|| self.taps.close_dedup_deferred(token))
     }
 
     fn merge_refuses_in_statement(&self) -> bool {

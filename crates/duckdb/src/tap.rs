@@ -5,8 +5,8 @@
 //! of their own (on a 5M-row day they were ~40 ms of a ~260 ms run).
 //!
 //! It sits in the SELECT list, as the partition column's value
-//! (`fixpoint_tap(token, hash(c1, …, cn), dt)`, the run date carried in the
-//! token: [`open_partition`]): a projection is evaluated
+//! (`fixpoint_tap(token, hash(c1, …, cn), dt)`, the run date kept with the
+//! tap: [`Taps::open_partition`]): a projection is evaluated
 //! once per row that reaches the INSERT, unlike a filter, which the optimizer
 //! may reorder before the source's own conditions. DuckDB hands a C API
 //! scalar function every row of a chunk, NULLs included (only a constant
@@ -14,11 +14,15 @@
 //! itself: a NULL partition value passes through as NULL and is not seen,
 //! and the caller counts it as outside the partition from the difference
 //! between rows inserted and rows seen.
+//!
+//! What the taps see belongs to the connection: a [`Taps`] shared by the
+//! engine and the functions registered on its connection, never a
+//! process-wide table.
 
 use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use duckdb::core::{DataChunkHandle, LogicalTypeId};
 use duckdb::vscalar::{ScalarFunctionSignature, VScalar};
@@ -52,12 +56,6 @@ pub const DEDUP_FUNCTION: &str = "fixpoint_tap_dedup";
 /// the tap reports a possible tie and the caller takes the plan that checks
 /// ties with a join.
 pub const DEDUP_LIMIT: usize = 7 << 20;
-static LIMIT: AtomicUsize = AtomicUsize::new(DEDUP_LIMIT);
-
-/// Sets how many rows the dedup taps opened from now on remember (tests).
-pub fn set_dedup_limit(pairs: usize) {
-    LIMIT.store(pairs, Ordering::Relaxed);
-}
 
 /// What a tap saw.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -69,9 +67,6 @@ pub struct Seen {
     /// Sum of their row hashes.
     pub sum: i128,
 }
-
-static TAPS: Mutex<Option<HashMap<u64, Seen>>> = Mutex::new(None);
-static DEDUPS: Mutex<Option<HashMap<u64, Dedup>>> = Mutex::new(None);
 
 /// What the dedup tap saw.
 #[derive(Debug, Default)]
@@ -101,81 +96,176 @@ pub struct Dedup {
     late: bool,
 }
 
-/// Taps whose first row starts the count of a dedup tap's ties: kept tap's
-/// token -> dedup tap's token.
-static AFTER: Mutex<Option<HashMap<u64, u64>>> = Mutex::new(None);
+/// The taps of one connection: what each open tap has seen, by token.
+/// Cloned into the functions registered on the connection (an `Arc`: one
+/// state), so a tap's rows are counted where the engine that opened it
+/// reads them, and nowhere else.
+#[derive(Clone)]
+pub struct Taps(Arc<State>);
 
-/// When the tap `token` first sees a row, every row of the dedup tap
-/// `dedup` has been seen (the tap sits above a blocking window whose input
-/// holds the dedup tap): its ties are then counted on another thread while
-/// the statement goes on, instead of after it. Should a row reach the
-/// dedup tap after all, the count reports a possible tie and the caller
-/// takes the plan that checks ties with a join.
-pub fn count_ties_after(token: u64, dedup: u64) {
-    AFTER.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(token, dedup);
+struct State {
+    next: AtomicU64,
+    /// How many rows the dedup taps opened from now on remember.
+    limit: AtomicUsize,
+    /// The run date (days since 1970-01-01, as DuckDB stores a DATE) of
+    /// each open partition tap.
+    days: Mutex<HashMap<u64, i32>>,
+    /// What each counting or partition tap saw (an entry once rows came).
+    seen: Mutex<HashMap<u64, Seen>>,
+    /// Each open dedup tap.
+    dedups: Mutex<HashMap<u64, Dedup>>,
+    /// Taps whose first row starts the count of a dedup tap's ties: kept
+    /// tap's token -> dedup tap's token.
+    after: Mutex<HashMap<u64, u64>>,
 }
 
-/// Whether the dedup tap `dedup`'s ties are being counted already
-/// ([`count_ties_after`]).
-pub fn counting(dedup: u64) -> bool {
-    DEDUPS.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|t| t.get(&dedup)).is_some_and(|d| d.counting.is_some())
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The trigger of [`count_ties_after`], on a tap's first row (on its other
-/// rows, one uncontended lock and a lookup that finds nothing).
-fn start_counting(token: u64) {
-    let Some(dedup) = AFTER.lock().unwrap_or_else(|e| e.into_inner()).as_mut().and_then(|m| m.remove(&token)) else { return };
-    let mut taps = DEDUPS.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(d) = taps.as_mut().and_then(|t| t.get_mut(&dedup)) else { return };
-    if d.overflow || d.counting.is_some() || d.seen.len() < 1 << 12 {
-        return;
-    }
-    let seen = std::mem::take(&mut d.seen);
-    if let Ok(handle) = std::thread::Builder::new().name("fixpoint-ties".into()).spawn(move || count_ties(seen)) {
-        d.counting = Some(JoinOnDrop(Some(handle)));
-    } else {
-        // No thread: the tie is reported, the next plan checks with a join.
-        d.overflow = true;
+impl Default for Taps {
+    fn default() -> Taps {
+        Taps::new()
     }
 }
 
-/// Closes a dedup tap and returns what it saw, its ties counted (its
-/// memory freed).
-pub fn close_dedup(token: u64) -> Dedup {
-    let (rows, sum, ties) = close_dedup_deferred(token);
-    Dedup { rows, sum, ties: ties(), ..Dedup::default() }
-}
+impl Taps {
+    /// No tap open.
+    pub fn new() -> Taps {
+        Taps(Arc::new(State {
+            next: AtomicU64::new(1),
+            limit: AtomicUsize::new(DEDUP_LIMIT),
+            days: Mutex::default(),
+            seen: Mutex::default(),
+            dedups: Mutex::default(),
+            after: Mutex::default(),
+        }))
+    }
 
-/// Closes a dedup tap: its rows and hash sum at once, its ties counted on
-/// other threads, waited for by the function returned (the caller does the
-/// run's last statements meanwhile).
-pub fn close_dedup_deferred(token: u64) -> (u64, i128, Box<dyn FnOnce() -> u64 + Send>) {
-    let mut d = DEDUPS.lock().unwrap_or_else(|e| e.into_inner()).as_mut().and_then(|t| t.remove(&token)).unwrap_or_default();
-    let seen = std::mem::take(&mut d.seen);
-    if let Some(m) = AFTER.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-        m.retain(|_, d| *d != token);
+    /// Sets how many rows the dedup taps opened from now on remember (tests).
+    pub fn set_dedup_limit(&self, pairs: usize) {
+        self.0.limit.store(pairs, Ordering::Relaxed);
     }
-    if d.overflow || d.late {
-        return (d.rows, d.sum, Box::new(|| 1));
+
+    /// A new tap's token (nothing is kept until rows arrive); it goes into
+    /// the SQL as a bound parameter.
+    pub fn open(&self) -> u64 {
+        self.0.next.fetch_add(1, Ordering::Relaxed)
     }
-    if let Some(mut counting) = d.counting.take() {
-        return (d.rows, d.sum, Box::new(move || counting.join()));
+
+    /// A new partition tap's token for the run date `day` (days since
+    /// 1970-01-01, as DuckDB stores a DATE).
+    pub fn open_partition(&self, day: i32) -> u64 {
+        let token = self.open();
+        lock(&self.0.days).insert(token, day);
+        token
     }
-    if seen.len() < 1 << 12 {
-        let ties = count_ties(seen);
-        return (d.rows, d.sum, Box::new(move || ties));
+
+    /// A new dedup tap's token.
+    pub fn open_dedup(&self) -> u64 {
+        let token = self.open();
+        let limit = self.0.limit.load(Ordering::Relaxed);
+        lock(&self.0.dedups).insert(token, Dedup { limit, ..Dedup::default() });
+        token
     }
-    let spawned = std::thread::Builder::new().name("fixpoint-ties".into()).spawn(move || count_ties(seen));
-    match spawned {
-        // The thread is joined when the function is called or, uncalled
-        // (the run left early), when it is dropped: none outlives the run.
-        // A counting thread that died (it cannot, short of a panic) counts
-        // as a tie: the caller then takes the plan that checks with a join.
-        Ok(handle) => {
-            let mut counting = JoinOnDrop(Some(handle));
-            (d.rows, d.sum, Box::new(move || counting.join()))
+
+    /// Whether `token` is an open dedup tap's.
+    pub fn is_dedup(&self, token: u64) -> bool {
+        lock(&self.0.dedups).contains_key(&token)
+    }
+
+    /// Closes a tap and returns what it saw (nothing, when no row reached it).
+    pub fn close(&self, token: u64) -> Seen {
+        lock(&self.0.days).remove(&token);
+        lock(&self.0.seen).remove(&token).unwrap_or_default()
+    }
+
+    /// Counts `rows` seen by the tap `token` (`outside` its day) and their
+    /// hashes' `sum`.
+    fn add(&self, token: u64, rows: u64, outside: u64, sum: i128) {
+        let mut seen = lock(&self.0.seen);
+        let seen = seen.entry(token).or_default();
+        seen.rows += rows;
+        seen.outside += outside;
+        seen.sum += sum;
+    }
+
+    /// The run date of the open partition tap `token`.
+    fn day(&self, token: u64) -> Option<i32> {
+        lock(&self.0.days).get(&token).copied()
+    }
+
+    /// When the tap `token` first sees a row, every row of the dedup tap
+    /// `dedup` has been seen (the tap sits above a blocking window whose
+    /// input holds the dedup tap): its ties are then counted on another
+    /// thread while the statement goes on, instead of after it. Should a
+    /// row reach the dedup tap after all, the count reports a possible tie
+    /// and the caller takes the plan that checks ties with a join.
+    pub fn count_ties_after(&self, token: u64, dedup: u64) {
+        lock(&self.0.after).insert(token, dedup);
+    }
+
+    /// Whether the dedup tap `dedup`'s ties are being counted already
+    /// ([`Taps::count_ties_after`]).
+    pub fn counting(&self, dedup: u64) -> bool {
+        lock(&self.0.dedups).get(&dedup).is_some_and(|d| d.counting.is_some())
+    }
+
+    /// The trigger of [`Taps::count_ties_after`], on a tap's first row (on
+    /// its other rows, one uncontended lock and a lookup that finds nothing).
+    fn start_counting(&self, token: u64) {
+        let Some(dedup) = lock(&self.0.after).remove(&token) else { return };
+        let mut dedups = lock(&self.0.dedups);
+        let Some(d) = dedups.get_mut(&dedup) else { return };
+        if d.overflow || d.counting.is_some() || d.seen.len() < 1 << 12 {
+            return;
         }
-        Err(_) => (d.rows, d.sum, Box::new(|| 1)),
+        let seen = std::mem::take(&mut d.seen);
+        if let Ok(handle) = std::thread::Builder::new().name("fixpoint-ties".into()).spawn(move || count_ties(seen)) {
+            d.counting = Some(JoinOnDrop(Some(handle)));
+        } else {
+            // No thread: the tie is reported, the next plan checks with a join.
+            d.overflow = true;
+        }
+    }
+
+    /// Closes a dedup tap and returns what it saw, its ties counted (its
+    /// memory freed).
+    pub fn close_dedup(&self, token: u64) -> Dedup {
+        let (rows, sum, ties) = self.close_dedup_deferred(token);
+        Dedup { rows, sum, ties: ties(), ..Dedup::default() }
+    }
+
+    /// Closes a dedup tap: its rows and hash sum at once, its ties counted
+    /// on other threads, waited for by the function returned (the caller
+    /// does the run's last statements meanwhile).
+    pub fn close_dedup_deferred(&self, token: u64) -> (u64, i128, Box<dyn FnOnce() -> u64 + Send>) {
+        let mut d = lock(&self.0.dedups).remove(&token).unwrap_or_default();
+        let seen = std::mem::take(&mut d.seen);
+        lock(&self.0.after).retain(|_, d| *d != token);
+        if d.overflow || d.late {
+            return (d.rows, d.sum, Box::new(|| 1));
+        }
+        if let Some(mut counting) = d.counting.take() {
+            return (d.rows, d.sum, Box::new(move || counting.join()));
+        }
+        if seen.len() < 1 << 12 {
+            let ties = count_ties(seen);
+            return (d.rows, d.sum, Box::new(move || ties));
+        }
+        let spawned = std::thread::Builder::new().name("fixpoint-ties".into()).spawn(move || count_ties(seen));
+        match spawned {
+            // The thread is joined when the function is called or, uncalled
+            // (the run left early), when it is dropped: none outlives the
+            // run. A counting thread that died (it cannot, short of a panic)
+            // counts as a tie: the caller then takes the plan that checks
+            // with a join.
+            Ok(handle) => {
+                let mut counting = JoinOnDrop(Some(handle));
+                (d.rows, d.sum, Box::new(move || counting.join()))
+            }
+            Err(_) => (d.rows, d.sum, Box::new(|| 1)),
+        }
     }
 }
 
@@ -305,30 +395,6 @@ impl BucketTable {
     }
 }
 
-static NEXT: AtomicU64 = AtomicU64::new(1);
-
-/// A new tap's token (nothing is kept until rows arrive, so a run that stops
-/// before its insert leaves nothing behind); it goes into the SQL as a bound
-/// parameter.
-pub fn open() -> u64 {
-    NEXT.fetch_add(1, Ordering::Relaxed) * 2
-}
-
-/// A new partition tap's token for the run date `day` (days since
-/// 1970-01-01, as DuckDB stores a DATE): the date rides in the token's bits
-/// 1–32, so the function takes one constant argument fewer (DuckDB's C API
-/// flattens every argument of every chunk: a constant costs a loop of its
-/// own). Even, like [`open`]'s.
-pub fn open_partition(day: i32) -> u64 {
-    // 30 bits of counter keep the token below 2^63: it is bound as a BIGINT.
-    ((NEXT.fetch_add(1, Ordering::Relaxed) & 0x3fff_ffff) << 33) | (u64::from(day as u32) << 1)
-}
-
-/// The run date a partition tap's token carries.
-fn token_day(token: u64) -> i32 {
-    ((token >> 1) & 0xffff_ffff) as u32 as i32
-}
-
 /// The sum of `hashes` as an i128, in two u64 lanes (low and high halves;
 /// a chunk holds at most 2^32 rows, so neither overflows): vectorizable,
 /// unlike a running i128 sum.
@@ -352,28 +418,12 @@ fn one_value<T: PartialEq + Copy>(v: &[T]) -> Option<T> {
     }
 }
 
-/// A new dedup tap's token (tokens of dedup taps are odd, the others'
-/// even: [`is_dedup`] tells which `close` a token takes).
-pub fn open_dedup() -> u64 {
-    NEXT.fetch_add(1, Ordering::Relaxed) * 2 + 1
-}
-
-/// Whether `token` is a dedup tap's.
-pub fn is_dedup(token: u64) -> bool {
-    token % 2 == 1
-}
-
-/// Closes a tap and returns what it saw (nothing, when no row reached it).
-pub fn close(token: u64) -> Seen {
-    TAPS.lock().unwrap_or_else(|e| e.into_inner()).as_mut().and_then(|t| t.remove(&token)).unwrap_or_default()
-}
-
-/// Registers the function on `conn`.
-pub fn register(conn: &duckdb::Connection) -> duckdb::Result<()> {
-    conn.register_scalar_function::<Tap>(FUNCTION)?;
-    conn.register_scalar_function::<TapRows>(ROWS_FUNCTION)?;
-    conn.register_scalar_function::<TapIf>(IF_FUNCTION)?;
-    conn.register_scalar_function::<TapDedup>(DEDUP_FUNCTION)
+/// Registers the functions on `conn`, counting into `taps`.
+pub fn register(conn: &duckdb::Connection, taps: &Taps) -> duckdb::Result<()> {
+    conn.register_scalar_function_with_state::<Tap>(FUNCTION, taps)?;
+    conn.register_scalar_function_with_state::<TapRows>(ROWS_FUNCTION, taps)?;
+    conn.register_scalar_function_with_state::<TapIf>(IF_FUNCTION, taps)?;
+    conn.register_scalar_function_with_state::<TapDedup>(DEDUP_FUNCTION, taps)
 }
 
 /// The validity mask of column `idx` of `input`: one bit per row, 0 for
@@ -388,20 +438,12 @@ fn is_null(mask: *const u64, row: usize) -> bool {
     !mask.is_null() && unsafe { *mask.add(row / 64) } & (1u64 << (row % 64)) == 0
 }
 
-fn add(token: u64, rows: u64, outside: u64, sum: i128) {
-    let mut taps = TAPS.lock().unwrap_or_else(|e| e.into_inner());
-    let seen = taps.get_or_insert_with(HashMap::new).entry(token).or_default();
-    seen.rows += rows;
-    seen.outside += outside;
-    seen.sum += sum;
-}
-
 struct TapRows;
 
 impl VScalar for TapRows {
-    type State = ();
+    type State = Taps;
 
-    fn invoke(_: &(), input: &mut DataChunkHandle, output: &mut dyn WritableVector) -> Result<(), Box<dyn StdError>> {
+    fn invoke(taps: &Taps, input: &mut DataChunkHandle, output: &mut dyn WritableVector) -> Result<(), Box<dyn StdError>> {
         let rows = input.len();
         if rows == 0 {
             return Ok(());
@@ -412,13 +454,13 @@ impl VScalar for TapRows {
         let (v0, v1) = (input.flat_vector(0), input.flat_vector(1));
         let (tokens, hashes) = unsafe { (v0.as_slice_with_len::<u64>(rows), v1.as_slice_with_len::<u64>(rows)) };
         let token = one_value(tokens).ok_or_else(|| format!("{ROWS_FUNCTION}: one token per call site"))?;
-        start_counting(token);
+        taps.start_counting(token);
         let mut out = output.flat_vector();
         // SAFETY: the result is a BOOLEAN vector with room for `rows` values.
         unsafe { out.as_mut_slice_with_len::<bool>(rows) }.fill(true);
         let mask = validity(input, 1);
         if mask.is_null() {
-            add(token, rows as u64, 0, sum_hashes(hashes));
+            taps.add(token, rows as u64, 0, sum_hashes(hashes));
             return Ok(());
         }
         let (mut seen, mut sum) = (0u64, 0i128);
@@ -430,7 +472,7 @@ impl VScalar for TapRows {
                 sum += i128::from(h);
             }
         }
-        add(token, seen, 0, sum);
+        taps.add(token, seen, 0, sum);
         Ok(())
     }
 
@@ -446,9 +488,9 @@ impl VScalar for TapRows {
 struct TapIf;
 
 impl VScalar for TapIf {
-    type State = ();
+    type State = Taps;
 
-    fn invoke(_: &(), input: &mut DataChunkHandle, output: &mut dyn WritableVector) -> Result<(), Box<dyn StdError>> {
+    fn invoke(taps: &Taps, input: &mut DataChunkHandle, output: &mut dyn WritableVector) -> Result<(), Box<dyn StdError>> {
         let rows = input.len();
         if rows == 0 {
             return Ok(());
@@ -479,7 +521,7 @@ impl VScalar for TapIf {
         if refused {
             return Err(fixpoint_core::engine::REFUSED_IN_STATEMENT.into());
         }
-        add(token, taken, 0, 0);
+        taps.add(token, taken, 0, 0);
         Ok(())
     }
 
@@ -498,9 +540,9 @@ impl VScalar for TapIf {
 struct TapDedup;
 
 impl VScalar for TapDedup {
-    type State = ();
+    type State = Taps;
 
-    fn invoke(_: &(), input: &mut DataChunkHandle, output: &mut dyn WritableVector) -> Result<(), Box<dyn StdError>> {
+    fn invoke(taps: &Taps, input: &mut DataChunkHandle, output: &mut dyn WritableVector) -> Result<(), Box<dyn StdError>> {
         let rows = input.len();
         if rows == 0 {
             return Ok(());
@@ -524,8 +566,8 @@ impl VScalar for TapDedup {
         unsafe { out.as_mut_slice_with_len::<bool>(rows) }.fill(true);
         let sum = sum_hashes(hashes);
         let mask = validity(input, 3);
-        let mut taps = DEDUPS.lock().unwrap_or_else(|e| e.into_inner());
-        let d = taps.get_or_insert_with(HashMap::new).entry(token).or_insert_with(|| Dedup { limit: LIMIT.load(Ordering::Relaxed), ..Dedup::default() });
+        let mut dedups = lock(&taps.0.dedups);
+        let d = dedups.entry(token).or_insert_with(|| Dedup { limit: taps.0.limit.load(Ordering::Relaxed), ..Dedup::default() });
         d.rows += rows as u64;
         d.sum += sum;
         if d.counting.is_some() {
@@ -559,9 +601,9 @@ impl VScalar for TapDedup {
 struct Tap;
 
 impl VScalar for Tap {
-    type State = ();
+    type State = Taps;
 
-    fn invoke(_: &(), input: &mut DataChunkHandle, output: &mut dyn WritableVector) -> Result<(), Box<dyn StdError>> {
+    fn invoke(taps: &Taps, input: &mut DataChunkHandle, output: &mut dyn WritableVector) -> Result<(), Box<dyn StdError>> {
         let rows = input.len();
         if rows == 0 {
             return Ok(());
@@ -577,7 +619,7 @@ impl VScalar for Tap {
         // SAFETY: the result is a DATE vector with room for `rows` values.
         unsafe { out.as_mut_slice_with_len::<i32>(rows) }.copy_from_slice(days);
         let token = one_value(tokens).ok_or_else(|| format!("{FUNCTION}: one token per statement"))?;
-        let day = token_day(token);
+        let day = taps.day(token).ok_or_else(|| format!("{FUNCTION}: no partition tap {token} is open"))?;
         let (seen, outside, sum);
         let mask = validity(input, 2);
         if mask.is_null() {
@@ -598,7 +640,7 @@ impl VScalar for Tap {
             }
             (seen, outside, sum) = (s, o, h);
         }
-        add(token, seen, outside, sum);
+        taps.add(token, seen, outside, sum);
         Ok(())
     }
 
@@ -616,18 +658,25 @@ impl VScalar for Tap {
 
 #[cfg(test)]
 mod tests {
-    use super::{count_ties, is_dedup, one_value, open_partition, sum_hashes, token_day};
+    use super::{count_ties, one_value, sum_hashes, Taps};
 
-    /// A partition tap's token carries its run date, any DATE DuckDB
-    /// holds, and stays a positive BIGINT of an even (not dedup) kind.
+    /// A partition tap keeps its run date, any DATE DuckDB holds, until it
+    /// is closed; its token is a positive BIGINT, not a dedup tap's; two
+    /// connections' taps are apart.
     #[test]
-    fn partition_tokens_carry_the_run_date() {
+    fn partition_taps_keep_the_run_date() {
+        let (taps, other) = (Taps::new(), Taps::new());
         for day in [-719_162, -1, 0, 1, 20_746, 2_932_896, i32::MIN, i32::MAX] {
-            let token = open_partition(day);
-            assert_eq!(token_day(token), day);
-            assert!(!is_dedup(token) && i64::try_from(token).is_ok(), "{token}");
+            let token = taps.open_partition(day);
+            assert_eq!(taps.day(token), Some(day));
+            assert!(!taps.is_dedup(token) && i64::try_from(token).is_ok(), "{token}");
+            assert_eq!(other.day(token), None, "another connection's taps know nothing of it");
+            taps.close(token);
+            assert_eq!(taps.day(token), None, "closed");
         }
-        assert_ne!(open_partition(5), open_partition(5), "each tap its own token");
+        assert_ne!(taps.open_partition(5), taps.open_partition(5), "each tap its own token");
+        let dedup = taps.open_dedup();
+        assert!(taps.is_dedup(dedup) && !other.is_dedup(dedup));
     }
 
     #[test]

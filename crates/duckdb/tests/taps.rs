@@ -12,7 +12,7 @@ fn db() -> DuckDb {
 #[test]
 fn the_partition_tap_passes_nulls_through_unseen() {
     let db = db();
-    let token = tap::open_partition(0);
+    let token = db.taps().open_partition(0);
     let (rows, nulls, epoch): (i64, i64, i64) = db
         .connection()
         .query_row(
@@ -26,7 +26,7 @@ fn the_partition_tap_passes_nulls_through_unseen() {
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
         .unwrap();
-    let seen = tap::close(token);
+    let seen = db.taps().close(token);
     assert_eq!((rows, nulls), (10000, 5000), "NULL stays NULL");
     assert_eq!(seen.rows, 5000, "a NULL is not seen");
     // Of the odd i, those with i % 3 == 0 are on the day; the others are outside.
@@ -38,7 +38,7 @@ fn the_partition_tap_passes_nulls_through_unseen() {
 #[test]
 fn the_counting_tap_sees_only_non_null_hashes() {
     let db = db();
-    let token = tap::open();
+    let token = db.taps().open();
     let (trues, nulls, expected): (i64, i64, String) = db
         .connection()
         .query_row(
@@ -51,7 +51,7 @@ fn the_counting_tap_sees_only_non_null_hashes() {
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
         .unwrap();
-    let seen = tap::close(token);
+    let seen = db.taps().close(token);
     let n = (0..10000).filter(|i| i % 3 != 0).count() as i64;
     assert_eq!((trues, nulls), (n, 10000 - n));
     assert_eq!((seen.rows as i64, seen.sum.to_string()), (n, expected));
@@ -61,7 +61,7 @@ fn the_counting_tap_sees_only_non_null_hashes() {
 /// h, pair, row): what it returned and what it saw, closed at once or
 /// (`deferred`) with its ties counted on other threads.
 fn dedup_closed(db: &DuckDb, from: &str, deferred: bool) -> (i64, tap::Dedup) {
-    let token = tap::open_dedup();
+    let token = db.taps().open_dedup();
     let trues: i64 = db
         .connection()
         .query_row(
@@ -71,12 +71,12 @@ fn dedup_closed(db: &DuckDb, from: &str, deferred: bool) -> (i64, tap::Dedup) {
         )
         .unwrap();
     if deferred {
-        let (rows, sum, ties) = tap::close_dedup_deferred(token);
+        let (rows, sum, ties) = db.taps().close_dedup_deferred(token);
         let mut d = tap::Dedup::default();
         (d.rows, d.sum, d.ties) = (rows, sum, ties());
         return (trues, d);
     }
-    (trues, tap::close_dedup(token))
+    (trues, db.taps().close_dedup(token))
 }
 
 #[test]
@@ -112,21 +112,21 @@ fn ties_counted_from_the_first_row_above_the_window() {
     let copies = "SELECT hash(i) AS h, hash(i % 1000) AS pair, hash(i % 1000, 'v') AS row FROM range(10000) AS r(i)";
     let tied = format!("{copies} UNION ALL SELECT 1, hash(7), 42");
     for (from, tie) in [(copies.to_owned(), false), (tied, true)] {
-        let (dedup, kept) = (tap::open_dedup(), tap::open());
-        tap::count_ties_after(kept, dedup);
+        let (dedup, kept) = (db.taps().open_dedup(), db.taps().open());
+        db.taps().count_ties_after(kept, dedup);
         let (kept_rows, ranks) = plan(dedup, kept, &from);
         assert_eq!((kept_rows, ranks), (1000, 1000), "one row a pair kept");
-        assert!(tap::counting(dedup), "the count started inside the statement");
-        let (rows, _, ties) = tap::close_dedup_deferred(dedup);
+        assert!(db.taps().counting(dedup), "the count started inside the statement");
+        let (rows, _, ties) = db.taps().close_dedup_deferred(dedup);
         let ties = ties();
         assert_eq!(rows, 10000 + u64::from(tie));
         assert_eq!(ties > 0, tie, "{ties} ties");
-        assert_eq!(tap::close(kept).rows, 1000);
+        assert_eq!(db.taps().close(kept).rows, 1000);
     }
     // A row that reaches the dedup tap after the count started (not the
     // plan the trigger assumes): a possible tie, though there is none.
-    let (dedup, kept) = (tap::open_dedup(), tap::open());
-    tap::count_ties_after(kept, dedup);
+    let (dedup, kept) = (db.taps().open_dedup(), db.taps().open());
+    db.taps().count_ties_after(kept, dedup);
     let dedup_only = |dedup: u64, from: &str| -> i64 {
         conn.query_row(
             &format!("SELECT count(*) FILTER (WHERE m) FROM (SELECT {}(CAST(? AS UBIGINT), CAST(h AS UBIGINT), CAST(pair AS UBIGINT), CAST(row AS UBIGINT)) AS m FROM ({from}))", tap::DEDUP_FUNCTION),
@@ -139,18 +139,18 @@ fn ties_counted_from_the_first_row_above_the_window() {
     let triggered: i64 =
         conn.query_row(&format!("SELECT count(*) FROM range(3) AS r(i) WHERE {}(CAST(? AS UBIGINT), hash(i))", tap::ROWS_FUNCTION), [kept as i64], |r| r.get(0)).unwrap();
     assert_eq!(triggered, 3);
-    assert!(tap::counting(dedup));
+    assert!(db.taps().counting(dedup));
     assert_eq!(dedup_only(dedup, "SELECT hash(1) AS h, hash(5000) AS pair, hash(5000, 'v') AS row"), 1);
-    let (rows, _, ties) = tap::close_dedup_deferred(dedup);
+    let (rows, _, ties) = db.taps().close_dedup_deferred(dedup);
     assert_eq!((rows, ties()), (10001, 1));
-    tap::close(kept);
+    db.taps().close(kept);
     // A trigger whose tap never sees a row is forgotten at close: the
     // count runs after the statement, as without one.
-    let (dedup, never) = (tap::open_dedup(), tap::open());
-    tap::count_ties_after(never, dedup);
+    let (dedup, never) = (db.taps().open_dedup(), db.taps().open());
+    db.taps().count_ties_after(never, dedup);
     assert_eq!(dedup_only(dedup, copies), 10000);
-    assert!(!tap::counting(dedup));
-    let (rows, _, ties) = tap::close_dedup_deferred(dedup);
+    assert!(!db.taps().counting(dedup));
+    let (rows, _, ties) = db.taps().close_dedup_deferred(dedup);
     assert_eq!((rows, ties()), (10000, 0));
 }
 
@@ -175,9 +175,9 @@ fn dedup_tap_counts_sums_and_finds_ties(deferred: bool) {
     let (trues, seen) = dedup(&db, mixed);
     assert_eq!((trues, seen.rows, seen.ties), (10000, 10000, 0));
     // Past its limit the tap reports a possible tie.
-    tap::set_dedup_limit(999);
+    db.taps().set_dedup_limit(999);
     let (_, seen) = dedup(&db, copies);
-    tap::set_dedup_limit(tap::DEDUP_LIMIT);
+    db.taps().set_dedup_limit(tap::DEDUP_LIMIT);
     assert_eq!((seen.rows, seen.ties), (10000, 1));
     let (_, seen) = dedup(&db, copies);
     assert_eq!(seen.ties, 0, "the limit restored");
@@ -186,7 +186,7 @@ fn dedup_tap_counts_sums_and_finds_ties(deferred: bool) {
 #[test]
 fn the_counting_condition_counts_true_rows_and_refuses_what_is_not_allowed() {
     let db = db();
-    let token = tap::open();
+    let token = db.taps().open();
     // TRUE for i % 3 = 0, NULL for i % 3 = 1 (taken as FALSE), FALSE else;
     // `allowed` NULL or FALSE only where the condition is not TRUE.
     let (trues, falses): (i64, i64) = db
@@ -205,11 +205,11 @@ fn the_counting_condition_counts_true_rows_and_refuses_what_is_not_allowed() {
         .unwrap();
     let n = (0..10000).filter(|i| i % 3 == 0).count() as i64;
     assert_eq!((trues, falses), (n, 10000 - n), "NULL is FALSE");
-    assert_eq!(tap::close(token).rows as i64, n);
+    assert_eq!(db.taps().close(token).rows as i64, n);
     // One row where the condition holds and `allowed` does not, FALSE or
     // NULL: the statement fails with the refusal.
     for allowed in ["i <> 7776", "CASE WHEN i = 7776 THEN NULL ELSE true END"] {
-        let token = tap::open();
+        let token = db.taps().open();
         let err = db
             .connection()
             .query_row(
@@ -219,11 +219,11 @@ fn the_counting_condition_counts_true_rows_and_refuses_what_is_not_allowed() {
             )
             .unwrap_err();
         assert!(err.to_string().contains(fixpoint_core::engine::REFUSED_IN_STATEMENT), "{allowed}: {err}");
-        tap::close(token);
+        db.taps().close(token);
     }
     // The same condition where `allowed` is NULL only where it does not
     // hold: nothing refused.
-    let token = tap::open();
+    let token = db.taps().open();
     let taken: i64 = db
         .connection()
         .query_row(
@@ -235,5 +235,5 @@ fn the_counting_condition_counts_true_rows_and_refuses_what_is_not_allowed() {
             |r| r.get(0),
         )
         .unwrap();
-    assert_eq!((taken, tap::close(token).rows), (5000, 5000));
+    assert_eq!((taken, db.taps().close(token).rows), (5000, 5000));
 }
