@@ -78,7 +78,9 @@ pub(super) fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut 
     let shape = describe(job, engine, &run_input.params, partition, &mut trace)?;
     let mut day = Day { job, run_date, opts, run_input, partition, shape, params: run_input.params.clone(), job_hash: job.definition_hash(), trace };
     let report = in_transaction(engine, |engine| day.run(engine, started, started_at));
-    day.trace.step("commit");
+    if report.is_ok() {
+        day.trace.step("commit");
+    }
     report.map(|mut r| {
         r.elapsed_ms = elapsed_ms(started);
         r
