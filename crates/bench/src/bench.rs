@@ -143,7 +143,7 @@ WHEN NOT MATCHED THEN INSERT (order_id, customer_id, order_total, currency, upda
 const SOURCE: &str = "SELECT order_id, customer_id, order_total, currency, updated_at, dt FROM bronze.orders WHERE dt = ";
 
 fn db_err(context: &str) -> impl FnOnce(duckdb::Error) -> Error + '_ {
-    move |e| Error::Database { engine: "duckdb", context: context.to_owned(), message: e.to_string() }
+    move |e| fixpoint_duckdb::database_error(context.to_owned(), e)
 }
 
 /// The hand-written SQL: BEGIN; DELETE the day; INSERT … SELECT the day; COMMIT.
@@ -803,7 +803,7 @@ fn run_backfill(args: BenchArgs, out: &Output) -> Result<(), Error> {
 /// holds one row per segment at most).
 fn run_fingerprint(args: BenchArgs, out: &Output) -> Result<(), Error> {
     use fixpoint_core::tools::diff::{diff, DiffOptions, Sides};
-    use fixpoint_core::fingerprint::compute::{fingerprint, Scope};
+    use fixpoint_core::engine::measure::{fingerprint, Scope};
     use fixpoint_core::engine::Engine;
     use fixpoint_core::{Method, TableName};
     let file = args.dir.join("bench.duckdb");

@@ -23,7 +23,7 @@ const FILES: u64 = 4;
 const PATTERN: &str = "bronze/orders/dt={run_date}/*.parquet";
 
 fn db_err(context: &str) -> impl FnOnce(duckdb::Error) -> Error + '_ {
-    move |e| Error::Database { engine: "duckdb", context: context.to_owned(), message: e.to_string() }
+    move |e| fixpoint_duckdb::database_error(context.to_owned(), e)
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use fixpoint_core::fingerprint::compute::{fingerprint, Filter, Scope};
+use fixpoint_core::engine::measure::{fingerprint, Filter, Scope};
 
 use fixpoint_core::engine::Engine;
 use fixpoint_core::{Error, Fingerprint, Job, Method, RunDate, RunOptions};
@@ -122,11 +122,7 @@ pub fn run(rows: u64, dir: &Path, out: &Output) -> Result<(), Error> {
          INSERT INTO bronze.orders VALUES ({late}, 42, 19.99, 'EUR', TIMESTAMP '2026-10-21 02:14:00', DATE '2026-10-20');",
         late = rows + 1
     );
-    engine.connection().execute_batch(&setup).map_err(|e| Error::Database {
-        engine: "duckdb",
-        context: "building the demo's bronze.orders".into(),
-        message: e.to_string(),
-    })?;
+    engine.connection().execute_batch(&setup).map_err(|e| fixpoint_duckdb::database_error("building the demo's bronze.orders".into(), e))?;
     log(format!("fixpoint demo: {} rows of bronze.orders over 2026-10-18 … 2026-10-22 in {}", n(rows + 3), db_path.display()));
     log("  (order 2 arrives twice with a newer version, order 7 twice identically, order".to_owned());
     log(format!("   {} on 2026-10-20 arrives late, at 2026-10-21 02:14)", rows + 1));
@@ -190,7 +186,7 @@ pub fn run(rows: u64, dir: &Path, out: &Output) -> Result<(), Error> {
     log("4. One input row changes: order 12 of 2026-10-20 gets a new total".into());
     let conn = engine.connection();
     let exec = |sql: &str| {
-        conn.execute_batch(sql).map_err(|e| Error::Database { engine: "duckdb", context: "demo".into(), message: e.to_string() })
+        conn.execute_batch(sql).map_err(|e| fixpoint_duckdb::database_error("demo".into(), e))
     };
     exec("CREATE TEMP TABLE before_change AS SELECT * EXCLUDE (load_id, loaded_at) FROM silver.orders WHERE dt = DATE '2026-10-20';
           UPDATE bronze.orders SET order_total = order_total + 1, updated_at = updated_at + INTERVAL 1 SECOND WHERE order_id = 12;")?;
@@ -205,7 +201,7 @@ pub fn run(rows: u64, dir: &Path, out: &Output) -> Result<(), Error> {
             [],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
-        .map_err(|e| Error::Database { engine: "duckdb", context: "demo diff".into(), message: e.to_string() })?;
+        .map_err(|e| fixpoint_duckdb::database_error("demo diff".into(), e))?;
     log(format!("   run key {} → {}", r20.run_key, changed.run_key));
     log(format!("   orders of 2026-10-20 whose output changed: {} (order {})", diff.0, diff.1.unwrap_or(0)));
     check(changed.run_key != r20.run_key && diff == (1, Some(12)), "only the changed row's output changes")?;

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use fixpoint_core::fingerprint::compute::{fingerprint, Filter, Scope};
+use fixpoint_core::engine::measure::{fingerprint, Filter, Scope};
 use fixpoint_core::engine::Engine;
 use fixpoint_core::tools::lint::{lint, Severity, SqlDialect};
 use fixpoint_core::{Error, FailPoint, FaultAction, Job, Method, RunDate, RunOptions, TableName};
@@ -494,16 +494,6 @@ fn check_range(from: RunDate, to: RunDate, count: u64, max: u64, fix: &str) -> R
     ))
 }
 
-/// A database error caused by a user's SQL text (an unknown column, a
-/// syntax or type error), as the engines word them: DuckDB's parser,
-/// binder, catalog and conversion errors; PostgreSQL's SQLSTATE classes 42
-/// and 22.
-fn is_query_error(message: &str) -> bool {
-    ["Parser Error", "Binder Error", "Catalog Error", "Conversion Error", "Invalid Input Error", "(SQLSTATE 42", "(SQLSTATE 22"]
-        .iter()
-        .any(|m| message.contains(m))
-}
-
 /// `run` and `backfill` refuse a job with lint errors unless allowed.
 fn lint_gate(job: &Job, db_url: &str, engine: &mut dyn Engine, allow: bool) -> Result<(), Error> {
     let dialect = if db_url.starts_with("postgres") {
@@ -632,7 +622,7 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
                 // The condition does not run on the table (a column it
                 // lacks, a type error): the user's to fix, shown without
                 // the SQL fixpoint wrapped around it.
-                (Error::Database { engine: name, message, .. }, Some(p)) if is_query_error(&message) => Error::Sql {
+                (Error::Database { engine: name, message, failure, .. }, Some(p)) if failure.is_statement() => Error::Sql {
                     what: "--where".into(),
                     message: format!("{p:?} does not run on {table} ({name}): {}", message.lines().next().unwrap_or("").trim()),
                     hint: Some(format!("the condition may use the columns of {table}: {names}")),

@@ -92,6 +92,34 @@ impl fmt::Display for SampleRow {
     }
 }
 
+/// What kind of failure a database reported, as its engine reads its own
+/// error: DuckDB's exception type, PostgreSQL's SQLSTATE, Spark's error
+/// class. The core decides with it whether a failed statement is the
+/// user's to fix (a source query, a `deleted` condition, an audit that
+/// does not run) without reading any engine's message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbFailure {
+    /// The statement does not bind: a syntax error, an unknown table,
+    /// column or function, an ambiguous name, a type that does not fit
+    /// where it is written. Decided before any row is read.
+    Binding,
+    /// Another fault of the statement itself: a value it writes that does
+    /// not convert (a literal of the wrong shape, a division by zero), a
+    /// privilege the user lacks (PostgreSQL's and Spark's SQLSTATE classes
+    /// 42 beyond the binding errors, and 22; DuckDB's conversion and
+    /// invalid input errors).
+    Statement,
+    /// Anything else: the database, the connection, the data.
+    Other,
+}
+
+impl DbFailure {
+    /// A fault of the statement (binding or otherwise).
+    pub fn is_statement(self) -> bool {
+        matches!(self, DbFailure::Binding | DbFailure::Statement)
+    }
+}
+
 /// Every error fixpoint's libraries return.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -200,6 +228,10 @@ pub enum Error {
         context: String,
         /// The database's message.
         message: String,
+        /// What kind of failure, as the engine reads its own error (a
+        /// SQLSTATE, an exception type, an error class): never decided
+        /// from the message by the core.
+        failure: DbFailure,
     },
     /// The database refused the transaction for a reason a retry can fix
     /// (serialization failure, deadlock); the run was rolled back.

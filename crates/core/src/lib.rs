@@ -19,7 +19,7 @@ pub mod run;
 pub mod tools;
 
 pub use engine::{Column, Engine, Rows};
-pub use error::{Error, ErrorClass, FailPoint, Result};
+pub use error::{DbFailure, Error, ErrorClass, FailPoint, Result};
 pub use fingerprint::{Fingerprint, Method};
 pub use job::date::RunDate;
 pub use job::ident::TableName;

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The layers, bottom first.
-const LAYERS: [&str; 7] = ["error", "job", "engine", "fingerprint", "run", "plans", "tools"];
+const LAYERS: [&str; 7] = ["error", "job", "fingerprint", "engine", "run", "plans", "tools"];
 
 /// Module path (`plans::merge::sql`) → file.
 fn modules(src: &Path) -> BTreeMap<String, PathBuf> {

@@ -13,8 +13,9 @@ use fixpoint_core::engine::{Accelerator, Column, Dialect, Engine, FileInput, Row
 use fixpoint_core::job::files::{FileFormat, InputFiles};
 use fixpoint_core::job::ident::{quote_ident, TableName};
 use fixpoint_core::job::sql::{Sql, Value};
-use fixpoint_core::{Error, Result};
+use fixpoint_core::{DbFailure, Error, Result};
 
+mod accel;
 pub mod portable;
 pub mod tap;
 
@@ -43,8 +44,11 @@ pub struct DuckDb {
     tap_registered: bool,
     /// What this connection's taps saw, by token.
     taps: tap::Taps,
-    /// Whether an upsert-only merge tries the one-statement plan first.
+    /// Whether an upsert-only merge may be one statement.
     one_statement_merge: bool,
+    /// The ties of the one-statement merge's batch, still being counted
+    /// ([`Accelerator::confirm`] waits for them).
+    pending_ties: Option<Box<dyn FnOnce() -> u64 + Send>>,
     /// What `DESCRIBE` said of each table (columns, and the defaults the
     /// lint of generated keys reads), by quoted name: a run asks for the
     /// target's columns three or four times (~0.7 ms each on a fresh
@@ -95,7 +99,26 @@ struct Described {
 
 fn db_err(context: impl Into<String>) -> impl FnOnce(duckdb::Error) -> Error {
     let context = context.into();
-    move |e| Error::Database { engine: "duckdb", context, message: e.to_string() }
+    move |e| database_error(context, e)
+}
+
+/// A DuckDB error as fixpoint's, its kind read from the exception type
+/// DuckDB names at the start of every message it raises (`Binder Error:
+/// …`): the one place that reads DuckDB's wording.
+pub fn database_error(context: String, e: duckdb::Error) -> Error {
+    let message = e.to_string();
+    Error::Database { engine: "duckdb", context, failure: failure_of(&message), message }
+}
+
+/// The kind of a DuckDB error message ([`database_error`]).
+pub fn failure_of(message: &str) -> DbFailure {
+    // (Wrapped, the type follows the wrapper's own `…: `.)
+    let kind = message.split_once(" Error:").and_then(|(before, _)| before.rsplit(": ").next()).unwrap_or("").trim();
+    match kind {
+        "Parser" | "Binder" | "Catalog" => DbFailure::Binding,
+        "Conversion" | "Invalid Input" => DbFailure::Statement,
+        _ => DbFailure::Other,
+    }
 }
 
 /// A file that can never be opened as it is: the user's to fix (exit 2),
@@ -142,6 +165,7 @@ impl DuckDb {
                             engine: "duckdb",
                             context: format!("opening {}", path.display()),
                             message: msg,
+                            failure: DbFailure::Other,
                         });
                     }
                     if Instant::now() >= deadline {
@@ -187,6 +211,7 @@ impl DuckDb {
             tap_registered,
             taps,
             one_statement_merge: true,
+            pending_ties: None,
             described: Default::default(),
             warming,
         }
@@ -704,6 +729,7 @@ impl Engine for DuckDb {
     }
 
     fn rollback(&mut self) -> Result<()> {
+        self.pending_ties = None;
         let r = self.execute(&Sql::raw("ROLLBACK"));
         self.in_transaction = false;
         r.map(|_| ())
@@ -718,7 +744,13 @@ impl Engine for DuckDb {
     }
 
     fn accelerator(&mut self) -> Option<&mut dyn Accelerator> {
-        Some(self)
+        // Without its taps (`without_taps`), the portable plans run, as on
+        // an engine that has none.
+        if self.tap_registered {
+            Some(self)
+        } else {
+            None
+        }
     }
 }
 
@@ -827,101 +859,6 @@ impl FileInput for DuckDb {
         self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {HIVE_TABLE}")))?;
         self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {FILES_TABLE}")))?;
         Ok(())
-    }
-}
-
-impl Accelerator for DuckDb {
-    fn tap_partition(&mut self, value: &str, alias: &str, hashed: &[Column], day: chrono::NaiveDate) -> Option<(Sql, u64)> {
-        if !self.tap_registered || hashed.is_empty() {
-            return None;
-        }
-        let hash = self.native_row_hash(alias, hashed)?;
-        let days = (day - chrono::NaiveDate::from_ymd_opt(1970, 1, 1).expect("a date")).num_days();
-        let token = self.taps.open_partition(i32::try_from(days).ok()?);
-        let mut sql = Sql::new();
-        sql.push(&format!("{}(", tap::FUNCTION)).typed_param(Value::Int(token as i64), "UBIGINT");
-        sql.push(&format!(", {hash}, {value})"));
-        Some((sql, token))
-    }
-
-    fn tap_rows(&mut self, hash: &Sql) -> Option<(Sql, u64)> {
-        if !self.tap_registered {
-            return None;
-        }
-        let token = self.taps.open();
-        let mut sql = Sql::new();
-        sql.push(&format!("{}(", tap::ROWS_FUNCTION)).typed_param(Value::Int(token as i64), "UBIGINT");
-        sql.push(", CAST(").append(hash).push(" AS UBIGINT))");
-        Some((sql, token))
-    }
-
-    fn tap_if(&mut self, cond: &str, allowed: &str) -> Option<(Sql, u64)> {
-        if !self.tap_registered {
-            return None;
-        }
-        let token = self.taps.open();
-        let mut sql = Sql::new();
-        sql.push(&format!("{}(", tap::IF_FUNCTION)).typed_param(Value::Int(token as i64), "UBIGINT");
-        sql.push(&format!(", ({cond}), ({allowed}))"));
-        Some((sql, token))
-    }
-
-    fn tap_dedup(&mut self, hash: &str, pair: &str, row: &str) -> Option<(Sql, u64)> {
-        if !self.tap_registered {
-            return None;
-        }
-        let token = self.taps.open_dedup();
-        let mut sql = Sql::new();
-        sql.push(&format!("{}(", tap::DEDUP_FUNCTION)).typed_param(Value::Int(token as i64), "UBIGINT");
-        sql.push(&format!(", CAST({hash} AS UBIGINT), CAST({pair} AS UBIGINT), CAST({row} AS UBIGINT))"));
-        Some((sql, token))
-    }
-
-    fn tap_close(&mut self, token: u64) -> Option<(u64, u64, i128)> {
-        if self.taps.is_dedup(token) {
-            let d = self.taps.close_dedup(token);
-            return Some((d.rows, d.ties, d.sum));
-        }
-        let s = self.taps.close(token);
-        Some((s.rows, s.outside, s.sum))
-    }
-
-    fn tap_ties_after(&mut self, trigger: u64, dedup: u64) {
-        self.taps.count_ties_after(trigger, dedup);
-    }
-
-    fn tap_close_dedup_deferred(&mut self, token: u64) -> Option<(u64, i128, Box<dyn FnOnce() -> u64 + Send>)> {
-        self.taps.is_dedup(token).then(|| self.taps.close_dedup_deferred(token))
-    }
-
-    fn merge_refuses_in_statement(&self) -> bool {
-        self.tap_registered
-    }
-
-    fn merge_in_one_statement(&self) -> bool {
-        self.tap_registered && self.one_statement_merge
-    }
-
-    fn table_has_columns(&mut self, table: &TableName, columns: &[&str]) -> Option<bool> {
-        if let Some(d) = self.described.get_mut().get(&table.quoted()) {
-            return Some(columns.iter().all(|c| d.columns.iter().any(|k| k.name == *c)));
-        }
-        // The appender's lookup runs no statement: a missing table or
-        // column is an error of the C API, which aborts no transaction.
-        self.conn.appender_with_columns_to_db(&table.table, &table.schema, columns).ok().map(|_| true)
-    }
-
-    fn append_row(&mut self, table: &TableName, columns: &[&str], values: &[Value]) -> Option<Result<()>> {
-        let context = format!("appending a row to {}", table.quoted());
-        let err = |e: duckdb::Error| Error::Database { engine: "duckdb", context: context.clone(), message: e.to_string() };
-        let appended = (|| {
-            let mut app = self.conn.appender_with_columns_to_db(&table.table, &table.schema, columns).map_err(err)?;
-            app.append_row(duckdb::appender_params_from_iter(values.iter().map(to_duck))).map_err(err)?;
-            // Flushed here, into the transaction: dropped unflushed, an
-            // appender's error would have nowhere to go.
-            app.flush().map_err(err)
-        })();
-        Some(appended)
     }
 }
 

@@ -33,8 +33,8 @@ pub const FUNCTION: &str = "fixpoint_tap";
 /// The counting condition's SQL name: `fixpoint_tap_if(token, cond,
 /// allowed) -> BOOLEAN` is `cond` (FALSE where NULL), counting the rows
 /// where it is TRUE, and fails the statement with
-/// [`fixpoint_core::engine::REFUSED_IN_STATEMENT`] on a row where `cond`
-/// is TRUE and `allowed` is not. (In a MERGE's `WHEN MATCHED AND …`: the
+/// [`REFUSED`] on a row where `cond` is TRUE and `allowed` is not (the tap
+/// marked refused: [`Taps::refused`]). (In a MERGE's `WHEN MATCHED AND …`: the
 /// rows updated, and a refusal, for the price of two comparisons; the
 /// same in nested `CASE`s cost twice as much.)
 pub const IF_FUNCTION: &str = "fixpoint_tap_if";
@@ -50,6 +50,18 @@ pub const ROWS_FUNCTION: &str = "fixpoint_tap_rows";
 /// but no argument of it may be NULL where every row must be counted: DuckDB
 /// skips the call for a chunk whose argument is a constant NULL.
 pub const DEDUP_FUNCTION: &str = "fixpoint_tap_dedup";
+
+/// The refusal's SQL name: `fixpoint_tap_refuse(token) -> BOOLEAN` fails
+/// the statement on the first row it is evaluated on, and marks the tap
+/// `token` refused ([`Taps::refused`]): in a `CASE` branch, a row the plan
+/// does not decide (a NULL key, a key held in a partition the batch does
+/// not touch) stops the statement, and the plan knows it was its own
+/// refusal, not the database's error, without reading the message.
+pub const REFUSE_FUNCTION: &str = "fixpoint_tap_refuse";
+
+/// The message a refusal fails its statement with (for the user, should it
+/// ever reach one: the plan reads [`Taps::refused`], not this text).
+pub const REFUSED: &str = "fixpoint: the statement met a row its plan leaves to another (rolled back)";
 
 /// How many rows' (key, version) pairs the dedup tap remembers by default
 /// (16 bytes a row, at most ~134 MiB with the list's spare room). Past it
@@ -117,6 +129,8 @@ struct State {
     /// Taps whose first row starts the count of a dedup tap's ties: kept
     /// tap's token -> dedup tap's token.
     after: Mutex<HashMap<u64, u64>>,
+    /// The taps that refused a row.
+    refused: Mutex<std::collections::HashSet<u64>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -139,6 +153,7 @@ impl Taps {
             seen: Mutex::default(),
             dedups: Mutex::default(),
             after: Mutex::default(),
+            refused: Mutex::default(),
         }))
     }
 
@@ -167,6 +182,16 @@ impl Taps {
         let limit = self.0.limit.load(Ordering::Relaxed);
         lock(&self.0.dedups).insert(token, Dedup { limit, ..Dedup::default() });
         token
+    }
+
+    /// Whether the tap `token` refused a row ([`REFUSE_FUNCTION`], or
+    /// [`IF_FUNCTION`] where its row was not allowed); forgets it.
+    pub fn refused(&self, token: u64) -> bool {
+        lock(&self.0.refused).remove(&token)
+    }
+
+    fn refuse(&self, token: u64) {
+        lock(&self.0.refused).insert(token);
     }
 
     /// Whether `token` is an open dedup tap's.
@@ -423,7 +448,36 @@ pub fn register(conn: &duckdb::Connection, taps: &Taps) -> duckdb::Result<()> {
     conn.register_scalar_function_with_state::<Tap>(FUNCTION, taps)?;
     conn.register_scalar_function_with_state::<TapRows>(ROWS_FUNCTION, taps)?;
     conn.register_scalar_function_with_state::<TapIf>(IF_FUNCTION, taps)?;
+    conn.register_scalar_function_with_state::<TapRefuse>(REFUSE_FUNCTION, taps)?;
     conn.register_scalar_function_with_state::<TapDedup>(DEDUP_FUNCTION, taps)
+}
+
+struct TapRefuse;
+
+impl VScalar for TapRefuse {
+    type State = Taps;
+
+    fn invoke(taps: &Taps, input: &mut DataChunkHandle, _output: &mut dyn WritableVector) -> Result<(), Box<dyn StdError>> {
+        let rows = input.len();
+        if rows == 0 {
+            return Ok(());
+        }
+        // SAFETY: the signature is (UBIGINT); DuckDB hands a flattened
+        // vector of `rows` values.
+        let v0 = input.flat_vector(0);
+        let tokens = unsafe { v0.as_slice_with_len::<u64>(rows) };
+        let token = one_value(tokens).ok_or_else(|| format!("{REFUSE_FUNCTION}: one token per call site"))?;
+        taps.refuse(token);
+        Err(REFUSED.into())
+    }
+
+    fn signatures() -> Vec<ScalarFunctionSignature> {
+        vec![ScalarFunctionSignature::exact(vec![LogicalTypeId::UBigint.into()], LogicalTypeId::Boolean.into())]
+    }
+
+    fn volatile() -> bool {
+        true
+    }
 }
 
 /// The validity mask of column `idx` of `input`: one bit per row, 0 for
@@ -519,7 +573,8 @@ impl VScalar for TapIf {
             refused |= c && !a;
         }
         if refused {
-            return Err(fixpoint_core::engine::REFUSED_IN_STATEMENT.into());
+            taps.refuse(token);
+            return Err(REFUSED.into());
         }
         taps.add(token, taken, 0, 0);
         Ok(())

@@ -3,7 +3,7 @@
 //! `md5_number`) on every type, NULLs and edge values included: the text is
 //! compared row by row, then the hash, then whole fingerprints.
 
-use fixpoint_core::fingerprint::compute::{fingerprint, portable_field, Scope};
+use fixpoint_core::engine::measure::{fingerprint, portable_field, Scope};
 
 use fixpoint_core::engine::Column;
 use fixpoint_core::job::ident::quote_ident;

@@ -218,7 +218,9 @@ fn the_counting_condition_counts_true_rows_and_refuses_what_is_not_allowed() {
                 |r| r.get::<_, i64>(0),
             )
             .unwrap_err();
-        assert!(err.to_string().contains(fixpoint_core::engine::REFUSED_IN_STATEMENT), "{allowed}: {err}");
+        assert!(err.to_string().contains(tap::REFUSED), "{allowed}: {err}");
+        assert!(db.taps().refused(token), "{allowed}: the tap says it refused");
+        assert!(!db.taps().refused(token), "and forgets it once asked");
         db.taps().close(token);
     }
     // The same condition where `allowed` is NULL only where it does not
@@ -236,4 +238,28 @@ fn the_counting_condition_counts_true_rows_and_refuses_what_is_not_allowed() {
         )
         .unwrap();
     assert_eq!((taken, db.taps().close(token).rows), (5000, 5000));
+    assert!(!db.taps().refused(token), "nothing refused");
+}
+
+/// The refusal fails its statement on the first row that reaches it, and
+/// marks its own token refused (no other); a statement where no row
+/// reaches it (a `CASE` branch never taken) runs, nothing marked.
+#[test]
+fn the_refusal_fails_its_statement_and_says_so() {
+    let db = DuckDb::open_in_memory().unwrap();
+    let query = |token: u64, cond: &str| {
+        db.connection().query_row(
+            &format!("SELECT count(*) FILTER (WHERE CASE WHEN {cond} THEN {}(CAST(? AS UBIGINT)) ELSE true END) FROM range(10000) AS r(i)", tap::REFUSE_FUNCTION),
+            [token as i64],
+            |r| r.get::<_, i64>(0),
+        )
+    };
+    let (refusing, other) = (db.taps().open(), db.taps().open());
+    let err = query(refusing, "i = 9000").unwrap_err();
+    assert!(err.to_string().contains(tap::REFUSED), "{err}");
+    assert!(db.taps().refused(refusing));
+    assert!(!db.taps().refused(other), "only the tap that refused");
+    let quiet = db.taps().open();
+    assert_eq!(query(quiet, "i < 0").unwrap(), 10000, "no row reaches it: every row counted");
+    assert!(!db.taps().refused(quiet));
 }

@@ -319,7 +319,7 @@ pub(crate) fn copy_files(client: &mut Client, files: &InputFiles, into: Option<&
     }
     let pg_err = |context: &str| {
         let context = context.to_owned();
-        move |e: postgres::Error| Error::Database { engine: "postgres", context: context.clone(), message: e.to_string() }
+        move |e: postgres::Error| Error::Database { engine: "postgres", context: context.clone(), message: e.to_string(), failure: fixpoint_core::DbFailure::Other }
     };
     let table = match into {
         Some(t) => t.to_owned(),
@@ -335,7 +335,7 @@ pub(crate) fn copy_files(client: &mut Client, files: &InputFiles, into: Option<&
     let mut read = Sql::new();
     read.push("SELECT ").push(&select.join(", ")).push(" FROM ").append(&relation);
     let conn = duck.connection();
-    let duck_err = |e: duckdb::Error| Error::Database { engine: "duckdb", context: "reading the files".into(), message: e.to_string() };
+    let duck_err = |e: duckdb::Error| Error::Database { engine: "duckdb", context: "reading the files".into(), message: e.to_string(), failure: fixpoint_core::DbFailure::Other };
     let mut stmt = conn.prepare(&read.text).map_err(duck_err)?;
     let mut rows = stmt.query([]).map_err(duck_err)?;
     let sink = client.copy_in(&format!("COPY {table} FROM STDIN (FORMAT binary)")).map_err(pg_err("starting COPY"))?;

@@ -15,7 +15,7 @@ mod files;
 use fixpoint_core::engine::{Column, DayPartition, Dialect, Engine, FileInput, Locks, PartitionExchange, Rows};
 use fixpoint_core::job::ident::{quote_ident, TableName};
 use fixpoint_core::job::sql::{Sql, Value};
-use fixpoint_core::{Error, Result};
+use fixpoint_core::{DbFailure, Error, Result};
 use postgres::types::{FromSql, ToSql, Type};
 use postgres::{Client, NoTls};
 
@@ -63,8 +63,19 @@ fn pg_err(context: impl Into<String>) -> impl FnOnce(postgres::Error) -> Error {
                 Some(s) => format!("{e}: {s}"),
                 None => e.to_string(),
             };
-            Error::Database { engine: "postgres", context, message }
+            Error::Database { engine: "postgres", context, message, failure: DbFailure::Other }
         }
+    }
+}
+
+/// The kind of a failure by its SQLSTATE.
+pub fn failure_of(code: &str) -> DbFailure {
+    match code {
+        // Syntax, undefined table, column or function, ambiguous column or
+        // function, datatype mismatch.
+        "42601" | "42P01" | "42703" | "42883" | "42702" | "42725" | "42804" => DbFailure::Binding,
+        c if c.starts_with("42") || c.starts_with("22") => DbFailure::Statement,
+        _ => DbFailure::Other,
     }
 }
 
@@ -108,7 +119,7 @@ pub fn classify(code: &str, message: &str, context: String) -> Error {
         "42501" => permission_denied(code, message_text),
         _ if catalog_race => Error::Transient { engine: "postgres", context, message: format!("{message}; a concurrent run created it") },
         "55P03" => Error::Busy { message: format!("postgres: {context}: {message}") },
-        _ => Error::Database { engine: "postgres", context, message },
+        _ => Error::Database { engine: "postgres", context, message, failure: failure_of(code) },
     }
 }
 
@@ -624,7 +635,7 @@ impl Dialect for Postgres {
             .iter()
             .map(|c| {
                 let (text, class) = self.portable_value(&format!("{alias}.{}", quote_ident(&c.name)), c);
-                fixpoint_core::fingerprint::compute::portable_field(&text, class)
+                fixpoint_core::engine::measure::portable_field(&text, class)
             })
             .collect();
         let chunks: Vec<String> = fields.chunks(90).map(|f| format!("concat_ws('|', {})", f.join(", "))).collect();

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use fixpoint_core::fingerprint::compute::{fingerprint, Filter, Scope};
+use fixpoint_core::engine::measure::{fingerprint, Filter, Scope};
 
 use fixpoint_core::engine::Engine;
 use fixpoint_core::{Fingerprint, Job, Method, RunDate, Sql, TableName};

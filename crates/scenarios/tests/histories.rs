@@ -204,7 +204,9 @@ impl Plans {
             Plans::Spark if m.partition => &["copy-on-write of touched partitions"],
             Plans::Spark => &["copy-on-write of the table"],
             Plans::TwoStatements => &["merge, checks in the statement", "merge"],
-            Plans::OneStatement if !m.deleted => &["merge, one statement", "merge, checks in the statement", "merge"],
+            // Without tombstones or audits the one-statement plan, or,
+            // where it declines, the portable one.
+            Plans::OneStatement if !m.deleted => &["merge, one statement", "merge"],
             Plans::OneStatement => &["merge, checks in the statement", "merge"],
         }
     }

@@ -2,7 +2,7 @@
 //! DuckDB and in PostgreSQL give the same checksum, and one changed value
 //! changes it on both.
 
-use fixpoint_core::fingerprint::compute::{fingerprint, Scope};
+use fixpoint_core::engine::measure::{fingerprint, Scope};
 use fixpoint_core::{Engine, Fingerprint, Method, TableName};
 use fixpoint_scenarios::*;
 

@@ -295,7 +295,7 @@ fn target_is_created_and_checked(e: &dyn EngineUnderTest) {
 }
 
 fn fingerprints_are_order_independent_and_collision_resistant(e: &dyn EngineUnderTest) {
-    use fixpoint_core::fingerprint::compute::{fingerprint, Scope};
+    use fixpoint_core::engine::measure::{fingerprint, Scope};
     use fixpoint_core::{Method, TableName};
     let mut db = e.fresh();
     let db = db.as_mut();

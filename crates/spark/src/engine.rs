@@ -9,7 +9,7 @@ use arrow_schema::{DataType, TimeUnit};
 use fixpoint_core::engine::{Column, Dialect, Engine, Leases, Rows};
 use fixpoint_core::job::ident::{quote_ident, TableName};
 use fixpoint_core::job::sql::{Sql, Value};
-use fixpoint_core::{Error, Result};
+use fixpoint_core::{DbFailure, Error, Result};
 
 use crate::client::{Client, SparkError};
 use crate::lease::{self, Held, Renewer};
@@ -45,18 +45,36 @@ fn lease_from_env() -> Result<Duration> {
     }
 }
 
+/// A Spark error as fixpoint's, its kind read from the error class and
+/// SQLSTATE the server sends with it.
+pub(crate) fn database_error(context: String, e: SparkError) -> Error {
+    // Where the server sent no structured class or state, the message
+    // carries them: `[CLASS.SUBCLASS] … SQLSTATE: 42703`.
+    let class = e.error_class.clone().or_else(|| e.message.strip_prefix('[').and_then(|m| m.split_once(']')).map(|(c, _)| c.to_owned()));
+    let state = e.sql_state.clone().or_else(|| e.message.split_once("SQLSTATE: ").map(|(_, s)| s.chars().take(5).collect()));
+    let binding = matches!(
+        class.as_deref().map(|c| c.split('.').next().unwrap_or(c)),
+        Some("UNRESOLVED_COLUMN" | "UNRESOLVED_ROUTINE" | "TABLE_OR_VIEW_NOT_FOUND" | "PARSE_SYNTAX_ERROR" | "DATATYPE_MISMATCH" | "AMBIGUOUS_REFERENCE")
+    );
+    let statement = state.as_deref().is_some_and(|s| s.starts_with("42") || s.starts_with("22"));
+    let failure = if binding {
+        DbFailure::Binding
+    } else if statement {
+        DbFailure::Statement
+    } else {
+        DbFailure::Other
+    };
+    Error::Database { engine: "spark", context, message: e.to_string(), failure }
+}
+
 fn err(context: &str) -> impl FnOnce(SparkError) -> Error + '_ {
-    move |e| Error::Database { engine: "spark", context: context.to_owned(), message: e.to_string() }
+    move |e| database_error(context.to_owned(), e)
 }
 
 impl Spark {
     /// Connects to `sc://host:port`.
     pub fn connect(url: &str, timeout: Duration) -> Result<Spark> {
-        let client = Client::connect(url, timeout).map_err(|e| Error::Database {
-            engine: "spark",
-            context: format!("connecting to {url}"),
-            message: e.to_string(),
-        })?;
+        let client = Client::connect(url, timeout).map_err(|e| database_error(format!("connecting to {url}"), e))?;
         let mut spark = Spark {
             client,
             url: url.to_owned(),

@@ -73,7 +73,7 @@ pub(crate) fn lit(s: &str) -> String {
 }
 
 fn spark_err(context: &str) -> impl FnOnce(SparkError) -> Error + '_ {
-    move |e| Error::Database { engine: "spark", context: context.to_owned(), message: e.to_string() }
+    move |e| crate::engine::database_error(context.to_owned(), e)
 }
 
 fn not_found(e: &SparkError) -> bool {

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use fixpoint_core::fingerprint::compute::{fingerprint, Scope};
+use fixpoint_core::engine::measure::{fingerprint, Scope};
 use fixpoint_core::job::sql::{Sql, Value};
 use fixpoint_core::{Engine, Error, Method, TableName};
 use fixpoint_spark::Spark;

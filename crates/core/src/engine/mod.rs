@@ -2,10 +2,13 @@
 //! implements, its [`Dialect`], the capabilities only some have, and the
 //! rows it returns. fixpoint's plans are written once against these.
 
+pub mod accel;
 mod dialect;
+pub mod measure;
 mod rows;
 mod traits;
 
+pub use accel::{Accelerated, DayInsert, MergeRequest, Merged, RunSteps, TappedDay};
 pub use dialect::Dialect;
 pub use rows::{Column, Row, Rows};
 pub use traits::{Accelerator, DayPartition, Engine, FileInput, Leases, Locks, PartitionExchange};
@@ -13,9 +16,6 @@ pub use traits::{Accelerator, DayPartition, Engine, FileInput, Leases, Locks, Pa
 use crate::error::{Error, Result};
 use crate::job::sql::Sql;
 
-/// The message of a refusal raised inside a statement (a `MERGE`'s
-/// condition): a batch key held in a partition the batch does not touch.
-pub const REFUSED_IN_STATEMENT: &str = "fixpoint: a batch key is held in a partition the batch does not touch";
 
 /// A short, one-line description of a statement for error context.
 pub fn statement_context(sql: &str) -> String {

@@ -7,6 +7,7 @@
 
 use chrono::NaiveDate;
 
+use crate::engine::accel::{Accelerated, DayInsert, MergeRequest, Merged, RunSteps, TappedDay};
 use crate::engine::dialect::Dialect;
 use crate::engine::rows::{Column, Rows};
 use crate::error::Result;
@@ -240,92 +241,35 @@ pub trait Leases: Engine {
 
 /// Faster ways to do a plan's work (DuckDB: taps that count and hash rows
 /// as a statement streams them, so guards and fingerprints need no scan of
-/// their own). Every method may decline (`None`, `false`): declining is
-/// never wrong, the plan then does the work the portable way.
+/// their own, and checks that ride inside the statements the hand-written
+/// SQL runs anyway). The plan asks once; the accelerator answers
+/// [`Accelerated::Done`] or [`Accelerated::Declined`], and declining is
+/// never wrong: the plan then does the work the portable way. The hints
+/// below may answer `None` for the same reason.
 pub trait Accelerator: Engine {
-    /// A tap on the next `INSERT … SELECT` of a run's rows: an expression to
-    /// select as the partition column in place of `value` (the source's
-    /// DATE column, e.g. `s."dt"`), which passes it through and, as the rows
-    /// stream into the target, counts them, counts those whose partition is
-    /// not `day`, and sums their native row hashes over `hashed` (columns of
-    /// `alias`). Returns the expression and a token for
-    /// [`Accelerator::tap_close`]; `None` where the engine has no tap (the guards
-    /// and the fingerprint then scan on their own).
-    fn tap_partition(&mut self, value: &str, alias: &str, hashed: &[Column], day: NaiveDate) -> Option<(Sql, u64)> {
-        let _ = (value, alias, hashed, day);
-        None
+    /// `replace_partition`'s insert of the day, its guards (rows outside
+    /// the day) and its fingerprint counted as the rows stream in. Declined
+    /// before running anything where it cannot.
+    fn insert_day(&mut self, day: &DayInsert<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<TappedDay>> {
+        let _ = (day, steps);
+        Ok(Accelerated::Declined("no tapped insert on this engine"))
     }
 
-    /// A counting tap: a BOOLEAN expression, TRUE for each row where `hash`
-    /// (a UBIGINT expression, typically a native row hash under a CASE) is
-    /// not NULL and NULL where it is, that counts those rows and sums the
-    /// hashes as it is evaluated. It goes where the engine evaluates it
-    /// exactly once per row: a projection, or a `MERGE … WHEN … AND`
-    /// condition. Closed with [`Accelerator::tap_close`] (the middle figure is
-    /// 0); `None` where the engine has no taps.
-    fn tap_rows(&mut self, hash: &Sql) -> Option<(Sql, u64)> {
-        let _ = hash;
-        None
+    /// A merge, in the run's transaction as the plan prepared it. It may
+    /// write before it declines: the plan then rolls the transaction back
+    /// and runs the portable plan, which explains what it declined (a
+    /// NULL key, a tie, a key held elsewhere) with the rows involved.
+    fn merge(&mut self, merge: &MergeRequest<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<Merged>> {
+        let _ = (merge, steps);
+        Ok(Accelerated::Declined("no accelerated merge on this engine"))
     }
 
-    /// A counting condition: a BOOLEAN expression that is `cond` (FALSE
-    /// where NULL), counts the rows where it is TRUE (closed with
-    /// [`Accelerator::tap_close`]: (rows, 0, 0)), and fails the statement with
-    /// [`REFUSED_IN_STATEMENT`] on a row where `cond` is TRUE and `allowed`
-    /// is not. `None` where the engine has none.
-    fn tap_if(&mut self, cond: &str, allowed: &str) -> Option<(Sql, u64)> {
-        let _ = (cond, allowed);
-        None
-    }
-
-    /// A dedup tap: a BOOLEAN expression (TRUE) that counts the rows it
-    /// is evaluated on and sums `hash` (UBIGINT) over them, and finds ties:
-    /// two rows with the same `pair` (a hash of key and version) whose
-    /// `row` hashes (NULL: not compared) differ. No argument may be a NULL
-    /// DuckDB can fold: the call would be skipped and its rows not counted. Closed with
-    /// [`Accelerator::tap_close`]: (rows, ties, sum); ties is at least 1 when the
-    /// tap could not remember every pair. `None` where the engine has no
-    /// taps.
-    fn tap_dedup(&mut self, hash: &str, pair: &str, row: &str) -> Option<(Sql, u64)> {
-        let _ = (hash, pair, row);
-        None
-    }
-
-    /// What the tap saw: (rows whose partition was not NULL, of those the
-    /// rows outside `day`, the sum of their row hashes).
-    fn tap_close(&mut self, token: u64) -> Option<(u64, u64, i128)> {
-        let _ = token;
-        None
-    }
-
-    /// Declares that the counting tap `trigger` ([`Accelerator::tap_rows`]) sees
-    /// its first row only once the dedup tap `dedup` has seen its last (it
-    /// sits above a blocking window over it): the engine may then count the
-    /// dedup tap's ties while the statement goes on. A row that reaches the
-    /// dedup tap later makes its count report a tie. A no-op by default.
-    fn tap_ties_after(&mut self, trigger: u64, dedup: u64) {
-        let _ = (trigger, dedup);
-    }
-
-    /// [`Accelerator::tap_close`] of a dedup tap, its ties still being counted
-    /// when it returns: (rows, sum, a function that waits for the ties).
-    /// The caller does its last statements before it asks.
-    fn tap_close_dedup_deferred(&mut self, token: u64) -> Option<(u64, i128, Box<dyn FnOnce() -> u64 + Send>)> {
-        self.tap_close(token).map(|(rows, ties, sum)| (rows, sum, Box::new(move || ties) as Box<dyn FnOnce() -> u64 + Send>))
-    }
-
-    /// Whether `MERGE` conditions may raise `error('message')` (a refusal
-    /// inside the statement, so it needs no join of its own) and hold taps
-    /// ([`Accelerator::tap_rows`], [`Accelerator::tap_dedup`]).
-    fn merge_refuses_in_statement(&self) -> bool {
-        false
-    }
-
-    /// Whether an upsert-only merge may first try the plan that is one
-    /// `MERGE` over the dedup, every check in its clauses (needs
-    /// [`Accelerator::merge_refuses_in_statement`]).
-    fn merge_in_one_statement(&self) -> bool {
-        false
+    /// The last word before COMMIT, after the run's last statement (its
+    /// ledger row): a check the accelerator left running (the one-statement
+    /// merge counts ties while the ledger row is written) may still decline
+    /// the run, which then rolls back as [`Accelerator::merge`]'s decline.
+    fn confirm(&mut self) -> Result<Accelerated<()>> {
+        Ok(Accelerated::Done(()))
     }
 
     /// Whether `table` has all of `columns`, where the engine knows it

@@ -13,7 +13,7 @@
 //!   Its kind names the engine and its version, because the hash may change
 //!   with an upgrade; the ledger, skips and proofs use it.
 //! - **portable**: every value is written as canonical text (see
-//!   [`crate::fingerprint::compute::portable_field`]: `NULL` is `\N`, text escapes `\` and
+//!   [`crate::engine::measure::portable_field`]: `NULL` is `\N`, text escapes `\` and
 //!   `|`, so NULL differs from `''`; floats as [`write_float`]), the fields
 //!   are joined with `|` in column order and hashed with MD5;
 //!   the first 64 bits are summed. Every engine produces the same checksum for
@@ -23,7 +23,6 @@
 //!   (the text written from the typed columns, many rows hashed at once by
 //!   [`crate::fingerprint::md5lanes`]), several times faster than the text built in SQL.
 
-pub mod compute;
 pub mod md5lanes;
 pub mod runkey;
 

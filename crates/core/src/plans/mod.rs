@@ -3,7 +3,7 @@
 //! lease of engines without transactions in [`lease`].
 
 pub(crate) mod lease;
-pub(crate) mod merge;
+pub mod merge;
 pub(crate) mod replace;
 pub(crate) mod steps;
 

@@ -1,8 +1,14 @@
 //! Steps the plans share.
 
-use crate::engine::Column;
+use chrono::NaiveDate;
+
+use crate::engine::measure::Scope;
+use crate::engine::{Column, Engine};
 use crate::error::{Error, Result};
+use crate::job::date::RunDate;
 use crate::job::spec::Job;
+use crate::job::sql::{RunParams, Sql, Value};
+use crate::run::sqlerror::first_row;
 
 /// Whether a column of type `ty` can hold a run's day: a DATE (or a
 /// timestamp, equal to the run date at midnight; a NULL literal's type,
@@ -54,3 +60,33 @@ pub(crate) fn signature_of(cols: &[Column]) -> Vec<String> {
     cols.iter().map(|c| format!("{} {}", c.name, c.ty)).collect()
 }
 
+
+/// The guard scan of `replace_partition`: one scan of the source
+/// selecting `fp_select` (the input fingerprint, or only the count) and
+/// counting as `"outside"` the rows whose `partition` is not `day`.
+pub(crate) fn guard_scan(job: &Job, params: &RunParams, partition: &str, day: NaiveDate, fp_select: &str) -> Sql {
+    let mut sql = Sql::new();
+    sql.push("SELECT ").push(fp_select).push(", count(*) FILTER (WHERE s.").ident(partition);
+    sql.push(" IS DISTINCT FROM ");
+    sql.typed_param(Value::Date(day), "DATE").push(") AS \"outside\" FROM ");
+    Scope::Source { template: job.source.template(), params }.write_from(&mut sql, "s");
+    sql
+}
+
+/// The guards on the counts of `replace_partition`: no row outside the
+/// day (refused with a sample row), at least the job's `min_rows`.
+pub(crate) fn check_day_rows(engine: &mut dyn Engine, job: &Job, params: &RunParams, partition: &str, run_date: RunDate, rows: u64, outside: u64) -> Result<()> {
+    if outside > 0 {
+        let mut sql = Sql::new();
+        sql.push("SELECT * FROM ");
+        Scope::Source { template: job.source.template(), params }.write_from(&mut sql, "s");
+        sql.push(" WHERE s.").ident(partition).push(" IS DISTINCT FROM ");
+        sql.typed_param(Value::Date(run_date.date()), "DATE").push(" LIMIT 1");
+        let sample = first_row(engine, &sql)?;
+        return Err(Error::OutOfPartition { rows: outside, column: partition.to_owned(), run_date: run_date.to_string(), sample });
+    }
+    match job.min_rows {
+        Some(min) if rows < min => Err(Error::TooFewRows { rows, min_rows: min, run_date: run_date.to_string() }),
+        _ => Ok(()),
+    }
+}

@@ -86,25 +86,19 @@ pub(crate) fn describe_source(job: &Job, engine: &mut dyn Engine, params: &RunPa
     engine.describe(&sql).map_err(|e| match e {
         // The query's own fault (an unknown table or column, a syntax or
         // type error): the user's to fix, exit 2.
-        Error::Database { engine, message, .. } if is_query_error(&message) => Error::Sql {
+        Error::Database { engine, message, failure, .. } if failure.is_statement() => Error::Sql {
             what: format!("source.sql of job {} ({engine})", job.name),
             message: message.trim().to_owned(),
             hint: Some("run the query by hand with the run's parameters bound, and fix the table or column it names".into()),
         },
-        Error::Database { engine, message, .. } => Error::Database {
+        Error::Database { engine, message, failure, .. } => Error::Database {
             engine,
             context: format!("the source query of job {} does not run", job.name),
             message,
+            failure,
         },
         other => other,
     })
-}
-
-/// Whether an engine's error message is about the query itself (DuckDB's
-/// parser, binder and catalog errors; PostgreSQL's and Spark's SQLSTATE
-/// class 42).
-fn is_query_error(message: &str) -> bool {
-    ["Parser Error", "Binder Error", "Catalog Error", "Conversion Error", "(SQLSTATE 42", "SQLSTATE: 42"].iter().any(|m| message.contains(m))
 }
 
 /// Drops what a file source staged (nothing on an engine without file input).

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use crate::engine::Engine;
+use crate::engine::{Engine, RunSteps};
 use crate::error::{Error, FailPoint, Result};
 use crate::job::spec::Job;
 
@@ -52,6 +52,22 @@ impl RunOptions {
             }
             _ => Ok(()),
         }
+    }
+}
+
+/// A run's fail points and step trace, lent to an accelerated step.
+pub(crate) struct Steps<'a> {
+    pub(crate) opts: &'a RunOptions,
+    pub(crate) trace: &'a mut Trace,
+}
+
+impl RunSteps for Steps<'_> {
+    fn fail_point(&self, at: FailPoint) -> Result<()> {
+        self.opts.step(at)
+    }
+
+    fn step(&mut self, what: &str) {
+        self.trace.step(what);
     }
 }
 

@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use crate::job::date::RunDate;
-use crate::fingerprint::compute::{fingerprint, Filter, Scope};
+use crate::engine::measure::{fingerprint, Filter, Scope};
 use crate::engine::{Column, Engine};
 use crate::error::{Error, Result};
 use crate::job::files::InputFiles;
@@ -90,7 +90,7 @@ fn look(job: &Job, dates: &[RunDate], engine: &mut dyn Engine) -> Result<Vec<(Ru
     if let (Some(cols), Some(partition)) = (&target_cols, job.partition.as_deref()) {
         let output_cols = fingerprinted(cols, &job.metadata);
         if cols.iter().any(|c| c.name == partition && c.ty.eq_ignore_ascii_case("date")) {
-            let fp = crate::fingerprint::compute::fingerprint_select(engine, Method::Native, "t", &output_cols)?;
+            let fp = crate::engine::measure::fingerprint_select(engine, Method::Native, "t", &output_cols)?;
             let mut sql = crate::job::sql::Sql::new();
             sql.push("SELECT CAST(t.").ident(partition).push(" AS VARCHAR) AS \"day\", ").push(&fp.select);
             sql.push(" FROM ").push(&job.target.quoted()).push(" AS t WHERE t.").ident(partition).push(" >= ");

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::fingerprint::compute::row_hash;
+use crate::engine::measure::row_hash;
 
 use crate::engine::{Column, Engine};
 use crate::error::{Error, Result};

@@ -16,7 +16,7 @@ use sqlparser::tokenizer::{Token, Tokenizer};
 
 use crate::job::date::RunDate;
 use crate::engine::{Column, Engine};
-use crate::fingerprint::compute::{Filter, Scope};
+use crate::engine::measure::{Filter, Scope};
 use crate::error::{Error, Result};
 use crate::job::ident::{quote_ident, TableName};
 use crate::run::ledger;

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::job::date::RunDate;
 use crate::tools::diff::Row;
-use crate::fingerprint::compute::{fingerprint, Filter, Scope};
+use crate::engine::measure::{fingerprint, Filter, Scope};
 use crate::engine::{Column, Engine};
 use crate::error::{Error, FailPoint, Result};
 use crate::fingerprint::{Fingerprint, Method};

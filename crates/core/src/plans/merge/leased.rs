@@ -3,21 +3,23 @@
 
 use std::time::Instant;
 
+use crate::engine::measure::fingerprint_select;
 use crate::engine::{Column, Leases};
-use crate::error::{Error, FailPoint, Result};
-use crate::fingerprint::compute::fingerprint_select;
+use crate::error::{AuditResult, Error, FailPoint, Result};
 use crate::fingerprint::runkey::run_key;
-use crate::fingerprint::Method;
+use crate::fingerprint::{Fingerprint, Method};
 use crate::job::date::RunDate;
 use crate::job::ident::quote_ident;
-use crate::job::spec::Job;
-use crate::job::sql::{Sql, Value};
-use crate::run::ledger;
-use crate::run::input::{describe_source, RunInput};
-use crate::run::protocol::{RunOptions, Trace};
-use crate::run::report::{entry, RunReport};
-
+use crate::job::spec::{Job, MergeSpec, OnTie};
+use crate::job::sql::{RunParams, Sql, Value};
 use crate::plans::lease::leased;
+use crate::plans::merge::refusals::{check_source, deleted_error, tie_error};
+use crate::plans::merge::sql::{batch_tie_cond, count, dedup_sql, keys_match, q, tombstone_table, DELETED};
+use crate::plans::merge::steps::{flagged_source, scan_stage, Classification, Classified};
+use crate::run::input::{describe_source, RunInput};
+use crate::run::ledger;
+use crate::run::protocol::{elapsed_ms, RunOptions, Trace};
+use crate::run::report::{entry, RunReport};
 
 const STAGE: &str = "\"__fixpoint_stage\"";
 
@@ -45,35 +47,122 @@ pub(crate) fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Leases, 
 }
 
 fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Leases, opts: &RunOptions, run_input: &RunInput, started: Instant) -> Result<RunReport> {
-    use crate::plans::merge::steps::{flagged_source, scan_stage};
-use crate::plans::merge::sql::{count, keys_match, q, rows_differ, tombstone_table, DELETED};
-    use crate::job::spec::OnTie;
-    let mut trace = Trace::new();
-    let started_at = chrono::Utc::now().naive_utc();
     let spec = job.merge.as_ref().ok_or_else(|| Error::Internal("merge without merge keys".into()))?;
     let params = run_input.params.clone();
     let source_cols = describe_source(job, engine, &params)?;
-    let has = |cols: &[Column], name: &str| cols.iter().any(|c| c.name == name);
-    crate::plans::merge::refusals::check_source(job, spec, &source_cols)?;
+    check_source(job, spec, &source_cols)?;
     let names: Vec<String> = source_cols.iter().map(|c| c.name.clone()).collect();
     let is_meta = |c: &String| job.metadata.contains(c);
     let compared: Vec<String> = names.iter().filter(|c| !spec.key.contains(c) && **c != spec.version && !is_meta(c)).cloned().collect();
     let meta_cols: Vec<String> = names.iter().filter(|c| is_meta(c)).cloned().collect();
     let input_cols: Vec<Column> = source_cols.iter().filter(|c| !is_meta(&c.name)).cloned().collect();
-    let version = quote_ident(&spec.version);
-    let source_list = names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
-    let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
-    let del = format!("b.{}", quote_ident(DELETED));
-
+    let mut cow = Cow {
+        job,
+        spec,
+        run_date,
+        opts,
+        run_input,
+        params,
+        source_cols,
+        names,
+        compared,
+        meta_cols,
+        input_cols,
+        trace: Trace::new(),
+        started_at: chrono::Utc::now().naive_utc(),
+    };
     // The target is looked at under the lease (see replace_partition).
-    leased(engine, job, "all", opts, |engine| {
+    let report = leased(engine, job, "all", opts, |engine| cow.run(engine))?;
+    Ok(RunReport { elapsed_ms: elapsed_ms(started), ..report })
+}
+
+/// One copy-on-write merge.
+struct Cow<'a> {
+    job: &'a Job,
+    spec: &'a MergeSpec,
+    run_date: RunDate,
+    opts: &'a RunOptions,
+    run_input: &'a RunInput,
+    params: RunParams,
+    source_cols: Vec<Column>,
+    names: Vec<String>,
+    compared: Vec<String>,
+    meta_cols: Vec<String>,
+    input_cols: Vec<Column>,
+    trace: Trace,
+    started_at: chrono::NaiveDateTime,
+}
+
+/// The partitions the batch touches.
+struct Touched {
+    /// Their values (a NULL partition aside).
+    values: Vec<Value>,
+    /// `(false OR t.<p> IN (…) OR t.<p> IS NULL)`, bound; empty unpruned.
+    sql: Sql,
+    /// A target row is in one of them (`true` unpruned).
+    in_scope: String,
+}
+
+/// What the target is, under the lease.
+struct Target {
+    /// Its columns, `None` when it does not exist yet.
+    existing: Option<Vec<Column>>,
+    /// The source's new columns it takes.
+    added: Vec<Column>,
+    /// The partition column the merge is pruned to.
+    prune: Option<String>,
+    /// The one column it is stored partitioned by.
+    stored_by: String,
+    /// The target as a FROM item (empty, with the source's columns, before
+    /// it exists: nothing is created until the checks have passed, so a
+    /// refused run leaves no empty table behind).
+    relation: String,
+}
+
+impl Cow<'_> {
+    /// The steps in order.
+    fn run(&mut self, engine: &mut dyn Leases) -> Result<RunReport> {
+        let target = self.target(engine)?;
+        crate::run::ledger::ensure(engine)?;
+        self.trace.step("describe, ledger");
+        let input = self.stage(engine)?;
+        let dedup_rows = self.dedup(engine)?;
+        let has_tombs = self.drop_beaten(engine)?;
+        let touched = self.touched(engine, target.prune.as_deref())?;
+        let classified = Classification {
+            job: self.job,
+            spec: self.spec,
+            compared: &self.compared,
+            prune: target.prune.as_deref(),
+            batch: BATCH,
+            target: &target.relation,
+            in_scope: &touched.in_scope,
+            params: &touched.sql.params,
+        }
+        .run(engine, "", |_, _| Ok(()))?;
+        self.trace.step("classify");
+        self.opts.step(FailPoint::AfterGuards)?;
+        let target_cols = self.prepare_target(engine, &target)?;
+        let changes = classified.inserts + classified.updates + classified.deletes;
+        let audits = if changes > 0 { self.rewrite(engine, &target, &target_cols, &touched, has_tombs)? } else { self.audit_unchanged(engine)? };
+        self.opts.step(FailPoint::AfterInsert)?;
+        let output_cols: Vec<Column> = target_cols.iter().filter(|c| !self.job.metadata.contains(&c.name)).cloned().collect();
+        let output = self.output(engine, &output_cols)?;
+        self.record(engine, &target, input, output, dedup_rows, classified, audits)
+    }
+
+    /// The target's columns and storage; refused when a rewrite of whole
+    /// partitions cannot keep it safe.
+    fn target(&self, engine: &mut dyn Leases) -> Result<Target> {
+        let (job, source_cols) = (self.job, &self.source_cols);
         let existing = engine.table_columns(&job.target)?;
-        let added = crate::run::schema::reconcile(engine, job, &source_cols, existing.as_deref())?;
-        let prune = job.partition.as_deref().filter(|p| has(&source_cols, p) && existing.as_ref().is_none_or(|t| has(t, p)));
+        let added = crate::run::schema::reconcile(engine, job, source_cols, existing.as_deref())?;
+        let has = |cols: &[Column], name: &str| cols.iter().any(|c| c.name == name);
+        let prune = job.partition.clone().filter(|p| has(source_cols, p) && existing.as_ref().is_none_or(|t| has(t, p)));
         // How the target is stored: the partitions a rewrite replaces whole.
         let stored_by = match &existing {
             Some(_) => engine.partition_columns(&job.target)?,
-            None => prune.map(str::to_owned).into_iter().collect(),
+            None => prune.clone().into_iter().collect(),
         };
         if stored_by.len() > 1 {
             return Err(Error::Schema {
@@ -81,11 +170,11 @@ use crate::plans::merge::sql::{count, keys_match, q, rows_differ, tombstone_tabl
                 hint: Some(format!("recreate {} partitioned by one column (the job's `partition`)", job.target)),
             });
         }
-        let stored_by = stored_by.into_iter().next();
-        if stored_by.is_none() {
-            // An unpartitioned table can only be overwritten whole by deleting
-            // its files first (Spark's static overwrite): a failure midway would
-            // leave it empty. Refused rather than run without that guarantee.
+        let Some(stored_by) = stored_by.into_iter().next() else {
+            // An unpartitioned table can only be overwritten whole by
+            // deleting its files first (Spark's static overwrite): a failure
+            // midway would leave it empty. Refused rather than run without
+            // that guarantee.
             return Err(Error::Schema {
                 message: format!(
                     "{} {}: on {} a merge rewrites whole partitions, and only a partitioned table is rewritten without first deleting its files",
@@ -95,63 +184,63 @@ use crate::plans::merge::sql::{count, keys_match, q, rows_differ, tombstone_tabl
                 ),
                 hint: Some(format!("set `partition` in the job (a column the source carries, e.g. dt), or recreate {} with PARTITIONED BY (…)", job.target)),
             });
+        };
+        if let Some(p) = prune.as_deref().filter(|p| *p != stored_by) {
+            return Err(Error::Schema {
+                message: format!("{} is not stored partitioned by {p}: on {} a merge rewrites the partitions it touches, and this table has none", job.target, engine.name()),
+                hint: Some(format!("recreate {} with PARTITIONED BY ({p}), or remove `partition` from the job to rewrite the whole table", job.target)),
+            });
         }
-        if let Some(p) = prune {
-            if stored_by.as_deref() != Some(p) {
-                return Err(Error::Schema {
-                    message: format!("{} is not stored partitioned by {p}: on {} a merge rewrites the partitions it touches, and this table has none", job.target, engine.name()),
-                    hint: Some(format!("recreate {} with PARTITIONED BY ({p}), or remove `partition` from the job to rewrite the whole table", job.target)),
-                });
-            }
-        }
-        ledger::ensure(engine)?;
-        // Nothing is created until the checks have passed (a refused run
-        // leaves no empty table behind): a missing target reads as empty.
-        let created_target = existing.is_none();
-        let empty = match &existing {
-            Some(_) => None,
+        let relation = match &existing {
+            Some(_) => job.target.quoted(),
             None => {
                 let cols = source_cols.iter().map(|c| format!("CAST(NULL AS {}) AS {}", c.ty, quote_ident(&c.name))).collect::<Vec<_>>().join(", ");
-                Some(format!("(SELECT {cols} WHERE false)"))
+                format!("(SELECT {cols} WHERE false)")
             }
         };
-        let target_rel = empty.clone().unwrap_or_else(|| job.target.quoted());
-        trace.step("describe, ledger");
+        Ok(Target { existing, added, prune, stored_by, relation })
+    }
 
-        // 1. The source, read once, with its tombstone flag.
-        let sql = flagged_source(job, spec, &params);
-        engine.stage(STAGE, &sql).map_err(|e| crate::plans::merge::refusals::deleted_error(job, spec, &source_cols, e))?;
-        trace.step("stage");
+    /// 1. The source, read once, with its tombstone flag; NULL keys and
+    ///    versions refused; the input fingerprint.
+    fn stage(&mut self, engine: &mut dyn Leases) -> Result<Fingerprint> {
+        let (job, spec) = (self.job, self.spec);
+        let sql = flagged_source(job, spec, &self.params);
+        engine.stage(STAGE, &sql).map_err(|e| deleted_error(job, spec, &self.source_cols, e))?;
+        self.trace.step("stage");
+        let source_list = self.names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
+        scan_stage(engine, spec, STAGE, &source_list, &self.input_cols)
+    }
 
-        // 2. NULL keys and versions refused; the input fingerprint.
-        let input = scan_stage(engine, spec, STAGE, &source_list, &input_cols)?;
-        let input_rows = input.rows;
-        let job_hash = job.definition_hash();
-        let key = run_input.file_key(&job_hash, run_date).unwrap_or_else(|| run_key(&job_hash, run_date, &input));
-
-        // 3. One row per key: newest version, tombstone first at equal
-        //    version, then the values' total order.
-        engine.stage(DEDUP, &Sql::raw(crate::plans::merge::sql::dedup_sql(spec, &names, &compared, &meta_cols, STAGE)))?;
+    /// 2. One row per key (newest version, tombstone first at equal
+    ///    version, then the values' total order); ties inside the batch
+    ///    refused with `on_tie = "error"`. Returns the rows kept.
+    fn dedup(&mut self, engine: &mut dyn Leases) -> Result<u64> {
+        let spec = self.spec;
+        engine.stage(DEDUP, &Sql::raw(dedup_sql(spec, &self.names, &self.compared, &self.meta_cols, STAGE)))?;
         let dedup_rows = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {DEDUP}")))?;
-        let duplicates_collapsed = input_rows - dedup_rows;
-        trace.step("dedup");
-
-        // 4. Ties inside the batch.
+        self.trace.step("dedup");
         if spec.on_tie == OnTie::Error {
-            let tie_cond = crate::plans::merge::sql::batch_tie_cond(spec, &compared);
+            let tie_cond = batch_tie_cond(spec, &self.compared);
             let ties = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {DEDUP} AS b WHERE EXISTS (SELECT 1 FROM {STAGE} AS s WHERE {tie_cond})")))?;
             if ties > 0 {
-                return Err(crate::plans::merge::refusals::tie_error(engine, spec, &names, STAGE, DEDUP, &tie_cond, ties)?);
+                return Err(tie_error(engine, spec, &self.names, STAGE, DEDUP, &tie_cond, ties)?);
             }
         }
+        Ok(dedup_rows)
+    }
 
-        // 5. Tombstones (append-only here: each is kept with its version,
-        //    the newest counts). A batch row is beaten by a newer stored
-        //    tombstone, or by one at its own version unless it is that
-        //    tombstone itself (a retry re-applies it).
-        let tomb = tombstone_table(&job.target);
+    /// 3. Tombstones (append-only here: each is kept with its version, the
+    ///    newest counts). A batch row is beaten by a newer stored
+    ///    tombstone, or by one at its own version unless it is that
+    ///    tombstone itself (a retry re-applies it). Whether the tombstone
+    ///    table exists.
+    fn drop_beaten(&mut self, engine: &mut dyn Leases) -> Result<bool> {
+        let spec = self.spec;
+        let tomb = tombstone_table(&self.job.target);
         let has_tombs = engine.table_columns(&tomb)?.is_some();
         if has_tombs {
+            let (version, del) = (quote_ident(&spec.version), format!("b.{}", quote_ident(DELETED)));
             engine.stage(BATCH, &Sql::raw(format!(
                 "SELECT * FROM {DEDUP} AS b WHERE NOT EXISTS (SELECT 1 FROM {} AS d WHERE {} AND (d.{version} > b.{version} OR (d.{version} = b.{version} AND NOT {del})))",
                 tomb.quoted(),
@@ -160,202 +249,196 @@ use crate::plans::merge::sql::{count, keys_match, q, rows_differ, tombstone_tabl
         } else {
             engine.stage(BATCH, &Sql::raw(format!("SELECT * FROM {DEDUP}")))?;
         }
-        trace.step("ties, tombstones");
+        self.trace.step("ties, tombstones");
+        Ok(has_tombs)
+    }
 
-        // 6. The partitions the batch touches, bound as values.
-        let mut prune_sql = Sql::new();
-        let mut touched: Vec<Value> = Vec::new();
-        let mut touches_null = false;
-        let part_ty = prune.map(|p| source_cols.iter().find(|c| c.name == p).map(|c| c.ty.clone()).unwrap_or_default());
-        if let (Some(p), Some(ty)) = (prune, &part_ty) {
-            for r in engine.query(&Sql::raw(format!("SELECT DISTINCT {} FROM {BATCH}", quote_ident(p))))?.rows {
-                match &r[0] {
-                    Value::Null => touches_null = true,
-                    v => touched.push(v.clone()),
-                }
+    /// 4. The partitions the batch touches, bound as values.
+    fn touched(&mut self, engine: &mut dyn Leases, prune: Option<&str>) -> Result<Touched> {
+        let Some(p) = prune else { return Ok(Touched { values: Vec::new(), sql: Sql::new(), in_scope: "true".into() }) };
+        let ty = self.source_cols.iter().find(|c| c.name == p).map(|c| c.ty.clone()).unwrap_or_default();
+        let (mut values, mut touches_null) = (Vec::new(), false);
+        for r in engine.query(&Sql::raw(format!("SELECT DISTINCT {} FROM {BATCH}", quote_ident(p))))?.rows {
+            match &r[0] {
+                Value::Null => touches_null = true,
+                v => values.push(v.clone()),
             }
-            prune_sql.push("(false");
-            if !touched.is_empty() {
-                prune_sql.push(" OR ").push(&q("t", p)).push(" IN (");
-                for (i, v) in touched.iter().enumerate() {
-                    if i > 0 {
-                        prune_sql.push(", ");
-                    }
-                    prune_sql.typed_param(v.clone(), ty);
-                }
-                prune_sql.push(")");
-            }
-            if touches_null {
-                prune_sql.push(" OR ").push(&q("t", p)).push(" IS NULL");
-            }
-            prune_sql.push(")");
         }
-        let in_scope = if prune.is_some() { format!("coalesce({}, false)", prune_sql.text) } else { "true".to_owned() };
+        let mut sql = Sql::new();
+        sql.push("(false");
+        if !values.is_empty() {
+            sql.push(" OR ").push(&q("t", p)).push(" IN (");
+            for (i, v) in values.iter().enumerate() {
+                if i > 0 {
+                    sql.push(", ");
+                }
+                sql.typed_param(v.clone(), &ty);
+            }
+            sql.push(")");
+        }
+        if touches_null {
+            sql.push(" OR ").push(&q("t", p)).push(" IS NULL");
+        }
+        sql.push(")");
+        let in_scope = format!("coalesce({}, false)", sql.text);
+        Ok(Touched { values, sql, in_scope })
+    }
 
-        // 7. Classify the batch against the target (unpruned join, so a
-        //    key held in a partition the batch does not touch is found).
-        let newer = format!("(b.{version} > t.{version}{})", match spec.on_tie {
-            OnTie::Deterministic => format!(" OR (b.{version} = t.{version} AND {})", crate::plans::merge::sql::sorts_before("b", "t", &compared)),
+    /// The target, created now when missing (partitioned by the job's
+    /// column), with the source's new columns; its columns.
+    fn prepare_target(&mut self, engine: &mut dyn Leases, target: &Target) -> Result<Vec<Column>> {
+        let job = self.job;
+        if target.existing.is_none() {
+            engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&job.target.schema))))?;
+            engine.create_table(&job.target, &self.source_cols, target.prune.as_deref())?;
+        }
+        crate::run::schema::append(engine, &job.target, &target.added)?;
+        Ok(engine.table_columns(&job.target)?.unwrap_or_default())
+    }
+
+    /// 5–7. The batch's tombstones recorded, the touched partitions
+    ///      materialized as they will be, audited, and written over.
+    fn rewrite(&mut self, engine: &mut dyn Leases, target: &Target, target_cols: &[Column], touched: &Touched, has_tombs: bool) -> Result<Vec<AuditResult>> {
+        self.record_tombstones(engine, has_tombs)?;
+        self.opts.step(FailPoint::AfterDelete)?;
+        // A rewrite of the whole table replaces the partitions its rows
+        // fall in: those it leaves empty are dropped after.
+        let pc = quote_ident(&target.stored_by);
+        let whole_table_partitions: Vec<Value> = match (&target.prune, &target.existing) {
+            (None, Some(_)) => engine.query(&Sql::raw(format!("SELECT DISTINCT {pc} FROM {}", self.job.target.quoted())))?.rows.into_iter().map(|mut r| r.remove(0)).collect(),
+            _ => Vec::new(),
+        };
+        engine.stage(MERGED, &self.merged_sql(target_cols, touched))?;
+        self.trace.step("merged");
+        let audits = self.audit_merged(engine, &target.relation)?;
+        self.opts.step(FailPoint::MidInsert)?;
+        // Written over the touched partitions in one statement; a touched
+        // partition left without rows is dropped after.
+        let out_names: Vec<String> = target_cols.iter().map(|c| c.name.clone()).collect();
+        let out_list = out_names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
+        engine.overwrite_partitions(&self.job.target, &out_names, &Sql::raw(format!("SELECT {out_list} FROM {MERGED}")))?;
+        let ty = target_cols.iter().find(|c| c.name == target.stored_by).map(|c| c.ty.clone()).unwrap_or_default();
+        let left: Vec<Value> = engine.query(&Sql::raw(format!("SELECT DISTINCT {pc} FROM {MERGED}")))?.rows.into_iter().map(|mut r| r.remove(0)).collect();
+        let replaced = if target.prune.is_some() { &touched.values } else { &whole_table_partitions };
+        for v in replaced.iter().filter(|v| !matches!(v, Value::Null) && !left.contains(v)) {
+            engine.drop_partition_value(&self.job.target, &target.stored_by, v, &ty)?;
+        }
+        self.trace.step("overwrite");
+        Ok(audits)
+    }
+
+    /// The batch's tombstones, first: a failure after this point and before
+    /// the rewrite leaves them recorded with the key still in the target,
+    /// which the retry deletes (it re-applies a tombstone at its own
+    /// version).
+    fn record_tombstones(&mut self, engine: &mut dyn Leases, has_tombs: bool) -> Result<()> {
+        let spec = self.spec;
+        let del = format!("b.{}", quote_ident(DELETED));
+        if spec.deleted.is_none() || count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {BATCH} AS b WHERE {del}")))? == 0 {
+            return Ok(());
+        }
+        let tomb = tombstone_table(&self.job.target);
+        if !has_tombs {
+            let ty = |k: &String| self.source_cols.iter().find(|c| &c.name == k).expect("described").ty.clone();
+            let cols: Vec<Column> = spec.key.iter().chain([&spec.version]).map(|k| Column { name: k.clone(), ty: ty(k) }).collect();
+            engine.create_table(&tomb, &cols, None)?;
+        }
+        let kv = spec.key.iter().chain([&spec.version]).map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
+        engine.execute(&Sql::raw(format!("INSERT INTO {} ({kv}) SELECT {kv} FROM {BATCH} AS b WHERE {del}", tomb.quoted())))?;
+        Ok(())
+    }
+
+    /// The touched partitions as they will be: per key, the winner among
+    /// the batch row and the target's row (the target's at a full tie: no
+    /// churn); tombstones dropped.
+    fn merged_sql(&self, target_cols: &[Column], touched: &Touched) -> Sql {
+        let spec = self.spec;
+        let (version, del) = (quote_ident(&spec.version), format!("b.{}", quote_ident(DELETED)));
+        let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
+        let tie_break = match spec.on_tie {
+            OnTie::Deterministic => self.compared.iter().map(|c| format!(", {} ASC NULLS FIRST", quote_ident(c))).collect::<String>(),
             OnTie::Error => String::new(),
-        });
-        let first_key = q("t", &spec.key[0]);
-        let matched = format!("{first_key} IS NOT NULL");
-        let is_update = format!("{matched} AND NOT {del} AND {newer}");
-        let is_delete = format!("{matched} AND {del} AND b.{version} >= t.{version}");
-        let is_insert = format!("{first_key} IS NULL AND NOT {del}");
+        };
+        let out_list = target_cols.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", ");
+        let from_batch = target_cols
+            .iter()
+            .map(|c| if self.names.contains(&c.name) { format!("b.{}", quote_ident(&c.name)) } else { format!("CAST(NULL AS {}) AS {}", c.ty, quote_ident(&c.name)) })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let from_target = target_cols.iter().map(|c| q("t", &c.name)).collect::<Vec<_>>().join(", ");
         let mut sql = Sql::new();
         sql.push(&format!(
-            "SELECT count(*) FILTER (WHERE {is_insert}) AS \"inserts\", count(*) FILTER (WHERE {is_update}) AS \"updates\", \
-             count(*) FILTER (WHERE {is_delete}) AS \"deletes\", \
-             count(*) FILTER (WHERE {matched} AND NOT {del} AND b.{version} = t.{version} AND ({})) AS \"cross_ties\", \
-             count(*) FILTER (WHERE {matched} AND NOT ({in_scope})) AS \"moved\" \
-             FROM {BATCH} AS b LEFT JOIN {target_rel} AS t ON {}",
-            rows_differ("b", "t", &compared),
-            keys_match("t", "b", &spec.key)
+            "SELECT {out_list} FROM (SELECT *, row_number() OVER (PARTITION BY {key_list} ORDER BY {version} DESC, \"__fixpoint_del\" DESC{tie_break}, \"__fixpoint_src\" ASC) AS \"__fixpoint_rank\" FROM (\
+             SELECT {from_batch}, {del} AS \"__fixpoint_del\", 1 AS \"__fixpoint_src\" FROM {BATCH} AS b \
+             UNION ALL SELECT {from_target}, false, 0 FROM {} AS t WHERE {}) AS u) AS r \
+             WHERE \"__fixpoint_rank\" = 1 AND NOT \"__fixpoint_del\"",
+            self.job.target.quoted(),
+            touched.in_scope
         ));
-        sql.params.extend(prune_sql.params.iter().cloned());
-        let rows = engine.query(&sql)?;
-        let row = rows.single("the classification")?;
-        let (inserts, updates, deletes) = (row.count("inserts")?, row.count("updates")?, row.count("deletes")?);
-        let (cross_ties, moved) = (row.count("cross_ties")?, row.count("moved")?);
-        trace.step("classify");
-        if moved > 0 {
-            let p = prune.expect("moved only counted when pruning");
-            return Err(crate::plans::merge::refusals::moved_error(engine, job, spec, p, BATCH, &in_scope, &prune_sql.params, moved)?);
-        }
-        if spec.on_tie == OnTie::Error && cross_ties > 0 {
-            let on = Sql::raw(keys_match("t", "b", &spec.key));
-            return Err(crate::plans::merge::refusals::cross_tie_error(engine, job, spec, BATCH, &on, &compared, cross_ties)?);
-        }
-        opts.step(FailPoint::AfterGuards)?;
+        sql.params.extend(touched.sql.params.iter().cloned());
+        sql
+    }
 
-        let touched_keys = |sql: &mut Sql| {
-            sql.push(&format!(
-                "(SELECT t.* FROM {target_rel} AS t WHERE EXISTS (SELECT 1 FROM {BATCH} AS b WHERE {})) AS a",
-                keys_match("t", "b", &spec.key)
-            ));
-        };
-        // The target, created now when missing (partitioned by the job's
-        // column), with the source's new columns.
-        if created_target {
-            engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&job.target.schema))))?;
-            engine.create_table(&job.target, &source_cols, prune)?;
+    /// The touched keys' rows in `relation`, as a FROM item.
+    fn touched_keys(&self, relation: &str, sql: &mut Sql) {
+        sql.push(&format!("(SELECT t.* FROM {relation} AS t WHERE EXISTS (SELECT 1 FROM {BATCH} AS b WHERE {})) AS a", keys_match("t", "b", &self.spec.key)));
+    }
+
+    /// The touched keys as they will be published, audited before anything
+    /// is overwritten (against their rows before).
+    fn audit_merged(&mut self, engine: &mut dyn Leases, target_rel: &str) -> Result<Vec<AuditResult>> {
+        if self.job.audits.is_empty() {
+            return Ok(Vec::new());
         }
-        crate::run::schema::append(engine, &job.target, &added)?;
-        let target_cols = engine.table_columns(&job.target)?.unwrap_or_default();
-        let output_cols: Vec<Column> = target_cols.iter().filter(|c| !is_meta(&c.name)).cloned().collect();
-        let mut audits = Vec::new();
-        if inserts + updates + deletes > 0 {
-            // 8. The batch's tombstones first: a failure after this point
-            //    and before the rewrite leaves them recorded with the key
-            //    still in the target, which the retry deletes (it re-applies
-            //    a tombstone at its own version).
-            if spec.deleted.is_some() && count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {BATCH} AS b WHERE {del}")))? > 0 {
-                if !has_tombs {
-                    let cols: Vec<Column> = spec
-                        .key
-                        .iter()
-                        .chain([&spec.version])
-                        .map(|k| Column { name: k.clone(), ty: source_cols.iter().find(|c| &c.name == k).expect("described").ty.clone() })
-                        .collect();
-                    engine.create_table(&tomb, &cols, None)?;
-                }
-                let kv = spec.key.iter().chain([&spec.version]).map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
-                engine.execute(&Sql::raw(format!("INSERT INTO {} ({kv}) SELECT {kv} FROM {BATCH} AS b WHERE {del}", tomb.quoted())))?;
-            }
-            opts.step(FailPoint::AfterDelete)?;
+        let mut before = Sql::new();
+        before.push("SELECT count(*) AS \"n\" FROM ");
+        self.touched_keys(target_rel, &mut before);
+        let previous = count(engine, &before)?;
+        let from = |sql: &mut Sql| self.touched_keys(MERGED, sql);
+        let scope = crate::run::audit::AuditScope { from: &from, previous_rows: Some(previous), run_date: self.run_date.date() };
+        crate::run::audit::audit(self.job, engine, &scope)
+    }
 
-            // 9. The touched partitions as they will be: per key, the
-            //    winner among the batch row and the target's row (the
-            //    target's at a full tie: no churn); tombstones dropped.
-            let tie_break = match spec.on_tie {
-                OnTie::Deterministic => compared.iter().map(|c| format!(", {} ASC NULLS FIRST", quote_ident(c))).collect::<String>(),
-                OnTie::Error => String::new(),
-            };
-            let out_names: Vec<String> = target_cols.iter().map(|c| c.name.clone()).collect();
-            let out_list = out_names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
-            let from_batch = target_cols
-                .iter()
-                .map(|c| if names.contains(&c.name) { format!("b.{}", quote_ident(&c.name)) } else { format!("CAST(NULL AS {}) AS {}", c.ty, quote_ident(&c.name)) })
-                .collect::<Vec<_>>()
-                .join(", ");
-            let from_target = out_names.iter().map(|c| q("t", c)).collect::<Vec<_>>().join(", ");
-            let mut sql = Sql::new();
-            sql.push(&format!(
-                "SELECT {out_list} FROM (SELECT *, row_number() OVER (PARTITION BY {key_list} ORDER BY {version} DESC, \"__fixpoint_del\" DESC{tie_break}, \"__fixpoint_src\" ASC) AS \"__fixpoint_rank\" FROM (\
-                 SELECT {from_batch}, {del} AS \"__fixpoint_del\", 1 AS \"__fixpoint_src\" FROM {BATCH} AS b \
-                 UNION ALL SELECT {from_target}, false, 0 FROM {} AS t WHERE {in_scope}) AS u) AS r \
-                 WHERE \"__fixpoint_rank\" = 1 AND NOT \"__fixpoint_del\"",
-                job.target.quoted()
-            ));
-            sql.params.extend(prune_sql.params.iter().cloned());
-            // A rewrite of the whole table replaces the partitions its rows
-            // fall in: those it leaves empty are dropped after.
-            let whole_table_partitions: Vec<Value> = match (prune, &stored_by, created_target) {
-                (None, Some(pc), false) => engine.query(&Sql::raw(format!("SELECT DISTINCT {} FROM {}", quote_ident(pc), job.target.quoted())))?.rows.into_iter().map(|mut r| r.remove(0)).collect(),
-                _ => Vec::new(),
-            };
-            engine.stage(MERGED, &sql)?;
-            trace.step("merged");
-            // The touched keys as they will be published, audited before
-            // anything is overwritten.
-            if !job.audits.is_empty() {
-                let from = |sql: &mut Sql| {
-                    sql.push(&format!(
-                        "(SELECT t.* FROM {MERGED} AS t WHERE EXISTS (SELECT 1 FROM {BATCH} AS b WHERE {})) AS a",
-                        keys_match("t", "b", &spec.key)
-                    ));
-                };
-                let mut before = Sql::new();
-                before.push("SELECT count(*) AS \"n\" FROM ");
-                touched_keys(&mut before);
-                let previous = count(engine, &before)?;
-                let scope = crate::run::audit::AuditScope { from: &from, previous_rows: Some(previous), run_date: run_date.date() };
-                audits = crate::run::audit::audit(job, engine, &scope)?;
-            }
-            opts.step(FailPoint::MidInsert)?;
-
-            // 10. Written over the touched partitions in one statement; a
-            //     touched partition left without rows is dropped after.
-            engine.overwrite_partitions(&job.target, &out_names, &Sql::raw(format!("SELECT {out_list} FROM {MERGED}")))?;
-            if let Some(pc) = &stored_by {
-                let ty = target_cols.iter().find(|c| &c.name == pc).map(|c| c.ty.clone()).unwrap_or_default();
-                let left: Vec<Value> = engine.query(&Sql::raw(format!("SELECT DISTINCT {} FROM {MERGED}", quote_ident(pc))))?.rows.into_iter().map(|mut r| r.remove(0)).collect();
-                let replaced = if prune.is_some() { &touched } else { &whole_table_partitions };
-                for v in replaced.iter().filter(|v| !matches!(v, Value::Null) && !left.contains(v)) {
-                    engine.drop_partition_value(&job.target, pc, v, &ty)?;
-                }
-            }
-            trace.step("overwrite");
+    /// Nothing changes: the touched keys audited as they are.
+    fn audit_unchanged(&mut self, engine: &mut dyn Leases) -> Result<Vec<AuditResult>> {
+        if self.job.audits.is_empty() {
+            return Ok(Vec::new());
         }
-        opts.step(FailPoint::AfterInsert)?;
+        let target = self.job.target.quoted();
+        let from = |sql: &mut Sql| self.touched_keys(&target, sql);
+        let scope = crate::run::audit::AuditScope { from: &from, previous_rows: None, run_date: self.run_date.date() };
+        crate::run::audit::audit(self.job, engine, &scope)
+    }
 
-        // 11. The output: the batch's keys as the target now holds them.
-        let fp = fingerprint_select(engine, Method::Native, "t", &output_cols)?;
+    /// 8. The output: the batch's keys as the target now holds them.
+    fn output(&mut self, engine: &mut dyn Leases, output_cols: &[Column]) -> Result<Fingerprint> {
+        let fp = fingerprint_select(engine, Method::Native, "t", output_cols)?;
         let mut sql = Sql::new();
-        sql.push(&format!("SELECT {} FROM {} AS t JOIN {BATCH} AS b ON {}", fp.select, job.target.quoted(), keys_match("t", "b", &spec.key)));
+        sql.push(&format!("SELECT {} FROM {} AS t JOIN {BATCH} AS b ON {}", fp.select, self.job.target.quoted(), keys_match("t", "b", &self.spec.key)));
         let output = fp.read(&engine.query(&sql)?.single("the output scan")?, engine)?;
-        trace.step("output fp");
+        self.trace.step("output fp");
+        Ok(output)
+    }
 
-        if inserts + updates + deletes == 0 && !job.audits.is_empty() {
-            // Nothing changes: the touched keys as they are.
-            let scope = crate::run::audit::AuditScope { from: &touched_keys, previous_rows: None, run_date: run_date.date() };
-            audits = crate::run::audit::audit(job, engine, &scope)?;
-        }
-        let mut report = RunReport::new(job, run_date, key, "committed", &input, &output);
+    /// 9. The report, and its ledger row.
+    #[allow(clippy::too_many_arguments)]
+    fn record(&mut self, engine: &mut dyn Leases, target: &Target, input: Fingerprint, output: Fingerprint, dedup_rows: u64, c: Classified, audits: Vec<AuditResult>) -> Result<RunReport> {
+        let job = self.job;
+        let job_hash = job.definition_hash();
+        let key = self.run_input.file_key(&job_hash, self.run_date).unwrap_or_else(|| run_key(&job_hash, self.run_date, &input));
+        let mut report = RunReport::new(job, self.run_date, key, "committed", &input, &output);
         report.audits = audits;
-        report.input_files = run_input.files.clone();
-        report.rows_deleted = deletes;
-        report.rows_inserted = inserts;
-        report.rows_updated = updates;
-        report.rows_unchanged = dedup_rows - inserts - updates - deletes;
-        report.duplicates_collapsed = duplicates_collapsed;
-        report.created_target = created_target;
-        report.method = if prune.is_some() { "copy-on-write of touched partitions".into() } else { "copy-on-write of the table".into() };
-        opts.step(FailPoint::BeforeCommit)?;
-        ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
-        trace.step("ledger row");
-        report.elapsed_ms = crate::run::protocol::elapsed_ms(started);
+        report.input_files = self.run_input.files.clone();
+        report.rows_deleted = c.deletes;
+        report.rows_inserted = c.inserts;
+        report.rows_updated = c.updates;
+        report.rows_unchanged = dedup_rows - c.inserts - c.updates - c.deletes;
+        report.duplicates_collapsed = input.rows - dedup_rows;
+        report.created_target = target.existing.is_none();
+        report.method = if target.prune.is_some() { "copy-on-write of touched partitions".into() } else { "copy-on-write of the table".into() };
+        self.opts.step(FailPoint::BeforeCommit)?;
+        ledger::record(engine, &entry(job, &job_hash, &report, self.started_at))?;
+        self.trace.step("ledger row");
         Ok(report)
-    })
+    }
 }

@@ -3,9 +3,9 @@
 //! partitions the batch touches (the contract is in [`transactional`]).
 
 mod leased;
-pub(crate) mod refusals;
-pub(crate) mod sql;
-mod steps;
+pub mod refusals;
+pub mod sql;
+pub mod steps;
 mod transactional;
 
 use std::time::Instant;

@@ -12,7 +12,7 @@ use crate::run::sqlerror::first_row;
 use crate::plans::merge::sql::{keys_match, q};
 
 /// The source carries the key and the version, and no column of ours.
-pub(crate) fn check_source(job: &Job, spec: &MergeSpec, source_cols: &[Column]) -> Result<()> {
+pub fn check_source(job: &Job, spec: &MergeSpec, source_cols: &[Column]) -> Result<()> {
     let has = |name: &str| source_cols.iter().any(|c| c.name == name);
     for (what, col) in spec.key.iter().map(|k| ("key", k)).chain([("version", &spec.version)]) {
         if !has(col) {
@@ -55,7 +55,7 @@ pub(crate) fn check_source(job: &Job, spec: &MergeSpec, source_cols: &[Column]) 
 /// failed: when the database could not bind it (a column the source does
 /// not return, a syntax error; the source itself was described before),
 /// the job file's error naming `deleted`, exit 2. Any other error as it was.
-pub(crate) fn deleted_error(job: &Job, spec: &MergeSpec, source_cols: &[Column], e: Error) -> Error {
+pub fn deleted_error(job: &Job, spec: &MergeSpec, source_cols: &[Column], e: Error) -> Error {
     if spec.deleted.is_none() {
         return e;
     }
@@ -71,7 +71,7 @@ pub(crate) fn deleted_error(job: &Job, spec: &MergeSpec, source_cols: &[Column],
 
 /// The refusal of a batch whose rows have a NULL key or version: how many,
 /// one of them (from `stage`).
-pub(crate) fn refuse_nulls(engine: &mut dyn Engine, spec: &MergeSpec, stage: &str, source_list: &str, null_keys: u64, null_versions: u64) -> Result<()> {
+pub fn refuse_nulls(engine: &mut dyn Engine, spec: &MergeSpec, stage: &str, source_list: &str, null_keys: u64, null_versions: u64) -> Result<()> {
     let null_key = spec.key.iter().map(|k| format!("{} IS NULL", quote_ident(k))).collect::<Vec<_>>().join(" OR ");
     let version = quote_ident(&spec.version);
     for (n, what, cond) in [(null_keys, format!("a NULL in the key ({})", spec.key.join(", ")), null_key), (null_versions, format!("a NULL version ({})", spec.version), format!("{version} IS NULL"))] {
@@ -88,7 +88,7 @@ pub(crate) fn refuse_nulls(engine: &mut dyn Engine, spec: &MergeSpec, stage: &st
 
 /// The refusal of `ties` keys with two different rows at one version in
 /// the batch: one key, both rows (`s` from `stage`, `b` from `batch`, joined on `tie_cond`).
-pub(crate) fn tie_error(engine: &mut dyn Engine, spec: &MergeSpec, names: &[String], stage: &str, batch: &str, tie_cond: &str, ties: u64) -> Result<Error> {
+pub fn tie_error(engine: &mut dyn Engine, spec: &MergeSpec, names: &[String], stage: &str, batch: &str, tie_cond: &str, ties: u64) -> Result<Error> {
     let by_key = spec.key.iter().map(|k| q("b", k)).collect::<Vec<_>>().join(", ");
     let kept = first_row(engine, &Sql::raw(format!("SELECT {} FROM {stage} AS s JOIN {batch} AS b ON {tie_cond} ORDER BY {by_key} LIMIT 1", names.iter().map(|c| q("b", c)).collect::<Vec<_>>().join(", "))))?;
     let other = first_row(engine, &Sql::raw(format!("SELECT {} FROM {stage} AS s JOIN {batch} AS b ON {tie_cond} ORDER BY {by_key} LIMIT 1", names.iter().map(|c| q("s", c)).collect::<Vec<_>>().join(", "))))?;
@@ -101,7 +101,7 @@ pub(crate) fn tie_error(engine: &mut dyn Engine, spec: &MergeSpec, names: &[Stri
 
 /// The refusal of `moved` batch keys that the target holds in a partition
 /// (`p`) the batch does not touch (`in_scope` false, with `params`).
-pub(crate) fn moved_error(engine: &mut dyn Engine, job: &Job, spec: &MergeSpec, p: &str, batch: &str, in_scope: &str, params: &[crate::job::sql::Value], moved: u64) -> Result<Error> {
+pub fn moved_error(engine: &mut dyn Engine, job: &Job, spec: &MergeSpec, p: &str, batch: &str, in_scope: &str, params: &[crate::job::sql::Value], moved: u64) -> Result<Error> {
     let mut sql = Sql::new();
     sql.push(&format!(
         "SELECT {}, t.{} AS target_{p}, b.{} AS batch_{p} FROM {batch} AS b JOIN {} AS t ON {} WHERE NOT {in_scope} ORDER BY 1 LIMIT 1",
@@ -123,7 +123,7 @@ pub(crate) fn moved_error(engine: &mut dyn Engine, job: &Job, spec: &MergeSpec, 
 
 /// The refusal of `ties` batch keys whose target row differs at the same
 /// version (`b` from `batch` joined to the target `t` on `on`).
-pub(crate) fn cross_tie_error(engine: &mut dyn Engine, job: &Job, spec: &MergeSpec, batch: &str, on: &Sql, compared: &[String], ties: u64) -> Result<Error> {
+pub fn cross_tie_error(engine: &mut dyn Engine, job: &Job, spec: &MergeSpec, batch: &str, on: &Sql, compared: &[String], ties: u64) -> Result<Error> {
     let version = quote_ident(&spec.version);
     let mut sql = Sql::new();
     sql.push(&format!("SELECT {} FROM {batch} AS b JOIN {} AS t ON ", spec.key.iter().map(|k| q("t", k)).chain([format!("t.{version}")]).collect::<Vec<_>>().join(", "), job.target.quoted()));
@@ -142,7 +142,7 @@ pub(crate) fn cross_tie_error(engine: &mut dyn Engine, job: &Job, spec: &MergeSp
 /// every such row). Found when a plan's counts show more rows changed or
 /// joined than the batch has keys; one duplicated key is read as the
 /// example. Nothing is changed (the run rolls back).
-pub(crate) fn duplicate_keys_error(engine: &mut dyn Engine, job: &Job, spec: &MergeSpec) -> Result<Error> {
+pub fn duplicate_keys_error(engine: &mut dyn Engine, job: &Job, spec: &MergeSpec) -> Result<Error> {
     let keys = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
     let sample = first_row(
         engine,

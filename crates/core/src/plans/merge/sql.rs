@@ -8,18 +8,21 @@ use crate::job::spec::MergeSpec;
 use crate::job::sql::Sql;
 use crate::run::ledger;
 
-pub(crate) const DELETED: &str = "__fixpoint_deleted";
+/// The batch's tombstone flag.
+pub const DELETED: &str = "__fixpoint_deleted";
 
-pub(crate) fn q(alias: &str, col: &str) -> String {
+/// `alias."col"`.
+pub fn q(alias: &str, col: &str) -> String {
     format!("{alias}.{}", quote_ident(col))
 }
 
-pub(crate) fn keys_match(a: &str, b: &str, keys: &[String]) -> String {
+/// `a`'s key columns equal `b`'s.
+pub fn keys_match(a: &str, b: &str, keys: &[String]) -> String {
     keys.iter().map(|k| format!("{} = {}", q(a, k), q(b, k))).collect::<Vec<_>>().join(" AND ")
 }
 
 /// `a` sorts strictly before `b` over `cols` (ascending, NULLs first).
-pub(crate) fn sorts_before(a: &str, b: &str, cols: &[String]) -> String {
+pub fn sorts_before(a: &str, b: &str, cols: &[String]) -> String {
     if cols.is_empty() {
         return "false".into();
     }
@@ -32,7 +35,8 @@ pub(crate) fn sorts_before(a: &str, b: &str, cols: &[String]) -> String {
     s
 }
 
-pub(crate) fn rows_differ(a: &str, b: &str, cols: &[String]) -> String {
+/// `a` and `b` differ in one of `cols` (NULLs compared as values).
+pub fn rows_differ(a: &str, b: &str, cols: &[String]) -> String {
     if cols.is_empty() {
         return "false".into();
     }
@@ -43,7 +47,7 @@ pub(crate) fn rows_differ(a: &str, b: &str, cols: &[String]) -> String {
 /// version, both upserts, that differs from it in `compared`. A tombstone
 /// at the newest version wins over any upsert there (the dedup orders it
 /// first), so only two upserts can tie.
-pub(crate) fn batch_tie_cond(spec: &MergeSpec, compared: &[String]) -> String {
+pub fn batch_tie_cond(spec: &MergeSpec, compared: &[String]) -> String {
     let (version, del) = (quote_ident(&spec.version), quote_ident(DELETED));
     format!(
         "{} AND s.{version} = b.{version} AND NOT s.{del} AND NOT b.{del} AND ({})",
@@ -52,19 +56,20 @@ pub(crate) fn batch_tie_cond(spec: &MergeSpec, compared: &[String]) -> String {
     )
 }
 
-pub(crate) fn tombstone_table(target: &TableName) -> TableName {
+/// Where the tombstones of `target` are remembered.
+pub fn tombstone_table(target: &TableName) -> TableName {
     TableName { schema: ledger::SCHEMA.into(), table: format!("tombstones__{}__{}", target.schema, target.table) }
 }
 
 /// The count of a query `SELECT count(…) AS "n" FROM …`.
-pub(crate) fn count(engine: &mut dyn Engine, sql: &Sql) -> Result<u64> {
+pub fn count(engine: &mut dyn Engine, sql: &Sql) -> Result<u64> {
     query_count(engine, sql, "n", &statement_context(&sql.text))
 }
 
 /// One row per key of `stage`: the newest version, a tombstone first at
 /// equal version, then the values' total order (`compared`, then the
 /// metadata columns, ascending, NULLs first).
-pub(crate) fn dedup_sql(spec: &MergeSpec, names: &[String], compared: &[String], meta_cols: &[String], stage: &str) -> String {
+pub fn dedup_sql(spec: &MergeSpec, names: &[String], compared: &[String], meta_cols: &[String], stage: &str) -> String {
     let version = quote_ident(&spec.version);
     let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
     let order = std::iter::once(format!("{version} DESC"))
@@ -80,7 +85,7 @@ pub(crate) fn dedup_sql(spec: &MergeSpec, names: &[String], compared: &[String],
 /// but the key, and but `kept`, a column the UPDATE's condition only lets
 /// through when the target holds the batch's value), the INSERT's column
 /// list and its values.
-pub(crate) fn merge_actions(spec: &MergeSpec, names: &[String], kept: Option<&str>) -> (String, String, String) {
+pub fn merge_actions(spec: &MergeSpec, names: &[String], kept: Option<&str>) -> (String, String, String) {
     let set = names
         .iter()
         .filter(|c| !spec.key.contains(c) && Some(c.as_str()) != kept)

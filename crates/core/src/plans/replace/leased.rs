@@ -4,228 +4,274 @@
 
 use std::time::Instant;
 
-use crate::engine::{query_count, Leases};
-use crate::error::{Error, FailPoint, Result};
-use crate::fingerprint::compute::{fingerprint, fingerprint_select, Filter, Scope};
+use crate::engine::measure::{fingerprint, fingerprint_select, Filter, Scope};
+use crate::engine::{query_count, Column, Leases};
+use crate::error::{AuditResult, Error, FailPoint, Result};
 use crate::fingerprint::runkey::run_key;
 use crate::fingerprint::{Fingerprint, Method};
 use crate::job::date::RunDate;
 use crate::job::ident::quote_ident;
 use crate::job::spec::Job;
-use crate::job::sql::{Sql, Value};
-use crate::run::ledger;
-use crate::run::input::{describe_source, RunInput};
-use crate::run::protocol::{RunOptions, Trace};
-use crate::run::report::{entry, skipped, RunReport};
-use crate::run::sqlerror::first_row;
-use crate::plans::steps::{fingerprinted, signature_of};
+use crate::job::sql::{RunParams, Sql, Value};
 use crate::plans::lease::leased;
+use crate::plans::steps::{check_day_rows, check_source_columns, fingerprinted, guard_scan, signature_of};
+use crate::run::input::{describe_source, RunInput};
+use crate::run::ledger;
+use crate::run::protocol::{elapsed_ms, RunOptions, Trace};
+use crate::run::report::{entry, skipped, RunReport};
 
-pub(crate) fn replace_partition_with(
-    job: &Job,
-    run_date: RunDate,
-    engine: &mut dyn Leases,
-    opts: &RunOptions,
-    run_input: &RunInput,
-    started: Instant,
-) -> Result<RunReport> {
-    let mut trace = Trace::new();
-    let started_at = chrono::Utc::now().naive_utc();
+pub(crate) fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Leases, opts: &RunOptions, run_input: &RunInput, started: Instant) -> Result<RunReport> {
     let partition = job.partition.as_deref().ok_or_else(|| Error::Internal("replace_partition without partition".into()))?;
-    let mut params = run_input.params.clone();
-    let day = Value::Date(run_date.date());
-
-    let source_cols = describe_source(job, engine, &params)?;
-    crate::plans::steps::check_source_columns(job, &source_cols, partition)?;
-
+    let params = run_input.params.clone();
+    let source = describe_source(job, engine, &params)?;
+    check_source_columns(job, &source, partition)?;
+    let mut day = Overwrite { job, run_date, opts, run_input, partition, params, source, trace: Trace::new(), started_at: chrono::Utc::now().naive_utc() };
     // The target is looked at under the lease: a run that waited for
     // another sees what that one left (a table it created, say).
-    leased(engine, job, &run_date.to_string(), opts, |engine| {
-        let target_cols = engine.table_columns(&job.target)?;
-        let added = crate::run::schema::reconcile(engine, job, &source_cols, target_cols.as_deref())?;
-        if target_cols.is_some() && engine.partition_columns(&job.target)? != [partition.to_owned()] {
+    let report = leased(engine, job, &run_date.to_string(), opts, |engine| day.run(engine, started))?;
+    Ok(RunReport { elapsed_ms: elapsed_ms(started), ..report })
+}
+
+/// One run of `replace_partition` under a lease.
+struct Overwrite<'a> {
+    job: &'a Job,
+    run_date: RunDate,
+    opts: &'a RunOptions,
+    run_input: &'a RunInput,
+    partition: &'a str,
+    params: RunParams,
+    /// The source query's columns.
+    source: Vec<Column>,
+    trace: Trace,
+    started_at: chrono::NaiveDateTime,
+}
+
+/// The target as the run finds it.
+struct Shape {
+    /// Its columns (with those schema drift adds), `None` before it exists.
+    target: Option<Vec<Column>>,
+    /// The source's new columns it takes.
+    added: Vec<Column>,
+    /// The fingerprinted columns of the input and of the output.
+    input: Vec<Column>,
+    output: Vec<Column>,
+}
+
+impl Overwrite<'_> {
+    /// The steps in order.
+    fn run(&mut self, engine: &mut dyn Leases, started: Instant) -> Result<RunReport> {
+        let shape = self.shape(engine)?;
+        ledger::ensure(engine)?;
+        // 1. Guards and the input fingerprint, in one scan of the source,
+        //    before anything is written.
+        let input = self.guard(engine, &shape)?;
+        let job_hash = self.job.definition_hash();
+        let key = self.run_input.file_key(&job_hash, self.run_date).unwrap_or_else(|| run_key(&job_hash, self.run_date, &input));
+        self.params.run_key = key.clone();
+        // 2. A retry over the same input, the day still as recorded:
+        //    nothing to do.
+        let rows_before = match self.rows_before(engine, &shape, &key)? {
+            Before::Unchanged(now) => return Ok(skipped(self.job, self.run_date, &key, &input, &now, started)),
+            Before::Rows(rows) => rows,
+        };
+        let audits = self.audit(engine, rows_before)?;
+        self.opts.step(FailPoint::AfterGuards)?;
+        // 3. The day replaced in one statement.
+        self.write(engine, &shape, input.rows)?;
+        self.opts.step(FailPoint::AfterInsert)?;
+        // 4. The day as written, checked against the input.
+        let output = self.output(engine, &shape, &input)?;
+        // 5. Recorded.
+        let mut report = RunReport::new(self.job, self.run_date, key, "committed", &input, &output);
+        report.rows_deleted = rows_before.unwrap_or(0);
+        report.rows_inserted = input.rows;
+        report.created_target = shape.target.is_none();
+        report.audits = audits;
+        report.input_files = self.run_input.files.clone();
+        report.method = "partition overwrite".into();
+        // The data is committed already; a failure here leaves the run's
+        // output without its ledger row (the next run rewrites and records).
+        self.opts.step(FailPoint::BeforeCommit)?;
+        ledger::record(engine, &entry(self.job, &job_hash, &report, self.started_at))?;
+        self.trace.step("ledger row");
+        Ok(report)
+    }
+
+    /// The day's rows in the target.
+    fn scope(&self) -> Scope<'_> {
+        Scope::Table { table: &self.job.target, filter: Some(Filter::DateEquals(self.partition, self.run_date.date())) }
+    }
+
+    /// The target's columns, schema drift reconciled; refused when it is not
+    /// stored partitioned by the day.
+    fn shape(&mut self, engine: &mut dyn Leases) -> Result<Shape> {
+        let (job, partition) = (self.job, self.partition);
+        let target = engine.table_columns(&job.target)?;
+        let added = crate::run::schema::reconcile(engine, job, &self.source, target.as_deref())?;
+        if target.is_some() && engine.partition_columns(&job.target)? != [partition.to_owned()] {
             return Err(Error::Schema {
-                message: format!(
-                    "{} is not stored partitioned by {partition}: on {} a run replaces the day's partition whole, and this table has none",
-                    job.target,
-                    engine.name()
-                ),
+                message: format!("{} is not stored partitioned by {partition}: on {} a run replaces the day's partition whole, and this table has none", job.target, engine.name()),
                 hint: Some(format!("recreate {} with PARTITIONED BY ({partition}), or drop it and let the first run create it", job.target)),
             });
         }
-        let target_cols = target_cols.map(|mut cols| {
+        let target = target.map(|mut cols| {
             cols.extend(added.iter().cloned());
             cols
         });
-        let input_cols = fingerprinted(&source_cols, &job.metadata);
-        let output_cols = match &target_cols {
-            Some(cols) => fingerprinted(cols, &job.metadata),
-            None => input_cols.clone(),
-        };
-        trace.step("describe");
-        ledger::ensure(engine)?;
-        let job_hash = job.definition_hash();
-        let file_key = run_input.file_key(&job_hash, run_date);
-        let scope = Scope::Table { table: &job.target, filter: Some(Filter::DateEquals(partition, run_date.date())) };
+        let input = fingerprinted(&self.source, &job.metadata);
+        let output = target.as_deref().map_or_else(|| input.clone(), |cols| fingerprinted(cols, &job.metadata));
+        self.trace.step("describe");
+        Ok(Shape { target, added, input, output })
+    }
 
-        // 1. Guards and the input fingerprint, in one scan of the source,
-        //    before anything is written.
-        let fp = fingerprint_select(engine, Method::Native, "s", &input_cols)?;
-        let mut sql = Sql::new();
-        sql.push("SELECT ").push(&fp.select).push(", count(*) FILTER (WHERE s.").ident(partition).push(" IS DISTINCT FROM ");
-        sql.typed_param(day.clone(), "DATE").push(") AS \"outside\" FROM ");
-        Scope::Source { template: job.source.template(), params: &params }.write_from(&mut sql, "s");
-        let rows = engine.query(&sql)?;
+    /// The guard scan: the input fingerprint, no row outside the day, at
+    /// least `min_rows`.
+    fn guard(&mut self, engine: &mut dyn Leases, shape: &Shape) -> Result<Fingerprint> {
+        let fp = fingerprint_select(engine, Method::Native, "s", &shape.input)?;
+        let rows = engine.query(&guard_scan(self.job, &self.params, self.partition, self.run_date.date(), &fp.select))?;
         let row = rows.single("the guard scan")?;
         let input = fp.read(&row, engine)?;
-        let input_rows = input.rows;
-        let outside = row.count("outside")?;
-        if outside > 0 {
-            let mut sql = Sql::new();
-            sql.push("SELECT * FROM ");
-            Scope::Source { template: job.source.template(), params: &params }.write_from(&mut sql, "s");
-            sql.push(" WHERE s.").ident(partition).push(" IS DISTINCT FROM ");
-            sql.typed_param(day.clone(), "DATE").push(" LIMIT 1");
-            return Err(Error::OutOfPartition { rows: outside, column: partition.to_owned(), run_date: run_date.to_string(), sample: first_row(engine, &sql)? });
+        check_day_rows(engine, self.job, &self.params, self.partition, self.run_date, input.rows, row.count("outside")?)?;
+        self.trace.step("guards, input fp");
+        Ok(input)
+    }
+
+    /// The day before the run: unchanged since the ledger's last entry with
+    /// this run key (then skipped), or its row count (for the report and
+    /// the audits; `None` before the target exists). The day is
+    /// fingerprinted only when the last entry has this run key.
+    fn rows_before(&mut self, engine: &mut dyn Leases, shape: &Shape, key: &str) -> Result<Before> {
+        if shape.target.is_none() {
+            return Ok(Before::Rows(None));
         }
-        if let Some(min) = job.min_rows {
-            if input_rows < min {
-                return Err(Error::TooFewRows { rows: input_rows, min_rows: min, run_date: run_date.to_string() });
+        let last = if self.opts.force { None } else { ledger::entries_of_existing(engine, Some(&self.job.name), Some(self.run_date), Some(1))?.into_iter().next() };
+        let rows = match last.filter(|l| l.run_key == key) {
+            Some(last) => {
+                let now = fingerprint(engine, Method::Native, &self.scope(), &shape.output)?;
+                if last.fingerprint_kind == now.kind && last.output_rows == now.rows && last.output_checksum == now.checksum {
+                    return Ok(Before::Unchanged(now));
+                }
+                now.rows
             }
-        }
-        let key = file_key.unwrap_or_else(|| run_key(&job_hash, run_date, &input));
-        params.run_key = key.clone();
-        trace.step("guards, input fp");
-
-        // 2. A retry over the same input, the day still as recorded: nothing to do.
-        // (The day is fingerprinted only when the ledger's last entry has
-        // this run key; otherwise counted, for the report.)
-        let last = match (&target_cols, opts.force) {
-            (Some(_), false) => ledger::entries_of_existing(engine, Some(&job.name), Some(run_date), Some(1))?.into_iter().next(),
-            _ => None,
-        };
-        let mut rows_before = None;
-        if let Some(last) = last.filter(|l| l.run_key == key) {
-            let now = fingerprint(engine, Method::Native, &scope, &output_cols)?;
-            if last.fingerprint_kind == now.kind && last.output_rows == now.rows && last.output_checksum == now.checksum {
-                return Ok(skipped(job, run_date, &key, &input, &now, started));
+            None => {
+                let mut sql = Sql::new();
+                sql.push("SELECT count(*) AS \"n\" FROM ");
+                self.scope().write_from(&mut sql, "fp");
+                query_count(engine, &sql, "n", "the day's count")?
             }
-            rows_before = Some(now.rows);
-        }
-        if let (None, Some(_)) = (rows_before, &target_cols) {
-            let mut sql = Sql::new();
-            sql.push("SELECT count(*) AS \"n\" FROM ");
-            scope.write_from(&mut sql, "fp");
-            rows_before = Some(query_count(engine, &sql, "n", "the day's count")?);
-        }
-        trace.step("ledger, target fp");
-
-        // Audits look at the day as it will be published: the source's
-        // rows, before anything is written (a blocking failure then
-        // changes nothing).
-        let audits = if job.audits.is_empty() {
-            Vec::new()
-        } else {
-            let from = |sql: &mut Sql| {
-                sql.push("(SELECT * FROM ");
-                Scope::Source { template: job.source.template(), params: &params }.write_from(sql, "s");
-                sql.push(") AS a");
-            };
-            let audit_scope = crate::run::audit::AuditScope { from: &from, previous_rows: rows_before, run_date: run_date.date() };
-            crate::run::audit::audit(job, engine, &audit_scope)?
         };
-        opts.step(FailPoint::AfterGuards)?;
+        self.trace.step("ledger, target fp");
+        Ok(Before::Rows(Some(rows)))
+    }
 
-        // 3. Create the target when missing (partitioned by the day), add
-        //    new columns, then replace the day in one statement.
-        let created_target = target_cols.is_none();
-        if created_target {
+    /// Audits of the day as it will be published: the source's rows, before
+    /// anything is written (a blocking failure then changes nothing).
+    fn audit(&mut self, engine: &mut dyn Leases, rows_before: Option<u64>) -> Result<Vec<AuditResult>> {
+        if self.job.audits.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (job, params) = (self.job, &self.params);
+        let from = |sql: &mut Sql| {
+            sql.push("(SELECT * FROM ");
+            Scope::Source { template: job.source.template(), params }.write_from(sql, "s");
+            sql.push(") AS a");
+        };
+        let scope = crate::run::audit::AuditScope { from: &from, previous_rows: rows_before, run_date: self.run_date.date() };
+        crate::run::audit::audit(job, engine, &scope)
+    }
+
+    /// The target created when missing (partitioned by the day), the new
+    /// columns added, then the day replaced in one statement (an empty
+    /// day: its partition dropped).
+    fn write(&mut self, engine: &mut dyn Leases, shape: &Shape, input_rows: u64) -> Result<()> {
+        let (job, partition) = (self.job, self.partition);
+        if shape.target.is_none() {
             engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&job.target.schema))))?;
-            engine.create_table(&job.target, &source_cols, Some(partition))?;
+            engine.create_table(&job.target, &self.source, Some(partition))?;
         }
-        crate::run::schema::append(engine, &job.target, &added)?;
+        crate::run::schema::append(engine, &job.target, &shape.added)?;
         // The delete and the insert are one statement here: a fault at
         // either comes before it.
-        opts.step(FailPoint::AfterDelete)?;
-        opts.step(FailPoint::MidInsert)?;
+        self.opts.step(FailPoint::AfterDelete)?;
+        self.opts.step(FailPoint::MidInsert)?;
+        let day = Value::Date(self.run_date.date());
         if input_rows == 0 {
             engine.drop_partition_value(&job.target, partition, &day, "DATE")?;
         } else {
-            let mut sql = Sql::new();
-            sql.push("SELECT ");
-            for (i, c) in source_cols.iter().enumerate() {
-                if i > 0 {
-                    sql.push(", ");
-                }
-                if c.name == partition {
-                    // The second guard: a row of another date fails the
-                    // statement (and with it the whole overwrite).
-                    sql.push("CASE WHEN s.").ident(partition).push(" IS DISTINCT FROM ").typed_param(day.clone(), "DATE");
-                    sql.push(" THEN raise_error(").param(Value::Text(format!(
-                        "fixpoint: a source row of job {} is not in the run's partition {partition} = {run_date} (the source changed during the run); nothing was overwritten",
-                        job.name
-                    )));
-                    sql.push(") ELSE s.").ident(partition).push(" END");
-                } else {
-                    sql.push("s.").ident(&c.name);
-                }
-            }
-            sql.push(" FROM ");
-            Scope::Source { template: job.source.template(), params: &params }.write_from(&mut sql, "s");
-            let names: Vec<String> = source_cols.iter().map(|c| c.name.clone()).collect();
-            engine.overwrite_partitions(&job.target, &names, &sql)?;
+            let names: Vec<String> = self.source.iter().map(|c| c.name.clone()).collect();
+            engine.overwrite_partitions(&job.target, &names, &self.guarded_select())?;
         }
-        trace.step("overwrite");
-        opts.step(FailPoint::AfterInsert)?;
+        self.trace.step("overwrite");
+        Ok(())
+    }
 
-        // 4. The day as written: its fingerprint (over the target's
-        //    columns, as recorded) and, in the same scan, over the source's
-        //    columns in the source's order, which must be the input's.
-        let (output, as_input) = {
-            let fp = fingerprint_select(engine, Method::Native, "fp", &output_cols)?;
-            let check = input_cols.iter().all(|c| output_cols.iter().any(|o| o.name == c.name)) && !input_cols.is_empty();
-            let mut sql = Sql::new();
-            sql.push("SELECT ").push(&fp.select);
-            if check {
-                let hash = engine.dialect().native_row_hash("fp", &input_cols).unwrap_or_else(|| "0".into());
-                sql.push(&format!(", sum({hash}) AS \"as_input\""));
+    /// The source's rows to write, with the second guard: a row of another
+    /// date fails the statement (and with it the whole overwrite).
+    fn guarded_select(&self) -> Sql {
+        let (job, partition) = (self.job, self.partition);
+        let mut sql = Sql::new();
+        sql.push("SELECT ");
+        for (i, c) in self.source.iter().enumerate() {
+            if i > 0 {
+                sql.push(", ");
             }
-            sql.push(" FROM ");
-            scope.write_from(&mut sql, "fp");
-            let rows = engine.query(&sql)?;
-            let row = rows.single("the output scan")?;
-            let output = fp.read(&row, engine)?;
-            let as_input = match check {
-                true => Some(Fingerprint::from_sum(&input.kind, &signature_of(&input_cols), output.rows, engine.dialect().read_sum(row.value("as_input")?)?)),
-                false => None,
-            };
-            (output, as_input)
+            if c.name != partition {
+                sql.push("s.").ident(&c.name);
+                continue;
+            }
+            sql.push("CASE WHEN s.").ident(partition).push(" IS DISTINCT FROM ").typed_param(Value::Date(self.run_date.date()), "DATE");
+            sql.push(" THEN raise_error(").param(Value::Text(format!(
+                "fixpoint: a source row of job {} is not in the run's partition {partition} = {} (the source changed during the run); nothing was overwritten",
+                job.name, self.run_date
+            )));
+            sql.push(") ELSE s.").ident(partition).push(" END");
+        }
+        sql.push(" FROM ");
+        Scope::Source { template: job.source.template(), params: &self.params }.write_from(&mut sql, "s");
+        sql
+    }
+
+    /// The day as written: its fingerprint (over the target's columns, as
+    /// recorded) and, in the same scan, over the source's columns in the
+    /// source's order, which must be the input's: a source that changed
+    /// between the guard scan and the overwrite is refused (no ledger row).
+    fn output(&mut self, engine: &mut dyn Leases, shape: &Shape, input: &Fingerprint) -> Result<Fingerprint> {
+        let (job, partition, run_date) = (self.job, self.partition, self.run_date);
+        let fp = fingerprint_select(engine, Method::Native, "fp", &shape.output)?;
+        let check = !shape.input.is_empty() && shape.input.iter().all(|c| shape.output.iter().any(|o| o.name == c.name));
+        let mut sql = Sql::new();
+        sql.push("SELECT ").push(&fp.select);
+        if check {
+            let hash = engine.dialect().native_row_hash("fp", &shape.input).unwrap_or_else(|| "0".into());
+            sql.push(&format!(", sum({hash}) AS \"as_input\""));
+        }
+        sql.push(" FROM ");
+        self.scope().write_from(&mut sql, "fp");
+        let rows = engine.query(&sql)?;
+        let row = rows.single("the output scan")?;
+        let output = fp.read(&row, engine)?;
+        let as_input = match check {
+            true => Some(Fingerprint::from_sum(&input.kind, &signature_of(&shape.input), output.rows, engine.dialect().read_sum(row.value("as_input")?)?)),
+            false => None,
         };
-        trace.step("output fp");
-        if output.rows != input_rows || as_input.is_some_and(|f| f != input) {
+        self.trace.step("output fp");
+        if output.rows != input.rows || as_input.is_some_and(|f| f != *input) {
             return Err(Error::DataRefused {
                 message: format!(
-                    "the source of job {} changed while the run read it: it gave {input_rows} rows (checksum {}) and the partition {partition} = {run_date} now holds {} rows (checksum {}); the partition holds a complete later read of the source, and no ledger row was written",
-                    job.name, input.checksum, output.rows, output.checksum
+                    "the source of job {} changed while the run read it: it gave {} rows (checksum {}) and the partition {partition} = {run_date} now holds {} rows (checksum {}); the partition holds a complete later read of the source, and no ledger row was written",
+                    job.name, input.rows, input.checksum, output.rows, output.checksum
                 ),
                 hint: Some("run it again once the source is stable (the next run rewrites the day and records it)".into()),
             });
         }
+        Ok(output)
+    }
+}
 
-        // 5. Record it.
-        let mut report = RunReport::new(job, run_date, key, "committed", &input, &output);
-        report.rows_deleted = rows_before.unwrap_or(0);
-        report.rows_inserted = input_rows;
-        report.created_target = created_target;
-        report.audits = audits;
-        report.input_files = run_input.files.clone();
-        report.method = "partition overwrite".into();
-        // The data is committed already; a failure here leaves the run's
-        // output without its ledger row (the next run rewrites and records).
-        opts.step(FailPoint::BeforeCommit)?;
-        ledger::record(engine, &entry(job, &job_hash, &report, started_at))?;
-        trace.step("ledger row");
-        report.elapsed_ms = crate::run::protocol::elapsed_ms(started);
-        Ok(report)
-    })
+/// The day before the run.
+enum Before {
+    /// As the ledger's last entry with this run key recorded it.
+    Unchanged(Fingerprint),
+    /// Its rows (`None` before the target exists).
+    Rows(Option<u64>),
 }

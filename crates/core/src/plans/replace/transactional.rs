@@ -4,9 +4,9 @@
 
 use std::time::Instant;
 
-use crate::engine::{partition_exchange, query_count, Column, DayPartition, Engine};
+use crate::engine::{partition_exchange, query_count, Accelerated, Column, DayInsert, DayPartition, Engine};
 use crate::error::{Error, FailPoint, Result};
-use crate::fingerprint::compute::{fingerprint, fingerprint_kind, fingerprint_select, Filter, FingerprintSelect, Scope, FP_ROWS, FP_SUM};
+use crate::engine::measure::{fingerprint, fingerprint_kind, fingerprint_select, Filter, FingerprintSelect, Scope, FP_ROWS, FP_SUM};
 use crate::fingerprint::runkey::run_key;
 use crate::fingerprint::{Fingerprint, Method};
 use crate::job::date::RunDate;
@@ -15,10 +15,9 @@ use crate::job::spec::{Job, Swap};
 use crate::job::sql::{RunParam, RunParams, Sql, Value};
 use crate::run::ledger;
 use crate::run::input::{describe_source, RunInput};
-use crate::run::protocol::{elapsed_ms, fence, in_transaction, RunOptions, Trace};
+use crate::run::protocol::{elapsed_ms, fence, in_transaction, RunOptions, Steps, Trace};
 use crate::run::report::{entry, skipped, RunReport};
-use crate::run::sqlerror::first_row;
-use crate::plans::steps::{check_source_columns, fingerprinted};
+use crate::plans::steps::{check_day_rows, check_source_columns, fingerprinted, guard_scan};
 
 /// The columns a run works with, read before its transaction.
 struct Shape {
@@ -39,10 +38,11 @@ struct Guarded {
     /// The fingerprint's select list (count only, when the fingerprint is
     /// taken of the day as written).
     fp: FingerprintSelect,
-    /// The tap on the insert, when the accelerator counts and hashes the
-    /// rows as they are inserted (the guards then run on its figures).
-    tap: Option<(Sql, u64)>,
-    /// The source's rows (0 when tapped: known after the insert).
+    /// The guards wait for the insert: the accelerator counts and hashes
+    /// the rows as they are inserted (the guards then run on its figures),
+    /// or, should it decline, they scan the source after the delete.
+    deferred: bool,
+    /// The source's rows (0 when deferred: known after the insert).
     rows: u64,
     /// The input fingerprint, when taken before writing.
     input: Option<Fingerprint>,
@@ -133,7 +133,7 @@ impl Day<'_> {
         }
 
         // 3. The guards, before anything is deleted.
-        let guarded = self.guard(engine, exchange, last.is_some() && file_key.is_none(), file_key.is_none())?;
+        let mut guarded = self.guard(engine, exchange, last.is_some() && file_key.is_none(), file_key.is_none())?;
 
         // 4. A retry over the same input, with the target still holding the
         //    recorded output, has nothing to do.
@@ -152,7 +152,7 @@ impl Day<'_> {
         let created_target = self.prepare_target(engine)?;
         let written = match &layout {
             DayPartition::Swappable { existing } if exchange => self.swap_in(engine, existing.as_ref(), &guarded)?,
-            _ => self.delete_insert(engine, &layout, &guarded)?,
+            _ => self.delete_insert(engine, &layout, &mut guarded)?,
         };
 
         // 6. The output fingerprint, checked against the input.
@@ -224,17 +224,12 @@ impl Day<'_> {
             || shape.output != shape.input
             || engine.dialect().fingerprint_before_writing();
         let is_date = |cols: &[Column]| cols.iter().any(|c| c.name == partition && c.ty.eq_ignore_ascii_case("DATE"));
-        let tap = if !before_writing
+        let deferred = !before_writing
             && !exchange
             && !matches!(self.opts.fault, Some((FailPoint::MidInsert, _)))
             && is_date(&shape.source)
             && shape.target.as_deref().is_none_or(is_date)
-        {
-            // (Only a token: nothing is kept until the insert's rows arrive.)
-            engine.accelerator().and_then(|a| a.tap_partition(&format!("s.{}", quote_ident(partition)), "s", &shape.input, self.run_date.date()))
-        } else {
-            None
-        };
+            && engine.accelerator().is_some();
         let fp = if before_writing {
             fingerprint_select(engine, Method::Native, "s", &shape.input)?
         } else {
@@ -242,38 +237,29 @@ impl Day<'_> {
             let kind = fingerprint_kind(engine, Method::Native)?;
             FingerprintSelect { select: format!("count(*) AS {}, 0 AS {}", quote_ident(FP_ROWS), quote_ident(FP_SUM)), kind, signature: Vec::new() }
         };
-        if tap.is_some() {
-            return Ok(Guarded { fp, tap, rows: 0, input: None });
+        if deferred {
+            return Ok(Guarded { fp, deferred, rows: 0, input: None });
         }
-        let mut sql = Sql::new();
-        sql.push("SELECT ").push(&fp.select).push(", count(*) FILTER (WHERE s.").ident(partition);
-        sql.push(" IS DISTINCT FROM ");
-        sql.typed_param(Value::Date(self.run_date.date()), "DATE").push(") AS \"outside\" FROM ");
-        Scope::Source { template: job.source.template(), params: &self.params }.write_from(&mut sql, "s");
+        self.scan(engine, fp, before_writing)
+    }
+
+    /// The guard scan: one scan of the source counting its rows and those
+    /// outside the day (and summing the input fingerprint when `fp` does,
+    /// kept when `keep_input`), refused as [`Day::check_rows`] says.
+    fn scan(&mut self, engine: &mut dyn Engine, fp: FingerprintSelect, keep_input: bool) -> Result<Guarded> {
+        let sql = guard_scan(self.job, &self.params, self.partition, self.run_date.date(), &fp.select);
         let rows = engine.query(&sql)?;
         let row = rows.single("the guard scan")?;
         let (input_rows, sum, outside) = (row.count(FP_ROWS)?, engine.dialect().read_sum(row.value(FP_SUM)?)?, row.count("outside")?);
         self.check_rows(engine, input_rows, outside)?;
         self.trace.step("guards");
-        let input = before_writing.then(|| fp.of(input_rows, sum));
-        Ok(Guarded { fp, tap: None, rows: input_rows, input })
+        let input = keep_input.then(|| fp.of(input_rows, sum));
+        Ok(Guarded { fp, deferred: false, rows: input_rows, input })
     }
 
     /// The guards on the counts: no row outside the day, at least `min_rows`.
     fn check_rows(&self, engine: &mut dyn Engine, rows: u64, outside: u64) -> Result<()> {
-        if outside > 0 {
-            let mut sql = Sql::new();
-            sql.push("SELECT * FROM ");
-            Scope::Source { template: self.job.source.template(), params: &self.params }.write_from(&mut sql, "s");
-            sql.push(" WHERE s.").ident(self.partition).push(" IS DISTINCT FROM ");
-            sql.typed_param(Value::Date(self.run_date.date()), "DATE").push(" LIMIT 1");
-            let sample = first_row(engine, &sql)?;
-            return Err(Error::OutOfPartition { rows: outside, column: self.partition.to_owned(), run_date: self.run_date.to_string(), sample });
-        }
-        match self.job.min_rows {
-            Some(min) if rows < min => Err(Error::TooFewRows { rows, min_rows: min, run_date: self.run_date.to_string() }),
-            _ => Ok(()),
-        }
+        check_day_rows(engine, self.job, &self.params, self.partition, self.run_date, rows, outside)
     }
 
     /// Creates the target from the source's columns when missing, or adds
@@ -289,38 +275,15 @@ impl Day<'_> {
         Ok(true)
     }
 
-    /// `INSERT INTO into … SELECT` of the source's rows (the first `limit`),
-    /// the partition column taken from `tap` when the insert is tapped.
-    fn insert(&self, into: &TableName, limit: Option<u64>, tap: Option<&Sql>) -> Sql {
-        let col_list = self.shape.source.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", ");
-        let mut sql = Sql::new();
-        sql.push("INSERT INTO ").push(&into.quoted()).push(" (").push(&col_list).push(") SELECT ");
-        for (i, c) in self.shape.source.iter().enumerate() {
-            if i > 0 {
-                sql.push(", ");
-            }
-            match tap {
-                Some(t) if c.name == self.partition => {
-                    sql.text.push_str(&t.text);
-                    sql.params.extend(t.params.iter().cloned());
-                }
-                _ => {
-                    sql.push(&format!("s.{}", quote_ident(&c.name)));
-                }
-            }
-        }
-        sql.push(" FROM ");
-        Scope::Source { template: self.job.source.template(), params: &self.params }.write_from(&mut sql, "s");
-        if let Some(n) = limit {
-            sql.push(" LIMIT ").typed_param(Value::Int(n as i64), "BIGINT");
-        }
-        sql
+    /// `INSERT INTO into … SELECT` of the source's rows (the first `limit`).
+    fn insert(&self, into: &TableName, limit: Option<u64>) -> Sql {
+        insert_sql(self.job, &self.shape, &self.params, self.partition, into, limit, None)
     }
 
     /// A test's fault in the middle of the insert: half the rows written.
     fn half_insert_fault(&self, engine: &mut dyn Engine, into: &TableName, rows: u64) -> Result<()> {
         if matches!(self.opts.fault, Some((FailPoint::MidInsert, _))) {
-            engine.execute(&self.insert(into, Some(rows / 2), None))?;
+            engine.execute(&self.insert(into, Some(rows / 2)))?;
             self.opts.step(FailPoint::MidInsert)?;
         }
         Ok(())
@@ -333,7 +296,7 @@ impl Day<'_> {
         let (job, partition, day) = (self.job, self.partition, self.run_date.date());
         let staged = partition_exchange(engine)?.create_day_table(&job.target, partition, day)?;
         self.half_insert_fault(engine, &staged, guarded.rows)?;
-        let rows_inserted = engine.execute(&self.insert(&staged, None, None))?;
+        let rows_inserted = engine.execute(&self.insert(&staged, None))?;
         self.trace.step("insert (staged)");
         self.opts.step(FailPoint::AfterInsert)?;
         let output = match &guarded.input {
@@ -359,7 +322,7 @@ impl Day<'_> {
 
     /// 5b. The day's rows deleted, the source's inserted (tapped, when the
     ///     guards ride on the insert: they are checked on its figures).
-    fn delete_insert(&mut self, engine: &mut dyn Engine, layout: &DayPartition, guarded: &Guarded) -> Result<Written> {
+    fn delete_insert(&mut self, engine: &mut dyn Engine, layout: &DayPartition, guarded: &mut Guarded) -> Result<Written> {
         let (job, partition, day) = (self.job, self.partition, self.run_date.date());
         // `swap = "delete_insert"` on a target partitioned by day with no
         // partition for this day yet: the insert needs one. Created empty,
@@ -377,27 +340,44 @@ impl Day<'_> {
         self.trace.step("delete");
         self.opts.step(FailPoint::AfterDelete)?;
         self.half_insert_fault(engine, &job.target, guarded.rows)?;
-        let (rows_inserted, output) = match &guarded.tap {
-            None => (engine.execute(&self.insert(&job.target, None, None))?, None),
-            Some((expr, token)) => {
-                let inserted = engine.execute(&self.insert(&job.target, None, Some(expr)));
-                let seen = engine.accelerator().and_then(|a| a.tap_close(*token));
-                let inserted = inserted?;
-                let (seen, outside, sum) = seen.ok_or_else(|| Error::Internal("the insert's tap was lost".into()))?;
-                if seen > inserted {
-                    // The tap must see each inserted row once: its
-                    // fingerprint would be wrong.
-                    return Err(Error::Internal(format!("the insert's tap saw {seen} rows but {inserted} were inserted; rolled back")));
-                }
-                // A NULL partition is not seen by the tap: outside too.
-                self.check_rows(engine, inserted, outside + inserted.saturating_sub(seen))?;
-                let signature: Vec<String> = self.shape.output.iter().map(|c| format!("{} {}", c.name, c.ty)).collect();
-                (inserted, Some(Fingerprint::from_sum(&guarded.fp.kind, &signature, inserted, sum)))
-            }
+        let (rows_inserted, output) = if guarded.deferred {
+            self.insert_deferred(engine, guarded)?
+        } else {
+            let inserted = engine.execute(&self.insert(&job.target, None))?;
+            self.trace.step("insert");
+            (inserted, None)
         };
-        self.trace.step(if output.is_some() { "insert (guards and fingerprint tapped)" } else { "insert" });
         self.opts.step(FailPoint::AfterInsert)?;
         Ok(Written { rows_deleted, rows_inserted, method: "delete+insert", output })
+    }
+
+    /// The insert of guards that waited for it: the accelerator's, its
+    /// rows checked on its figures and the output fingerprint its sum; or,
+    /// should it decline, the guard scan and then the plain insert.
+    fn insert_deferred(&mut self, engine: &mut dyn Engine, guarded: &mut Guarded) -> Result<(u64, Option<Fingerprint>)> {
+        let (job, shape, params, partition) = (self.job, &self.shape, &self.params, self.partition);
+        let tapped = match engine.accelerator() {
+            Some(acc) => {
+                let insert = |tap: &Sql| insert_sql(job, shape, params, partition, &job.target, None, Some(tap));
+                let day = DayInsert { partition: format!("s.{}", quote_ident(partition)), alias: "s", hashed: &shape.input, day: self.run_date.date(), insert: &insert };
+                acc.insert_day(&day, &mut Steps { opts: self.opts, trace: &mut self.trace })?
+            }
+            None => Accelerated::Declined("no accelerator"),
+        };
+        match tapped {
+            Accelerated::Done(t) => {
+                self.check_rows(engine, t.inserted, t.outside)?;
+                let signature: Vec<String> = self.shape.output.iter().map(|c| format!("{} {}", c.name, c.ty)).collect();
+                Ok((t.inserted, Some(Fingerprint::from_sum(&guarded.fp.kind, &signature, t.inserted, t.sum))))
+            }
+            Accelerated::Declined(why) => {
+                self.trace.step(&format!("insert not tapped ({why})"));
+                *guarded = self.scan(engine, guarded.fp.clone(), false)?;
+                let inserted = engine.execute(&self.insert(&job.target, None))?;
+                self.trace.step("insert");
+                Ok((inserted, None))
+            }
+        }
     }
 
     /// The input and output fingerprints. The day now holds exactly the
@@ -408,7 +388,7 @@ impl Day<'_> {
     /// snapshot) is the output's fingerprint; otherwise the day is scanned
     /// as written. The counts must agree, or the run rolls back.
     fn fingerprints(&mut self, engine: &mut dyn Engine, guarded: &Guarded, written: &Written) -> Result<(Fingerprint, Fingerprint)> {
-        let input_rows = if guarded.tap.is_some() { written.rows_inserted } else { guarded.rows };
+        let input_rows = if guarded.deferred { written.rows_inserted } else { guarded.rows };
         let output = match (&guarded.input, &written.output) {
             (_, Some(known)) => known.clone(),
             (Some(input), None) if self.shape.output == self.shape.input => input.clone(),
@@ -504,4 +484,32 @@ fn day_partition_name(table: &str, day: RunDate) -> String {
         head.pop();
     }
     head + &suffix
+}
+
+/// `INSERT INTO into … SELECT` of the source's rows (the first `limit`),
+/// the partition column taken from `tap` when the insert is tapped.
+fn insert_sql(job: &Job, shape: &Shape, params: &RunParams, partition: &str, into: &TableName, limit: Option<u64>, tap: Option<&Sql>) -> Sql {
+    let col_list = shape.source.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", ");
+    let mut sql = Sql::new();
+    sql.push("INSERT INTO ").push(&into.quoted()).push(" (").push(&col_list).push(") SELECT ");
+    for (i, c) in shape.source.iter().enumerate() {
+        if i > 0 {
+            sql.push(", ");
+        }
+        match tap {
+            Some(t) if c.name == partition => {
+                sql.text.push_str(&t.text);
+                sql.params.extend(t.params.iter().cloned());
+            }
+            _ => {
+                sql.push(&format!("s.{}", quote_ident(&c.name)));
+            }
+        }
+    }
+    sql.push(" FROM ");
+    Scope::Source { template: job.source.template(), params: params }.write_from(&mut sql, "s");
+    if let Some(n) = limit {
+        sql.push(" LIMIT ").typed_param(Value::Int(n as i64), "BIGINT");
+    }
+    sql
 }
