@@ -106,8 +106,7 @@ pub enum DbFailure {
     /// Another fault of the statement itself: a value it writes that does
     /// not convert (a literal of the wrong shape, a division by zero), a
     /// privilege the user lacks (PostgreSQL's and Spark's SQLSTATE classes
-    /// 42 beyond the binding errors, and 22; DuckDB's conversion and
-    /// invalid input errors).
+    /// 42 beyond the binding errors, and 22; DuckDB's conversion errors).
     Statement,
     /// Anything else: the database, the connection, the data.
     Other,

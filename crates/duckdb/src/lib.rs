@@ -116,7 +116,9 @@ pub fn failure_of(message: &str) -> DbFailure {
     let kind = message.split_once(" Error:").and_then(|(before, _)| before.rsplit(": ").next()).unwrap_or("").trim();
     match kind {
         "Parser" | "Binder" | "Catalog" => DbFailure::Binding,
-        "Conversion" | "Invalid Input" => DbFailure::Statement,
+        // (An "Invalid Input" error is most often the data's: a file
+        // that does not parse, a value out of range.)
+        "Conversion" => DbFailure::Statement,
         _ => DbFailure::Other,
     }
 }
