@@ -49,6 +49,9 @@ pub struct DuckDb {
     /// The ties of the one-statement merge's batch, still being counted
     /// ([`Accelerator::confirm`] waits for them).
     pending_ties: Option<Box<dyn FnOnce() -> u64 + Send>>,
+    /// The two-statement merge left its batch table, dropped in
+    /// [`Accelerator::confirm`] (the one-statement merge makes none).
+    batch_made: bool,
     /// What `DESCRIBE` said of each table (columns, and the defaults the
     /// lint of generated keys reads), by quoted name: a run asks for the
     /// target's columns three or four times (~0.7 ms each on a fresh
@@ -214,6 +217,7 @@ impl DuckDb {
             taps,
             one_statement_merge: true,
             pending_ties: None,
+            batch_made: false,
             described: Default::default(),
             warming,
         }

@@ -123,6 +123,7 @@ impl Accelerator for DuckDb {
 
     fn merge(&mut self, merge: &MergeRequest<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<Merged>> {
         self.pending_ties = None;
+        self.batch_made = false;
         if !self.tap_registered {
             return Ok(Accelerated::Declined("no taps on this connection"));
         }
@@ -141,7 +142,9 @@ impl Accelerator for DuckDb {
                 return Ok(Accelerated::Declined("a tie in the batch"));
             }
         }
-        fixpoint_core::Engine::execute(self, &Sql::raw(format!("DROP TABLE IF EXISTS {}", fixpoint_core::plans::merge::steps::BATCH)))?;
+        if std::mem::take(&mut self.batch_made) {
+            fixpoint_core::Engine::execute(self, &Sql::raw(format!("DROP TABLE IF EXISTS {}", fixpoint_core::plans::merge::steps::BATCH)))?;
+        }
         Ok(Accelerated::Done(()))
     }
 

@@ -140,6 +140,7 @@ fn dedup(db: &mut DuckDb, m: &MergeRequest<'_>, output_cols: &[Column]) -> Resul
     let tomb_tap = spec.deleted.as_ref().map(|_| db.tap_rows(&Sql::raw(format!("CASE WHEN o.{del} THEN 0 END"))));
     let sql = dedup_sql(m, output_cols, &seen, &null_tap, out_tap.as_ref().map(|(t, _)| t), tomb_tap.as_ref().map(|(t, _)| t));
     let made = db.execute(&sql);
+    db.batch_made = true;
     let seen = db.taps.close_dedup(seen_token);
     let kept_upserts = out_tap.map(|(_, token)| db.tap_close(token));
     let (nulls, _, _) = db.tap_close(null_token);
