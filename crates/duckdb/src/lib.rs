@@ -46,6 +46,9 @@ pub struct DuckDb {
     taps: tap::Taps,
     /// Whether an upsert-only merge may be one statement.
     one_statement_merge: bool,
+    /// Whether `replace_partition`'s day insert may be tapped (tests turn
+    /// it off to run the plan's fallback: guards scanned after the delete).
+    tapped_day_insert: bool,
     /// The ties of the one-statement merge's batch, still being counted
     /// ([`Accelerator::confirm`] waits for them).
     pending_ties: Option<Box<dyn FnOnce() -> u64 + Send>>,
@@ -216,6 +219,7 @@ impl DuckDb {
             tap_registered,
             taps,
             one_statement_merge: true,
+            tapped_day_insert: true,
             pending_ties: None,
             batch_made: false,
             described: Default::default(),
@@ -241,6 +245,15 @@ impl DuckDb {
     /// two-statement plan runs where that one would (tests compare them).
     pub fn without_one_statement_merge(mut self) -> DuckDb {
         self.one_statement_merge = false;
+        self
+    }
+
+    /// The same connection, declining to tap `replace_partition`'s day
+    /// insert after the plan deferred its guards to it: the plan's fallback
+    /// (the guard scan after the delete, then the plain insert) runs where
+    /// the tapped insert would (tests reach it with this).
+    pub fn without_tapped_day_insert(mut self) -> DuckDb {
+        self.tapped_day_insert = false;
         self
     }
 

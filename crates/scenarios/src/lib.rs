@@ -47,6 +47,17 @@ impl EngineUnderTest for DuckDbTwoStatementsUnderTest {
     }
 }
 
+/// Embedded DuckDB, in memory, declining to tap `replace_partition`'s day
+/// insert: where the tapped insert would run, the plan's fallback does (the
+/// guards it deferred scanned after the delete, then the plain insert).
+pub struct DuckDbUntappedInsertUnderTest;
+
+impl EngineUnderTest for DuckDbUntappedInsertUnderTest {
+    fn fresh(&self) -> Box<dyn Engine> {
+        Box::new(fixpoint_duckdb::DuckDb::open_in_memory().expect("in-memory duckdb").without_tapped_day_insert())
+    }
+}
+
 /// PostgreSQL at `FIXPOINT_TEST_PG` (default `postgres://root@127.0.0.1:5432/test`):
 /// each `fresh()` is a new database, dropped when the engine is dropped.
 pub struct PgUnderTest {
@@ -176,6 +187,23 @@ macro_rules! spark_scenarios {
                         let _one_at_a_time = spark.exclusive();
                         super::$name(&spark);
                     }
+                }
+            )*
+        }
+    };
+}
+
+/// Instantiates scenario functions `fn(&dyn EngineUnderTest)` again on one
+/// more engine under test (a plan forced by a test switch), in a module of
+/// their own.
+#[macro_export]
+macro_rules! scenarios_on {
+    ($module:ident, $engine:expr; $($name:ident),* $(,)?) => {
+        mod $module {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name(&$engine);
                 }
             )*
         }

@@ -465,20 +465,6 @@ scenarios!(
     merge_failure_keeps_previous_contents,
 );
 
-/// Scenarios again on one more engine under test, in a module of their own.
-macro_rules! scenarios_on {
-    ($module:ident, $engine:expr; $($name:ident),* $(,)?) => {
-        mod $module {
-            $(
-                #[test]
-                fn $name() {
-                    super::$name(&$engine);
-                }
-            )*
-        }
-    };
-}
-
 // Every merge scenario again on DuckDB without its taps: the plan the
 // other transactional engines run, on the engine whose default plans fold
 // the checks into their statements.

@@ -207,20 +207,6 @@ scenarios!(
     an_audit_naming_a_missing_column_or_table_is_refused,
 );
 
-/// Scenarios again on one more engine under test, in a module of their own.
-macro_rules! scenarios_on {
-    ($module:ident, $engine:expr; $($name:ident),* $(,)?) => {
-        mod $module {
-            $(
-                #[test]
-                fn $name() {
-                    super::$name(&$engine);
-                }
-            )*
-        }
-    };
-}
-
 // DuckDB's other merge plans: two statements, and the checks as joins of
 // their own (the plan PostgreSQL runs).
 scenarios_on!(duckdb_two_statements, fixpoint_scenarios::DuckDbTwoStatementsUnderTest;

@@ -358,6 +358,14 @@ scenarios!(
     an_empty_day_empties_the_partition,
 );
 
+// Again where DuckDB declines to tap the day insert after the plan deferred
+// its guards to it (the scenarios whose jobs have no `:run_key`): the
+// fallback scans them after the delete.
+scenarios_on!(duckdb_untapped_insert, fixpoint_scenarios::DuckDbUntappedInsertUnderTest;
+    guards_hold_when_forced,
+    failure_at_any_step_without_run_key,
+);
+
 spark_scenarios!(
     five_runs_equal_one_run,
     an_empty_day_empties_the_partition,

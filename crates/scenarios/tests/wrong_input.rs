@@ -323,20 +323,6 @@ scenarios!(
     a_key_that_is_not_the_targets_key_is_refused,
 );
 
-/// Scenarios again on one more engine under test, in a module of their own.
-macro_rules! scenarios_on {
-    ($module:ident, $engine:expr; $($name:ident),* $(,)?) => {
-        mod $module {
-            $(
-                #[test]
-                fn $name() {
-                    super::$name(&$engine);
-                }
-            )*
-        }
-    };
-}
-
 // The merge refusals on DuckDB's other merge plans: two statements, and
 // the checks as joins of their own (the plan PostgreSQL runs).
 scenarios_on!(duckdb_two_statements, fixpoint_scenarios::DuckDbTwoStatementsUnderTest;

@@ -105,6 +105,9 @@ impl Accelerator for DuckDb {
         if !self.tap_registered || day.hashed.is_empty() {
             return Ok(Accelerated::Declined("no tap on this connection"));
         }
+        if !self.tapped_day_insert {
+            return Ok(Accelerated::Declined("the tapped day insert is switched off"));
+        }
         let Some((tap, token)) = self.tap_partition(&day.partition, day.alias, day.hashed, day.day) else {
             return Ok(Accelerated::Declined("the day is out of the tap's range"));
         };
