@@ -396,9 +396,9 @@ pub(crate) fn open_engine(url: &str, wait: Duration) -> Result<Box<dyn Engine>, 
         return Ok(match target {
             fixpoint_duckdb::DuckTarget::File(p) => {
                 check_duckdb_folder(&p)?;
-                Box::new(fixpoint_duckdb::DuckDb::open(&p, wait)?)
+                Box::new(duckdb_switches(fixpoint_duckdb::DuckDb::open(&p, wait)?)?)
             }
-            fixpoint_duckdb::DuckTarget::Memory => Box::new(fixpoint_duckdb::DuckDb::open_in_memory()?),
+            fixpoint_duckdb::DuckTarget::Memory => Box::new(duckdb_switches(fixpoint_duckdb::DuckDb::open_in_memory()?)?),
         });
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
@@ -423,6 +423,36 @@ pub(crate) fn open_engine(url: &str, wait: Duration) -> Result<Box<dyn Engine>, 
 /// The variable that puts the process in test mode: only then is
 /// `FIXPOINT_FAIL_AT` obeyed.
 const TEST_MODE: &str = "FIXPOINT_TEST_MODE";
+
+/// `FIXPOINT_TEST_SWITCHES=switch,…`: turn off DuckDB's fast paths so the
+/// kill -9 trials reach the plans' fallbacks (`untapped_day_insert`: the
+/// day insert is not tapped, so the guards are scanned after the delete;
+/// `two_statement_merge`: no one-statement merge; `no_taps`: no
+/// accelerator at all). Obeyed only with `FIXPOINT_TEST_MODE=1`, like
+/// fault injection; ignored with a warning otherwise.
+fn duckdb_switches(mut duck: fixpoint_duckdb::DuckDb) -> Result<fixpoint_duckdb::DuckDb, Error> {
+    let Ok(spec) = std::env::var("FIXPOINT_TEST_SWITCHES") else { return Ok(duck) };
+    if std::env::var(TEST_MODE).as_deref() != Ok("1") {
+        eprintln!(
+            "fixpoint: warning: FIXPOINT_TEST_SWITCHES={spec:?} is ignored: test switches need {TEST_MODE}=1 as well (unset FIXPOINT_TEST_SWITCHES to silence this)"
+        );
+        return Ok(duck);
+    }
+    for switch in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        duck = match switch {
+            "untapped_day_insert" => duck.without_tapped_day_insert(),
+            "two_statement_merge" => duck.without_one_statement_merge(),
+            "no_taps" => duck.without_taps(),
+            other => {
+                return Err(Error::argument(
+                    format!("FIXPOINT_TEST_SWITCHES: {other:?} is not a test switch"),
+                    Some("use untapped_day_insert, two_statement_merge or no_taps, separated by commas"),
+                ))
+            }
+        };
+    }
+    Ok(duck)
+}
 
 /// `FIXPOINT_FAIL_AT=point[@date]` and `FIXPOINT_FAIL_MODE=error|abort|pause:MS`:
 /// fail on purpose at a step boundary (tests, the demo). Obeyed only with

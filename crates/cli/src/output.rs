@@ -184,6 +184,19 @@ impl Output {
                 r.duplicates_collapsed,
                 if r.created_target { " (table created)" } else { "" }
             ),
+            (_, "history") => say!(
+                self,
+                "{} {}: history of {} — {} rows written, {} replaced, {} unchanged, {} source duplicates collapsed; touched keys hold {} rows{}",
+                r.job,
+                r.run_date,
+                r.target,
+                r.rows_inserted,
+                r.rows_deleted,
+                r.rows_unchanged,
+                r.duplicates_collapsed,
+                r.output_rows,
+                if r.created_target { " (table created)" } else { "" }
+            ),
             _ => {
                 let (how, suffix, verb) = if r.method == "partition exchange" {
                     ("swapped in the day's partition of", " (partition exchange)", "detached")

@@ -837,7 +837,9 @@ fn fault_injection_needs_test_mode() {
             .env_remove("FIXPOINT_DB")
             .env_remove("FIXPOINT_FAIL_AT")
             .env_remove("FIXPOINT_FAIL_MODE")
-            .env_remove("FIXPOINT_TEST_MODE");
+            .env_remove("FIXPOINT_TEST_MODE")
+            .env_remove("FIXPOINT_TEST_SWITCHES")
+            .env_remove("FIXPOINT_TRACE");
         for (k, v) in vars {
             c.env(k, v);
         }
@@ -869,6 +871,27 @@ fn fault_injection_needs_test_mode() {
     assert!(injected.stderr.contains("injected failure at after_delete"), "{}", injected.stderr);
     assert!(!injected.stderr.contains("is ignored"), "{}", injected.stderr);
     assert_eq!(committed_runs(dir), 4);
+
+    // Test switches likewise: ignored (with a warning) outside test mode,
+    // obeyed in it (the trace shows the fallback taken), a wrong one refused.
+    let traced = |vars: &[(&str, &str)]| -> Out {
+        let mut v = vars.to_vec();
+        v.push(("FIXPOINT_TRACE", "1"));
+        with_env(&forced, &v)
+    };
+    let stray = traced(&[("FIXPOINT_TEST_SWITCHES", "untapped_day_insert")]);
+    assert_eq!(stray.code, 0, "{}", stray.stderr);
+    assert!(stray.stderr.contains("warning: FIXPOINT_TEST_SWITCHES=\"untapped_day_insert\" is ignored"), "{}", stray.stderr);
+    assert!(!stray.stderr.contains("insert not tapped"), "{}", stray.stderr);
+    assert_eq!(committed_runs(dir), 5);
+    let switched = traced(&[("FIXPOINT_TEST_SWITCHES", "untapped_day_insert"), ("FIXPOINT_TEST_MODE", "1")]);
+    assert_eq!(switched.code, 0, "{}", switched.stderr);
+    assert!(switched.stderr.contains("insert not tapped (the tapped day insert is switched off)"), "{}", switched.stderr);
+    assert_eq!(committed_runs(dir), 6);
+    let wrong = with_env(&forced, &[("FIXPOINT_TEST_SWITCHES", "faster"), ("FIXPOINT_TEST_MODE", "1")]);
+    assert_eq!(wrong.code, 2, "{}", wrong.stderr);
+    assert!(wrong.stderr.contains("\"faster\" is not a test switch"), "{}", wrong.stderr);
+    assert_eq!(committed_runs(dir), 6);
 }
 
 #[test]

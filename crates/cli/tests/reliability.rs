@@ -398,6 +398,8 @@ const MERGE_KEYS: i64 = 20_000;
 const KILL_SPAN_PCT: u64 = 125;
 /// The trace step of DuckDB's tapped insert.
 const TAPPED: &str = "insert (guards and fingerprint tapped)";
+/// The trace step of the fallback where the tapped insert declines.
+const UNTAPPED: &str = "insert not tapped (the tapped day insert is switched off)";
 
 fn plan_trials() -> usize {
     std::env::var("FIXPOINT_CRASH_TRIALS").ok().and_then(|v| v.parse().ok()).unwrap_or(10)
@@ -585,9 +587,13 @@ fn trace_steps(stderr: &str) -> Vec<String> {
         .collect()
 }
 
-fn fixpoint_command(dir: &Path, args: &[String], trace: bool) -> Command {
+fn fixpoint_command(dir: &Path, args: &[String], trace: bool, switches: Option<&str>) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_fixpoint"));
     c.args(args).current_dir(dir).env_remove("FIXPOINT_DB").env_remove("FIXPOINT_FAIL_AT").stdin(Stdio::null());
+    match switches {
+        Some(s) => c.env("FIXPOINT_TEST_MODE", "1").env("FIXPOINT_TEST_SWITCHES", s),
+        None => c.env_remove("FIXPOINT_TEST_MODE").env_remove("FIXPOINT_TEST_SWITCHES"),
+    };
     if trace {
         c.env("FIXPOINT_TRACE", "1");
     } else {
@@ -596,8 +602,8 @@ fn fixpoint_command(dir: &Path, args: &[String], trace: bool) -> Command {
     c
 }
 
-fn run_fixpoint(dir: &Path, args: &[String], trace: bool) -> (std::process::Output, Duration) {
-    let mut c = fixpoint_command(dir, args, trace);
+fn run_fixpoint(dir: &Path, args: &[String], trace: bool, switches: Option<&str>) -> (std::process::Output, Duration) {
+    let mut c = fixpoint_command(dir, args, trace, switches);
     let t0 = Instant::now();
     let out = c.output().unwrap();
     (out, t0.elapsed())
@@ -628,6 +634,9 @@ struct KillPlan {
     job: &'static str,
     /// Arguments after `run job.toml --date DAY --db URL --output json`.
     extra: &'static [&'static str],
+    /// `FIXPOINT_TEST_SWITCHES` for every run of the plan (with test mode):
+    /// DuckDB's fast paths turned off to reach a fallback.
+    switches: Option<&'static str>,
     /// Load `KILL_DAY_BEFORE` first (unkilled); no trial may change it.
     day_before: bool,
     /// The source tables (both databases).
@@ -698,7 +707,7 @@ fn kill_plan(dir: &Path, plan: &KillPlan, main: &Db, twin: &Db) {
     let days: Vec<&str> = if plan.day_before { vec![KILL_DAY_BEFORE, KILL_DAY] } else { vec![KILL_DAY] };
     for db in [main, twin] {
         for &day in &days {
-            let (out, _) = run_fixpoint(dir, &args(db, day), false);
+            let (out, _) = run_fixpoint(dir, &args(db, day), false, plan.switches);
             assert!(out.status.success(), "{name}: the first load of {day}: {}", String::from_utf8_lossy(&out.stderr));
         }
     }
@@ -718,7 +727,7 @@ fn kill_plan(dir: &Path, plan: &KillPlan, main: &Db, twin: &Db) {
         input(t);
 
         // The after state: the same run, unkilled, on the twin.
-        let (out, took) = run_fixpoint(dir, &args(twin, KILL_DAY), true);
+        let (out, took) = run_fixpoint(dir, &args(twin, KILL_DAY), true, plan.switches);
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(out.status.success(), "{name} trial {t}: the unkilled run failed: {stderr}");
         let report: serde_json::Value = serde_json::from_slice(&out.stdout)
@@ -732,7 +741,9 @@ fn kill_plan(dir: &Path, plan: &KillPlan, main: &Db, twin: &Db) {
         for s in plan.not_steps {
             assert!(!steps.iter().any(|x| x.as_str() == *s), "{name} trial {t}: the unkilled run has the step {s:?}: {steps:?}");
         }
-        let path = if steps.iter().any(|x| x.as_str() == TAPPED) {
+        let path = if steps.iter().any(|x| x.as_str() == UNTAPPED) {
+            "tapped insert declined, guard scan"
+        } else if steps.iter().any(|x| x.as_str() == TAPPED) {
             "tapped insert"
         } else if steps.iter().any(|x| x.as_str() == "guards") {
             "guard scan"
@@ -759,7 +770,7 @@ fn kill_plan(dir: &Path, plan: &KillPlan, main: &Db, twin: &Db) {
         // scaled by the unkilled run's duration.
         let delay = Duration::from_micros(rng.below(took.as_micros() as u64 * KILL_SPAN_PCT / 100));
         let log = dir.join("killed.stderr");
-        let mut child = fixpoint_command(dir, &args(main, KILL_DAY), true)
+        let mut child = fixpoint_command(dir, &args(main, KILL_DAY), true, plan.switches)
             .stdout(Stdio::null())
             .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
             .spawn()
@@ -821,7 +832,7 @@ fn kill_plan(dir: &Path, plan: &KillPlan, main: &Db, twin: &Db) {
         }
 
         // The rerun converges to the new state.
-        let (out, _) = run_fixpoint(dir, &args(main, KILL_DAY), false);
+        let (out, _) = run_fixpoint(dir, &args(main, KILL_DAY), false, plan.switches);
         assert!(out.status.success(), "{name} trial {t}: the rerun failed: {}", String::from_utf8_lossy(&out.stderr));
         let converged = scope(main);
         assert!(converged == after, "{name} trial {t} ({at}): the rerun did not reach the new state: {}", differ(&converged, &current, &after));
@@ -919,6 +930,7 @@ fn rp_plan(name: &'static str) -> KillPlan {
         name,
         job: RP_JOB,
         extra: &[],
+        switches: None,
         day_before: true,
         setup: rp_setup,
         change: rp_change,
@@ -976,6 +988,7 @@ fn files_plan(name: &'static str) -> KillPlan {
         name,
         job: FILES_JOB,
         extra: &[],
+        switches: None,
         day_before: true,
         setup: no_setup,
         change: no_change,
@@ -1074,6 +1087,7 @@ fn merge_plan(name: &'static str, job: &'static str, change: Change, method: &'s
         name,
         job,
         extra: &[],
+        switches: None,
         day_before: false,
         setup: merge_setup,
         change,
@@ -1084,6 +1098,57 @@ fn merge_plan(name: &'static str, job: &'static str, change: Change, method: &'s
         method,
         steps: &[],
         not_steps: &[],
+    }
+}
+
+const HISTORY_JOB: &str = r#"name = "kill_history"
+target = "silver.h"
+strategy = "history"
+key = ["id"]
+version = "v"
+deleted = "op = 'D'"
+track = ["amount"]
+
+[source]
+sql = "SELECT id, amount, note, v, op FROM bronze.m WHERE batch = :run_date"
+"#;
+
+/// History batch t: four in five keys get version 10t + 5 (one in eleven
+/// a tombstone; one in three the same amount as before, a version that
+/// starts no row); one in seven also a version 10t + 2 between the last
+/// batch's and this one; one in thirteen a late version 10t - 7, older
+/// than the last batch's, which splits its interval; 200 new keys.
+fn history_batch(db: &Db, t: usize) -> String {
+    let keys = db.series(0, MERGE_KEYS - 1);
+    let first_new = MERGE_KEYS + 200 * t as i64;
+    let new_keys = db.series(first_new, first_new + 199);
+    let picked = format!("(i + {t}) % 5 <> 0");
+    let amount = format!("CAST(CASE WHEN i % 3 = 0 THEN i % 1000 ELSE i % 1000 + {t} END AS DECIMAL(18,2))");
+    let (v, between, late) = (10 * t + 5, 10 * t + 2, (10 * t).saturating_sub(7));
+    format!(
+        "DELETE FROM bronze.m;
+         INSERT INTO bronze.m SELECT i, {amount}, 'n' || CAST(i AS VARCHAR) || '-{t}', {v}, \
+         CASE WHEN (i + {t}) % 11 = 0 THEN 'D' ELSE 'U' END, DATE '{KILL_DAY}' FROM {keys} AS r(i) WHERE {picked}
+         UNION ALL SELECT i, CAST(-1 AS DECIMAL(18,2)), 'between', {between}, 'U', DATE '{KILL_DAY}' FROM {keys} AS r(i) WHERE {picked} AND i % 7 = 0
+         UNION ALL SELECT i, CAST(-2 AS DECIMAL(18,2)), 'late', {late}, 'U', DATE '{KILL_DAY}' FROM {keys} AS r(i) WHERE i % 13 = 0 AND {t} > 0
+         UNION ALL SELECT i, CAST(i % 1000 AS DECIMAL(18,2)), 'new ' || CAST(i AS VARCHAR), {v}, 'U', DATE '{KILL_DAY}' FROM {new_keys} AS r(i)"
+    )
+}
+
+/// The table and its log of hidden versions, one text value a row.
+fn history_scope(db: &Db) -> String {
+    format!("SELECT 'row ' || {} FROM silver.h AS s UNION ALL SELECT 'log ' || {} FROM fixpoint.history__silver__h AS l", db.row_text("s"), db.row_text("l"))
+}
+
+fn history_plan(name: &'static str) -> KillPlan {
+    KillPlan {
+        name,
+        job: HISTORY_JOB,
+        change: history_batch,
+        scope: history_scope,
+        method: "history",
+        steps: &["resolve", "delete", "insert", "well-formed"],
+        ..merge_plan(name, HISTORY_JOB, history_batch, "history")
     }
 }
 
@@ -1112,6 +1177,22 @@ fn duckdb_tapped_insert_killed_at_random_moments() {
 #[test]
 fn duckdb_guard_scan_insert_killed_at_random_moments() {
     duck_plan(&KillPlan { steps: &["guards", "insert"], not_steps: &[TAPPED], ..rp_plan("duckdb replace_partition, guard scan") });
+}
+
+/// `--force` with the tapped insert switched off: the plan has deferred
+/// its guards to the tapped insert, which declines, so the guards are
+/// scanned after the delete (same transaction) before the plain insert.
+/// Users reach this fallback for a day outside the tap's date range or a
+/// job with no fingerprinted column.
+#[test]
+fn duckdb_declined_tapped_insert_killed_at_random_moments() {
+    duck_plan(&KillPlan {
+        extra: &["--force"],
+        switches: Some("untapped_day_insert"),
+        steps: &[UNTAPPED, "guards", "insert"],
+        not_steps: &[TAPPED],
+        ..rp_plan("duckdb replace_partition, tapped insert declined")
+    });
 }
 
 #[test]
@@ -1168,6 +1249,18 @@ fn postgres_merge_killed_at_random_moments() {
         "merge",
         &KillPlan { steps: &["stage", "classify"], ..merge_plan("postgres merge with tombstones", MERGE_TOMBSTONES_JOB, merge_batch_plain, "merge") },
     );
+}
+
+/// A history: late and between versions placed, tombstones, versions
+/// that start no row (kept in the log beside the table).
+#[test]
+fn duckdb_history_killed_at_random_moments() {
+    duck_plan(&history_plan("duckdb history"));
+}
+
+#[test]
+fn postgres_history_killed_at_random_moments() {
+    pg_plan("history", &history_plan("postgres history"));
 }
 
 #[test]

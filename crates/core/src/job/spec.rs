@@ -16,6 +16,9 @@ pub enum Strategy {
     ReplacePartition,
     /// Merge on a natural key; the newest version wins.
     Merge,
+    /// Keep every version of each key as a row with a validity interval
+    /// (slowly changing dimension, type 2).
+    History,
 }
 
 impl Strategy {
@@ -24,6 +27,7 @@ impl Strategy {
         match self {
             Strategy::ReplacePartition => "replace_partition",
             Strategy::Merge => "merge",
+            Strategy::History => "history",
         }
     }
 }
@@ -93,6 +97,19 @@ pub struct MergeSpec {
     pub deleted: Option<String>,
     /// Tie handling.
     pub on_tie: OnTie,
+}
+
+/// The history strategy's columns (its key, version, tombstones and ties
+/// are the job's [`MergeSpec`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HistorySpec {
+    /// The columns whose change makes a new version; empty: every source
+    /// column but the key, the version and the metadata.
+    pub track: Vec<String>,
+    /// The target column where a version's interval starts (inclusive).
+    pub valid_from: String,
+    /// The target column where it ends (exclusive); NULL while open.
+    pub valid_to: String,
 }
 
 /// Where a job's rows come from.
@@ -181,8 +198,11 @@ pub struct Job {
     pub metadata: Vec<String>,
     /// A source with fewer rows is refused.
     pub min_rows: Option<u64>,
-    /// Merge keys, for `strategy = "merge"`.
+    /// Merge keys, for `strategy = "merge"` and `"history"`.
     pub merge: Option<MergeSpec>,
+    /// The validity columns and tracked columns, for `strategy = "history"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history: Option<HistorySpec>,
     /// Audits of the staged result before it is published. Not part of the
     /// definition hash: they decide whether a run publishes, not what it writes.
     #[serde(skip)]
@@ -226,6 +246,9 @@ struct RawJob {
     version: Option<String>,
     deleted: Option<String>,
     on_tie: Option<String>,
+    track: Option<Vec<String>>,
+    valid_from: Option<String>,
+    valid_to: Option<String>,
     audit: Option<Vec<crate::job::audit::RawAudit>>,
     lookback: Option<i64>,
     start: Option<toml::Value>,
@@ -290,27 +313,28 @@ impl Job {
         let strategy = match raw.strategy.as_deref() {
             Some("replace_partition") => Strategy::ReplacePartition,
             Some("merge") => Strategy::Merge,
+            Some("history") => Strategy::History,
             // Offered by earlier versions' messages, never implemented:
             // refused when the job file is read, not when a run starts.
             Some("replace_table") => {
                 return Err(spec_err(
                     "strategy",
-                    "\"replace_table\" is not available: fixpoint does not replace whole tables; expected one of \"replace_partition\", \"merge\"".into(),
+                    "\"replace_table\" is not available: fixpoint does not replace whole tables; expected one of \"replace_partition\", \"merge\", \"history\"".into(),
                     Some("use strategy = \"replace_partition\" (with partition = \"<date column>\") to replace one day per run, or strategy = \"merge\" (with key and version) to upsert rows on a key; a merge removes a key only when `deleted` marks it"),
                 ))
             }
             Some(other) => {
                 return Err(spec_err(
                     "strategy",
-                    format!("{other:?}: expected one of \"replace_partition\", \"merge\""),
-                    Some("replace_partition replaces the run date's partition; merge upserts on a key, the newest version winning"),
+                    format!("{other:?}: expected one of \"replace_partition\", \"merge\", \"history\""),
+                    Some("replace_partition replaces the run date's partition; merge upserts on a key, the newest version winning; history keeps every version of a key as a row with a validity interval"),
                 ))
             }
             None => {
                 return Err(spec_err(
                     "strategy",
-                    "missing: expected one of \"replace_partition\", \"merge\"".into(),
-                    Some("replace_partition replaces the run date's partition; merge upserts on a key, the newest version winning"),
+                    "missing: expected one of \"replace_partition\", \"merge\", \"history\"".into(),
+                    Some("replace_partition replaces the run date's partition; merge upserts on a key, the newest version winning; history keeps every version of a key as a row with a validity interval"),
                 ))
             }
         };
@@ -385,12 +409,12 @@ impl Job {
                 }
                 for (k, present) in [("key", raw.key.is_some()), ("version", raw.version.is_some()), ("deleted", raw.deleted.is_some()), ("on_tie", raw.on_tie.is_some())] {
                     if present {
-                        return Err(spec_err(k, "only applies to strategy = \"merge\"".into(), None));
+                        return Err(spec_err(k, "only applies to strategy = \"merge\" or \"history\"".into(), None));
                     }
                 }
                 None
             }
-            Strategy::Merge => {
+            Strategy::Merge | Strategy::History => {
                 let key = raw.key.unwrap_or_default();
                 if key.is_empty() {
                     return Err(spec_err("key", "missing: merge needs the natural business key, e.g. key = [\"order_id\"]".into(), None));
@@ -412,6 +436,51 @@ impl Job {
                     return Err(spec_err("version", format!("{version:?} is part of the key; the version must be another column"), None));
                 }
                 Some(MergeSpec { key, version, deleted: raw.deleted, on_tie })
+            }
+        };
+        let history = match strategy {
+            Strategy::History => {
+                let m = merge.as_ref().expect("history has keys");
+                if partition.is_some() {
+                    return Err(spec_err(
+                        "partition",
+                        "does not apply to strategy = \"history\": a run rewrites the history rows of the keys its batch touches, wherever they are".into(),
+                        Some("remove `partition`; the run date reaches the source query as :run_date"),
+                    ));
+                }
+                let valid_from = column("valid_from", raw.valid_from.as_deref().unwrap_or("valid_from"))?;
+                let valid_to = column("valid_to", raw.valid_to.as_deref().unwrap_or("valid_to"))?;
+                if valid_from == valid_to {
+                    return Err(spec_err("valid_to", format!("{valid_to:?} is also valid_from: the interval needs two columns"), None));
+                }
+                for (k, c) in [("valid_from", &valid_from), ("valid_to", &valid_to)] {
+                    if m.key.contains(c) || &m.version == c || metadata.contains(c) {
+                        return Err(spec_err(
+                            k,
+                            format!("{c:?} is also the job's key, version or a metadata column; the interval's columns are written by fixpoint"),
+                            Some("name the interval's columns apart, e.g. valid_from = \"valid_from\", valid_to = \"valid_to\""),
+                        ));
+                    }
+                }
+                let track = raw.track.unwrap_or_default().iter().map(|c| column("track", c)).collect::<Result<Vec<_>>>()?;
+                for c in &track {
+                    if m.key.contains(c) || &m.version == c || metadata.contains(c) {
+                        return Err(spec_err(
+                            "track",
+                            format!("{c:?} is the job's key, version or a metadata column, which cannot be tracked"),
+                            Some("track the columns whose change makes a new version, e.g. track = [\"email\", \"city\"]"),
+                        ));
+                    }
+                }
+                Some(HistorySpec { track, valid_from, valid_to })
+            }
+            _ => {
+                for (k, present) in [("track", raw.track.is_some()), ("valid_from", raw.valid_from.is_some()), ("valid_to", raw.valid_to.is_some())] {
+                    if present {
+                        return Err(spec_err(k, "only applies to strategy = \"history\"".into(), None));
+                    }
+                }
+                None
             }
         };
 
@@ -455,9 +524,11 @@ impl Job {
                 )
             })?,
         };
+        // `unique` defaults to the key (a history's key and valid_from).
+        let unique_default: Option<Vec<String>> = merge.as_ref().map(|m| m.key.iter().cloned().chain(history.as_ref().map(|h| h.valid_from.clone())).collect());
         let mut audits = Vec::new();
         for (i, a) in raw.audit.unwrap_or_default().into_iter().enumerate() {
-            let audit = a.validate(i, merge.as_ref().map(|m| m.key.as_slice())).map_err(|(key, message)| spec_err(&key, message, None))?;
+            let audit = a.validate(i, unique_default.as_deref()).map_err(|(key, message)| spec_err(&key, message, None))?;
             if audits.iter().any(|x: &crate::job::audit::Audit| x.name == audit.name) {
                 return Err(spec_err(&format!("audit[{i}].name"), format!("{:?} is the name of another audit", audit.name), Some("give each audit its own name")));
             }
@@ -473,6 +544,7 @@ impl Job {
             metadata,
             min_rows,
             merge,
+            history,
             audits,
             lookback,
             start,
@@ -554,7 +626,7 @@ fn reads_own_target(target: &TableName, strategy: Strategy, template: &SourceTem
     }
     let why = match strategy {
         Strategy::ReplacePartition => "a run deletes the rows it would read",
-        Strategy::Merge => "a run rewrites the rows it reads, and reads them again after writing",
+        Strategy::Merge | Strategy::History => "a run rewrites the rows it reads, and reads them again after writing",
     };
     Some((
         format!("the source reads the job's own target {target}: {why}"),
@@ -655,7 +727,7 @@ sql = "SELECT *, now() AS loaded_at FROM bronze.orders WHERE dt = :run_date"
         let cases: &[(&str, &str, &str)] = &[
             ("min_rows = 1", "min_rows = \"ten\"", "jobs/x.toml: min_rows: invalid type: string \"ten\", expected i64 (line 7)"),
             ("min_rows = 1", "min_rows = -1", "jobs/x.toml: min_rows: -1: expected a whole number"),
-            ("strategy = \"replace_partition\"", "strategy = \"upsert\"", "jobs/x.toml: strategy: \"upsert\": expected one of \"replace_partition\", \"merge\""),
+            ("strategy = \"replace_partition\"", "strategy = \"upsert\"", "jobs/x.toml: strategy: \"upsert\": expected one of \"replace_partition\", \"merge\", \"history\""),
             ("strategy = \"replace_partition\"", "strategy = \"replace_table\"", "jobs/x.toml: strategy: \"replace_table\" is not available"),
             ("target = \"silver.orders\"", "target = \"orders\"", "jobs/x.toml: target: \"orders\" is not a table name"),
             ("partition = \"dt\"\n", "", "jobs/x.toml: partition: missing"),

@@ -2,6 +2,7 @@
 //! module picks the plan; the steps the plans share are in [`steps`], the
 //! lease of engines without transactions in [`lease`].
 
+pub mod history;
 pub(crate) mod lease;
 pub mod merge;
 pub(crate) mod replace;
@@ -57,6 +58,7 @@ impl Job {
         match self.strategy {
             Strategy::ReplacePartition => replace::replace_partition(self, run_date, engine, opts),
             Strategy::Merge => merge::merge(self, run_date, engine, opts),
+            Strategy::History => history::history(self, run_date, engine, opts),
         }
     }
 }

@@ -42,6 +42,8 @@ struct Sandbox {
     job_name: String,
     /// The tombstone table a merge job's sandbox runs create.
     tombstones: TableName,
+    /// The version log a history job's sandbox runs create.
+    history_log: TableName,
 }
 
 impl Sandbox {
@@ -94,8 +96,10 @@ fn create_sandbox(engine: &mut dyn Engine, job: &Job, run_date: RunDate) -> Resu
                     baseline: quote_ident(&format!("__fixpoint_mutation_baseline_{suffix}")),
                     job_name: format!("{}~mutation~{suffix}", job.name),
                     tombstones: job.target.clone(),
+                    history_log: job.target.clone(),
                 };
                 sb.tombstones = crate::plans::merge::sql::tombstone_table(&sb.table(&job.target));
+                sb.history_log = crate::plans::history::log_table(&sb.table(&job.target));
                 return Ok(sb);
             }
             // Someone else's schema of that name: not ours, try another.
@@ -274,11 +278,15 @@ pub fn sandbox_checks(job: &Job, run_date: RunDate, engine: &mut dyn Engine, mut
 /// Drops what this check created (each step tried; the first error returned).
 fn cleanup(engine: &mut dyn Engine, sb: &Sandbox) -> Result<()> {
     let baseline = engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {}", sb.baseline))).map(|_| ());
-    let tombstones = match engine.table_columns(&sb.tombstones) {
-        Ok(Some(_)) => engine.execute(&Sql::raw(format!("DROP TABLE {}", sb.tombstones.quoted()))).map(|_| ()),
-        Ok(None) => Ok(()),
-        Err(e) => Err(e),
-    };
+    let mut tombstones = Ok(());
+    for side in [&sb.tombstones, &sb.history_log] {
+        let dropped = match engine.table_columns(side) {
+            Ok(Some(_)) => engine.execute(&Sql::raw(format!("DROP TABLE {}", side.quoted()))).map(|_| ()),
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
+        };
+        tombstones = tombstones.and(dropped);
+    }
     let schema = engine.execute(&Sql::raw(format!("DROP SCHEMA IF EXISTS {} CASCADE", quote_ident(&sb.schema)))).map(|_| ());
     let ledger_table = TableName { schema: ledger::SCHEMA.into(), table: ledger::TABLE.into() };
     let ledger_rows = match engine.table_columns(&ledger_table) {
@@ -390,6 +398,16 @@ fn check(
     let run = |engine: &mut dyn Engine| -> Result<()> {
         if reset_target && job.strategy == Strategy::Merge {
             engine.execute(&Sql::raw(format!("DELETE FROM {}", target.quoted())))?;
+        }
+        // A history is a function of every batch it has seen: each sandbox
+        // run starts from an empty table and log, so runs differ only by
+        // their input.
+        if job.strategy == Strategy::History {
+            for t in [&target, &sb.history_log] {
+                if engine.table_columns(t)?.is_some() {
+                    engine.execute(&Sql::raw(format!("DELETE FROM {}", t.quoted())))?;
+                }
+            }
         }
         sandbox.load_with(run_date, engine, &force).map(|_| ())
     };

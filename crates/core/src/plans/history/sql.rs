@@ -1,0 +1,187 @@
+//! The SQL of the history plan, over the job's columns.
+
+use crate::job::ident::{quote_ident, TableName};
+use crate::job::spec::{HistorySpec, MergeSpec};
+use crate::plans::merge::sql::{keys_match, q, rows_differ, DELETED};
+use crate::run::ledger;
+
+/// The staged source, with its tombstone flag.
+pub(super) const STAGE: &str = "\"__fixpoint_hstage\"";
+/// The batch: one entry per key and version.
+pub(super) const BATCH: &str = "\"__fixpoint_hbatch\"";
+/// Per touched key: the batch's oldest version and where the rows a run
+/// recomputes start.
+pub(super) const CUT: &str = "\"__fixpoint_hcut\"";
+/// The version log of the touched keys from there on, with the batch.
+pub(super) const ALL: &str = "\"__fixpoint_hall\"";
+/// The log resolved and walked: the new rows and the new hidden entries.
+pub(super) const NEW: &str = "\"__fixpoint_hnew\"";
+/// Where an entry of [`ALL`] came from: 0 the table or its log, 1 the batch.
+pub(super) const ORIGIN: &str = "__fixpoint_origin";
+/// In [`CUT`]: the batch's oldest version of the key.
+pub(super) const CUT_AT: &str = "__fixpoint_cut";
+/// In [`CUT`]: the first version whose rows the run recomputes.
+pub(super) const FROM: &str = "__fixpoint_from";
+/// In [`NEW`]: the entry starts a row.
+pub(super) const START: &str = "__fixpoint_start";
+/// In [`NEW`]: the row's end (NULL: open).
+pub(super) const TO: &str = "__fixpoint_to";
+
+/// Where the entries of `target`'s version log that the table cannot show
+/// are kept: upserts that started no row (same tracked values as the entry
+/// before them), and tombstones.
+pub fn log_table(target: &TableName) -> TableName {
+    TableName { schema: ledger::SCHEMA.into(), table: format!("history__{}__{}", target.schema, target.table) }
+}
+
+/// The job's columns and the parts they play.
+pub(super) struct Cols<'a> {
+    pub spec: &'a MergeSpec,
+    pub h: &'a HistorySpec,
+    /// The source's columns, in order.
+    pub names: Vec<String>,
+    /// Columns that tell two entries of one key and version apart (all but
+    /// the key, the version and the metadata).
+    pub compared: Vec<String>,
+    /// Columns whose change makes a new row.
+    pub tracked: Vec<String>,
+    /// Metadata columns (last in the total order, never compared).
+    pub meta: Vec<String>,
+}
+
+impl Cols<'_> {
+    fn list(&self, alias: Option<&str>) -> String {
+        self.names.iter().map(|c| alias.map_or_else(|| quote_ident(c), |a| q(a, c))).collect::<Vec<_>>().join(", ")
+    }
+
+    /// `"a", "b"` of the source's columns.
+    pub fn names_list(&self) -> String {
+        self.list(None)
+    }
+
+    fn key_list(&self, alias: Option<&str>) -> String {
+        self.spec.key.iter().map(|c| alias.map_or_else(|| quote_ident(c), |a| q(a, c))).collect::<Vec<_>>().join(", ")
+    }
+
+    fn version(&self) -> String {
+        quote_ident(&self.spec.version)
+    }
+
+    /// One entry per key and version of `from` (which has the source's
+    /// columns, [`DELETED`] and `extra`): a tombstone first, then the
+    /// values' total order (compared, then metadata, ascending, NULLs
+    /// first), so the same entries give the same pick in any order.
+    pub fn first_per_version(&self, from: &str, extra: &[&str]) -> String {
+        let order = std::iter::once(format!("{} DESC", quote_ident(DELETED)))
+            .chain(self.compared.iter().chain(&self.meta).map(|c| format!("{} ASC NULLS FIRST", quote_ident(c))))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let cols = self.names.iter().map(String::as_str).chain([DELETED]).chain(extra.iter().copied()).map(quote_ident).collect::<Vec<_>>().join(", ");
+        format!(
+            "SELECT {cols} FROM (SELECT *, row_number() OVER (PARTITION BY {}, {} ORDER BY {order}) AS \"__fixpoint_rank\" FROM {from}) AS r WHERE \"__fixpoint_rank\" = 1",
+            self.key_list(None),
+            self.version()
+        )
+    }
+
+    /// Two upserts `a` and `b` of one key at one version that differ.
+    pub fn tie(&self, a: &str, b: &str) -> String {
+        let (v, del) = (self.version(), quote_ident(DELETED));
+        format!("{} AND {a}.{v} = {b}.{v} AND NOT {a}.{del} AND NOT {b}.{del} AND ({})", keys_match(a, b, &self.spec.key), rows_differ(a, b, &self.compared))
+    }
+
+    /// [`CUT`]: per key of the batch, its oldest version, and the first
+    /// version the run recomputes: the start of the earliest row that
+    /// holds or ends at that version (a row ending there may extend, when
+    /// the entry there changes), else the version itself.
+    pub fn cut(&self, target: &str) -> String {
+        let (v, vf, vt) = (self.version(), quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to));
+        let keys = self.key_list(Some("c"));
+        format!(
+            "SELECT {keys}, c.\"{CUT_AT}\", CASE WHEN min(t.{vf}) < c.\"{CUT_AT}\" THEN min(t.{vf}) ELSE c.\"{CUT_AT}\" END AS \"{FROM}\" \
+             FROM (SELECT {}, min({v}) AS \"{CUT_AT}\" FROM {BATCH} GROUP BY {}) AS c \
+             LEFT JOIN {target} AS t ON {} AND (t.{vt} IS NULL OR t.{vt} >= c.\"{CUT_AT}\") \
+             GROUP BY {keys}, c.\"{CUT_AT}\"",
+            self.key_list(None),
+            self.key_list(None),
+            keys_match("t", "c", &self.spec.key)
+        )
+    }
+
+    /// `alias`'s key is touched and its `column` is at or after where the
+    /// run recomputes.
+    pub fn in_window(&self, alias: &str, column: &str) -> String {
+        format!("EXISTS (SELECT 1 FROM {CUT} AS c WHERE {} AND {alias}.{} >= c.\"{FROM}\")", keys_match(alias, "c", &self.spec.key), quote_ident(column))
+    }
+
+    /// `alias`'s key is touched.
+    pub fn touched(&self, alias: &str) -> String {
+        format!("EXISTS (SELECT 1 FROM {CUT} AS c WHERE {})", keys_match(alias, "c", &self.spec.key))
+    }
+
+    /// [`ALL`]: the touched keys' entries from where the run recomputes
+    /// (the rows' starting versions, the log's hidden entries) and the
+    /// batch's, each with its origin.
+    pub fn all(&self, target: &str, log: &str) -> String {
+        let del = quote_ident(DELETED);
+        format!(
+            "SELECT {}, false AS {del}, 0 AS \"{ORIGIN}\" FROM {target} AS t WHERE {} \
+             UNION ALL SELECT {}, l.{del}, 0 AS \"{ORIGIN}\" FROM {log} AS l WHERE {} \
+             UNION ALL SELECT {}, b.{del}, 1 AS \"{ORIGIN}\" FROM {BATCH} AS b",
+            self.list(Some("t")),
+            self.in_window("t", &self.h.valid_from),
+            self.list(Some("l")),
+            self.in_window("l", &self.spec.version),
+            self.list(Some("b")),
+        )
+    }
+
+    /// [`NEW`] from the resolved entries `resolved` (one per key and
+    /// version): each entry with whether it starts a row, and a row's end.
+    /// The first entry of a key here starts a row when it is an upsert:
+    /// the entry before it, outside the window, is a tombstone, or none, or
+    /// ends a row that the window's first row does not continue (the
+    /// window starts at a row's start or after a tombstone).
+    pub fn walk(&self, resolved: &str, version_type: &str) -> String {
+        let (v, del) = (self.version(), quote_ident(DELETED));
+        let w = format!("OVER (PARTITION BY {} ORDER BY {v})", self.key_list(None));
+        let changed = if self.tracked.is_empty() {
+            "false".to_owned()
+        } else {
+            self.tracked.iter().map(|c| format!("lag({0}) {w} IS DISTINCT FROM {0}", quote_ident(c))).collect::<Vec<_>>().join(" OR ")
+        };
+        let names = self.names_list();
+        format!(
+            "WITH f AS (SELECT {names}, {del}, CASE WHEN {del} THEN false WHEN row_number() {w} = 1 THEN true WHEN lag({del}) {w} THEN true WHEN {changed} THEN true ELSE false END AS \"{START}\" FROM {resolved}), \
+             g AS (SELECT {names}, {del}, \"{START}\", CASE WHEN \"{START}\" THEN lead({v}) {w} END AS \"{TO}\" FROM f WHERE {del} OR \"{START}\") \
+             SELECT {names}, {del}, \"{START}\", \"{TO}\" FROM g \
+             UNION ALL SELECT {names}, {del}, \"{START}\", CAST(NULL AS {version_type}) AS \"{TO}\" FROM f WHERE NOT {del} AND NOT \"{START}\""
+        )
+    }
+
+    /// The checks of the touched keys' rows as written: per key, half-open
+    /// non-empty intervals, each starting at its version, no overlap (at
+    /// most one open row, the last), a gap or a closed last row only where
+    /// a tombstone ends it, no tombstone inside a row. Joins, not
+    /// correlated subqueries: the log's tombstones are looked up by key.
+    pub fn well_formed(&self, target: &str, log: &str) -> String {
+        let (v, vf, vt, del) = (self.version(), quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to), quote_ident(DELETED));
+        let tombs = format!("(SELECT {}, {v} AS \"__fixpoint_tv\" FROM {log} WHERE {del})", self.key_list(None));
+        format!(
+            "WITH h AS (SELECT t.{v} AS v, t.{vf} AS vf, t.{vt} AS vt, lead(t.{vf}) OVER (PARTITION BY {} ORDER BY t.{vf}) AS nf, \
+             d.\"__fixpoint_tv\" IS NOT NULL AS te \
+             FROM {target} AS t LEFT JOIN {tombs} AS d ON {} AND d.\"__fixpoint_tv\" = t.{vt} WHERE {}) \
+             SELECT count(*) FILTER (WHERE vt IS NOT NULL AND vt <= vf) AS \"empty\", \
+             count(*) FILTER (WHERE v IS DISTINCT FROM vf) AS \"moved\", \
+             count(*) FILTER (WHERE nf IS NOT NULL AND (vt IS NULL OR vt > nf)) AS \"overlaps\", \
+             count(*) FILTER (WHERE vt IS NOT NULL AND (nf IS NULL OR vt < nf) AND NOT te) AS \"unexplained_ends\", \
+             (SELECT count(*) FROM {target} AS t JOIN {tombs} AS d ON {} AND d.\"__fixpoint_tv\" >= t.{vf} AND (t.{vt} IS NULL OR d.\"__fixpoint_tv\" < t.{vt}) WHERE {}) AS \"tombstoned\" \
+             FROM h",
+            self.key_list(Some("t")),
+            keys_match("d", "t", &self.spec.key),
+            self.touched("t"),
+            keys_match("d", "t", &self.spec.key),
+            self.touched("t"),
+        )
+    }
+}

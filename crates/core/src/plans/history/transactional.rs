@@ -1,0 +1,408 @@
+//! The history plan on an engine with transactions: every step in the
+//! run's transaction, so a failure anywhere leaves the table, its log and
+//! the ledger as they were.
+
+use std::time::Instant;
+
+use crate::engine::measure::fingerprint_select;
+use crate::engine::{Column, Engine};
+use crate::error::{AuditResult, Error, FailPoint, Result};
+use crate::fingerprint::runkey::run_key;
+use crate::fingerprint::{Fingerprint, Method};
+use crate::job::ident::{quote_ident, TableName};
+use crate::job::spec::{HistorySpec, Job, MergeSpec, OnTie};
+use crate::job::sql::{RunParams, Sql};
+use crate::plans::history::sql::{log_table, Cols, ALL, BATCH, CUT, NEW, ORIGIN, STAGE, START, TO};
+use crate::plans::merge::refusals::{check_source, deleted_error};
+use crate::plans::merge::sql::{count, keys_match, q, DELETED};
+use crate::plans::merge::steps::{flagged_source, scan_stage};
+use crate::run::input::{describe_source, RunInput};
+use crate::run::ledger;
+use crate::run::protocol::{elapsed_ms, fence, in_transaction, RunOptions, Trace};
+use crate::run::report::{entry, skipped, RunReport};
+use crate::run::sqlerror::first_row;
+use crate::job::date::RunDate;
+
+/// The name of the checks every run makes of the rows it wrote.
+const WELL_FORMED: &str = "history_well_formed";
+
+/// What the run knows before it starts writing.
+struct Run<'a> {
+    job: &'a Job,
+    spec: &'a MergeSpec,
+    h: &'a HistorySpec,
+    cols: Cols<'a>,
+    run_date: RunDate,
+    opts: &'a RunOptions,
+    run_input: &'a RunInput,
+    params: RunParams,
+    source_cols: Vec<Column>,
+    added: Vec<Column>,
+    created_target: bool,
+    version_type: String,
+    log: TableName,
+    job_hash: String,
+    trace: Trace,
+}
+
+pub(super) fn history_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions, run_input: &RunInput, started: Instant) -> Result<RunReport> {
+    let started_at = chrono::Utc::now().naive_utc();
+    let spec = job.merge.as_ref().ok_or_else(|| Error::Internal("history without keys".into()))?;
+    let h = job.history.as_ref().ok_or_else(|| Error::Internal("history without its columns".into()))?;
+    let mut trace = Trace::new();
+    let params = run_input.params.clone();
+    let source_cols = describe_source(job, engine, &params)?;
+    check_source(job, spec, &source_cols)?;
+    check_history_source(job, h, &source_cols)?;
+    let version_type = source_cols.iter().find(|c| c.name == spec.version).map(|c| c.ty.clone()).expect("checked");
+    let target_cols = engine.table_columns(&job.target)?;
+    let existing = match &target_cols {
+        Some(t) => Some(check_target(job, h, t, &version_type)?),
+        None => None,
+    };
+    let added = crate::run::schema::reconcile(engine, job, &source_cols, existing.as_deref())?;
+    trace.step("describe");
+    let names: Vec<String> = source_cols.iter().map(|c| c.name.clone()).collect();
+    let is_meta = |c: &String| job.metadata.contains(c);
+    let compared: Vec<String> = names.iter().filter(|c| !spec.key.contains(c) && **c != spec.version && !is_meta(c)).cloned().collect();
+    let tracked = if h.track.is_empty() { compared.clone() } else { h.track.clone() };
+    let meta: Vec<String> = names.iter().filter(|c| is_meta(c)).cloned().collect();
+    let mut run = Run {
+        job,
+        spec,
+        h,
+        cols: Cols { spec, h, names, compared, tracked, meta },
+        run_date,
+        opts,
+        run_input,
+        params,
+        source_cols,
+        added,
+        created_target: target_cols.is_none(),
+        version_type,
+        log: log_table(&job.target),
+        job_hash: job.definition_hash(),
+        trace,
+    };
+    let report = in_transaction(engine, |engine| run.run(engine, started_at))?;
+    run.trace.step("commit");
+    Ok(RunReport { elapsed_ms: elapsed_ms(started), ..report })
+}
+
+/// The tracked columns are the source's; the interval's columns are not.
+fn check_history_source(job: &Job, h: &HistorySpec, source_cols: &[Column]) -> Result<()> {
+    let has = |name: &str| source_cols.iter().any(|c| c.name == name);
+    let list = || source_cols.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ");
+    if let Some(missing) = h.track.iter().find(|c| !has(c)) {
+        return Err(job.spec_error(
+            "track",
+            format!("the source query has no column {missing:?} to track (it returns {}); nothing was changed", list()),
+            "track columns the source returns, or select the column in the source query".into(),
+        ));
+    }
+    for (k, c) in [("valid_from", &h.valid_from), ("valid_to", &h.valid_to)] {
+        if has(c) {
+            return Err(job.spec_error(
+                k,
+                format!("the source query returns a column {c:?}, which is the interval column fixpoint writes; nothing was changed"),
+                format!("rename that column in the source query, or set `{k}` to another name for the interval column"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An existing target must be a history table: the interval's two columns,
+/// of the version's type. Returns its other columns (the source's).
+fn check_target(job: &Job, h: &HistorySpec, target: &[Column], version_type: &str) -> Result<Vec<Column>> {
+    let family = crate::run::schema::type_family;
+    for c in [&h.valid_from, &h.valid_to] {
+        match target.iter().find(|t| &t.name == c) {
+            None => {
+                return Err(Error::Schema {
+                    message: format!(
+                        "the target {} has no column {c:?}, so it is not a history table (a history keeps each version as a row from {} to {}); nothing was changed",
+                        job.target, h.valid_from, h.valid_to
+                    ),
+                    hint: Some(format!(
+                        "point `target` at a new table (the first run creates it), or add the columns {} and {} of the version's type ({version_type}) — a table loaded another way needs its intervals filled first",
+                        h.valid_from, h.valid_to
+                    )),
+                })
+            }
+            Some(t) if family(&t.ty) != family(version_type) => {
+                return Err(Error::Schema {
+                    message: format!("the target's {c} is {}, but the version column {} is {version_type}: an interval must have the version's type; nothing was changed", t.ty, job.merge.as_ref().map(|m| m.version.as_str()).unwrap_or("?")),
+                    hint: Some(format!("cast the version in the source query to {}, or migrate the target's {c}", t.ty)),
+                })
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(target.iter().filter(|t| t.name != h.valid_from && t.name != h.valid_to).cloned().collect())
+}
+
+impl Run<'_> {
+    fn run(&mut self, engine: &mut dyn Engine, started_at: chrono::NaiveDateTime) -> Result<RunReport> {
+        let started = Instant::now();
+        fence(engine, self.job, "all", self.opts)?;
+        ledger::ensure(engine)?;
+        let last = self.last_entry(engine)?;
+        self.prepare(engine)?;
+        self.trace.step("prepare");
+        let input = self.stage(engine)?;
+        let key = self.run_input.file_key(&self.job_hash, self.run_date).unwrap_or_else(|| run_key(&self.job_hash, self.run_date, &input));
+        let batch_rows = self.dedup(engine)?;
+        engine.create_temp_table_as(CUT, &Sql::raw(self.cols.cut(&self.job.target.quoted())))?;
+        self.trace.step("cut");
+        if let Some(last) = last.filter(|l| l.run_key == key && l.fingerprint_kind == input.kind) {
+            let now = self.output(engine)?;
+            if now.rows == last.output_rows && now.checksum == last.output_checksum {
+                self.trace.step("output fp");
+                self.cleanup(engine)?;
+                return Ok(skipped(self.job, self.run_date, &key, &input, &now, started));
+            }
+        }
+        self.resolve(engine)?;
+        self.opts.step(FailPoint::AfterGuards)?;
+        let (deleted, inserted, kept) = self.write(engine)?;
+        let checks = self.well_formed(engine)?;
+        let output = self.output(engine)?;
+        self.trace.step("output fp");
+
+        let mut audits = vec![checks];
+        audits.extend(self.audit(engine)?);
+        let mut report = RunReport::new(self.job, self.run_date, key, "committed", &input, &output);
+        report.audits = audits;
+        report.input_files = self.run_input.files.clone();
+        report.rows_deleted = deleted;
+        report.rows_inserted = inserted;
+        report.rows_unchanged = kept;
+        report.duplicates_collapsed = input.rows - batch_rows;
+        report.created_target = self.created_target;
+        report.method = "history".into();
+        ledger::record(engine, &entry(self.job, &self.job_hash, &report, started_at))?;
+        self.trace.step("ledger");
+        self.opts.step(FailPoint::BeforeCommit)?;
+        self.cleanup(engine)?;
+        Ok(report)
+    }
+
+    /// The ledger's last entry for this job and date (none with `--force`,
+    /// or before the target exists).
+    fn last_entry(&mut self, engine: &mut dyn Engine) -> Result<Option<ledger::Entry>> {
+        if self.opts.force || self.created_target {
+            return Ok(None);
+        }
+        let last = ledger::entries_of_existing(engine, Some(&self.job.name), Some(self.run_date), Some(1))?.into_iter().next();
+        self.trace.step("ledger lookup");
+        Ok(last)
+    }
+
+    /// The target and its log, created or given the source's new columns.
+    /// A target this run creates starts with an empty log.
+    fn prepare(&mut self, engine: &mut dyn Engine) -> Result<()> {
+        let (job, h) = (self.job, self.h);
+        crate::run::schema::append(engine, &job.target, &self.added)?;
+        let cols: Vec<String> = self.source_cols.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
+        if self.created_target {
+            engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&job.target.schema))))?;
+            let interval = [&h.valid_from, &h.valid_to].map(|c| format!("{} {}", quote_ident(c), self.version_type));
+            engine.execute(&Sql::raw(format!("CREATE TABLE {} ({}, {})", job.target.quoted(), cols.join(", "), interval.join(", "))))?;
+        }
+        match engine.table_columns(&self.log)? {
+            None => {
+                engine.execute(&Sql::raw(format!("CREATE TABLE {} ({}, {} BOOLEAN)", self.log.quoted(), cols.join(", "), quote_ident(DELETED))))?;
+            }
+            Some(log_cols) => {
+                let missing: Vec<Column> = self.source_cols.iter().filter(|c| !log_cols.iter().any(|l| l.name == c.name)).cloned().collect();
+                crate::run::schema::append(engine, &self.log, &missing)?;
+                if self.created_target {
+                    engine.execute(&Sql::raw(format!("DELETE FROM {}", self.log.quoted())))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// 1. The source staged once with its tombstone flag; NULL keys and
+    ///    versions refused, the input fingerprint taken in the same scan.
+    fn stage(&mut self, engine: &mut dyn Engine) -> Result<Fingerprint> {
+        self.drop_temps(engine)?;
+        let sql = flagged_source(self.job, self.spec, &self.params);
+        engine.create_temp_table_as(STAGE, &sql).map_err(|e| deleted_error(self.job, self.spec, &self.source_cols, e))?;
+        self.trace.step("stage");
+        let input_cols: Vec<Column> = self.source_cols.iter().filter(|c| !self.job.metadata.contains(&c.name)).cloned().collect();
+        let input = scan_stage(engine, self.spec, STAGE, &self.cols.names_list(), &input_cols)?;
+        self.trace.step("null check, input fp");
+        Ok(input)
+    }
+
+    /// 2. One entry per key and version; with `on_tie = "error"` two
+    ///    different upserts of a key at one version refused. Returns the
+    ///    batch's entries.
+    fn dedup(&mut self, engine: &mut dyn Engine) -> Result<u64> {
+        engine.create_temp_table_as(BATCH, &Sql::raw(self.cols.first_per_version(STAGE, &[])))?;
+        let rows = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {BATCH}")))?;
+        if self.spec.on_tie == OnTie::Error {
+            let tie = self.cols.tie("a", "b");
+            if let Some(e) = self.tie_error(engine, STAGE, BATCH, &tie, "in the batch")? {
+                return Err(e);
+            }
+        }
+        self.trace.step("dedup");
+        Ok(rows)
+    }
+
+    /// 3. The touched keys' entries from where the run recomputes, with
+    ///    the batch's, resolved (a tie with a recorded version refused with
+    ///    `on_tie = "error"`) and walked into rows and hidden entries.
+    fn resolve(&mut self, engine: &mut dyn Engine) -> Result<()> {
+        engine.create_temp_table_as(ALL, &Sql::raw(self.cols.all(&self.job.target.quoted(), &self.log.quoted())))?;
+        if self.spec.on_tie == OnTie::Error {
+            let tie = format!("{} AND a.\"{ORIGIN}\" = 0 AND b.\"{ORIGIN}\" = 1", self.cols.tie("a", "b"));
+            if let Some(e) = self.tie_error(engine, ALL, ALL, &tie, "between the batch and the history")? {
+                return Err(e);
+            }
+        }
+        let resolved = format!("({}) AS r", self.cols.first_per_version(ALL, &[]));
+        engine.create_temp_table_as(NEW, &Sql::raw(self.cols.walk(&resolved, &self.version_type)))?;
+        self.trace.step("resolve");
+        Ok(())
+    }
+
+    /// 4. The table and its log made to hold the new rows and hidden
+    ///    entries of the touched keys from where the run recomputes: rows
+    ///    that stay the same are left alone. Returns (deleted, inserted,
+    ///    kept) rows of the table.
+    fn write(&mut self, engine: &mut dyn Engine) -> Result<(u64, u64, u64)> {
+        let (target, log) = (self.job.target.quoted(), self.log.quoted());
+        let (vf, vt) = (&self.h.valid_from, &self.h.valid_to);
+        let names = self.cols.names_list();
+        let same = |a: &str, n: &str, with_interval: bool| -> String {
+            let mut conds = vec![keys_match(a, n, &self.spec.key)];
+            if with_interval {
+                conds.push(format!("{} = {}", q(a, vf), q(n, &self.spec.version)));
+                conds.push(format!("{} IS NOT DISTINCT FROM {n}.\"{TO}\"", q(a, vt)));
+            }
+            conds.extend(self.cols.names.iter().filter(|c| !self.spec.key.contains(c)).map(|c| format!("{} IS NOT DISTINCT FROM {}", q(a, c), q(n, c))));
+            conds.join(" AND ")
+        };
+        let row_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE n.\"{START}\" AND {})", same("t", "n", true));
+        let deleted = engine.execute(&Sql::raw(format!("DELETE FROM {target} AS t WHERE {} AND NOT {row_kept}", self.cols.in_window("t", vf))))?;
+        self.opts.step(FailPoint::AfterDelete)?;
+        let entry_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE NOT n.\"{START}\" AND n.{del} = l.{del} AND {})", same("l", "n", false), del = quote_ident(DELETED));
+        engine.execute(&Sql::raw(format!("DELETE FROM {log} AS l WHERE {} AND NOT {entry_kept}", self.cols.in_window("l", &self.spec.version))))?;
+        self.trace.step("delete");
+        let in_target = format!("EXISTS (SELECT 1 FROM {target} AS t WHERE {})", same("t", "n", true));
+        let inserted = engine.execute(&Sql::raw(format!(
+            "INSERT INTO {target} ({names}, {}, {}) SELECT {}, n.{}, n.\"{TO}\" FROM {NEW} AS n WHERE n.\"{START}\" AND NOT {in_target}",
+            quote_ident(vf),
+            quote_ident(vt),
+            self.cols.names.iter().map(|c| q("n", c)).collect::<Vec<_>>().join(", "),
+            quote_ident(&self.spec.version)
+        )))?;
+        self.opts.step(FailPoint::MidInsert)?;
+        let in_log = format!("EXISTS (SELECT 1 FROM {log} AS l WHERE l.{del} = n.{del} AND {})", same("l", "n", false), del = quote_ident(DELETED));
+        engine.execute(&Sql::raw(format!(
+            "INSERT INTO {log} ({names}, {del}) SELECT {}, n.{del} FROM {NEW} AS n WHERE NOT n.\"{START}\" AND NOT {in_log}",
+            self.cols.names.iter().map(|c| q("n", c)).collect::<Vec<_>>().join(", "),
+            del = quote_ident(DELETED)
+        )))?;
+        self.trace.step("insert");
+        self.opts.step(FailPoint::AfterInsert)?;
+        let starts = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {NEW} WHERE \"{START}\"")))?;
+        Ok((deleted, inserted, starts.saturating_sub(inserted)))
+    }
+
+    /// 5. The touched keys' rows as written, checked: a violation refuses
+    ///    the run (nothing is published).
+    fn well_formed(&mut self, engine: &mut dyn Engine) -> Result<AuditResult> {
+        let rows = engine.query(&Sql::raw(self.cols.well_formed(&self.job.target.quoted(), &self.log.quoted())))?;
+        let row = rows.single("the history checks")?;
+        let found = [
+            ("empty", "an interval that ends where it starts or before"),
+            ("moved", "a row whose version is not its valid_from"),
+            ("overlaps", "overlapping intervals (or an open row before another)"),
+            ("unexplained_ends", "an interval closed or followed by a gap without a tombstone"),
+            ("tombstoned", "a row holding a deleted version"),
+        ];
+        let mut problems = Vec::new();
+        let mut offending = 0;
+        for (column, what) in found {
+            let n = row.count(column)?;
+            if n > 0 {
+                offending += n;
+                problems.push(format!("{n} row(s) with {what}"));
+            }
+        }
+        self.trace.step("well-formed");
+        let detail = if problems.is_empty() {
+            "every touched key's intervals are half-open, in order, without overlaps, with gaps only after a tombstone".to_owned()
+        } else {
+            format!("the history of the touched keys would not be well-formed: {}", problems.join("; "))
+        };
+        let result = AuditResult { name: WELL_FORMED.into(), severity: "error".into(), passed: problems.is_empty(), offending, detail: detail.clone(), sample: Vec::new() };
+        if result.passed {
+            return Ok(result);
+        }
+        Err(Error::AuditFailed { audit: WELL_FORMED.into(), detail, sample: String::new(), failed: 1, results: vec![result] })
+    }
+
+    /// The touched keys' rows as the table holds them.
+    fn output(&mut self, engine: &mut dyn Engine) -> Result<Fingerprint> {
+        let cols: Vec<Column> = engine.table_columns(&self.job.target)?.unwrap_or_default().into_iter().filter(|c| !self.job.metadata.contains(&c.name)).collect();
+        let fp = fingerprint_select(engine, Method::Native, "t", &cols)?;
+        let sql = Sql::raw(format!("SELECT {} FROM {} AS t WHERE {}", fp.select, self.job.target.quoted(), self.cols.touched("t")));
+        fp.read(&engine.query(&sql)?.single("the output scan")?, engine)
+    }
+
+    /// The job's audits over the touched keys' rows as they will be published.
+    fn audit(&mut self, engine: &mut dyn Engine) -> Result<Vec<AuditResult>> {
+        if self.job.audits.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (target, touched) = (self.job.target.quoted(), self.cols.touched("t"));
+        let from = |sql: &mut Sql| {
+            sql.push(&format!("(SELECT t.* FROM {target} AS t WHERE {touched}) AS a"));
+        };
+        let scope = crate::run::audit::AuditScope { from: &from, previous_rows: None, run_date: self.run_date.date() };
+        let results = crate::run::audit::audit(self.job, engine, &scope)?;
+        self.trace.step("audits");
+        Ok(results)
+    }
+
+    /// The refusal of two different upserts of a key at one version
+    /// (`a` from `left` and `b` from `right`, joined on `tie`), with one
+    /// pair; `None` when there is none.
+    fn tie_error(&self, engine: &mut dyn Engine, left: &str, right: &str, tie: &str, whence: &str) -> Result<Option<Error>> {
+        let pairs = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {left} AS a JOIN {right} AS b ON {tie}")))?;
+        if pairs == 0 {
+            return Ok(None);
+        }
+        let order = self.cols.names.iter().map(|c| q("a", c)).chain(self.cols.names.iter().map(|c| q("b", c))).collect::<Vec<_>>().join(", ");
+        let pick = |alias: &str| format!("SELECT {} FROM {left} AS a JOIN {right} AS b ON {tie} ORDER BY {order} LIMIT 1", self.cols.names.iter().map(|c| q(alias, c)).collect::<Vec<_>>().join(", "));
+        let one = first_row(engine, &Sql::raw(pick("a")))?;
+        let other = first_row(engine, &Sql::raw(pick("b")))?;
+        Ok(Some(Error::DataRefused {
+            message: format!(
+                "{pairs} pair(s) of different rows for one key at the same version ({}) {whence}, e.g. {one} vs {other}; nothing was changed",
+                self.spec.version
+            ),
+            hint: Some("bump the version upstream, or set on_tie = \"deterministic\" to keep the row whose values sort first".into()),
+        }))
+    }
+
+    fn drop_temps(&mut self, engine: &mut dyn Engine) -> Result<()> {
+        for t in [NEW, ALL, CUT, BATCH, STAGE] {
+            engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {t}")))?;
+        }
+        Ok(())
+    }
+
+    fn cleanup(&mut self, engine: &mut dyn Engine) -> Result<()> {
+        self.drop_temps(engine)?;
+        self.trace.step("cleanup");
+        Ok(())
+    }
+}
