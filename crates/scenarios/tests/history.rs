@@ -220,7 +220,48 @@ fn failure_at_any_step_changes_nothing(e: &dyn EngineUnderTest) {
     }
 }
 
+/// The tools on a history: backfill in any order, status, prove (the
+/// mutation check changes one key's rows), diff against a copy.
+fn tools_work_on_a_history(e: &dyn EngineUnderTest) {
+    use fixpoint_core::tools::backfill::{backfill, status, BackfillOptions, DateOutcome, DateState};
+    use fixpoint_core::tools::diff::{diff, DiffOptions, Sides};
+    use fixpoint_core::tools::prove::{prove, ProveOptions};
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    seed(db);
+    let job = job(JOB);
+    let days: Vec<_> = ["2026-10-23", "2026-10-21", "2026-10-19", "2026-10-22", "2026-10-20"].iter().map(|x| d(x)).collect();
+    let outcomes = backfill(&job, &days, db, &BackfillOptions::default(), |_| {});
+    assert!(outcomes.iter().all(|o| matches!(o, DateOutcome::Done(r) if r.outcome == "committed")), "{outcomes:?}");
+    assert_eq!(table(db), expected_after_all(), "a backfill in any order of dates");
+    let again = backfill(&job, &days, db, &BackfillOptions::default(), |_| {});
+    assert!(again.iter().all(|o| matches!(o, DateOutcome::Done(r) if r.rows_inserted == 0 && r.rows_deleted == 0)), "{again:?}");
+    assert_eq!(table(db), expected_after_all());
+    let st = status(&job, d("2026-10-22"), db).unwrap();
+    assert!(matches!(st.state, DateState::Ok), "{st:?}");
+    add(db, "2026-10-22", &["3, 'c@x', 'Oslo', 1, TIMESTAMP '2026-10-22 10:00:00', 'U'"]);
+    assert!(matches!(status(&job, d("2026-10-22"), db).unwrap().state, DateState::SourceChanged));
+
+    let proof = prove(&job, d("2026-10-20"), db, &ProveOptions { runs: 2, crash: false, mutate: true, mutate_key: Vec::new() }).unwrap();
+    assert!(proof.proved, "{:?}", proof.failures);
+    let m = proof.mutation.as_ref().unwrap();
+    assert_eq!((m.outcome.as_str(), m.output_keys_changed), ("passed", Some(1)), "{m:?}");
+    assert_eq!(count(db, "SELECT count(*) FROM information_schema.schemata WHERE substr(schema_name, 1, 17) = 'fixpoint_sandbox_'"), 0);
+    assert_eq!(count(db, "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'fixpoint' AND table_name LIKE 'history__fixpoint_sandbox%'"), 0, "the sandbox's log is dropped");
+    assert_eq!(table(db), expected_after_all(), "prove leaves the target as it was");
+
+    exec(db, "CREATE TABLE silver.copy AS SELECT * FROM silver.dim_customer");
+    let (a, b) = (fixpoint_core::TableName::parse("silver.dim_customer").unwrap(), fixpoint_core::TableName::parse("silver.copy").unwrap());
+    let key = DiffOptions { key: vec!["customer_id".into(), "valid_from".into()], ..Default::default() };
+    assert!(diff(&mut Sides::One(&mut *db), &a, &b, &key).unwrap().identical);
+    exec(db, "UPDATE silver.copy SET city = 'Lille' WHERE customer_id = 1 AND valid_to IS NULL");
+    let one = diff(&mut Sides::One(&mut *db), &a, &b, &key).unwrap();
+    assert_eq!((one.only_in_a, one.only_in_b, one.changed), (0, 0, 1));
+}
+
 scenarios!(
+    snapshots_in_any_order,
+    tools_work_on_a_history,
     in_order_late_and_tombstones,
     any_order_same_table,
     replay_is_skipped_and_force_rewrites_the_same,
@@ -462,7 +503,7 @@ sql = "SELECT k, v, a, b, op FROM m.changes WHERE batch = :run_date"
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: super::model_cases(), ..ProptestConfig::default() })]
         #[test]
         fn duckdb_history_matches_the_model(batches in batches(), steps in steps(), strict in proptest::bool::weighted(0.3)) {
             check(batches, steps, strict, &DuckDbUnderTest)?;
@@ -470,7 +511,7 @@ sql = "SELECT k, v, a, b, op FROM m.changes WHERE batch = :run_date"
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: super::model_cases(), ..ProptestConfig::default() })]
         #[test]
         fn postgres_history_matches_the_model(batches in batches(), steps in steps(), strict in proptest::bool::weighted(0.3)) {
             if let Some(pg) = PgUnderTest::get() {
@@ -490,4 +531,195 @@ fn a_clock_version_is_a_lint_error() {
         assert!(f.iter().any(|f| f.rule == "clock" && f.severity == Severity::Error), "{dialect:?}: {f:?}");
         assert!(lint(&job(JOB), dialect).unwrap().iter().all(|f| f.severity != Severity::Error));
     }
+}
+
+/// Snapshot histories: no version column; each run's rows are the source
+/// as of the run date, and the run owns that version.
+mod snapshot {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    const SNAP_JOB: &str = r#"
+name = "dim_snap"
+target = "silver.snap"
+strategy = "history"
+key = ["customer_id"]
+deletes = "absent"
+
+[source]
+sql = "SELECT customer_id, city FROM bronze.snap WHERE d = :run_date"
+"#;
+
+    fn snap_table(db: &mut dyn fixpoint_core::Engine) -> Vec<Vec<String>> {
+        rows(db, "SELECT customer_id, city, valid_from, valid_to FROM silver.snap")
+    }
+
+    fn s(k: i64, city: &str, from: u32, to: Option<u32>) -> Vec<String> {
+        vec![k.to_string(), format!("{city:?}"), format!("2026-10-{from} 00:00:00"), to.map_or("NULL".into(), |t| format!("2026-10-{t} 00:00:00"))]
+    }
+
+    fn setup(db: &mut dyn fixpoint_core::Engine) {
+        exec(
+            db,
+            "CREATE SCHEMA bronze;
+CREATE TABLE bronze.snap (d DATE, customer_id BIGINT, city VARCHAR);
+INSERT INTO bronze.snap VALUES (DATE '2026-10-19', 1, 'Paris'), (DATE '2026-10-19', 2, 'Rome'),
+ (DATE '2026-10-20', 1, 'Paris'), (DATE '2026-10-20', 2, 'Milan'), (DATE '2026-10-20', 3, 'Oslo'),
+ (DATE '2026-10-21', 1, 'Lyon'), (DATE '2026-10-21', 3, 'Oslo'),
+ (DATE '2026-10-22', 1, 'Lyon'), (DATE '2026-10-22', 2, 'Rome'), (DATE '2026-10-22', 3, 'Oslo')",
+        );
+    }
+
+    fn expected() -> Vec<Vec<String>> {
+        let mut e = vec![s(1, "Paris", 19, Some(21)), s(1, "Lyon", 21, None), s(2, "Rome", 19, Some(20)), s(2, "Milan", 20, Some(21)), s(2, "Rome", 22, None), s(3, "Oslo", 20, None)];
+        e.sort();
+        e
+    }
+
+    pub(super) fn snapshots_in_any_order(e: &dyn EngineUnderTest) {
+        for order in [[19, 20, 21, 22], [22, 20, 19, 21], [21, 19, 22, 20]] {
+            let mut db = e.fresh();
+            let db = db.as_mut();
+            setup(db);
+            let job = job(SNAP_JOB);
+            for day in order {
+                job.load(d(&format!("2026-10-{day}")), db).unwrap();
+            }
+            assert_eq!(snap_table(db), expected(), "order {order:?}");
+            // A restated day (2 present on the 21st after all) replaces that day's versions.
+            exec(db, "INSERT INTO bronze.snap VALUES (DATE '2026-10-21', 2, 'Milan')");
+            job.load(d("2026-10-21"), db).unwrap();
+            let mut restated = vec![s(1, "Paris", 19, Some(21)), s(1, "Lyon", 21, None), s(2, "Rome", 19, Some(20)), s(2, "Milan", 20, Some(22)), s(2, "Rome", 22, None), s(3, "Oslo", 20, None)];
+            restated.sort();
+            assert_eq!(snap_table(db), restated, "order {order:?}");
+            exec(db, "DELETE FROM bronze.snap WHERE d = DATE '2026-10-21' AND customer_id = 2");
+            job.load(d("2026-10-21"), db).unwrap();
+            assert_eq!(snap_table(db), expected(), "order {order:?}: restated back");
+            assert_eq!(job.load(d("2026-10-21"), db).unwrap().outcome, "skipped");
+        }
+        // Without deletes = "absent", a missing key stays as it was.
+        let mut db = e.fresh();
+        let db = db.as_mut();
+        setup(db);
+        let job = job(&SNAP_JOB.replace("deletes = \"absent\"\n", ""));
+        for day in [22, 19, 21, 20] {
+            job.load(d(&format!("2026-10-{day}")), db).unwrap();
+        }
+        let mut kept = vec![s(1, "Paris", 19, Some(21)), s(1, "Lyon", 21, None), s(2, "Rome", 19, Some(20)), s(2, "Milan", 20, Some(22)), s(2, "Rome", 22, None), s(3, "Oslo", 20, None)];
+        kept.sort();
+        assert_eq!(snap_table(db), kept);
+    }
+
+    #[test]
+    fn bad_snapshot_jobs_are_refused() {
+        let e = Job::from_toml(&SNAP_JOB.replace("key = [\"customer_id\"]", "key = [\"customer_id\"]\nversion = \"updated_at\""), std::path::Path::new("j.toml")).unwrap_err();
+        assert!(e.to_string().contains("deletes: \"absent\" only applies to a snapshot history"), "{e}");
+        let e = Job::from_toml(&SNAP_JOB.replace("\"absent\"", "\"missing\""), std::path::Path::new("j.toml")).unwrap_err();
+        assert!(e.to_string().contains("deletes: \"missing\": expected \"absent\""), "{e}");
+    }
+    use fixpoint_core::Job;
+
+    /// One snapshot: (key, city) rows.
+    type Snap = Vec<(i64, Option<&'static str>)>;
+
+    fn snap() -> impl Strategy<Value = Snap> {
+        proptest::collection::vec((0i64..4, proptest::option::weighted(0.9, prop_oneof![Just("x"), Just("y")])), 0..6)
+    }
+
+    /// The table of the committed snapshots: per key, each committed date
+    /// in order is its entry there (present: its city, the first in order
+    /// when a key appears twice; absent: a tombstone with `absent`).
+    fn model(committed: &BTreeMap<usize, Snap>, absent: bool, day: &dyn Fn(usize) -> String) -> Vec<Vec<String>> {
+        let keys: BTreeSet<i64> = committed.values().flatten().map(|(k, _)| *k).collect();
+        let mut out = Vec::new();
+        for k in keys {
+            // (date, Some(city) | None for a tombstone)
+            let mut entries: Vec<(usize, Option<Option<&str>>)> = Vec::new();
+            for (&i, s) in committed {
+                match s.iter().filter(|(kk, _)| *kk == k).map(|(_, c)| *c).min() {
+                    Some(c) => entries.push((i, Some(c))),
+                    None if absent => entries.push((i, None)),
+                    None => {}
+                }
+            }
+            let mut bounds: Vec<(usize, Option<Option<&str>>, bool)> = Vec::new();
+            for (j, (i, e)) in entries.iter().enumerate() {
+                let start = e.is_some() && (j == 0 || entries[j - 1].1.is_none() || entries[j - 1].1 != *e);
+                if e.is_none() || start {
+                    bounds.push((*i, *e, start));
+                }
+            }
+            for (j, (i, e, start)) in bounds.iter().enumerate() {
+                if *start {
+                    let city = e.unwrap();
+                    out.push(vec![
+                        k.to_string(),
+                        city.map_or("NULL".into(), |c| format!("{c:?}")),
+                        format!("{} 00:00:00", day(*i)),
+                        bounds.get(j + 1).map_or("NULL".into(), |(n, _, _)| format!("{} 00:00:00", day(*n))),
+                    ]);
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    fn check(snaps: Vec<Snap>, steps: Vec<(usize, bool)>, absent: bool, engine: &dyn EngineUnderTest) -> Result<(), TestCaseError> {
+        let mut db = engine.fresh();
+        let db = db.as_mut();
+        exec(db, "CREATE SCHEMA bronze;\nCREATE TABLE bronze.snap (d DATE, customer_id BIGINT, city VARCHAR)");
+        let day = |i: usize| format!("2026-10-{:02}", i + 1);
+        for (i, s) in snaps.iter().enumerate() {
+            for (k, c) in s {
+                exec(db, &format!("INSERT INTO bronze.snap VALUES (DATE '{}', {k}, {})", day(i), c.map_or("NULL".into(), |c| format!("'{c}'"))));
+            }
+        }
+        let text = SNAP_JOB.replace("key = [", "on_tie = \"deterministic\"\nkey = [");
+        let job = if absent { job(&text) } else { job(&text.replace("deletes = \"absent\"\n", "")) };
+        let mut committed: BTreeMap<usize, Snap> = BTreeMap::new();
+        for &(i, fail) in &steps {
+            let i = i % snaps.len();
+            let opts = if fail { RunOptions { fault: Some((FailPoint::AfterInsert, FaultAction::Error)), ..Default::default() } } else { RunOptions::default() };
+            match job.load_with(d(&day(i)), db, &opts) {
+                Ok(_) => {
+                    committed.insert(i, snaps[i].clone());
+                }
+                Err(Error::Injected(_)) if fail => {}
+                Err(e) => return Err(TestCaseError::fail(format!("step {i}: {e}"))),
+            }
+            if !committed.is_empty() {
+                prop_assert_eq!(snap_table(db), model(&committed, absent, &day), "after {:?} of {:?}", (i, fail), &steps);
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: super::model_cases(), ..ProptestConfig::default() })]
+        #[test]
+        fn duckdb_snapshots_match_the_model(snaps in proptest::collection::vec(snap(), 1..5), steps in proptest::collection::vec((0usize..5, proptest::bool::weighted(0.15)), 1..9), absent in proptest::bool::ANY) {
+            check(snaps, steps, absent, &DuckDbUnderTest)?;
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: super::model_cases(), ..ProptestConfig::default() })]
+        #[test]
+        fn postgres_snapshots_match_the_model(snaps in proptest::collection::vec(snap(), 1..5), steps in proptest::collection::vec((0usize..5, proptest::bool::weighted(0.15)), 1..9), absent in proptest::bool::ANY) {
+            if let Some(pg) = PgUnderTest::get() {
+                check(snaps, steps, absent, &pg)?;
+            }
+        }
+    }
+}
+
+/// Cases per engine of the model tests: 256, or `FIXPOINT_HISTORY_CASES`.
+fn model_cases() -> u32 {
+    std::env::var("FIXPOINT_HISTORY_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(256)
+}
+
+fn snapshots_in_any_order(e: &dyn EngineUnderTest) {
+    snapshot::snapshots_in_any_order(e)
 }

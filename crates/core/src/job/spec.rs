@@ -110,6 +110,12 @@ pub struct HistorySpec {
     pub valid_from: String,
     /// The target column where it ends (exclusive); NULL while open.
     pub valid_to: String,
+    /// No version column: each run's rows are a snapshot of the source at
+    /// the run date (00:00), their version; the run owns that version.
+    pub snapshot: bool,
+    /// Snapshot mode with `deletes = "absent"`: a key the snapshot lacks is
+    /// closed at the run date.
+    pub absent_deletes: bool,
 }
 
 /// Where a job's rows come from.
@@ -247,6 +253,7 @@ struct RawJob {
     deleted: Option<String>,
     on_tie: Option<String>,
     track: Option<Vec<String>>,
+    deletes: Option<String>,
     valid_from: Option<String>,
     valid_to: Option<String>,
     audit: Option<Vec<crate::job::audit::RawAudit>>,
@@ -395,6 +402,7 @@ impl Job {
             Some(n) => return Err(spec_err("min_rows", format!("{n}: expected a whole number ≥ 0"), None)),
         };
 
+        let snapshot_history = strategy == Strategy::History && raw.version.is_none();
         let merge = match strategy {
             Strategy::ReplacePartition => {
                 let Some(p) = &partition else {
@@ -420,9 +428,15 @@ impl Job {
                     return Err(spec_err("key", "missing: merge needs the natural business key, e.g. key = [\"order_id\"]".into(), None));
                 }
                 let key = key.iter().map(|k| column("key", k)).collect::<Result<Vec<_>>>()?;
-                let version = raw.version.ok_or_else(|| {
-                    spec_err("version", "missing: merge needs an orderable version column, e.g. version = \"updated_at\"".into(), Some("without a version an older replay would overwrite a newer row"))
-                })?;
+                // A history without a version is a snapshot history: its
+                // version is the run date, kept in valid_from.
+                let version = match (raw.version, strategy) {
+                    (Some(v), _) => v,
+                    (None, Strategy::History) => raw.valid_from.clone().unwrap_or_else(|| "valid_from".into()),
+                    (None, _) => {
+                        return Err(spec_err("version", "missing: merge needs an orderable version column, e.g. version = \"updated_at\"".into(), Some("without a version an older replay would overwrite a newer row")))
+                    }
+                };
                 let version = column("version", &version)?;
                 let on_tie = match raw.on_tie.as_deref() {
                     None | Some("error") => OnTie::Error,
@@ -453,8 +467,21 @@ impl Job {
                 if valid_from == valid_to {
                     return Err(spec_err("valid_to", format!("{valid_to:?} is also valid_from: the interval needs two columns"), None));
                 }
+                let snapshot = snapshot_history;
+                let absent_deletes = match raw.deletes.as_deref() {
+                    None => false,
+                    Some("absent") if snapshot => true,
+                    Some("absent") => {
+                        return Err(spec_err(
+                            "deletes",
+                            "\"absent\" only applies to a snapshot history (one without `version`): with a version column, a key missing from a batch is simply unchanged".into(),
+                            Some("mark deletions with `deleted = \"<condition>\"`, or remove `version` to load full snapshots"),
+                        ))
+                    }
+                    Some(other) => return Err(spec_err("deletes", format!("{other:?}: expected \"absent\" (a key missing from the day's full snapshot is closed at the run date)"), None)),
+                };
                 for (k, c) in [("valid_from", &valid_from), ("valid_to", &valid_to)] {
-                    if m.key.contains(c) || &m.version == c || metadata.contains(c) {
+                    if m.key.contains(c) || (!snapshot && &m.version == c) || metadata.contains(c) {
                         return Err(spec_err(
                             k,
                             format!("{c:?} is also the job's key, version or a metadata column; the interval's columns are written by fixpoint"),
@@ -472,10 +499,10 @@ impl Job {
                         ));
                     }
                 }
-                Some(HistorySpec { track, valid_from, valid_to })
+                Some(HistorySpec { track, valid_from, valid_to, snapshot, absent_deletes })
             }
             _ => {
-                for (k, present) in [("track", raw.track.is_some()), ("valid_from", raw.valid_from.is_some()), ("valid_to", raw.valid_to.is_some())] {
+                for (k, present) in [("track", raw.track.is_some()), ("deletes", raw.deletes.is_some()), ("valid_from", raw.valid_from.is_some()), ("valid_to", raw.valid_to.is_some())] {
                     if present {
                         return Err(spec_err(k, "only applies to strategy = \"history\"".into(), None));
                     }

@@ -231,6 +231,21 @@ pub fn latest_per_date(engine: &mut dyn Engine, job: &str, from: RunDate, to: Ru
     Ok(out)
 }
 
+/// The first date after `after` with a committed run of `job` (the ledger
+/// known to exist).
+pub fn next_committed_date(engine: &mut dyn Engine, job: &str, after: RunDate) -> Result<Option<RunDate>> {
+    let mut sql = Sql::new();
+    sql.push(&format!("SELECT CAST(min(\"run_date\") AS VARCHAR) AS \"d\" FROM {} WHERE \"job\" = ", table()));
+    sql.typed_param(Value::Text(job.to_owned()), "VARCHAR").push(" AND \"outcome\" = 'committed' AND \"run_date\" > ");
+    sql.typed_param(Value::Date(after.date()), "DATE");
+    let rows = engine.query(&sql)?;
+    let row = rows.single("the next committed date")?;
+    match row.value("d")? {
+        Value::Null => Ok(None),
+        v => v.as_str().map(RunDate::parse).transpose()?.map(Some).ok_or_else(|| Error::Internal(format!("the next committed date came back as {v:?}"))),
+    }
+}
+
 /// [`entries`] when the ledger is known to exist (after [`ensure`]).
 pub fn entries_of_existing(engine: &mut dyn Engine, job: Option<&str>, run_date: Option<RunDate>, limit: Option<u64>) -> Result<Vec<Entry>> {
     entries_where(engine, job, run_date.map(|d| (d, d)), limit)

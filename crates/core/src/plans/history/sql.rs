@@ -1,7 +1,9 @@
 //! The SQL of the history plan, over the job's columns.
 
+use crate::engine::Column;
 use crate::job::ident::{quote_ident, TableName};
 use crate::job::spec::{HistorySpec, MergeSpec};
+use crate::job::sql::{Sql, Value};
 use crate::plans::merge::sql::{keys_match, q, rows_differ, DELETED};
 use crate::run::ledger;
 
@@ -47,6 +49,9 @@ pub(super) struct Cols<'a> {
     pub tracked: Vec<String>,
     /// Metadata columns (last in the total order, never compared).
     pub meta: Vec<String>,
+    /// An entry's columns with their types (the source's, and in a
+    /// snapshot history its version, `valid_from`).
+    pub types: Vec<Column>,
 }
 
 impl Cols<'_> {
@@ -157,6 +162,96 @@ impl Cols<'_> {
              SELECT {names}, {del}, \"{START}\", \"{TO}\" FROM g \
              UNION ALL SELECT {names}, {del}, \"{START}\", CAST(NULL AS {version_type}) AS \"{TO}\" FROM f WHERE NOT {del} AND NOT \"{START}\""
         )
+    }
+
+    /// A snapshot history's [`CUT`]: every key of the run's version `day`
+    /// (the batch's, and those the table or its log hold at that version:
+    /// the run replaces them), with a full snapshot (`absent`) also the keys
+    /// whose row spans the day; each cut at the day.
+    pub fn snapshot_cut(&self, target: &str, log: &str, day: &Value, absent: bool) -> Sql {
+        let (vf, vt) = (quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to));
+        let keys = self.key_list(None);
+        let mut sql = Sql::new();
+        sql.push(&format!("SELECT {}, c.\"{CUT_AT}\", CASE WHEN min(t.{vf}) < c.\"{CUT_AT}\" THEN min(t.{vf}) ELSE c.\"{CUT_AT}\" END AS \"{FROM}\" FROM (SELECT DISTINCT {}, ", self.key_list(Some("c")), self.key_list(Some("u"))));
+        sql.typed_param(day.clone(), "TIMESTAMP");
+        sql.push(&format!(" AS \"{CUT_AT}\" FROM (SELECT {keys} FROM {BATCH} UNION ALL SELECT {keys} FROM {target} WHERE {vf} = "));
+        sql.typed_param(day.clone(), "TIMESTAMP");
+        sql.push(&format!(" UNION ALL SELECT {keys} FROM {log} WHERE {vf} = "));
+        sql.typed_param(day.clone(), "TIMESTAMP");
+        if absent {
+            sql.push(&format!(" UNION ALL SELECT {keys} FROM {target} WHERE {vf} < "));
+            sql.typed_param(day.clone(), "TIMESTAMP");
+            sql.push(&format!(" AND ({vt} IS NULL OR {vt} >= "));
+            sql.typed_param(day.clone(), "TIMESTAMP");
+            sql.push(")");
+        }
+        sql.push(&format!(
+            ") AS u) AS c LEFT JOIN {target} AS t ON {} AND (t.{vt} IS NULL OR t.{vt} >= c.\"{CUT_AT}\") GROUP BY {}, c.\"{CUT_AT}\"",
+            keys_match("t", "c", &self.spec.key),
+            self.key_list(Some("c"))
+        ));
+        sql
+    }
+
+    /// A tombstone of `alias`'s key at `at` (a parameter), as an entry:
+    /// the key, the version, NULL elsewhere.
+    fn tombstone(&self, sql: &mut Sql, alias: &str, at: &Value) {
+        for (i, c) in self.types.iter().enumerate() {
+            if i > 0 {
+                sql.push(", ");
+            }
+            if self.spec.key.contains(&c.name) {
+                sql.push(&q(alias, &c.name));
+            } else if c.name == self.spec.version {
+                sql.typed_param(at.clone(), "TIMESTAMP");
+            } else {
+                sql.push(&format!("CAST(NULL AS {})", c.ty));
+            }
+        }
+        sql.push(&format!(", true AS {}, 0 AS \"{ORIGIN}\"", quote_ident(DELETED)));
+    }
+
+    /// A snapshot history's [`ALL`]: the touched keys' entries from where
+    /// the run recomputes, but those of the run's version `day` (replaced),
+    /// the batch's, and with a full snapshot (`absent`) tombstones: at the
+    /// day for a touched key the batch lacks whose row spans the day, and
+    /// at the next committed date `next` for a key of the batch that has no
+    /// entry there (it was absent from that snapshot).
+    pub fn snapshot_all(&self, target: &str, log: &str, day: &Value, absent: bool, next: Option<&Value>) -> Sql {
+        let (vf, vt, del) = (quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to), quote_ident(DELETED));
+        let mut sql = Sql::new();
+        sql.push(&format!("SELECT {}, false AS {del}, 0 AS \"{ORIGIN}\" FROM {target} AS t WHERE {} AND t.{vf} <> ", self.list(Some("t")), self.in_window("t", &self.h.valid_from)));
+        sql.typed_param(day.clone(), "TIMESTAMP");
+        sql.push(&format!(" UNION ALL SELECT {}, l.{del}, 0 AS \"{ORIGIN}\" FROM {log} AS l WHERE {} AND l.{vf} <> ", self.list(Some("l")), self.in_window("l", &self.h.valid_from)));
+        sql.typed_param(day.clone(), "TIMESTAMP");
+        sql.push(&format!(" UNION ALL SELECT {}, b.{del}, 1 AS \"{ORIGIN}\" FROM {BATCH} AS b", self.list(Some("b"))));
+        if absent {
+            sql.push(" UNION ALL SELECT ");
+            self.tombstone(&mut sql, "c", day);
+            sql.push(&format!(
+                " FROM {CUT} AS c WHERE NOT EXISTS (SELECT 1 FROM {BATCH} AS b WHERE {}) AND EXISTS (SELECT 1 FROM {target} AS t WHERE {} AND t.{vf} < ",
+                keys_match("b", "c", &self.spec.key),
+                keys_match("t", "c", &self.spec.key)
+            ));
+            sql.typed_param(day.clone(), "TIMESTAMP");
+            sql.push(&format!(" AND (t.{vt} IS NULL OR t.{vt} >= "));
+            sql.typed_param(day.clone(), "TIMESTAMP");
+            sql.push("))");
+            if let Some(next) = next {
+                sql.push(" UNION ALL SELECT ");
+                self.tombstone(&mut sql, "k", next);
+                sql.push(&format!(
+                    " FROM (SELECT DISTINCT {} FROM {BATCH}) AS k WHERE NOT EXISTS (SELECT 1 FROM {target} AS t WHERE {} AND t.{vf} = ",
+                    self.key_list(None),
+                    keys_match("t", "k", &self.spec.key)
+                ));
+                sql.typed_param(next.clone(), "TIMESTAMP");
+                sql.push(&format!(") AND NOT EXISTS (SELECT 1 FROM {log} AS l WHERE {} AND l.{vf} = ", keys_match("l", "k", &self.spec.key)));
+                sql.typed_param(next.clone(), "TIMESTAMP");
+                sql.push(")");
+            }
+        }
+        sql
     }
 
     /// The checks of the touched keys' rows as written: per key, half-open

@@ -11,7 +11,7 @@ use crate::fingerprint::runkey::run_key;
 use crate::fingerprint::{Fingerprint, Method};
 use crate::job::ident::{quote_ident, TableName};
 use crate::job::spec::{HistorySpec, Job, MergeSpec, OnTie};
-use crate::job::sql::{RunParams, Sql};
+use crate::job::sql::{RunParams, Sql, Value};
 use crate::plans::history::sql::{log_table, Cols, ALL, BATCH, CUT, NEW, ORIGIN, STAGE, START, TO};
 use crate::plans::merge::refusals::{check_source, deleted_error};
 use crate::plans::merge::sql::{count, keys_match, q, DELETED};
@@ -36,6 +36,9 @@ struct Run<'a> {
     opts: &'a RunOptions,
     run_input: &'a RunInput,
     params: RunParams,
+    /// The source query's columns.
+    described: Vec<Column>,
+    /// An entry's columns: the source's, and a snapshot history's version.
     source_cols: Vec<Column>,
     added: Vec<Column>,
     created_target: bool,
@@ -51,16 +54,20 @@ pub(super) fn history_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine
     let h = job.history.as_ref().ok_or_else(|| Error::Internal("history without its columns".into()))?;
     let mut trace = Trace::new();
     let params = run_input.params.clone();
-    let source_cols = describe_source(job, engine, &params)?;
+    let described = describe_source(job, engine, &params)?;
+    check_history_source(job, h, &described)?;
+    let mut source_cols = described.clone();
+    if h.snapshot {
+        source_cols.push(Column { name: h.valid_from.clone(), ty: "TIMESTAMP".into() });
+    }
     check_source(job, spec, &source_cols)?;
-    check_history_source(job, h, &source_cols)?;
     let version_type = source_cols.iter().find(|c| c.name == spec.version).map(|c| c.ty.clone()).expect("checked");
     let target_cols = engine.table_columns(&job.target)?;
     let existing = match &target_cols {
         Some(t) => Some(check_target(job, h, t, &version_type)?),
         None => None,
     };
-    let added = crate::run::schema::reconcile(engine, job, &source_cols, existing.as_deref())?;
+    let added = crate::run::schema::reconcile(engine, job, &described, existing.as_deref())?;
     trace.step("describe");
     let names: Vec<String> = source_cols.iter().map(|c| c.name.clone()).collect();
     let is_meta = |c: &String| job.metadata.contains(c);
@@ -71,11 +78,12 @@ pub(super) fn history_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine
         job,
         spec,
         h,
-        cols: Cols { spec, h, names, compared, tracked, meta },
+        cols: Cols { spec, h, names, compared, tracked, meta, types: source_cols.clone() },
         run_date,
         opts,
         run_input,
         params,
+        described,
         source_cols,
         added,
         created_target: target_cols.is_none(),
@@ -153,7 +161,12 @@ impl Run<'_> {
         let input = self.stage(engine)?;
         let key = self.run_input.file_key(&self.job_hash, self.run_date).unwrap_or_else(|| run_key(&self.job_hash, self.run_date, &input));
         let batch_rows = self.dedup(engine)?;
-        engine.create_temp_table_as(CUT, &Sql::raw(self.cols.cut(&self.job.target.quoted())))?;
+        let cut = if self.h.snapshot {
+            self.cols.snapshot_cut(&self.job.target.quoted(), &self.log.quoted(), &self.day(), self.h.absent_deletes)
+        } else {
+            Sql::raw(self.cols.cut(&self.job.target.quoted()))
+        };
+        engine.create_temp_table_as(CUT, &cut)?;
         self.trace.step("cut");
         if let Some(last) = last.filter(|l| l.run_key == key && l.fingerprint_kind == input.kind) {
             let now = self.output(engine)?;
@@ -207,7 +220,9 @@ impl Run<'_> {
         let cols: Vec<String> = self.source_cols.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
         if self.created_target {
             engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&job.target.schema))))?;
-            let interval = [&h.valid_from, &h.valid_to].map(|c| format!("{} {}", quote_ident(c), self.version_type));
+            // A snapshot history's version column is valid_from itself.
+            let interval: Vec<String> =
+                [&h.valid_from, &h.valid_to].into_iter().filter(|c| !h.snapshot || *c != &h.valid_from).map(|c| format!("{} {}", quote_ident(c), self.version_type)).collect();
             engine.execute(&Sql::raw(format!("CREATE TABLE {} ({}, {})", job.target.quoted(), cols.join(", "), interval.join(", "))))?;
         }
         match engine.table_columns(&self.log)? {
@@ -229,10 +244,10 @@ impl Run<'_> {
     ///    versions refused, the input fingerprint taken in the same scan.
     fn stage(&mut self, engine: &mut dyn Engine) -> Result<Fingerprint> {
         self.drop_temps(engine)?;
-        let sql = flagged_source(self.job, self.spec, &self.params);
-        engine.create_temp_table_as(STAGE, &sql).map_err(|e| deleted_error(self.job, self.spec, &self.source_cols, e))?;
+        let sql = if self.h.snapshot { self.snapshot_source() } else { flagged_source(self.job, self.spec, &self.params) };
+        engine.create_temp_table_as(STAGE, &sql).map_err(|e| deleted_error(self.job, self.spec, &self.described, e))?;
         self.trace.step("stage");
-        let input_cols: Vec<Column> = self.source_cols.iter().filter(|c| !self.job.metadata.contains(&c.name)).cloned().collect();
+        let input_cols: Vec<Column> = self.described.iter().filter(|c| !self.job.metadata.contains(&c.name)).cloned().collect();
         let input = scan_stage(engine, self.spec, STAGE, &self.cols.names_list(), &input_cols)?;
         self.trace.step("null check, input fp");
         Ok(input)
@@ -258,8 +273,20 @@ impl Run<'_> {
     ///    the batch's, resolved (a tie with a recorded version refused with
     ///    `on_tie = "error"`) and walked into rows and hidden entries.
     fn resolve(&mut self, engine: &mut dyn Engine) -> Result<()> {
-        engine.create_temp_table_as(ALL, &Sql::raw(self.cols.all(&self.job.target.quoted(), &self.log.quoted())))?;
-        if self.spec.on_tie == OnTie::Error {
+        let all = if self.h.snapshot {
+            // The next committed snapshot after this one: a key of this
+            // batch it lacks was absent from it.
+            let next = match self.h.absent_deletes {
+                true => ledger::next_committed_date(engine, &self.job.name, self.run_date)?.map(|d| Value::Timestamp(d.date().and_time(chrono::NaiveTime::MIN))),
+                false => None,
+            };
+            self.cols.snapshot_all(&self.job.target.quoted(), &self.log.quoted(), &self.day(), self.h.absent_deletes, next.as_ref())
+        } else {
+            Sql::raw(self.cols.all(&self.job.target.quoted(), &self.log.quoted()))
+        };
+        engine.create_temp_table_as(ALL, &all)?;
+        // A snapshot history's run owns its version: nothing recorded there is kept to tie with.
+        if self.spec.on_tie == OnTie::Error && !self.h.snapshot {
             let tie = format!("{} AND a.\"{ORIGIN}\" = 0 AND b.\"{ORIGIN}\" = 1", self.cols.tie("a", "b"));
             if let Some(e) = self.tie_error(engine, ALL, ALL, &tie, "between the batch and the history")? {
                 return Err(e);
@@ -295,13 +322,14 @@ impl Run<'_> {
         engine.execute(&Sql::raw(format!("DELETE FROM {log} AS l WHERE {} AND NOT {entry_kept}", self.cols.in_window("l", &self.spec.version))))?;
         self.trace.step("delete");
         let in_target = format!("EXISTS (SELECT 1 FROM {target} AS t WHERE {})", same("t", "n", true));
-        let inserted = engine.execute(&Sql::raw(format!(
-            "INSERT INTO {target} ({names}, {}, {}) SELECT {}, n.{}, n.\"{TO}\" FROM {NEW} AS n WHERE n.\"{START}\" AND NOT {in_target}",
-            quote_ident(vf),
-            quote_ident(vt),
-            self.cols.names.iter().map(|c| q("n", c)).collect::<Vec<_>>().join(", "),
-            quote_ident(&self.spec.version)
-        )))?;
+        let values = self.cols.names.iter().map(|c| q("n", c)).collect::<Vec<_>>().join(", ");
+        // A snapshot history's version is valid_from itself.
+        let insert = if self.h.snapshot {
+            format!("INSERT INTO {target} ({names}, {}) SELECT {values}, n.\"{TO}\"", quote_ident(vt))
+        } else {
+            format!("INSERT INTO {target} ({names}, {}, {}) SELECT {values}, n.{}, n.\"{TO}\"", quote_ident(vf), quote_ident(vt), quote_ident(&self.spec.version))
+        };
+        let inserted = engine.execute(&Sql::raw(format!("{insert} FROM {NEW} AS n WHERE n.\"{START}\" AND NOT {in_target}")))?;
         self.opts.step(FailPoint::MidInsert)?;
         let in_log = format!("EXISTS (SELECT 1 FROM {log} AS l WHERE l.{del} = n.{del} AND {})", same("l", "n", false), del = quote_ident(DELETED));
         engine.execute(&Sql::raw(format!(
@@ -391,6 +419,27 @@ impl Run<'_> {
             ),
             hint: Some("bump the version upstream, or set on_tie = \"deterministic\" to keep the row whose values sort first".into()),
         }))
+    }
+
+    /// A snapshot history's run date, its rows' version.
+    fn day(&self) -> Value {
+        Value::Timestamp(self.run_date.date().and_time(chrono::NaiveTime::MIN))
+    }
+
+    /// A snapshot history's source: its rows, each with the run date as
+    /// its version (`valid_from`) and its tombstone flag.
+    fn snapshot_source(&self) -> Sql {
+        let mut sql = Sql::new();
+        sql.push("SELECT s.*, ");
+        sql.typed_param(self.day(), "TIMESTAMP");
+        sql.push(&format!(" AS {}, ", quote_ident(&self.h.valid_from)));
+        match &self.spec.deleted {
+            Some(pred) => sql.push(&format!("coalesce(({pred}), false)")),
+            None => sql.push("false"),
+        };
+        sql.push(&format!(" AS {} FROM ", quote_ident(DELETED)));
+        crate::engine::measure::Scope::Source { template: self.job.source.template(), params: &self.params }.write_from(&mut sql, "s");
+        sql
     }
 
     fn drop_temps(&mut self, engine: &mut dyn Engine) -> Result<()> {
