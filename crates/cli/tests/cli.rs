@@ -1164,3 +1164,56 @@ mod spark {
         assert_eq!(rows, vec![vec!["1".to_owned(), "\"1.50\"".to_owned()], vec!["2".to_owned(), "\"2.75\"".to_owned()]]);
     }
 }
+
+/// A history job through the binary: the report (text and JSON), a tie
+/// refused with exit 3 and nothing changed, a snapshot history's rerun
+/// skipped.
+#[test]
+fn a_history_job_reports_and_refuses_like_the_others() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("dim.toml"),
+        "name = \"dim_customer\"\ntarget = \"silver.dim_customer\"\nstrategy = \"history\"\nkey = [\"id\"]\nversion = \"v\"\ntrack = [\"city\"]\n\n[source]\nsql = \"SELECT id, city, v FROM bronze.c WHERE d = :run_date\"\n",
+    )
+    .unwrap();
+    {
+        let db = duckdb::Connection::open(dir.join("w.duckdb")).unwrap();
+        db.execute_batch(
+            "CREATE SCHEMA bronze; CREATE TABLE bronze.c (d DATE, id BIGINT, city VARCHAR, v BIGINT);
+             INSERT INTO bronze.c VALUES (DATE '2026-10-19', 1, 'Paris', 1), (DATE '2026-10-19', 2, 'Rome', 1),
+               (DATE '2026-10-20', 1, 'Lyon', 3), (DATE '2026-10-21', 1, 'Nice', 2),
+               (DATE '2026-10-22', 2, 'Oslo', 5), (DATE '2026-10-22', 2, 'Bern', 5);",
+        )
+        .unwrap();
+    }
+    let run = |date: &str, json: bool| {
+        let mut a = vec!["run", "dim.toml", "--date", date, "--db", "duckdb:w.duckdb"];
+        if json {
+            a.extend(["--output", "json"]);
+        }
+        fixpoint(dir, &a)
+    };
+    let first = run("2026-10-19", false);
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    assert!(first.stdout.contains("dim_customer 2026-10-19: history of silver.dim_customer — 2 rows written"), "{}", first.stdout);
+    assert!(first.stdout.contains("history_well_formed: passed"), "{}", first.stdout);
+    for date in ["2026-10-20", "2026-10-21"] {
+        assert_eq!(run(date, false).code, 0);
+    }
+    let json = run("2026-10-21", true);
+    assert_eq!(json.code, 0, "{}", json.stderr);
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!((v["strategy"].as_str(), v["outcome"].as_str()), (Some("history"), Some("skipped")), "{v}");
+    let rows = |dir: &Path| -> Vec<(i64, String, i64, Option<i64>)> {
+        let db = duckdb::Connection::open(dir.join("w.duckdb")).unwrap();
+        let mut st = db.prepare("SELECT id, city, valid_from, valid_to FROM silver.dim_customer ORDER BY id, valid_from").unwrap();
+        st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))).unwrap().map(|r| r.unwrap()).collect()
+    };
+    let want = vec![(1, "Paris".to_string(), 1, Some(2)), (1, "Nice".into(), 2, Some(3)), (1, "Lyon".into(), 3, None), (2, "Rome".into(), 1, None)];
+    assert_eq!(rows(dir), want, "the late version 2 placed between 1 and 3");
+    let tie = run("2026-10-22", false);
+    assert_eq!(tie.code, 3, "{}", tie.stderr);
+    assert!(tie.stderr.contains("at the same version (v) in the batch") && tie.stderr.contains("on_tie = \"deterministic\""), "{}", tie.stderr);
+    assert_eq!(rows(dir), want, "nothing changed");
+}
