@@ -37,6 +37,10 @@ pub enum BenchStrategy {
     /// Spark (`--db sc://host:port`, feature `spark`): a day replaced and a
     /// batch merged (copy-on-write) against the hand-written Spark SQL.
     Spark,
+    /// A history (SCD type 2): a batch of changes, one in ten a late older
+    /// version, into a 10M-row history table (defaults: `--rows`, 100k
+    /// `--changes`), against the hand-written in-order update.
+    History,
     /// Fingerprint throughput (native, portable) against
     /// `SELECT count(*), sum(hash(cols))`, and a diff of two tables with one
     /// differing row.
@@ -59,10 +63,10 @@ pub struct BenchArgs {
     days: u64,
     /// Alternating rounds (each runs both sides once).
     #[arg(long, default_value_t = 5)]
-    rounds: u32,
+    pub(crate) rounds: u32,
     /// Where the benchmark database lives (reused when its size matches).
     #[arg(long, default_value = "bench-data")]
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
     /// postgres: the server (a database `fixpoint_bench` is created there).
     #[arg(long, default_value = "postgres://root@127.0.0.1:5432/test")]
     db: String,
@@ -356,8 +360,31 @@ fn setup(file: &Path, rows: u64, days: u64) -> Result<(), Error> {
     build_orders(file, rows, days, "CREATE SCHEMA bronze; CREATE SCHEMA silver;", "bronze.orders", "2026-10-19", "CREATE TABLE silver.orders AS SELECT * FROM bronze.orders;")
 }
 
+impl BenchArgs {
+    /// `--rows`, or `default` when left at the global default.
+    pub(crate) fn rows_or(&self, default: u64) -> u64 {
+        if self.rows == 20_000_000 {
+            default
+        } else {
+            self.rows
+        }
+    }
+
+    /// `--changes`, or `default` when left at the global default.
+    pub(crate) fn changes_or(&self, default: u64) -> u64 {
+        if self.changes == 200_000 {
+            default
+        } else {
+            self.changes
+        }
+    }
+}
+
 pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
     std::fs::create_dir_all(&args.dir).map_err(|source| Error::Io { path: args.dir.clone(), source })?;
+    if args.strategy == BenchStrategy::History {
+        return crate::bench_history::run(args, out);
+    }
     if args.strategy == BenchStrategy::Merge {
         return run_merge(args, out);
     }

@@ -9,6 +9,7 @@
 
 mod bench;
 mod bench_files;
+mod bench_history;
 mod bench_pg;
 #[cfg(feature = "spark")]
 mod bench_spark;

@@ -157,7 +157,7 @@ fn cases() -> Vec<Case> {
         // The job file.
         case("malformed TOML", r("name = \"silver_orders\"", "name = \"silver_orders"), RUN, 2, "case.toml: name: "),
         // The list ends with merge (the line break): nothing unavailable is offered.
-        case("unknown strategy", r("\"replace_partition\"", "\"upsert\""), RUN, 2, "strategy: \"upsert\": expected one of \"replace_partition\", \"merge\"\n"),
+        case("unknown strategy", r("\"replace_partition\"", "\"upsert\""), RUN, 2, "strategy: \"upsert\": expected one of \"replace_partition\", \"merge\", \"history\"\n"),
         case("strategy replace_table (not available)", r("\"replace_partition\"", "\"replace_table\""), RUN, 2, "case.toml: strategy: \"replace_table\" is not available"),
         case("unknown key", r("partition = \"dt\"", "partition = \"dt\"\npartiton = \"dt\""), RUN, 2, "unknown field `partiton`"),
         case("missing name", r("name = \"silver_orders\"\n", ""), RUN, 2, "name: missing"),

@@ -296,8 +296,8 @@ fn replace_table_is_not_offered() {
     for strategy in ["upsert", "snapshot"] {
         let err = Job::from_toml(&text(strategy), Path::new("snap.toml")).unwrap_err();
         assert_eq!(spec_key(&err), "strategy");
-        assert_eq!(err.to_string(), format!("snap.toml: strategy: \"{strategy}\": expected one of \"replace_partition\", \"merge\""));
+        assert_eq!(err.to_string(), format!("snap.toml: strategy: \"{strategy}\": expected one of \"replace_partition\", \"merge\", \"history\""));
     }
     let missing = Job::from_toml(&text("x").replace("strategy = \"x\"\n", ""), Path::new("snap.toml")).unwrap_err();
-    assert_eq!(missing.to_string(), "snap.toml: strategy: missing: expected one of \"replace_partition\", \"merge\"");
+    assert_eq!(missing.to_string(), "snap.toml: strategy: missing: expected one of \"replace_partition\", \"merge\", \"history\"");
 }

@@ -18,7 +18,16 @@ pub(super) const CUT: &str = "\"__fixpoint_hcut\"";
 pub(super) const ALL: &str = "\"__fixpoint_hall\"";
 /// The log resolved and walked: the new rows and the new hidden entries.
 pub(super) const NEW: &str = "\"__fixpoint_hnew\"";
-/// Where an entry of [`ALL`] came from: 0 the table or its log, 1 the batch.
+/// The keys the run touches.
+pub(super) const KEYS: &str = "\"__fixpoint_hkeys\"";
+/// Every row the table holds for the touched keys (read once).
+pub(super) const ROWS: &str = "\"__fixpoint_hrows\"";
+/// The table's rows the run removes (key and valid_from).
+pub(super) const GONE: &str = "\"__fixpoint_hgone\"";
+/// The log's entries the run removes (key and version).
+pub(super) const LOG_GONE: &str = "\"__fixpoint_hloggone\"";
+/// Where an entry of [`ALL`] came from: 0 the table, 2 its log, 1 the
+/// batch, 3 a tombstone a snapshot's absence implies.
 pub(super) const ORIGIN: &str = "__fixpoint_origin";
 /// In [`CUT`]: the batch's oldest version of the key.
 pub(super) const CUT_AT: &str = "__fixpoint_cut";
@@ -99,13 +108,13 @@ impl Cols<'_> {
     /// version the run recomputes: the start of the earliest row that
     /// holds or ends at that version (a row ending there may extend, when
     /// the entry there changes), else the version itself.
-    pub fn cut(&self, target: &str) -> String {
+    pub fn cut(&self, rows: &str) -> String {
         let (v, vf, vt) = (self.version(), quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to));
         let keys = self.key_list(Some("c"));
         format!(
             "SELECT {keys}, c.\"{CUT_AT}\", CASE WHEN min(t.{vf}) < c.\"{CUT_AT}\" THEN min(t.{vf}) ELSE c.\"{CUT_AT}\" END AS \"{FROM}\" \
              FROM (SELECT {}, min({v}) AS \"{CUT_AT}\" FROM {BATCH} GROUP BY {}) AS c \
-             LEFT JOIN {target} AS t ON {} AND (t.{vt} IS NULL OR t.{vt} >= c.\"{CUT_AT}\") \
+             LEFT JOIN {rows} AS t ON {} AND (t.{vt} IS NULL OR t.{vt} >= c.\"{CUT_AT}\") \
              GROUP BY {keys}, c.\"{CUT_AT}\"",
             self.key_list(None),
             self.key_list(None),
@@ -113,10 +122,21 @@ impl Cols<'_> {
         )
     }
 
-    /// `alias`'s key is touched and its `column` is at or after where the
-    /// run recomputes.
-    pub fn in_window(&self, alias: &str, column: &str) -> String {
-        format!("EXISTS (SELECT 1 FROM {CUT} AS c WHERE {} AND {alias}.{} >= c.\"{FROM}\")", keys_match(alias, "c", &self.spec.key), quote_ident(column))
+    /// `FROM <table> AS alias JOIN CUT AS c …`: `table`'s entries of the
+    /// touched keys at or after where the run recomputes (by `column`).
+    pub fn window_from(&self, table: &str, alias: &str, column: &str) -> String {
+        format!("{table} AS {alias} JOIN {CUT} AS c ON {} WHERE {alias}.{} >= c.\"{FROM}\"", keys_match(alias, "c", &self.spec.key), quote_ident(column))
+    }
+
+    /// [`KEYS`] of a run with a version column: the batch's.
+    pub fn batch_keys(&self) -> String {
+        format!("SELECT DISTINCT {} FROM {BATCH}", self.key_list(None))
+    }
+
+    /// [`ROWS`]: every row of `target` whose key is in [`KEYS`] (one scan:
+    /// a join on the key).
+    pub fn touched_rows(&self, target: &str) -> String {
+        format!("SELECT t.* FROM {target} AS t JOIN {KEYS} AS k ON {}", keys_match("t", "k", &self.spec.key))
     }
 
     /// `alias`'s key is touched.
@@ -127,16 +147,16 @@ impl Cols<'_> {
     /// [`ALL`]: the touched keys' entries from where the run recomputes
     /// (the rows' starting versions, the log's hidden entries) and the
     /// batch's, each with its origin.
-    pub fn all(&self, target: &str, log: &str) -> String {
+    pub fn all(&self, rows: &str, log: &str) -> String {
         let del = quote_ident(DELETED);
         format!(
-            "SELECT {}, false AS {del}, 0 AS \"{ORIGIN}\" FROM {target} AS t WHERE {} \
-             UNION ALL SELECT {}, l.{del}, 0 AS \"{ORIGIN}\" FROM {log} AS l WHERE {} \
+            "SELECT {}, false AS {del}, 0 AS \"{ORIGIN}\" FROM {} \
+             UNION ALL SELECT {}, l.{del}, 2 AS \"{ORIGIN}\" FROM {} \
              UNION ALL SELECT {}, b.{del}, 1 AS \"{ORIGIN}\" FROM {BATCH} AS b",
             self.list(Some("t")),
-            self.in_window("t", &self.h.valid_from),
+            self.window_from(rows, "t", &self.h.valid_from),
             self.list(Some("l")),
-            self.in_window("l", &self.spec.version),
+            self.window_from(log, "l", &self.spec.version),
             self.list(Some("b")),
         )
     }
@@ -164,17 +184,15 @@ impl Cols<'_> {
         )
     }
 
-    /// A snapshot history's [`CUT`]: every key of the run's version `day`
+    /// A snapshot history's [`KEYS`]: every key of the run's version `day`
     /// (the batch's, and those the table or its log hold at that version:
     /// the run replaces them), with a full snapshot (`absent`) also the keys
-    /// whose row spans the day; each cut at the day.
-    pub fn snapshot_cut(&self, target: &str, log: &str, day: &Value, absent: bool) -> Sql {
+    /// whose row spans the day.
+    pub fn snapshot_keys(&self, target: &str, log: &str, day: &Value, absent: bool) -> Sql {
         let (vf, vt) = (quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to));
         let keys = self.key_list(None);
         let mut sql = Sql::new();
-        sql.push(&format!("SELECT {}, c.\"{CUT_AT}\", CASE WHEN min(t.{vf}) < c.\"{CUT_AT}\" THEN min(t.{vf}) ELSE c.\"{CUT_AT}\" END AS \"{FROM}\" FROM (SELECT DISTINCT {}, ", self.key_list(Some("c")), self.key_list(Some("u"))));
-        sql.typed_param(day.clone(), "TIMESTAMP");
-        sql.push(&format!(" AS \"{CUT_AT}\" FROM (SELECT {keys} FROM {BATCH} UNION ALL SELECT {keys} FROM {target} WHERE {vf} = "));
+        sql.push(&format!("SELECT DISTINCT {keys} FROM (SELECT {keys} FROM {BATCH} UNION ALL SELECT {keys} FROM {target} WHERE {vf} = "));
         sql.typed_param(day.clone(), "TIMESTAMP");
         sql.push(&format!(" UNION ALL SELECT {keys} FROM {log} WHERE {vf} = "));
         sql.typed_param(day.clone(), "TIMESTAMP");
@@ -185,8 +203,18 @@ impl Cols<'_> {
             sql.typed_param(day.clone(), "TIMESTAMP");
             sql.push(")");
         }
+        sql.push(") AS u");
+        sql
+    }
+
+    /// A snapshot history's [`CUT`]: every touched key cut at the day.
+    pub fn snapshot_cut(&self, rows: &str, day: &Value) -> Sql {
+        let (vf, vt) = (quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to));
+        let mut sql = Sql::new();
+        sql.push(&format!("SELECT {}, c.\"{CUT_AT}\", CASE WHEN min(t.{vf}) < c.\"{CUT_AT}\" THEN min(t.{vf}) ELSE c.\"{CUT_AT}\" END AS \"{FROM}\" FROM (SELECT {}, ", self.key_list(Some("c")), self.key_list(Some("k"))));
+        sql.typed_param(day.clone(), "TIMESTAMP");
         sql.push(&format!(
-            ") AS u) AS c LEFT JOIN {target} AS t ON {} AND (t.{vt} IS NULL OR t.{vt} >= c.\"{CUT_AT}\") GROUP BY {}, c.\"{CUT_AT}\"",
+            " AS \"{CUT_AT}\" FROM {KEYS} AS k) AS c LEFT JOIN {rows} AS t ON {} AND (t.{vt} IS NULL OR t.{vt} >= c.\"{CUT_AT}\") GROUP BY {}, c.\"{CUT_AT}\"",
             keys_match("t", "c", &self.spec.key),
             self.key_list(Some("c"))
         ));
@@ -208,7 +236,7 @@ impl Cols<'_> {
                 sql.push(&format!("CAST(NULL AS {})", c.ty));
             }
         }
-        sql.push(&format!(", true AS {}, 0 AS \"{ORIGIN}\"", quote_ident(DELETED)));
+        sql.push(&format!(", true AS {}, 3 AS \"{ORIGIN}\"", quote_ident(DELETED)));
     }
 
     /// A snapshot history's [`ALL`]: the touched keys' entries from where
@@ -220,9 +248,9 @@ impl Cols<'_> {
     pub fn snapshot_all(&self, target: &str, log: &str, day: &Value, absent: bool, next: Option<&Value>) -> Sql {
         let (vf, vt, del) = (quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to), quote_ident(DELETED));
         let mut sql = Sql::new();
-        sql.push(&format!("SELECT {}, false AS {del}, 0 AS \"{ORIGIN}\" FROM {target} AS t WHERE {} AND t.{vf} <> ", self.list(Some("t")), self.in_window("t", &self.h.valid_from)));
+        sql.push(&format!("SELECT {}, false AS {del}, 0 AS \"{ORIGIN}\" FROM {} AND t.{vf} <> ", self.list(Some("t")), self.window_from(target, "t", &self.h.valid_from)));
         sql.typed_param(day.clone(), "TIMESTAMP");
-        sql.push(&format!(" UNION ALL SELECT {}, l.{del}, 0 AS \"{ORIGIN}\" FROM {log} AS l WHERE {} AND l.{vf} <> ", self.list(Some("l")), self.in_window("l", &self.h.valid_from)));
+        sql.push(&format!(" UNION ALL SELECT {}, l.{del}, 2 AS \"{ORIGIN}\" FROM {} AND l.{vf} <> ", self.list(Some("l")), self.window_from(log, "l", &self.h.valid_from)));
         sql.typed_param(day.clone(), "TIMESTAMP");
         sql.push(&format!(" UNION ALL SELECT {}, b.{del}, 1 AS \"{ORIGIN}\" FROM {BATCH} AS b", self.list(Some("b"))));
         if absent {

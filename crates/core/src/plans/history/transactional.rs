@@ -12,7 +12,7 @@ use crate::fingerprint::{Fingerprint, Method};
 use crate::job::ident::{quote_ident, TableName};
 use crate::job::spec::{HistorySpec, Job, MergeSpec, OnTie};
 use crate::job::sql::{RunParams, Sql, Value};
-use crate::plans::history::sql::{log_table, Cols, ALL, BATCH, CUT, NEW, ORIGIN, STAGE, START, TO};
+use crate::plans::history::sql::{log_table, Cols, ALL, BATCH, CUT, GONE, KEYS, LOG_GONE, NEW, ORIGIN, ROWS, STAGE, START, TO};
 use crate::plans::merge::refusals::{check_source, deleted_error};
 use crate::plans::merge::sql::{count, keys_match, q, DELETED};
 use crate::plans::merge::steps::{flagged_source, scan_stage};
@@ -22,6 +22,12 @@ use crate::run::protocol::{elapsed_ms, fence, in_transaction, RunOptions, Trace}
 use crate::run::report::{entry, skipped, RunReport};
 use crate::run::sqlerror::first_row;
 use crate::job::date::RunDate;
+
+/// Creates the temporary table `name` from `select`; returns its rows.
+fn count_created(engine: &mut dyn Engine, name: &str, select: &str) -> Result<u64> {
+    engine.create_temp_table_as(name, &Sql::raw(select.to_owned()))?;
+    count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {name}")))
+}
 
 /// The name of the checks every run makes of the rows it wrote.
 const WELL_FORMED: &str = "history_well_formed";
@@ -161,11 +167,13 @@ impl Run<'_> {
         let input = self.stage(engine)?;
         let key = self.run_input.file_key(&self.job_hash, self.run_date).unwrap_or_else(|| run_key(&self.job_hash, self.run_date, &input));
         let batch_rows = self.dedup(engine)?;
-        let cut = if self.h.snapshot {
-            self.cols.snapshot_cut(&self.job.target.quoted(), &self.log.quoted(), &self.day(), self.h.absent_deletes)
-        } else {
-            Sql::raw(self.cols.cut(&self.job.target.quoted()))
-        };
+        // The touched keys, their rows read once, and where each key's
+        // recomputed rows start.
+        let (target, log) = (self.job.target.quoted(), self.log.quoted());
+        let keys = if self.h.snapshot { self.cols.snapshot_keys(&target, &log, &self.day(), self.h.absent_deletes) } else { Sql::raw(self.cols.batch_keys()) };
+        engine.create_temp_table_as(KEYS, &keys)?;
+        engine.create_temp_table_as(ROWS, &Sql::raw(self.cols.touched_rows(&target)))?;
+        let cut = if self.h.snapshot { self.cols.snapshot_cut(ROWS, &self.day()) } else { Sql::raw(self.cols.cut(ROWS)) };
         engine.create_temp_table_as(CUT, &cut)?;
         self.trace.step("cut");
         if let Some(last) = last.filter(|l| l.run_key == key && l.fingerprint_kind == input.kind) {
@@ -280,14 +288,14 @@ impl Run<'_> {
                 true => ledger::next_committed_date(engine, &self.job.name, self.run_date)?.map(|d| Value::Timestamp(d.date().and_time(chrono::NaiveTime::MIN))),
                 false => None,
             };
-            self.cols.snapshot_all(&self.job.target.quoted(), &self.log.quoted(), &self.day(), self.h.absent_deletes, next.as_ref())
+            self.cols.snapshot_all(ROWS, &self.log.quoted(), &self.day(), self.h.absent_deletes, next.as_ref())
         } else {
-            Sql::raw(self.cols.all(&self.job.target.quoted(), &self.log.quoted()))
+            Sql::raw(self.cols.all(ROWS, &self.log.quoted()))
         };
         engine.create_temp_table_as(ALL, &all)?;
         // A snapshot history's run owns its version: nothing recorded there is kept to tie with.
         if self.spec.on_tie == OnTie::Error && !self.h.snapshot {
-            let tie = format!("{} AND a.\"{ORIGIN}\" = 0 AND b.\"{ORIGIN}\" = 1", self.cols.tie("a", "b"));
+            let tie = format!("{} AND a.\"{ORIGIN}\" <> 1 AND b.\"{ORIGIN}\" = 1", self.cols.tie("a", "b"));
             if let Some(e) = self.tie_error(engine, ALL, ALL, &tie, "between the batch and the history")? {
                 return Err(e);
             }
@@ -315,13 +323,29 @@ impl Run<'_> {
             conds.extend(self.cols.names.iter().filter(|c| !self.spec.key.contains(c)).map(|c| format!("{} IS NOT DISTINCT FROM {}", q(a, c), q(n, c))));
             conds.join(" AND ")
         };
+        // The rows and log entries from where the run recomputes that the
+        // new ones do not repeat, by key and start (unique in a
+        // well-formed table): their removal must remove exactly those.
         let row_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE n.\"{START}\" AND {})", same("t", "n", true));
-        let deleted = engine.execute(&Sql::raw(format!("DELETE FROM {target} AS t WHERE {} AND NOT {row_kept}", self.cols.in_window("t", vf))))?;
+        let key_and = |alias: &str, col: &str| self.spec.key.iter().map(|k| q(alias, k)).chain([q(alias, col)]).collect::<Vec<_>>().join(", ");
+        let gone = count_created(engine, GONE, &format!("SELECT {} FROM {} AND NOT {row_kept}", key_and("t", vf), self.cols.window_from(ROWS, "t", vf)))?;
+        let on = |a: &str, b: &str, col: &str| format!("{} AND {} = {}", keys_match(a, b, &self.spec.key), q(a, col), q(b, col));
+        let deleted = if gone > 0 { engine.execute(&Sql::raw(format!("DELETE FROM {target} AS t USING {GONE} AS g WHERE {}", on("t", "g", vf))))? } else { 0 };
+        if deleted != gone {
+            return Err(self.not_one_row(engine, "table", deleted, gone));
+        }
         self.opts.step(FailPoint::AfterDelete)?;
-        let entry_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE NOT n.\"{START}\" AND n.{del} = l.{del} AND {})", same("l", "n", false), del = quote_ident(DELETED));
-        engine.execute(&Sql::raw(format!("DELETE FROM {log} AS l WHERE {} AND NOT {entry_kept}", self.cols.in_window("l", &self.spec.version))))?;
+        let del = quote_ident(DELETED);
+        let entry_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE NOT n.\"{START}\" AND n.{del} = l.{del} AND {})", same("l", "n", false));
+        let version = self.spec.version.clone();
+        let log_gone =
+            count_created(engine, LOG_GONE, &format!("SELECT {} FROM {} AND NOT {entry_kept}", key_and("l", &version), self.cols.window_from(&log, "l", &version)))?;
+        let log_deleted = if log_gone > 0 { engine.execute(&Sql::raw(format!("DELETE FROM {log} AS l USING {LOG_GONE} AS g WHERE {}", on("l", "g", &version))))? } else { 0 };
+        if log_deleted != log_gone {
+            return Err(self.not_one_row(engine, "log", log_deleted, log_gone));
+        }
         self.trace.step("delete");
-        let in_target = format!("EXISTS (SELECT 1 FROM {target} AS t WHERE {})", same("t", "n", true));
+        let in_rows = format!("EXISTS (SELECT 1 FROM {ROWS} AS t WHERE {})", same("t", "n", true));
         let values = self.cols.names.iter().map(|c| q("n", c)).collect::<Vec<_>>().join(", ");
         // A snapshot history's version is valid_from itself.
         let insert = if self.h.snapshot {
@@ -329,13 +353,12 @@ impl Run<'_> {
         } else {
             format!("INSERT INTO {target} ({names}, {}, {}) SELECT {values}, n.{}, n.\"{TO}\"", quote_ident(vf), quote_ident(vt), quote_ident(&self.spec.version))
         };
-        let inserted = engine.execute(&Sql::raw(format!("{insert} FROM {NEW} AS n WHERE n.\"{START}\" AND NOT {in_target}")))?;
+        let inserted = engine.execute(&Sql::raw(format!("{insert} FROM {NEW} AS n WHERE n.\"{START}\" AND NOT {in_rows}")))?;
         self.opts.step(FailPoint::MidInsert)?;
-        let in_log = format!("EXISTS (SELECT 1 FROM {log} AS l WHERE l.{del} = n.{del} AND {})", same("l", "n", false), del = quote_ident(DELETED));
+        // What is left of the log's window after the removal is what the new entries keep.
+        let in_log = format!("EXISTS (SELECT 1 FROM {log} AS l WHERE l.{del} = n.{del} AND {})", same("l", "n", false));
         engine.execute(&Sql::raw(format!(
-            "INSERT INTO {log} ({names}, {del}) SELECT {}, n.{del} FROM {NEW} AS n WHERE NOT n.\"{START}\" AND NOT {in_log}",
-            self.cols.names.iter().map(|c| q("n", c)).collect::<Vec<_>>().join(", "),
-            del = quote_ident(DELETED)
+            "INSERT INTO {log} ({names}, {del}) SELECT {values}, n.{del} FROM {NEW} AS n WHERE NOT n.\"{START}\" AND NOT {in_log}"
         )))?;
         self.trace.step("insert");
         self.opts.step(FailPoint::AfterInsert)?;
@@ -442,8 +465,19 @@ impl Run<'_> {
         sql
     }
 
+    /// A removal by key and start that did not remove one row per entry:
+    /// the table (or its log) holds a key twice at one version, which a
+    /// run never writes. Nothing is changed.
+    fn not_one_row(&self, engine: &mut dyn Engine, what: &str, removed: u64, expected: u64) -> Error {
+        let _ = engine;
+        Error::Internal(format!(
+            "the history's {what} of {} removed {removed} rows where {expected} were planned: it holds a key twice at one version (edited by hand?); rolled back, nothing changed",
+            self.job.target
+        ))
+    }
+
     fn drop_temps(&mut self, engine: &mut dyn Engine) -> Result<()> {
-        for t in [NEW, ALL, CUT, BATCH, STAGE] {
+        for t in [LOG_GONE, GONE, NEW, ALL, CUT, ROWS, KEYS, BATCH, STAGE] {
             engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {t}")))?;
         }
         Ok(())

@@ -1,0 +1,188 @@
+//! `--strategy history`: a batch of changes into a history table (SCD type
+//! 2), fixpoint against the SQL a careful engineer writes for the in-order
+//! case (close the changed keys' open rows, insert the new versions), on
+//! DuckDB, each side on its own copy of the table, alternating.
+//!
+//! The table: `--rows` rows, five versions per key (versions 10 … 50, the
+//! last open). Each round's batch: `--changes` rows; nine in ten are a new
+//! version of the same keys (newer than anything before: the in-order
+//! case), one in ten a late version of keys of their own (between the
+//! key's versions 20 and 30), which fixpoint puts in its place and the
+//! hand-written SQL does not. Before any ratio is printed: the two tables
+//! agree on every in-order key, and fixpoint's late keys hold the late
+//! version in its place (checked by plain SQL in a child process).
+
+use std::path::Path;
+use std::process::Command;
+
+use fixpoint_core::Error;
+use serde_json::json;
+
+use crate::bench::{digest_in_child, exec_in_child, faults, measure, median, paired_ratio, BenchArgs, Sample};
+use crate::Output;
+
+/// The hand-written in-order history update, one transaction.
+pub(crate) const HAND_HISTORY: &str = "BEGIN;
+UPDATE silver.dim_hand AS t SET valid_to = c.v FROM staging.hchanges AS c WHERE t.id = c.id AND t.valid_to IS NULL AND c.v > t.valid_from;
+INSERT INTO silver.dim_hand SELECT id, email, city, v, v, NULL FROM staging.hchanges;
+COMMIT;";
+
+const COLUMNS: &str = "id, email, city, v, valid_from, valid_to";
+
+fn build(file: &Path, rows: u64) -> Result<(), Error> {
+    let marker = file.with_extension("rows");
+    let want = format!("{rows} history");
+    if file.exists() && std::fs::read_to_string(&marker).ok().as_deref() == Some(want.as_str()) {
+        return Ok(());
+    }
+    for p in [file.to_owned(), file.with_extension("duckdb.wal")] {
+        let _ = std::fs::remove_file(p);
+    }
+    let keys = rows / 5;
+    eprintln!("bench: building {} ({rows} history rows, {keys} keys)…", file.display());
+    exec_in_child(
+        file,
+        &format!(
+            "CREATE SCHEMA silver; CREATE SCHEMA staging;
+             CREATE TABLE silver.dim AS
+             SELECT i AS id, 'e' || CAST(i AS VARCHAR) || '-' || CAST(j AS VARCHAR) AS email, 'city' || CAST((i + j) % 50 AS VARCHAR) AS city,
+                    CAST(10 * j AS BIGINT) AS v, CAST(10 * j AS BIGINT) AS valid_from, CASE WHEN j < 5 THEN CAST(10 * (j + 1) AS BIGINT) END AS valid_to
+             FROM range(0, {keys}) AS a(i), range(1, 6) AS b(j) ORDER BY i, j;
+             CHECKPOINT;"
+        ),
+    )?;
+    std::fs::write(&marker, want).map_err(|source| Error::Io { path: marker.clone(), source })?;
+    Ok(())
+}
+
+/// Both sides' tables back to the built state.
+fn reset(file: &Path) -> Result<(), Error> {
+    exec_in_child(
+        file,
+        "CREATE OR REPLACE TABLE silver.dim_fixpoint AS SELECT * FROM silver.dim;
+         CREATE OR REPLACE TABLE silver.dim_hand AS SELECT * FROM silver.dim;
+         DROP SCHEMA IF EXISTS fixpoint CASCADE;
+         CHECKPOINT;",
+    )
+}
+
+/// Round `r`'s batch: in-order keys 0 … 9n/10 at version 100 + 10r, late
+/// keys of the round's own range at version 21 + r.
+fn batch(file: &Path, rows: u64, changes: u64, r: u64) -> Result<(), Error> {
+    let keys = rows / 5;
+    let in_order = changes * 9 / 10;
+    let late = changes - in_order;
+    let late_from = keys - late * (r + 1);
+    exec_in_child(
+        file,
+        &format!(
+            "CREATE OR REPLACE TABLE staging.hchanges AS
+             SELECT i AS id, 'e' || CAST(i AS VARCHAR) || '-r{r}' AS email, 'moved' || CAST((i + {r}) % 7 AS VARCHAR) AS city, CAST(100 + 10 * {r} AS BIGINT) AS v FROM range(0, {in_order}) AS a(i)
+             UNION ALL
+             SELECT i, 'late' || CAST(i AS VARCHAR), 'late' || CAST({r} AS VARCHAR), CAST(21 + {r} AS BIGINT) FROM range({late_from}, {late_from} + {late}) AS a(i);
+             CHECKPOINT;"
+        ),
+    )
+}
+
+/// The in-order keys agree between the sides; fixpoint's late keys hold
+/// the late version between their versions 20 and 30.
+fn verify(file: &Path, rows: u64, changes: u64, rounds_done: u64) -> Result<(), Error> {
+    let in_order = changes * 9 / 10;
+    let digest = |table: &str| {
+        digest_in_child(
+            file,
+            &format!("SELECT count(*) || ':' || coalesce(CAST(sum(hash({COLUMNS})) AS VARCHAR), '0') FROM {table} WHERE id < {in_order}"),
+        )
+    };
+    let (a, b) = (digest("silver.dim_fixpoint")?, digest("silver.dim_hand")?);
+    if a != b {
+        return Err(Error::Internal(format!("the benchmark's sides disagree on the in-order keys: fixpoint {a}, hand-written {b}; no ratio is printed")));
+    }
+    let keys = rows / 5;
+    let late = changes - in_order;
+    let first_late = keys - late * rounds_done;
+    let placed = digest_in_child(
+        file,
+        &format!(
+            "SELECT count(*) FROM silver.dim_fixpoint AS t WHERE id >= {first_late} AND (
+               (valid_from = 20 AND valid_to BETWEEN 21 AND 29) OR (valid_from BETWEEN 21 AND 29 AND valid_to = 30 AND email LIKE 'late%'))"
+        ),
+    )?;
+    let want = 2 * late * rounds_done;
+    if placed != want.to_string() {
+        return Err(Error::Internal(format!("fixpoint's late versions: {placed} rows in place, {want} expected; no ratio is printed")));
+    }
+    Ok(())
+}
+
+pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
+    let (rows, changes) = (args.rows_or(10_000_000), args.changes_or(100_000));
+    let file = args.dir.join("history.duckdb");
+    build(&file, rows)?;
+    reset(&file)?;
+    let job = args.dir.join("bench_history.toml");
+    std::fs::write(
+        &job,
+        "name = \"bench_history\"\ntarget = \"silver.dim_fixpoint\"\nstrategy = \"history\"\nkey = [\"id\"]\nversion = \"v\"\n\n[source]\nsql = \"SELECT id, email, city, v FROM staging.hchanges\"\n",
+    )
+    .map_err(|source| Error::Io { path: job.clone(), source })?;
+    let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
+    let url = format!("duckdb:{}", file.display());
+    let fixpoint = || {
+        let mut c = crate::fixpoint_command();
+        c.args(["run", &job.display().to_string(), "--date", "2026-10-20", "--db", &url, "--output", "json"]);
+        c
+    };
+    let hand = || {
+        let mut c = Command::new(&exe);
+        c.args(["sql", "--file", &file.display().to_string(), "--date", "2026-10-20", &format!("--exec={HAND_HISTORY}")]);
+        c
+    };
+    let (mut fx, mut hw): (Vec<Sample>, Vec<Sample>) = (Vec::new(), Vec::new());
+    let mut last = serde_json::Value::Null;
+    for round in 0..args.rounds as u64 {
+        eprintln!("bench: round {}/{}", round + 1, args.rounds);
+        batch(&file, rows, changes, round)?;
+        let order: [u8; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for side in order {
+            if side == 0 {
+                let start = std::time::Instant::now();
+                let (mut s, v) = measure(&mut fixpoint())?;
+                s.inner = start.elapsed().as_secs_f64();
+                if v["outcome"].as_str() != Some("committed") {
+                    return Err(Error::Internal(format!("fixpoint did not commit: {v}")));
+                }
+                last = v;
+                fx.push(s);
+            } else {
+                let start = std::time::Instant::now();
+                let (mut s, _) = measure(&mut hand())?;
+                s.inner = start.elapsed().as_secs_f64();
+                hw.push(s);
+            }
+        }
+        verify(&file, rows, changes, round + 1)?;
+    }
+    let med = |v: &[Sample]| median(v.iter().map(|s| s.inner).collect());
+    let rss = |v: &[Sample]| v.iter().map(|s| s.rss_mb).fold(0.0, f64::max);
+    let result = json!({
+        "rows_in_table": rows, "batch_rows": changes, "late_rows": changes - changes * 9 / 10, "rounds": args.rounds,
+        "hand_written_s": med(&hw), "fixpoint_s": med(&fx), "ratio": med(&fx) / med(&hw), "paired_ratio": paired_ratio(&fx, &hw),
+        "hand_written_peak_rss_mb": rss(&hw), "fixpoint_peak_rss_mb": rss(&fx),
+        "hand_written_page_faults": faults(&hw), "fixpoint_page_faults": faults(&fx),
+        "last_report": last, "results_checked": true,
+    });
+    if out.is_json() {
+        out.json(&result);
+    } else {
+        println!("history: {changes} changes (1 in 10 a late older version) into a {rows}-row history table, median of {} alternating rounds (wall time of each process)", args.rounds);
+        println!("| side | run (s) | peak RSS (MiB) |");
+        println!("|---|---|---|");
+        println!("| hand-written: close the open rows, insert the new versions (in-order only) | {:.3} | {:.0} |", med(&hw), rss(&hw));
+        println!("| fixpoint run (late versions placed) | {:.3} | {:.0} |", med(&fx), rss(&fx));
+        println!("ratio fixpoint / hand-written: {:.3}; median of the rounds' own ratios: {:.3}", med(&fx) / med(&hw), paired_ratio(&fx, &hw));
+        println!("fixpoint's last report: {last}");
+    }
+    Ok(())
+}
