@@ -332,7 +332,7 @@ impl Run<'_> {
         let on = |a: &str, b: &str, col: &str| format!("{} AND {} = {}", keys_match(a, b, &self.spec.key), q(a, col), q(b, col));
         let deleted = if gone > 0 { engine.execute(&Sql::raw(format!("DELETE FROM {target} AS t USING {GONE} AS g WHERE {}", on("t", "g", vf))))? } else { 0 };
         if deleted != gone {
-            return Err(self.not_one_row(engine, "table", deleted, gone));
+            return Err(self.not_one_row("table", deleted, gone));
         }
         self.opts.step(FailPoint::AfterDelete)?;
         let del = quote_ident(DELETED);
@@ -342,7 +342,7 @@ impl Run<'_> {
             count_created(engine, LOG_GONE, &format!("SELECT {} FROM {} AND NOT {entry_kept}", key_and("l", &version), self.cols.window_from(&log, "l", &version)))?;
         let log_deleted = if log_gone > 0 { engine.execute(&Sql::raw(format!("DELETE FROM {log} AS l USING {LOG_GONE} AS g WHERE {}", on("l", "g", &version))))? } else { 0 };
         if log_deleted != log_gone {
-            return Err(self.not_one_row(engine, "log", log_deleted, log_gone));
+            return Err(self.not_one_row("log", log_deleted, log_gone));
         }
         self.trace.step("delete");
         let in_rows = format!("EXISTS (SELECT 1 FROM {ROWS} AS t WHERE {})", same("t", "n", true));
@@ -468,8 +468,7 @@ impl Run<'_> {
     /// A removal by key and start that did not remove one row per entry:
     /// the table (or its log) holds a key twice at one version, which a
     /// run never writes. Nothing is changed.
-    fn not_one_row(&self, engine: &mut dyn Engine, what: &str, removed: u64, expected: u64) -> Error {
-        let _ = engine;
+    fn not_one_row(&self, what: &str, removed: u64, expected: u64) -> Error {
         Error::Internal(format!(
             "the history's {what} of {} removed {removed} rows where {expected} were planned: it holds a key twice at one version (edited by hand?); rolled back, nothing changed",
             self.job.target
