@@ -69,7 +69,7 @@ pub struct BenchArgs {
     pub(crate) dir: PathBuf,
     /// postgres: the server (a database `fixpoint_bench` is created there).
     #[arg(long, default_value = "postgres://root@127.0.0.1:5432/test")]
-    db: String,
+    pub(crate) db: String,
     /// Output format of the figures: text, or one JSON object on stdout.
     #[arg(long, value_enum, default_value = "text")]
     pub output: crate::Format,
@@ -157,6 +157,12 @@ pub fn run_sql(args: BenchSqlArgs) -> Result<(), Error> {
         return crate::bench_files::run_sql(dir, args.file.as_deref(), args.pg.as_deref());
     }
     if let Some(url) = &args.pg {
+        if let Some(script) = &args.exec {
+            let start = Instant::now();
+            crate::bench_pg::exec_script(url, script)?;
+            println!("{}", json!({"elapsed_ms": start.elapsed().as_secs_f64() * 1000.0}));
+            return Ok(());
+        }
         return crate::bench_pg::run_sql(url, &args.table, d, args.merge);
     }
     let file = args.file.ok_or_else(|| Error::argument("fixpoint-bench sql needs --file or --pg", None))?;

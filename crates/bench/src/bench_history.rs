@@ -29,72 +29,153 @@ COMMIT;";
 
 const COLUMNS: &str = "id, email, city, v, valid_from, valid_to";
 
-fn build(file: &Path, rows: u64) -> Result<(), Error> {
-    let marker = file.with_extension("rows");
-    let want = format!("{rows} history");
-    if file.exists() && std::fs::read_to_string(&marker).ok().as_deref() == Some(want.as_str()) {
-        return Ok(());
+/// The database both sides run on: a DuckDB file, or a PostgreSQL database
+/// of its own (`fixpoint_bench_history`, the tables indexed on the key as
+/// a careful engineer's dimension table is).
+enum Bench {
+    Duck(std::path::PathBuf),
+    Pg(String),
+}
+
+impl Bench {
+    fn url(&self) -> String {
+        match self {
+            Bench::Duck(file) => format!("duckdb:{}", file.display()),
+            Bench::Pg(url) => url.clone(),
+        }
     }
-    for p in [file.to_owned(), file.with_extension("duckdb.wal")] {
-        let _ = std::fs::remove_file(p);
+
+    fn is_pg(&self) -> bool {
+        matches!(self, Bench::Pg(_))
+    }
+
+    /// Runs the set-up `script` (DuckDB: in a child process).
+    fn exec(&self, script: &str) -> Result<(), Error> {
+        match self {
+            Bench::Duck(file) => exec_in_child(file, script),
+            Bench::Pg(url) => crate::bench_pg::exec_script(url, script),
+        }
+    }
+
+    /// One value of `query`, as text (DuckDB: in a child process).
+    fn value(&self, query: &str) -> Result<String, Error> {
+        match self {
+            Bench::Duck(file) => digest_in_child(file, query),
+            Bench::Pg(url) => crate::bench_pg::value(url, query),
+        }
+    }
+
+    /// `0 … n-1` as a FROM item with column `name`.
+    fn range(&self, from: u64, to: u64, name: &str) -> String {
+        match self {
+            Bench::Duck(_) => format!("range({from}, {to}) AS r_{name}({name})"),
+            Bench::Pg(_) => format!("generate_series(CAST({from} AS BIGINT), {to} - 1) AS r_{name}({name})"),
+        }
+    }
+
+    fn text(&self, expr: &str) -> String {
+        match self {
+            Bench::Duck(_) => format!("CAST({expr} AS VARCHAR)"),
+            Bench::Pg(_) => format!("CAST({expr} AS TEXT)"),
+        }
+    }
+
+    /// A digest of `rows` (a FROM item with the table's columns), computed
+    /// by the engine's own hash, not fixpoint's fingerprints.
+    fn digest(&self, from: &str) -> String {
+        match self {
+            Bench::Duck(_) => format!("SELECT count(*) || ':' || coalesce(CAST(sum(hash({COLUMNS})) AS VARCHAR), '0') FROM {from}"),
+            Bench::Pg(_) => format!("SELECT count(*) || ':' || coalesce(sum(hashtextextended(CAST(ROW({COLUMNS}) AS TEXT), 0)), 0) FROM {from}"),
+        }
+    }
+
+    fn checkpoint(&self) -> &'static str {
+        match self {
+            Bench::Duck(_) => "CHECKPOINT",
+            Bench::Pg(_) => "VACUUM ANALYZE",
+        }
+    }
+}
+
+fn build(bench: &Bench, marker: &Path, rows: u64) -> Result<(), Error> {
+    let want = format!("{rows} history");
+    if let Bench::Duck(file) = bench {
+        if file.exists() && std::fs::read_to_string(marker).ok().as_deref() == Some(want.as_str()) {
+            return Ok(());
+        }
+        for p in [file.to_owned(), file.with_extension("duckdb.wal")] {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    if let Bench::Pg(url) = bench {
+        if crate::bench_pg::value(url, "SELECT shape FROM bench.meta").ok().as_deref() == Some(want.as_str()) {
+            return Ok(());
+        }
+    }
+    if bench.is_pg() {
+        bench.exec("DROP SCHEMA IF EXISTS silver CASCADE;\nDROP SCHEMA IF EXISTS staging CASCADE;\nDROP SCHEMA IF EXISTS bench CASCADE;\nDROP SCHEMA IF EXISTS fixpoint CASCADE")?;
     }
     let keys = rows / 5;
-    eprintln!("bench: building {} ({rows} history rows, {keys} keys)…", file.display());
-    exec_in_child(
-        file,
-        &format!(
-            "CREATE SCHEMA silver; CREATE SCHEMA staging;
-             CREATE TABLE silver.dim AS
-             SELECT i AS id, 'e' || CAST(i AS VARCHAR) || '-' || CAST(j AS VARCHAR) AS email, 'city' || CAST((i + j) % 50 AS VARCHAR) AS city,
-                    CAST(10 * j AS BIGINT) AS v, CAST(10 * j AS BIGINT) AS valid_from, CASE WHEN j < 5 THEN CAST(10 * (j + 1) AS BIGINT) END AS valid_to
-             FROM range(0, {keys}) AS a(i), range(1, 6) AS b(j) ORDER BY i, j;
-             CHECKPOINT;"
-        ),
-    )?;
-    std::fs::write(&marker, want).map_err(|source| Error::Io { path: marker.clone(), source })?;
+    eprintln!("bench: building {} ({rows} history rows, {keys} keys)…", bench.url());
+    let (i, j) = (bench.text("i"), bench.text("j"));
+    bench.exec(&format!(
+        "CREATE SCHEMA silver;\nCREATE SCHEMA staging;\nCREATE SCHEMA bench;
+CREATE TABLE silver.dim AS
+SELECT i AS id, 'e' || {i} || '-' || {j} AS email, 'city' || {ij} AS city,
+       CAST(10 * j AS BIGINT) AS v, CAST(10 * j AS BIGINT) AS valid_from, CASE WHEN j < 5 THEN CAST(10 * (j + 1) AS BIGINT) END AS valid_to
+FROM {ri}, {rj} ORDER BY i, j;
+CREATE TABLE bench.meta (shape VARCHAR);
+INSERT INTO bench.meta VALUES ('{want}');\n{}",
+        bench.checkpoint(),
+        ij = bench.text("(i + j) % 50"),
+        ri = bench.range(0, keys, "i"),
+        rj = bench.range(1, 6, "j"),
+    ))?;
+    if let Bench::Duck(_) = bench {
+        std::fs::write(marker, want).map_err(|source| Error::Io { path: marker.to_owned(), source })?;
+    }
     Ok(())
 }
 
-/// Both sides' tables back to the built state.
-fn reset(file: &Path) -> Result<(), Error> {
-    exec_in_child(
-        file,
-        "CREATE OR REPLACE TABLE silver.dim_fixpoint AS SELECT * FROM silver.dim;
-         CREATE OR REPLACE TABLE silver.dim_hand AS SELECT * FROM silver.dim;
-         DROP SCHEMA IF EXISTS fixpoint CASCADE;
-         CHECKPOINT;",
-    )
+/// Both sides' tables back to the built state (on PostgreSQL with an
+/// index on the key each).
+fn reset(bench: &Bench) -> Result<(), Error> {
+    let index = if bench.is_pg() { "CREATE INDEX ON silver.dim_fixpoint (id);\nCREATE INDEX ON silver.dim_hand (id);\n" } else { "" };
+    bench.exec(&format!(
+        "DROP TABLE IF EXISTS silver.dim_fixpoint;\nDROP TABLE IF EXISTS silver.dim_hand;
+CREATE TABLE silver.dim_fixpoint AS SELECT * FROM silver.dim;
+CREATE TABLE silver.dim_hand AS SELECT * FROM silver.dim;
+{index}DROP SCHEMA IF EXISTS fixpoint CASCADE;\n{}",
+        bench.checkpoint()
+    ))
 }
 
 /// Round `r`'s batch: in-order keys 0 … 9n/10 at version 100 + 10r, late
 /// keys of the round's own range at version 21 + r.
-fn batch(file: &Path, rows: u64, changes: u64, r: u64) -> Result<(), Error> {
+fn batch(bench: &Bench, rows: u64, changes: u64, r: u64) -> Result<(), Error> {
     let keys = rows / 5;
     let in_order = changes * 9 / 10;
     let late = changes - in_order;
     let late_from = keys - late * (r + 1);
-    exec_in_child(
-        file,
-        &format!(
-            "CREATE OR REPLACE TABLE staging.hchanges AS
-             SELECT i AS id, 'e' || CAST(i AS VARCHAR) || '-r{r}' AS email, 'moved' || CAST((i + {r}) % 7 AS VARCHAR) AS city, CAST(100 + 10 * {r} AS BIGINT) AS v FROM range(0, {in_order}) AS a(i)
-             UNION ALL
-             SELECT i, 'late' || CAST(i AS VARCHAR), 'late' || CAST({r} AS VARCHAR), CAST(21 + {r} AS BIGINT) FROM range({late_from}, {late_from} + {late}) AS a(i);
-             CHECKPOINT;"
-        ),
-    )
+    let i = bench.text("i");
+    bench.exec(&format!(
+        "DROP TABLE IF EXISTS staging.hchanges;
+CREATE TABLE staging.hchanges AS
+SELECT i AS id, 'e' || {i} || '-r{r}' AS email, 'moved' || {moved} AS city, CAST(100 + 10 * {r} AS BIGINT) AS v FROM {ord}
+UNION ALL
+SELECT i, 'late' || {i}, 'late{r}', CAST(21 + {r} AS BIGINT) FROM {lat};\n{}",
+        if bench.is_pg() { "ANALYZE staging.hchanges" } else { "CHECKPOINT" },
+        moved = bench.text(&format!("(i + {r}) % 7")),
+        ord = bench.range(0, in_order, "i"),
+        lat = bench.range(late_from, late_from + late, "i"),
+    ))
 }
 
 /// The in-order keys agree between the sides; fixpoint's late keys hold
 /// the late version between their versions 20 and 30.
-fn verify(file: &Path, rows: u64, changes: u64, rounds_done: u64) -> Result<(), Error> {
+fn verify(bench: &Bench, rows: u64, changes: u64, rounds_done: u64) -> Result<(), Error> {
     let in_order = changes * 9 / 10;
-    let digest = |table: &str| {
-        digest_in_child(
-            file,
-            &format!("SELECT count(*) || ':' || coalesce(CAST(sum(hash({COLUMNS})) AS VARCHAR), '0') FROM {table} WHERE id < {in_order}"),
-        )
-    };
+    let digest = |table: &str| bench.value(&bench.digest(&format!("{table} AS d WHERE id < {in_order}")));
     let (a, b) = (digest("silver.dim_fixpoint")?, digest("silver.dim_hand")?);
     if a != b {
         return Err(Error::Internal(format!("the benchmark's sides disagree on the in-order keys: fixpoint {a}, hand-written {b}; no ratio is printed")));
@@ -102,13 +183,10 @@ fn verify(file: &Path, rows: u64, changes: u64, rounds_done: u64) -> Result<(), 
     let keys = rows / 5;
     let late = changes - in_order;
     let first_late = keys - late * rounds_done;
-    let placed = digest_in_child(
-        file,
-        &format!(
-            "SELECT count(*) FROM silver.dim_fixpoint AS t WHERE id >= {first_late} AND (
-               (valid_from = 20 AND valid_to BETWEEN 21 AND 29) OR (valid_from BETWEEN 21 AND 29 AND valid_to = 30 AND email LIKE 'late%'))"
-        ),
-    )?;
+    let placed = bench.value(&format!(
+        "SELECT count(*) FROM silver.dim_fixpoint AS t WHERE id >= {first_late} AND (
+           (valid_from = 20 AND valid_to BETWEEN 21 AND 29) OR (valid_from BETWEEN 21 AND 29 AND valid_to = 30 AND email LIKE 'late%'))"
+    ))?;
     let want = 2 * late * rounds_done;
     if placed != want.to_string() {
         return Err(Error::Internal(format!("fixpoint's late versions: {placed} rows in place, {want} expected; no ratio is printed")));
@@ -118,9 +196,14 @@ fn verify(file: &Path, rows: u64, changes: u64, rounds_done: u64) -> Result<(), 
 
 pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
     let (rows, changes) = (args.rows_or(10_000_000), args.changes_or(100_000));
-    let file = args.dir.join("history.duckdb");
-    build(&file, rows)?;
-    reset(&file)?;
+    let marker = args.dir.join("history.rows");
+    let bench = if args.db.starts_with("postgres") {
+        Bench::Pg(crate::bench_pg::database(&args.db, "fixpoint_bench_history")?)
+    } else {
+        Bench::Duck(args.dir.join("history.duckdb"))
+    };
+    build(&bench, &marker, rows)?;
+    reset(&bench)?;
     let job = args.dir.join("bench_history.toml");
     std::fs::write(
         &job,
@@ -128,7 +211,7 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
     )
     .map_err(|source| Error::Io { path: job.clone(), source })?;
     let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
-    let url = format!("duckdb:{}", file.display());
+    let url = bench.url();
     let fixpoint = || {
         let mut c = crate::fixpoint_command();
         c.args(["run", &job.display().to_string(), "--date", "2026-10-20", "--db", &url, "--output", "json"]);
@@ -136,14 +219,18 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
     };
     let hand = || {
         let mut c = Command::new(&exe);
-        c.args(["sql", "--file", &file.display().to_string(), "--date", "2026-10-20", &format!("--exec={HAND_HISTORY}")]);
+        match &bench {
+            Bench::Duck(file) => c.args(["sql", "--file", &file.display().to_string()]),
+            Bench::Pg(url) => c.args(["sql", "--pg", url.as_str()]),
+        };
+        c.args(["--date", "2026-10-20", &format!("--exec={HAND_HISTORY}")]);
         c
     };
     let (mut fx, mut hw): (Vec<Sample>, Vec<Sample>) = (Vec::new(), Vec::new());
     let mut last = serde_json::Value::Null;
     for round in 0..args.rounds as u64 {
         eprintln!("bench: round {}/{}", round + 1, args.rounds);
-        batch(&file, rows, changes, round)?;
+        batch(&bench, rows, changes, round)?;
         let order: [u8; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         for side in order {
             if side == 0 {
@@ -162,12 +249,15 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
                 hw.push(s);
             }
         }
-        verify(&file, rows, changes, round + 1)?;
+        if bench.is_pg() {
+            bench.exec("VACUUM ANALYZE silver.dim_fixpoint;\nVACUUM ANALYZE silver.dim_hand")?;
+        }
+        verify(&bench, rows, changes, round + 1)?;
     }
     let med = |v: &[Sample]| median(v.iter().map(|s| s.inner).collect());
     let rss = |v: &[Sample]| v.iter().map(|s| s.rss_mb).fold(0.0, f64::max);
     let result = json!({
-        "rows_in_table": rows, "batch_rows": changes, "late_rows": changes - changes * 9 / 10, "rounds": args.rounds,
+        "engine": if bench.is_pg() { "postgres" } else { "duckdb" }, "rows_in_table": rows, "batch_rows": changes, "late_rows": changes - changes * 9 / 10, "rounds": args.rounds,
         "hand_written_s": med(&hw), "fixpoint_s": med(&fx), "ratio": med(&fx) / med(&hw), "paired_ratio": paired_ratio(&fx, &hw),
         "hand_written_peak_rss_mb": rss(&hw), "fixpoint_peak_rss_mb": rss(&fx),
         "hand_written_page_faults": faults(&hw), "fixpoint_page_faults": faults(&fx),
@@ -176,7 +266,8 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
     if out.is_json() {
         out.json(&result);
     } else {
-        println!("history: {changes} changes (1 in 10 a late older version) into a {rows}-row history table, median of {} alternating rounds (wall time of each process)", args.rounds);
+        println!("history on {}: {changes} changes", if bench.is_pg() { "PostgreSQL" } else { "DuckDB" });
+        println!("{changes} changes (1 in 10 a late older version) into a {rows}-row history table, median of {} alternating rounds (wall time of each process)", args.rounds);
         println!("| side | run (s) | peak RSS (MiB) |");
         println!("|---|---|---|");
         println!("| hand-written: close the open rows, insert the new versions (in-order only) | {:.3} | {:.0} |", med(&hw), rss(&hw));

@@ -37,6 +37,30 @@ fn exec(db: &mut Postgres, script: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// Runs `script` (statements separated by `;` at a line's end) on `url`.
+pub(crate) fn exec_script(url: &str, script: &str) -> Result<(), Error> {
+    let mut db = Postgres::connect(url)?;
+    exec(&mut db, script)
+}
+
+/// The one value of `query` on `url`, as text.
+pub(crate) fn value(url: &str, query: &str) -> Result<String, Error> {
+    let mut db = Postgres::connect(url)?;
+    let rows = db.query(&Sql::raw(query))?;
+    Ok(rows.rows.first().and_then(|r| r.first()).map(|v| v.display()).unwrap_or_else(|| "NULL".into()))
+}
+
+/// The URL of the database `name` on the server of `admin`, created when
+/// missing.
+pub(crate) fn database(admin: &str, name: &str) -> Result<String, Error> {
+    let url = with_database(admin, name);
+    if Postgres::connect(&url).is_err() {
+        let mut server = Postgres::connect(admin)?;
+        server.execute(&Sql::raw(format!("CREATE DATABASE {name}")))?;
+    }
+    Ok(url)
+}
+
 /// `bronze.orders`: `rows` orders spread evenly over `days` days from 2026-10-19.
 fn bronze_orders(rows: u64, days: u64) -> String {
     format!(

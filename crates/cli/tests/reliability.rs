@@ -1141,15 +1141,45 @@ fn history_scope(db: &Db) -> String {
 }
 
 fn history_plan(name: &'static str) -> KillPlan {
-    KillPlan {
-        name,
-        job: HISTORY_JOB,
-        change: history_batch,
-        scope: history_scope,
-        method: "history",
-        steps: &["resolve", "delete", "insert", "well-formed"],
-        ..merge_plan(name, HISTORY_JOB, history_batch, "history")
-    }
+    history_plan_of(name, HISTORY_JOB, history_batch)
+}
+
+fn history_plan_of(name: &'static str, job: &'static str, change: Change) -> KillPlan {
+    KillPlan { scope: history_scope, steps: &["resolve", "delete", "insert", "well-formed"], ..merge_plan(name, job, change, "history") }
+}
+
+const SNAPSHOT_JOB: &str = r#"name = "kill_snapshot"
+target = "silver.h"
+strategy = "history"
+key = ["id"]
+deletes = "absent"
+track = ["amount"]
+
+[source]
+sql = "SELECT id, amount, note FROM bronze.m WHERE batch = :run_date"
+"#;
+
+/// A snapshot history (no version column: the run date is every row's
+/// version, a key missing from the day's full extract is closed at it).
+/// The day before: every key, the same in every trial. The day, restated
+/// by every trial t: one key in six missing (closed at the day), two in
+/// three a new amount (a new row), the rest the same amount with a new
+/// note (no row: an entry of the log), 200 new keys.
+fn snapshot_batch(db: &Db, t: usize) -> String {
+    let keys = db.series(0, MERGE_KEYS - 1);
+    let first_new = MERGE_KEYS + 200 * t as i64;
+    let new_keys = db.series(first_new, first_new + 199);
+    let amount = format!("CAST(CASE WHEN i % 3 = 0 THEN i % 1000 ELSE i % 1000 + {t} END AS DECIMAL(18,2))");
+    format!(
+        "DELETE FROM bronze.m;
+         INSERT INTO bronze.m SELECT i, CAST(i % 1000 AS DECIMAL(18,2)), 'b' || CAST(i AS VARCHAR), 0, 'U', DATE '{KILL_DAY_BEFORE}' FROM {keys} AS r(i)
+         UNION ALL SELECT i, {amount}, 'n' || CAST(i AS VARCHAR) || '-{t}', 0, 'U', DATE '{KILL_DAY}' FROM {keys} AS r(i) WHERE (i + {t}) % 6 <> 0
+         UNION ALL SELECT i, CAST(i % 1000 AS DECIMAL(18,2)), 'new ' || CAST(i AS VARCHAR), 0, 'U', DATE '{KILL_DAY}' FROM {new_keys} AS r(i)"
+    )
+}
+
+fn snapshot_plan(name: &'static str) -> KillPlan {
+    KillPlan { day_before: true, ..history_plan_of(name, SNAPSHOT_JOB, snapshot_batch) }
 }
 
 fn duck_plan(plan: &KillPlan) {
@@ -1261,6 +1291,17 @@ fn duckdb_history_killed_at_random_moments() {
 #[test]
 fn postgres_history_killed_at_random_moments() {
     pg_plan("history", &history_plan("postgres history"));
+}
+
+/// A snapshot history, its day restated by every trial.
+#[test]
+fn duckdb_snapshot_history_killed_at_random_moments() {
+    duck_plan(&snapshot_plan("duckdb history, snapshots"));
+}
+
+#[test]
+fn postgres_snapshot_history_killed_at_random_moments() {
+    pg_plan("snapshot", &snapshot_plan("postgres history, snapshots"));
 }
 
 #[test]

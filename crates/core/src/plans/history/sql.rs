@@ -26,6 +26,11 @@ pub(super) const ROWS: &str = "\"__fixpoint_hrows\"";
 pub(super) const GONE: &str = "\"__fixpoint_hgone\"";
 /// The log's entries the run removes (key and version).
 pub(super) const LOG_GONE: &str = "\"__fixpoint_hloggone\"";
+/// The rows the run inserts, with the target's columns.
+pub(super) const INS: &str = "\"__fixpoint_hins\"";
+/// The touched keys' rows as the run leaves them: [`ROWS`] without
+/// [`GONE`], with [`INS`] (what the checks and the output fingerprint read).
+pub(super) const AFTER: &str = "\"__fixpoint_hafter\"";
 /// Where an entry of [`ALL`] came from: 0 the table, 2 its log, 1 the
 /// batch, 3 a tombstone a snapshot's absence implies.
 pub(super) const ORIGIN: &str = "__fixpoint_origin";
@@ -137,11 +142,6 @@ impl Cols<'_> {
     /// a join on the key).
     pub fn touched_rows(&self, target: &str) -> String {
         format!("SELECT t.* FROM {target} AS t JOIN {KEYS} AS k ON {}", keys_match("t", "k", &self.spec.key))
-    }
-
-    /// `alias`'s key is touched.
-    pub fn touched(&self, alias: &str) -> String {
-        format!("EXISTS (SELECT 1 FROM {CUT} AS c WHERE {})", keys_match(alias, "c", &self.spec.key))
     }
 
     /// [`ALL`]: the touched keys' entries from where the run recomputes
@@ -282,29 +282,28 @@ impl Cols<'_> {
         sql
     }
 
-    /// The checks of the touched keys' rows as written: per key, half-open
-    /// non-empty intervals, each starting at its version, no overlap (at
-    /// most one open row, the last), a gap or a closed last row only where
-    /// a tombstone ends it, no tombstone inside a row. Joins, not
-    /// correlated subqueries: the log's tombstones are looked up by key.
-    pub fn well_formed(&self, target: &str, log: &str) -> String {
+    /// The checks of the touched keys' rows as written (`rows`, which
+    /// holds only those): per key, half-open non-empty intervals, each
+    /// starting at its version, no overlap (at most one open row, the
+    /// last), a gap or a closed last row only where a tombstone ends it, no
+    /// tombstone inside a row. Joins, not correlated subqueries: the log's
+    /// tombstones are looked up by key.
+    pub fn well_formed(&self, rows: &str, log: &str) -> String {
         let (v, vf, vt, del) = (self.version(), quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to), quote_ident(DELETED));
         let tombs = format!("(SELECT {}, {v} AS \"__fixpoint_tv\" FROM {log} WHERE {del})", self.key_list(None));
         format!(
             "WITH h AS (SELECT t.{v} AS v, t.{vf} AS vf, t.{vt} AS vt, lead(t.{vf}) OVER (PARTITION BY {} ORDER BY t.{vf}) AS nf, \
              d.\"__fixpoint_tv\" IS NOT NULL AS te \
-             FROM {target} AS t LEFT JOIN {tombs} AS d ON {} AND d.\"__fixpoint_tv\" = t.{vt} WHERE {}) \
+             FROM {rows} AS t LEFT JOIN {tombs} AS d ON {} AND d.\"__fixpoint_tv\" = t.{vt}) \
              SELECT count(*) FILTER (WHERE vt IS NOT NULL AND vt <= vf) AS \"empty\", \
              count(*) FILTER (WHERE v IS DISTINCT FROM vf) AS \"moved\", \
              count(*) FILTER (WHERE nf IS NOT NULL AND (vt IS NULL OR vt > nf)) AS \"overlaps\", \
              count(*) FILTER (WHERE vt IS NOT NULL AND (nf IS NULL OR vt < nf) AND NOT te) AS \"unexplained_ends\", \
-             (SELECT count(*) FROM {target} AS t JOIN {tombs} AS d ON {} AND d.\"__fixpoint_tv\" >= t.{vf} AND (t.{vt} IS NULL OR d.\"__fixpoint_tv\" < t.{vt}) WHERE {}) AS \"tombstoned\" \
+             (SELECT count(*) FROM {rows} AS t JOIN {tombs} AS d ON {} AND d.\"__fixpoint_tv\" >= t.{vf} AND (t.{vt} IS NULL OR d.\"__fixpoint_tv\" < t.{vt})) AS \"tombstoned\" \
              FROM h",
             self.key_list(Some("t")),
             keys_match("d", "t", &self.spec.key),
-            self.touched("t"),
             keys_match("d", "t", &self.spec.key),
-            self.touched("t"),
         )
     }
 }

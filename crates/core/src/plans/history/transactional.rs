@@ -12,7 +12,7 @@ use crate::fingerprint::{Fingerprint, Method};
 use crate::job::ident::{quote_ident, TableName};
 use crate::job::spec::{HistorySpec, Job, MergeSpec, OnTie};
 use crate::job::sql::{RunParams, Sql, Value};
-use crate::plans::history::sql::{log_table, Cols, ALL, BATCH, CUT, GONE, KEYS, LOG_GONE, NEW, ORIGIN, ROWS, STAGE, START, TO};
+use crate::plans::history::sql::{log_table, Cols, AFTER, ALL, BATCH, CUT, GONE, INS, KEYS, LOG_GONE, NEW, ORIGIN, ROWS, STAGE, START, TO};
 use crate::plans::merge::refusals::{check_source, deleted_error};
 use crate::plans::merge::sql::{count, keys_match, q, DELETED};
 use crate::plans::merge::steps::{flagged_source, scan_stage};
@@ -48,6 +48,8 @@ struct Run<'a> {
     source_cols: Vec<Column>,
     added: Vec<Column>,
     created_target: bool,
+    /// The target's columns, once it is prepared.
+    target_cols: Vec<Column>,
     version_type: String,
     log: TableName,
     job_hash: String,
@@ -93,6 +95,7 @@ pub(super) fn history_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine
         source_cols,
         added,
         created_target: target_cols.is_none(),
+        target_cols: Vec::new(),
         version_type,
         log: log_table(&job.target),
         job_hash: job.definition_hash(),
@@ -163,6 +166,7 @@ impl Run<'_> {
         ledger::ensure(engine)?;
         let last = self.last_entry(engine)?;
         self.prepare(engine)?;
+        self.target_cols = engine.table_columns(&self.job.target)?.ok_or_else(|| Error::Internal(format!("{} vanished after it was prepared", self.job.target)))?;
         self.trace.step("prepare");
         let input = self.stage(engine)?;
         let key = self.run_input.file_key(&self.job_hash, self.run_date).unwrap_or_else(|| run_key(&self.job_hash, self.run_date, &input));
@@ -177,7 +181,7 @@ impl Run<'_> {
         engine.create_temp_table_as(CUT, &cut)?;
         self.trace.step("cut");
         if let Some(last) = last.filter(|l| l.run_key == key && l.fingerprint_kind == input.kind) {
-            let now = self.output(engine)?;
+            let now = self.output(engine, ROWS)?;
             if now.rows == last.output_rows && now.checksum == last.output_checksum {
                 self.trace.step("output fp");
                 self.cleanup(engine)?;
@@ -188,7 +192,7 @@ impl Run<'_> {
         self.opts.step(FailPoint::AfterGuards)?;
         let (deleted, inserted, kept) = self.write(engine)?;
         let checks = self.well_formed(engine)?;
-        let output = self.output(engine)?;
+        let output = self.output(engine, AFTER)?;
         self.trace.step("output fp");
 
         let mut audits = vec![checks];
@@ -353,7 +357,11 @@ impl Run<'_> {
         } else {
             format!("INSERT INTO {target} ({names}, {}, {}) SELECT {values}, n.{}, n.\"{TO}\"", quote_ident(vf), quote_ident(vt), quote_ident(&self.spec.version))
         };
-        let inserted = engine.execute(&Sql::raw(format!("{insert} FROM {NEW} AS n WHERE n.\"{START}\" AND NOT {in_rows}")))?;
+        let planned = count_created(engine, INS, &format!("SELECT n.* FROM {NEW} AS n WHERE n.\"{START}\" AND NOT {in_rows}"))?;
+        let inserted = if planned > 0 { engine.execute(&Sql::raw(format!("{insert} FROM {INS} AS n")))? } else { 0 };
+        if inserted != planned {
+            return Err(Error::Internal(format!("the history's insert into {} wrote {inserted} rows where {planned} were planned; rolled back, nothing changed", self.job.target)));
+        }
         self.opts.step(FailPoint::MidInsert)?;
         // What is left of the log's window after the removal is what the new entries keep.
         let in_log = format!("EXISTS (SELECT 1 FROM {log} AS l WHERE l.{del} = n.{del} AND {})", same("l", "n", false));
@@ -362,6 +370,7 @@ impl Run<'_> {
         )))?;
         self.trace.step("insert");
         self.opts.step(FailPoint::AfterInsert)?;
+        self.after(engine)?;
         let starts = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {NEW} WHERE \"{START}\"")))?;
         Ok((deleted, inserted, starts.saturating_sub(inserted)))
     }
@@ -369,7 +378,7 @@ impl Run<'_> {
     /// 5. The touched keys' rows as written, checked: a violation refuses
     ///    the run (nothing is published).
     fn well_formed(&mut self, engine: &mut dyn Engine) -> Result<AuditResult> {
-        let rows = engine.query(&Sql::raw(self.cols.well_formed(&self.job.target.quoted(), &self.log.quoted())))?;
+        let rows = engine.query(&Sql::raw(self.cols.well_formed(AFTER, &self.log.quoted())))?;
         let row = rows.single("the history checks")?;
         let found = [
             ("empty", "an interval that ends where it starts or before"),
@@ -400,12 +409,50 @@ impl Run<'_> {
         Err(Error::AuditFailed { audit: WELL_FORMED.into(), detail, sample: String::new(), failed: 1, results: vec![result] })
     }
 
-    /// The touched keys' rows as the table holds them.
-    fn output(&mut self, engine: &mut dyn Engine) -> Result<Fingerprint> {
-        let cols: Vec<Column> = engine.table_columns(&self.job.target)?.unwrap_or_default().into_iter().filter(|c| !self.job.metadata.contains(&c.name)).collect();
+    /// The touched keys' rows as the table now holds them, from the
+    /// table's own rows read before ([`ROWS`]) or as the run leaves them
+    /// ([`AFTER`]): both have the target's columns and types.
+    fn output(&mut self, engine: &mut dyn Engine, rows: &str) -> Result<Fingerprint> {
+        let cols: Vec<Column> = self.target_cols.iter().filter(|c| !self.job.metadata.contains(&c.name)).cloned().collect();
         let fp = fingerprint_select(engine, Method::Native, "t", &cols)?;
-        let sql = Sql::raw(format!("SELECT {} FROM {} AS t WHERE {}", fp.select, self.job.target.quoted(), self.cols.touched("t")));
+        let sql = Sql::raw(format!("SELECT {} FROM {rows} AS t", fp.select));
         fp.read(&engine.query(&sql)?.single("the output scan")?, engine)
+    }
+
+    /// [`AFTER`]: the touched keys' rows as the table holds them now, built
+    /// from what the run read and wrote (the removal and the insert were
+    /// checked row for row), so the checks, the audits and the output
+    /// fingerprint need not read the table again. The inserted rows are
+    /// cast to the target's types, as the insert did.
+    fn after(&mut self, engine: &mut dyn Engine) -> Result<()> {
+        let (vf, vt) = (&self.h.valid_from, &self.h.valid_to);
+        let cols = self.target_cols.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", ");
+        let inserted = self
+            .target_cols
+            .iter()
+            .map(|c| {
+                let value = if &c.name == vt {
+                    format!("n.\"{TO}\"")
+                } else if self.cols.names.contains(&c.name) {
+                    q("n", &c.name)
+                } else if &c.name == vf {
+                    q("n", &self.spec.version)
+                } else {
+                    "NULL".to_owned()
+                };
+                format!("CAST({value} AS {}) AS {}", c.ty, quote_ident(&c.name))
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let on = format!("{} AND g.{} = t.{}", keys_match("g", "t", &self.spec.key), quote_ident(vf), quote_ident(vf));
+        engine.create_temp_table_as(
+            AFTER,
+            &Sql::raw(format!(
+                "SELECT {cols} FROM {ROWS} AS t WHERE NOT EXISTS (SELECT 1 FROM {GONE} AS g WHERE {on}) UNION ALL SELECT {inserted} FROM {INS} AS n"
+            )),
+        )?;
+        self.trace.step("after");
+        Ok(())
     }
 
     /// The job's audits over the touched keys' rows as they will be published.
@@ -413,9 +460,8 @@ impl Run<'_> {
         if self.job.audits.is_empty() {
             return Ok(Vec::new());
         }
-        let (target, touched) = (self.job.target.quoted(), self.cols.touched("t"));
         let from = |sql: &mut Sql| {
-            sql.push(&format!("(SELECT t.* FROM {target} AS t WHERE {touched}) AS a"));
+            sql.push(&format!("(SELECT * FROM {AFTER}) AS a"));
         };
         let scope = crate::run::audit::AuditScope { from: &from, previous_rows: None, run_date: self.run_date.date() };
         let results = crate::run::audit::audit(self.job, engine, &scope)?;
@@ -476,7 +522,7 @@ impl Run<'_> {
     }
 
     fn drop_temps(&mut self, engine: &mut dyn Engine) -> Result<()> {
-        for t in [LOG_GONE, GONE, NEW, ALL, CUT, ROWS, KEYS, BATCH, STAGE] {
+        for t in [AFTER, INS, LOG_GONE, GONE, NEW, ALL, CUT, ROWS, KEYS, BATCH, STAGE] {
             engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {t}")))?;
         }
         Ok(())
