@@ -41,6 +41,9 @@ pub enum BenchStrategy {
     /// version, into a 10M-row history table (defaults: `--rows`, 100k
     /// `--changes`), against the hand-written in-order update.
     History,
+    /// The same history benchmark on PostgreSQL (`--db`; database
+    /// `fixpoint_bench_history`, both tables indexed on the key).
+    PostgresHistory,
     /// Fingerprint throughput (native, portable) against
     /// `SELECT count(*), sum(hash(cols))`, and a diff of two tables with one
     /// differing row.
@@ -51,7 +54,7 @@ pub enum BenchStrategy {
 pub struct BenchArgs {
     /// Which strategy to measure.
     #[arg(long, value_enum, default_value = "replace-partition")]
-    strategy: BenchStrategy,
+    pub(crate) strategy: BenchStrategy,
     /// merge: changed rows per batch (1 in 10 keys delivered twice).
     #[arg(long, default_value_t = 200_000)]
     changes: u64,
@@ -388,7 +391,7 @@ impl BenchArgs {
 
 pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
     std::fs::create_dir_all(&args.dir).map_err(|source| Error::Io { path: args.dir.clone(), source })?;
-    if args.strategy == BenchStrategy::History {
+    if args.strategy == BenchStrategy::History || args.strategy == BenchStrategy::PostgresHistory {
         return crate::bench_history::run(args, out);
     }
     if args.strategy == BenchStrategy::Merge {

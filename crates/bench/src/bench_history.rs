@@ -197,7 +197,7 @@ fn verify(bench: &Bench, rows: u64, changes: u64, rounds_done: u64) -> Result<()
 pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
     let (rows, changes) = (args.rows_or(10_000_000), args.changes_or(100_000));
     let marker = args.dir.join("history.rows");
-    let bench = if args.db.starts_with("postgres") {
+    let bench = if args.strategy == crate::bench::BenchStrategy::PostgresHistory {
         Bench::Pg(crate::bench_pg::database(&args.db, "fixpoint_bench_history")?)
     } else {
         Bench::Duck(args.dir.join("history.duckdb"))

@@ -22,6 +22,8 @@ pub(super) const NEW: &str = "\"__fixpoint_hnew\"";
 pub(super) const KEYS: &str = "\"__fixpoint_hkeys\"";
 /// Every row the table holds for the touched keys (read once).
 pub(super) const ROWS: &str = "\"__fixpoint_hrows\"";
+/// The rows of [`ROWS`] from where the run recomputes (the window).
+pub(super) const WIN: &str = "\"__fixpoint_hwin\"";
 /// The table's rows the run removes (key and valid_from).
 pub(super) const GONE: &str = "\"__fixpoint_hgone\"";
 /// The log's entries the run removes (key and version).
@@ -144,17 +146,22 @@ impl Cols<'_> {
         format!("SELECT t.* FROM {target} AS t JOIN {KEYS} AS k ON {}", keys_match("t", "k", &self.spec.key))
     }
 
+    /// [`WIN`]: the rows of `rows` from where the run recomputes.
+    pub fn window_rows(&self, rows: &str) -> String {
+        format!("SELECT t.* FROM {}", self.window_from(rows, "t", &self.h.valid_from))
+    }
+
     /// [`ALL`]: the touched keys' entries from where the run recomputes
-    /// (the rows' starting versions, the log's hidden entries) and the
-    /// batch's, each with its origin.
-    pub fn all(&self, rows: &str, log: &str) -> String {
+    /// (the rows' starting versions in `win`, the log's hidden entries) and
+    /// the batch's, each with its origin.
+    pub fn all(&self, win: &str, log: &str) -> String {
         let del = quote_ident(DELETED);
         format!(
             "SELECT {}, false AS {del}, 0 AS \"{ORIGIN}\" FROM {} \
              UNION ALL SELECT {}, l.{del}, 2 AS \"{ORIGIN}\" FROM {} \
              UNION ALL SELECT {}, b.{del}, 1 AS \"{ORIGIN}\" FROM {BATCH} AS b",
             self.list(Some("t")),
-            self.window_from(rows, "t", &self.h.valid_from),
+            format!("{win} AS t"),
             self.list(Some("l")),
             self.window_from(log, "l", &self.spec.version),
             self.list(Some("b")),
@@ -177,7 +184,7 @@ impl Cols<'_> {
         };
         let names = self.names_list();
         format!(
-            "WITH f AS (SELECT {names}, {del}, CASE WHEN {del} THEN false WHEN row_number() {w} = 1 THEN true WHEN lag({del}) {w} THEN true WHEN {changed} THEN true ELSE false END AS \"{START}\" FROM {resolved}), \
+            "WITH f AS MATERIALIZED (SELECT {names}, {del}, CASE WHEN {del} THEN false WHEN row_number() {w} = 1 THEN true WHEN lag({del}) {w} THEN true WHEN {changed} THEN true ELSE false END AS \"{START}\" FROM {resolved}), \
              g AS (SELECT {names}, {del}, \"{START}\", CASE WHEN \"{START}\" THEN lead({v}) {w} END AS \"{TO}\" FROM f WHERE {del} OR \"{START}\") \
              SELECT {names}, {del}, \"{START}\", \"{TO}\" FROM g \
              UNION ALL SELECT {names}, {del}, \"{START}\", CAST(NULL AS {version_type}) AS \"{TO}\" FROM f WHERE NOT {del} AND NOT \"{START}\""
@@ -245,10 +252,10 @@ impl Cols<'_> {
     /// day for a touched key the batch lacks whose row spans the day, and
     /// at the next committed date `next` for a key of the batch that has no
     /// entry there (it was absent from that snapshot).
-    pub fn snapshot_all(&self, target: &str, log: &str, day: &Value, absent: bool, next: Option<&Value>) -> Sql {
+    pub fn snapshot_all(&self, target: &str, win: &str, log: &str, day: &Value, absent: bool, next: Option<&Value>) -> Sql {
         let (vf, vt, del) = (quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to), quote_ident(DELETED));
         let mut sql = Sql::new();
-        sql.push(&format!("SELECT {}, false AS {del}, 0 AS \"{ORIGIN}\" FROM {} AND t.{vf} <> ", self.list(Some("t")), self.window_from(target, "t", &self.h.valid_from)));
+        sql.push(&format!("SELECT {}, false AS {del}, 0 AS \"{ORIGIN}\" FROM {win} AS t WHERE t.{vf} <> ", self.list(Some("t"))));
         sql.typed_param(day.clone(), "TIMESTAMP");
         sql.push(&format!(" UNION ALL SELECT {}, l.{del}, 2 AS \"{ORIGIN}\" FROM {} AND l.{vf} <> ", self.list(Some("l")), self.window_from(log, "l", &self.h.valid_from)));
         sql.typed_param(day.clone(), "TIMESTAMP");
@@ -287,8 +294,20 @@ impl Cols<'_> {
     /// starting at its version, no overlap (at most one open row, the
     /// last), a gap or a closed last row only where a tombstone ends it, no
     /// tombstone inside a row. Joins, not correlated subqueries: the log's
-    /// tombstones are looked up by key.
+    /// tombstones are looked up by key. Checked from where the run
+    /// recomputes, with every older row that reaches into it or stays open
+    /// (in a well-formed table: the one row before it): the rows before are
+    /// as the run found them, and how each ends is unchanged.
     pub fn well_formed(&self, rows: &str, log: &str) -> String {
+        let (vf, vt) = (quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to));
+        let rows = format!(
+            "(SELECT t.* FROM {rows} AS t JOIN {CUT} AS c ON {} WHERE t.{vf} >= c.\"{FROM}\" OR t.{vt} IS NULL OR t.{vt} >= c.\"{FROM}\")",
+            keys_match("t", "c", &self.spec.key)
+        );
+        self.well_formed_rows(&rows, log)
+    }
+
+    fn well_formed_rows(&self, rows: &str, log: &str) -> String {
         let (v, vf, vt, del) = (self.version(), quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to), quote_ident(DELETED));
         let tombs = format!("(SELECT {}, {v} AS \"__fixpoint_tv\" FROM {log} WHERE {del})", self.key_list(None));
         format!(

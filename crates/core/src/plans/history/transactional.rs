@@ -12,7 +12,7 @@ use crate::fingerprint::{Fingerprint, Method};
 use crate::job::ident::{quote_ident, TableName};
 use crate::job::spec::{HistorySpec, Job, MergeSpec, OnTie};
 use crate::job::sql::{RunParams, Sql, Value};
-use crate::plans::history::sql::{log_table, Cols, AFTER, ALL, BATCH, CUT, GONE, INS, KEYS, LOG_GONE, NEW, ORIGIN, ROWS, STAGE, START, TO};
+use crate::plans::history::sql::{log_table, Cols, AFTER, ALL, BATCH, CUT, GONE, INS, KEYS, LOG_GONE, NEW, ORIGIN, ROWS, STAGE, START, TO, WIN};
 use crate::plans::merge::refusals::{check_source, deleted_error};
 use crate::plans::merge::sql::{count, keys_match, q, DELETED};
 use crate::plans::merge::steps::{flagged_source, scan_stage};
@@ -285,6 +285,8 @@ impl Run<'_> {
     ///    the batch's, resolved (a tie with a recorded version refused with
     ///    `on_tie = "error"`) and walked into rows and hidden entries.
     fn resolve(&mut self, engine: &mut dyn Engine) -> Result<()> {
+        engine.create_temp_table_as(WIN, &Sql::raw(self.cols.window_rows(ROWS)))?;
+        self.trace.step("window");
         let all = if self.h.snapshot {
             // The next committed snapshot after this one: a key of this
             // batch it lacks was absent from it.
@@ -292,11 +294,12 @@ impl Run<'_> {
                 true => ledger::next_committed_date(engine, &self.job.name, self.run_date)?.map(|d| Value::Timestamp(d.date().and_time(chrono::NaiveTime::MIN))),
                 false => None,
             };
-            self.cols.snapshot_all(ROWS, &self.log.quoted(), &self.day(), self.h.absent_deletes, next.as_ref())
+            self.cols.snapshot_all(ROWS, WIN, &self.log.quoted(), &self.day(), self.h.absent_deletes, next.as_ref())
         } else {
-            Sql::raw(self.cols.all(ROWS, &self.log.quoted()))
+            Sql::raw(self.cols.all(WIN, &self.log.quoted()))
         };
         engine.create_temp_table_as(ALL, &all)?;
+        self.trace.step("entries");
         // A snapshot history's run owns its version: nothing recorded there is kept to tie with.
         if self.spec.on_tie == OnTie::Error && !self.h.snapshot {
             let tie = format!("{} AND a.\"{ORIGIN}\" <> 1 AND b.\"{ORIGIN}\" = 1", self.cols.tie("a", "b"));
@@ -304,6 +307,7 @@ impl Run<'_> {
                 return Err(e);
             }
         }
+        self.trace.step("ties");
         let resolved = format!("({}) AS r", self.cols.first_per_version(ALL, &[]));
         engine.create_temp_table_as(NEW, &Sql::raw(self.cols.walk(&resolved, &self.version_type)))?;
         self.trace.step("resolve");
@@ -332,7 +336,7 @@ impl Run<'_> {
         // well-formed table): their removal must remove exactly those.
         let row_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE n.\"{START}\" AND {})", same("t", "n", true));
         let key_and = |alias: &str, col: &str| self.spec.key.iter().map(|k| q(alias, k)).chain([q(alias, col)]).collect::<Vec<_>>().join(", ");
-        let gone = count_created(engine, GONE, &format!("SELECT {} FROM {} AND NOT {row_kept}", key_and("t", vf), self.cols.window_from(ROWS, "t", vf)))?;
+        let gone = count_created(engine, GONE, &format!("SELECT {} FROM {WIN} AS t WHERE NOT {row_kept}", key_and("t", vf)))?;
         let on = |a: &str, b: &str, col: &str| format!("{} AND {} = {}", keys_match(a, b, &self.spec.key), q(a, col), q(b, col));
         let deleted = if gone > 0 { engine.execute(&Sql::raw(format!("DELETE FROM {target} AS t USING {GONE} AS g WHERE {}", on("t", "g", vf))))? } else { 0 };
         if deleted != gone {
@@ -349,7 +353,7 @@ impl Run<'_> {
             return Err(self.not_one_row("log", log_deleted, log_gone));
         }
         self.trace.step("delete");
-        let in_rows = format!("EXISTS (SELECT 1 FROM {ROWS} AS t WHERE {})", same("t", "n", true));
+        let in_rows = format!("EXISTS (SELECT 1 FROM {WIN} AS t WHERE {})", same("t", "n", true));
         let values = self.cols.names.iter().map(|c| q("n", c)).collect::<Vec<_>>().join(", ");
         // A snapshot history's version is valid_from itself.
         let insert = if self.h.snapshot {
@@ -522,7 +526,7 @@ impl Run<'_> {
     }
 
     fn drop_temps(&mut self, engine: &mut dyn Engine) -> Result<()> {
-        for t in [AFTER, INS, LOG_GONE, GONE, NEW, ALL, CUT, ROWS, KEYS, BATCH, STAGE] {
+        for t in [AFTER, INS, LOG_GONE, GONE, NEW, ALL, WIN, CUT, ROWS, KEYS, BATCH, STAGE] {
             engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {t}")))?;
         }
         Ok(())
