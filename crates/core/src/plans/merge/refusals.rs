@@ -79,7 +79,7 @@ pub fn refuse_nulls(engine: &mut dyn Engine, spec: &MergeSpec, stage: &str, sour
             let sample = first_row(engine, &Sql::raw(format!("SELECT {source_list} FROM {stage} WHERE {cond} LIMIT 1")))?;
             return Err(Error::DataRefused {
                 message: format!("{n} source row(s) have {what}; one of them: {sample}"),
-                hint: Some("a merge matches on the key and orders by the version: fix the upstream rows or filter them out in the source".into()),
+                hint: Some("rows are matched on the key and ordered by the version: fix the upstream rows or filter them out in the source".into()),
             });
         }
     }
