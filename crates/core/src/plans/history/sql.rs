@@ -304,11 +304,7 @@ impl Cols<'_> {
             "(SELECT t.* FROM {rows} AS t JOIN {CUT} AS c ON {} WHERE t.{vf} >= c.\"{FROM}\" OR t.{vt} IS NULL OR t.{vt} >= c.\"{FROM}\")",
             keys_match("t", "c", &self.spec.key)
         );
-        self.well_formed_rows(&rows, log)
-    }
-
-    fn well_formed_rows(&self, rows: &str, log: &str) -> String {
-        let (v, vf, vt, del) = (self.version(), quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to), quote_ident(DELETED));
+        let (v, del) = (self.version(), quote_ident(DELETED));
         let tombs = format!("(SELECT {}, {v} AS \"__fixpoint_tv\" FROM {log} WHERE {del})", self.key_list(None));
         format!(
             "WITH h AS (SELECT t.{v} AS v, t.{vf} AS vf, t.{vt} AS vt, lead(t.{vf}) OVER (PARTITION BY {} ORDER BY t.{vf}) AS nf, \
