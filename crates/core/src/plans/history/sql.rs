@@ -157,11 +157,10 @@ impl Cols<'_> {
     pub fn all(&self, win: &str, log: &str) -> String {
         let del = quote_ident(DELETED);
         format!(
-            "SELECT {}, false AS {del}, 0 AS \"{ORIGIN}\" FROM {} \
+            "SELECT {}, false AS {del}, 0 AS \"{ORIGIN}\" FROM {win} AS t \
              UNION ALL SELECT {}, l.{del}, 2 AS \"{ORIGIN}\" FROM {} \
              UNION ALL SELECT {}, b.{del}, 1 AS \"{ORIGIN}\" FROM {BATCH} AS b",
             self.list(Some("t")),
-            format!("{win} AS t"),
             self.list(Some("l")),
             self.window_from(log, "l", &self.spec.version),
             self.list(Some("b")),
