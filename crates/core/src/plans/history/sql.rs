@@ -20,9 +20,11 @@ pub(super) const ALL: &str = "\"__fixpoint_hall\"";
 pub(super) const NEW: &str = "\"__fixpoint_hnew\"";
 /// The keys the run touches.
 pub(super) const KEYS: &str = "\"__fixpoint_hkeys\"";
-/// Every row the table holds for the touched keys (read once).
-pub(super) const ROWS: &str = "\"__fixpoint_hrows\"";
-/// The rows of [`ROWS`] from where the run recomputes (the window).
+/// The touched keys' rows a run can change or must see (read once): the
+/// row holding or ending at the batch's oldest version of its key, and
+/// every later one (the open row included).
+pub(super) const TAIL: &str = "\"__fixpoint_htail\"";
+/// The rows of [`TAIL`] from where the run recomputes (the window).
 pub(super) const WIN: &str = "\"__fixpoint_hwin\"";
 /// The table's rows the run removes (key and valid_from).
 pub(super) const GONE: &str = "\"__fixpoint_hgone\"";
@@ -30,8 +32,8 @@ pub(super) const GONE: &str = "\"__fixpoint_hgone\"";
 pub(super) const LOG_GONE: &str = "\"__fixpoint_hloggone\"";
 /// The rows the run inserts, with the target's columns.
 pub(super) const INS: &str = "\"__fixpoint_hins\"";
-/// The touched keys' rows as the run leaves them: [`ROWS`] without
-/// [`GONE`], with [`INS`] (what the checks and the output fingerprint read).
+/// [`TAIL`] as the run leaves it: without [`GONE`], with [`INS`] (what the
+/// checks read, and with the older rows the output fingerprint).
 pub(super) const AFTER: &str = "\"__fixpoint_hafter\"";
 /// Where an entry of [`ALL`] came from: 0 the table, 2 its log, 1 the
 /// batch, 3 a tombstone a snapshot's absence implies.
@@ -140,10 +142,37 @@ impl Cols<'_> {
         format!("SELECT DISTINCT {} FROM {BATCH}", self.key_list(None))
     }
 
-    /// [`ROWS`]: every row of `target` whose key is in [`KEYS`] (one scan:
-    /// a join on the key).
-    pub fn touched_rows(&self, target: &str) -> String {
-        format!("SELECT t.* FROM {target} AS t JOIN {KEYS} AS k ON {}", keys_match("t", "k", &self.spec.key))
+    /// `FROM <target> AS t JOIN KEYS AS k ON …`: every row of the touched
+    /// keys (what the output fingerprint covers).
+    pub fn touched_from(&self, target: &str) -> String {
+        format!("{target} AS t JOIN {KEYS} AS k ON {}", keys_match("t", "k", &self.spec.key))
+    }
+
+    /// [`TAIL`]: per key of the batch, the rows holding or ending at the
+    /// batch's oldest version or after it (one scan: a join on the key).
+    /// Older rows end before anything the run recomputes and are left as
+    /// they are.
+    pub fn tail(&self, target: &str) -> String {
+        let (v, vf, vt) = (self.version(), quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to));
+        format!(
+            "SELECT t.* FROM {target} AS t JOIN (SELECT {}, min({v}) AS \"{CUT_AT}\" FROM {BATCH} GROUP BY {}) AS c ON {} \
+             WHERE t.{vt} IS NULL OR t.{vt} >= c.\"{CUT_AT}\" OR t.{vf} >= c.\"{CUT_AT}\"",
+            self.key_list(None),
+            self.key_list(None),
+            keys_match("t", "c", &self.spec.key)
+        )
+    }
+
+    /// A snapshot history's [`TAIL`]: the touched keys' rows holding or
+    /// ending at the run's version `day` or after it.
+    pub fn snapshot_tail(&self, target: &str, day: &Value) -> Sql {
+        let (vf, vt) = (quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to));
+        let mut sql = Sql::new();
+        sql.push(&format!("SELECT t.* FROM {} WHERE t.{vt} IS NULL OR t.{vt} >= ", self.touched_from(target)));
+        sql.typed_param(day.clone(), "TIMESTAMP");
+        sql.push(&format!(" OR t.{vf} >= "));
+        sql.typed_param(day.clone(), "TIMESTAMP");
+        sql
     }
 
     /// [`WIN`]: the rows of `rows` from where the run recomputes.
@@ -288,21 +317,19 @@ impl Cols<'_> {
         sql
     }
 
-    /// The checks of the touched keys' rows as written (`rows`, which
-    /// holds only those): per key, half-open non-empty intervals, each
-    /// starting at its version, no overlap (at most one open row, the
-    /// last), a gap or a closed last row only where a tombstone ends it, no
-    /// tombstone inside a row. Joins, not correlated subqueries: the log's
-    /// tombstones are looked up by key. Checked from where the run
-    /// recomputes, with every older row that reaches into it or stays open
-    /// (in a well-formed table: the one row before it): the rows before are
-    /// as the run found them, and how each ends is unchanged.
+    /// The checks of the touched keys' rows as written from where the run
+    /// recomputes (`rows`: [`TAIL`] as the run leaves it): per key,
+    /// half-open non-empty intervals, each starting at its version, no
+    /// overlap (at most one open row, the last), a gap or a closed last row
+    /// only where a tombstone ends it, no tombstone inside a row. Joins, not
+    /// correlated subqueries: the log's tombstones are looked up by key.
+    /// The older rows are as the run found them and end where they ended:
+    /// the window's first entry is the row that started there (an upsert,
+    /// which starts a row again) or, when the batch's oldest version starts
+    /// the window, that version, whose row or tombstone ends the row before
+    /// it as the table had it.
     pub fn well_formed(&self, rows: &str, log: &str) -> String {
         let (vf, vt) = (quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to));
-        let rows = format!(
-            "(SELECT t.* FROM {rows} AS t JOIN {CUT} AS c ON {} WHERE t.{vf} >= c.\"{FROM}\" OR t.{vt} IS NULL OR t.{vt} >= c.\"{FROM}\")",
-            keys_match("t", "c", &self.spec.key)
-        );
         let (v, del) = (self.version(), quote_ident(DELETED));
         let tombs = format!("(SELECT {}, {v} AS \"__fixpoint_tv\" FROM {log} WHERE {del})", self.key_list(None));
         format!(

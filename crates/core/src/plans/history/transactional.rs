@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use crate::engine::measure::fingerprint_select;
+use crate::engine::measure::{fingerprint_select, FingerprintSelect, FP_ROWS, FP_SUM};
 use crate::engine::{Column, Engine};
 use crate::error::{AuditResult, Error, FailPoint, Result};
 use crate::fingerprint::runkey::run_key;
@@ -12,7 +12,7 @@ use crate::fingerprint::{Fingerprint, Method};
 use crate::job::ident::{quote_ident, TableName};
 use crate::job::spec::{HistorySpec, Job, MergeSpec, OnTie};
 use crate::job::sql::{RunParams, Sql, Value};
-use crate::plans::history::sql::{log_table, Cols, AFTER, ALL, BATCH, CUT, GONE, INS, KEYS, LOG_GONE, NEW, ORIGIN, ROWS, STAGE, START, TO, WIN};
+use crate::plans::history::sql::{log_table, Cols, AFTER, ALL, BATCH, CUT, GONE, INS, KEYS, LOG_GONE, NEW, ORIGIN, STAGE, START, TAIL, TO, WIN};
 use crate::plans::merge::refusals::{check_source, deleted_error};
 use crate::plans::merge::sql::{count, keys_match, q, DELETED};
 use crate::plans::merge::steps::{flagged_source, scan_stage};
@@ -171,28 +171,38 @@ impl Run<'_> {
         let input = self.stage(engine)?;
         let key = self.run_input.file_key(&self.job_hash, self.run_date).unwrap_or_else(|| run_key(&self.job_hash, self.run_date, &input));
         let batch_rows = self.dedup(engine)?;
-        // The touched keys, their rows read once, and where each key's
-        // recomputed rows start.
+        // The touched keys; their rows fingerprinted as the table holds
+        // them; the rows the run can change read once, and where each
+        // key's recomputed rows start.
         let (target, log) = (self.job.target.quoted(), self.log.quoted());
         let keys = if self.h.snapshot { self.cols.snapshot_keys(&target, &log, &self.day(), self.h.absent_deletes) } else { Sql::raw(self.cols.batch_keys()) };
         engine.create_temp_table_as(KEYS, &keys)?;
-        engine.create_temp_table_as(ROWS, &Sql::raw(self.cols.touched_rows(&target)))?;
-        let cut = if self.h.snapshot { self.cols.snapshot_cut(ROWS, &self.day()) } else { Sql::raw(self.cols.cut(ROWS)) };
-        engine.create_temp_table_as(CUT, &cut)?;
-        self.trace.step("cut");
+        let fp = self.output_select(engine)?;
+        let before = Self::sums(engine, &fp, &self.cols.touched_from(&target))?;
+        self.trace.step("touched fp");
         if let Some(last) = last.filter(|l| l.run_key == key && l.fingerprint_kind == input.kind) {
-            let now = self.output(engine, ROWS)?;
+            let now = fp.of(u64::try_from(before.0).expect("a count"), before.1);
             if now.rows == last.output_rows && now.checksum == last.output_checksum {
-                self.trace.step("output fp");
                 self.cleanup(engine)?;
                 return Ok(skipped(self.job, self.run_date, &key, &input, &now, started));
             }
         }
+        let tail = if self.h.snapshot { self.cols.snapshot_tail(&target, &self.day()) } else { Sql::raw(self.cols.tail(&target)) };
+        engine.create_temp_table_as(TAIL, &tail)?;
+        let cut = if self.h.snapshot { self.cols.snapshot_cut(TAIL, &self.day()) } else { Sql::raw(self.cols.cut(TAIL)) };
+        engine.create_temp_table_as(CUT, &cut)?;
+        self.trace.step("cut");
         self.resolve(engine)?;
         self.opts.step(FailPoint::AfterGuards)?;
         let (deleted, inserted, kept) = self.write(engine)?;
         let checks = self.well_formed(engine)?;
-        let output = self.output(engine, AFTER)?;
+        // The touched keys' rows as written: those the run did not read,
+        // as they were, and the tail as the run leaves it.
+        let (tail_rows, tail_sum) = Self::sums(engine, &fp, &format!("{TAIL} AS t"))?;
+        let (after_rows, after_sum) = Self::sums(engine, &fp, &format!("{AFTER} AS t"))?;
+        let rows = u64::try_from(before.0 - tail_rows + after_rows)
+            .map_err(|_| Error::Internal(format!("the touched keys of {} would hold fewer than no rows after the run; rolled back, nothing changed", self.job.target)))?;
+        let output = fp.of(rows, before.1 - tail_sum + after_sum);
         self.trace.step("output fp");
 
         let mut audits = vec![checks];
@@ -285,7 +295,7 @@ impl Run<'_> {
     ///    the batch's, resolved (a tie with a recorded version refused with
     ///    `on_tie = "error"`) and walked into rows and hidden entries.
     fn resolve(&mut self, engine: &mut dyn Engine) -> Result<()> {
-        engine.create_temp_table_as(WIN, &Sql::raw(self.cols.window_rows(ROWS)))?;
+        engine.create_temp_table_as(WIN, &Sql::raw(self.cols.window_rows(TAIL)))?;
         self.trace.step("window");
         let all = if self.h.snapshot {
             // The next committed snapshot after this one: a key of this
@@ -294,7 +304,7 @@ impl Run<'_> {
                 true => ledger::next_committed_date(engine, &self.job.name, self.run_date)?.map(|d| Value::Timestamp(d.date().and_time(chrono::NaiveTime::MIN))),
                 false => None,
             };
-            self.cols.snapshot_all(ROWS, WIN, &self.log.quoted(), &self.day(), self.h.absent_deletes, next.as_ref())
+            self.cols.snapshot_all(TAIL, WIN, &self.log.quoted(), &self.day(), self.h.absent_deletes, next.as_ref())
         } else {
             Sql::raw(self.cols.all(WIN, &self.log.quoted()))
         };
@@ -413,21 +423,26 @@ impl Run<'_> {
         Err(Error::AuditFailed { audit: WELL_FORMED.into(), detail, sample: String::new(), failed: 1, results: vec![result] })
     }
 
-    /// The touched keys' rows as the table now holds them, from the
-    /// table's own rows read before ([`ROWS`]) or as the run leaves them
-    /// ([`AFTER`]): both have the target's columns and types.
-    fn output(&mut self, engine: &mut dyn Engine, rows: &str) -> Result<Fingerprint> {
+    /// The output fingerprint's select list: the target's columns but
+    /// metadata.
+    fn output_select(&self, engine: &mut dyn Engine) -> Result<FingerprintSelect> {
         let cols: Vec<Column> = self.target_cols.iter().filter(|c| !self.job.metadata.contains(&c.name)).cloned().collect();
-        let fp = fingerprint_select(engine, Method::Native, "t", &cols)?;
-        let sql = Sql::raw(format!("SELECT {} FROM {rows} AS t", fp.select));
-        fp.read(&engine.query(&sql)?.single("the output scan")?, engine)
+        fingerprint_select(engine, Method::Native, "t", &cols)
     }
 
-    /// [`AFTER`]: the touched keys' rows as the table holds them now, built
-    /// from what the run read and wrote (the removal and the insert were
-    /// checked row for row), so the checks, the audits and the output
-    /// fingerprint need not read the table again. The inserted rows are
-    /// cast to the target's types, as the insert did.
+    /// The row count and the sum of row hashes of `fp` over `from`
+    /// (`<table> AS t …`).
+    fn sums(engine: &mut dyn Engine, fp: &FingerprintSelect, from: &str) -> Result<(i128, i128)> {
+        let row = engine.query(&Sql::raw(format!("SELECT {} FROM {from}", fp.select)))?;
+        let row = row.single("the output scan")?;
+        Ok((i128::from(row.count(FP_ROWS)?), engine.dialect().read_sum(row.value(FP_SUM)?)?))
+    }
+
+    /// [`AFTER`]: [`TAIL`] as the table holds it now, built from what the
+    /// run read and wrote (the removal and the insert were checked row for
+    /// row), so the checks and the output fingerprint need not read the
+    /// table again. The inserted rows are cast to the target's types, as
+    /// the insert did.
     fn after(&mut self, engine: &mut dyn Engine) -> Result<()> {
         let (vf, vt) = (&self.h.valid_from, &self.h.valid_to);
         let cols = self.target_cols.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", ");
@@ -452,7 +467,7 @@ impl Run<'_> {
         engine.create_temp_table_as(
             AFTER,
             &Sql::raw(format!(
-                "SELECT {cols} FROM {ROWS} AS t WHERE NOT EXISTS (SELECT 1 FROM {GONE} AS g WHERE {on}) UNION ALL SELECT {inserted} FROM {INS} AS n"
+                "SELECT {cols} FROM {TAIL} AS t WHERE NOT EXISTS (SELECT 1 FROM {GONE} AS g WHERE {on}) UNION ALL SELECT {inserted} FROM {INS} AS n"
             )),
         )?;
         self.trace.step("after");
@@ -464,8 +479,10 @@ impl Run<'_> {
         if self.job.audits.is_empty() {
             return Ok(Vec::new());
         }
+        // Every row of the touched keys, read back in the run's transaction.
+        let touched = format!("(SELECT t.* FROM {}) AS a", self.cols.touched_from(&self.job.target.quoted()));
         let from = |sql: &mut Sql| {
-            sql.push(&format!("(SELECT * FROM {AFTER}) AS a"));
+            sql.push(&touched);
         };
         let scope = crate::run::audit::AuditScope { from: &from, previous_rows: None, run_date: self.run_date.date() };
         let results = crate::run::audit::audit(self.job, engine, &scope)?;
@@ -526,7 +543,7 @@ impl Run<'_> {
     }
 
     fn drop_temps(&mut self, engine: &mut dyn Engine) -> Result<()> {
-        for t in [AFTER, INS, LOG_GONE, GONE, NEW, ALL, WIN, CUT, ROWS, KEYS, BATCH, STAGE] {
+        for t in [AFTER, INS, LOG_GONE, GONE, NEW, ALL, WIN, CUT, TAIL, KEYS, BATCH, STAGE] {
             engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {t}")))?;
         }
         Ok(())
