@@ -63,4 +63,12 @@ pub trait Dialect {
     fn fingerprint_before_writing(&self) -> bool {
         false
     }
+
+    /// A statement that makes the rest of the run's transaction plan a
+    /// join of a batch's keys with a large table as key lookups where an
+    /// index allows (PostgreSQL: the planner's cost of a random page as on
+    /// SSD or cached storage), or `None` where the engine needs no hint.
+    fn plan_key_lookups(&self) -> Option<&'static str> {
+        None
+    }
 }

@@ -171,6 +171,9 @@ impl Run<'_> {
         let input = self.stage(engine)?;
         let key = self.run_input.file_key(&self.job_hash, self.run_date).unwrap_or_else(|| run_key(&self.job_hash, self.run_date, &input));
         let batch_rows = self.dedup(engine)?;
+        if let Some(hint) = engine.dialect().plan_key_lookups() {
+            engine.query(&Sql::raw(hint.to_owned()))?;
+        }
         // The touched keys; their rows fingerprinted as the table holds
         // them; the rows the run can change read once, and where each
         // key's recomputed rows start.
