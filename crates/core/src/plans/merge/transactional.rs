@@ -221,6 +221,9 @@ fn portable(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut Trace) -> Resu
     let output_cols = plan.output_cols(&target_cols);
     let input = stage(engine, plan, trace)?;
     let batch_rows = dedup(engine, plan, trace)?;
+    if let Some(hint) = engine.dialect().plan_key_lookups() {
+        engine.query(&Sql::raw(hint.to_owned()))?;
+    }
     let (tomb, _) = drop_beaten(engine, plan.job, plan.spec, plan.source_cols)?;
     trace.step("tombstones");
     let scope = Pruned::of(engine, plan, &target_cols)?;
