@@ -75,8 +75,8 @@ fn in_order_late_and_tombstones(e: &dyn EngineUnderTest) {
     assert_eq!((mon.outcome.as_str(), mon.rows_inserted, mon.created_target), ("committed", 2, true));
     assert_eq!(table(db), vec![r(1, "a@x", "Paris", 1, "19 08", None), r(2, "b@x", "Rome", 1, "19 09", None)]);
     let tue = job.load(d("2026-10-20"), db).unwrap();
-    // 1's open row closed (replaced) and its new version added; 2 untouched.
-    assert_eq!((tue.rows_deleted, tue.rows_inserted), (1, 2), "{tue:?}");
+    // 1's open row closed (given its end) and its new version added; 2 untouched.
+    assert_eq!((tue.rows_deleted, tue.rows_updated, tue.rows_inserted), (0, 1, 1), "{tue:?}");
     for day in ["2026-10-21", "2026-10-22", "2026-10-23"] {
         job.load(d(day), db).unwrap();
     }
@@ -158,15 +158,16 @@ fn output_is_the_tables_rows(e: &dyn EngineUnderTest) {
         let scope = Scope::Table { table: &t, filter: Some(Filter::Predicate(&filter)) };
         assert_eq!(fingerprint(db, fixpoint_core::Method::Native, &scope, &cols).unwrap(), report.output(), "{day}");
     }
-    // Tuesday's re-send of 2 wrote nothing; 1's Monday row was rewritten
-    // (closed), Thursday's tombstone closed 2's row in place of the old one.
+    // Tuesday's re-send of 2 wrote nothing; 1's Monday row and 2's row
+    // (Thursday's tombstone) were closed in place, keeping the column the
+    // source lacks; the rows the runs inserted have it NULL.
     assert_eq!(
         rows(db, "SELECT customer_id, city, segment FROM silver.dim_customer"),
         vec![
             vec!["1".to_owned(), "\"Lyon\"".into(), "NULL".into()],
             vec!["1".to_owned(), "\"Nice\"".into(), "NULL".into()],
-            vec!["1".to_owned(), "\"Paris\"".into(), "NULL".into()],
-            vec!["2".to_owned(), "\"Rome\"".into(), "NULL".into()],
+            vec!["1".to_owned(), "\"Paris\"".into(), "\"vip\"".into()],
+            vec!["2".to_owned(), "\"Rome\"".into(), "\"vip\"".into()],
         ]
     );
 }

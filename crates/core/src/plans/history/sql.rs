@@ -5,6 +5,7 @@ use crate::job::ident::{quote_ident, TableName};
 use crate::job::spec::{HistorySpec, MergeSpec};
 use crate::job::sql::{Sql, Value};
 use crate::plans::merge::sql::{keys_match, q, rows_differ, DELETED};
+use crate::engine::measure::{FP_ROWS, FP_SUM};
 use crate::run::ledger;
 
 /// The staged source, with its tombstone flag.
@@ -24,10 +25,20 @@ pub(super) const KEYS: &str = "\"__fixpoint_hkeys\"";
 /// row holding or ending at the batch's oldest version of its key, and
 /// every later one (the open row included).
 pub(super) const TAIL: &str = "\"__fixpoint_htail\"";
+/// In [`TAIL`]: true on its one row that sums up every row of the touched
+/// keys (its other columns NULL): [`SUMMARY_ROWS`] of them, whose row
+/// hashes sum to [`SUMMARY_SUM`].
+pub(super) const SUMMARY: &str = "__fixpoint_summary";
+/// In [`TAIL`]'s summary row: how many rows the touched keys have.
+pub(super) const SUMMARY_ROWS: &str = "__fixpoint_summary_rows";
+/// In [`TAIL`]'s summary row: the sum of their row hashes.
+pub(super) const SUMMARY_SUM: &str = "__fixpoint_summary_sum";
 /// The rows of [`TAIL`] from where the run recomputes (the window).
 pub(super) const WIN: &str = "\"__fixpoint_hwin\"";
 /// The table's rows the run removes (key and valid_from).
 pub(super) const GONE: &str = "\"__fixpoint_hgone\"";
+/// The table's rows the run gives a new end (key, valid_from and the end).
+pub(super) const RETIMED: &str = "\"__fixpoint_hretimed\"";
 /// The log's entries the run removes (key and version).
 pub(super) const LOG_GONE: &str = "\"__fixpoint_hloggone\"";
 /// The rows the run inserts, with the target's columns.
@@ -149,29 +160,37 @@ impl Cols<'_> {
     }
 
     /// [`TAIL`]: per key of the batch, the rows holding or ending at the
-    /// batch's oldest version or after it (one scan: a join on the key).
-    /// Older rows end before anything the run recomputes and are left as
-    /// they are.
-    pub fn tail(&self, target: &str) -> String {
+    /// batch's oldest version or after it, and one more row (the
+    /// [`SUMMARY`]) with the count and hash sum of every row of the
+    /// touched keys — read in one pass (a join on the key). Older rows end
+    /// before anything the run recomputes and are left as they are.
+    /// `columns` are the target's columns; `fp` is the output fingerprint's
+    /// select list over alias `t`.
+    pub fn tail(&self, target: &str, columns: &[String], fp: &str) -> Sql {
         let (v, vf, vt) = (self.version(), quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to));
-        format!(
-            "SELECT t.* FROM {target} AS t JOIN (SELECT {}, min({v}) AS \"{CUT_AT}\" FROM {BATCH} GROUP BY {}) AS c ON {} \
-             WHERE t.{vt} IS NULL OR t.{vt} >= c.\"{CUT_AT}\" OR t.{vf} >= c.\"{CUT_AT}\"",
+        let touched = format!(
+            "SELECT t.*, c.\"{CUT_AT}\" FROM {target} AS t JOIN (SELECT {}, min({v}) AS \"{CUT_AT}\" FROM {BATCH} GROUP BY {}) AS c ON {}",
             self.key_list(None),
             self.key_list(None),
             keys_match("t", "c", &self.spec.key)
-        )
+        );
+        let (head, tail) = with_summary(&touched, columns, fp);
+        let mut sql = Sql::new();
+        sql.push(&head).push(&format!("t.{vt} IS NULL OR t.{vt} >= t.\"{CUT_AT}\" OR t.{vf} >= t.\"{CUT_AT}\"")).push(&tail);
+        sql
     }
 
     /// A snapshot history's [`TAIL`]: the touched keys' rows holding or
-    /// ending at the run's version `day` or after it.
-    pub fn snapshot_tail(&self, target: &str, day: &Value) -> Sql {
+    /// ending at the run's version `day` or after it, and the [`SUMMARY`].
+    pub fn snapshot_tail(&self, target: &str, day: &Value, columns: &[String], fp: &str) -> Sql {
         let (vf, vt) = (quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to));
+        let (head, tail) = with_summary(&format!("SELECT t.* FROM {}", self.touched_from(target)), columns, fp);
         let mut sql = Sql::new();
-        sql.push(&format!("SELECT t.* FROM {} WHERE t.{vt} IS NULL OR t.{vt} >= ", self.touched_from(target)));
+        sql.push(&head).push(&format!("t.{vt} IS NULL OR t.{vt} >= "));
         sql.typed_param(day.clone(), "TIMESTAMP");
         sql.push(&format!(" OR t.{vf} >= "));
         sql.typed_param(day.clone(), "TIMESTAMP");
+        sql.push(&tail);
         sql
     }
 
@@ -347,4 +366,17 @@ impl Cols<'_> {
             keys_match("d", "t", &self.spec.key),
         )
     }
+}
+
+/// `touched`'s rows (alias `t`) where a filter holds, with the target's
+/// `columns`, and one summary row of all of them by the fingerprint's
+/// select list `fp`: one read of the touched rows (a materialized CTE).
+/// Returns the SQL before the filter and after it.
+fn with_summary(touched: &str, columns: &[String], fp: &str) -> (String, String) {
+    let cols = columns.iter().map(|c| q("t", c)).collect::<Vec<_>>().join(", ");
+    let nulls = columns.iter().map(|c| format!("NULL AS {}", quote_ident(c))).collect::<Vec<_>>().join(", ");
+    (
+        format!("WITH t AS MATERIALIZED ({touched}) SELECT {cols}, false AS \"{SUMMARY}\", NULL AS \"{SUMMARY_ROWS}\", NULL AS \"{SUMMARY_SUM}\" FROM t WHERE ("),
+        format!(") UNION ALL SELECT {nulls}, true, s.\"{FP_ROWS}\", s.\"{FP_SUM}\" FROM (SELECT {fp} FROM t) AS s"),
+    )
 }

@@ -12,7 +12,7 @@ use crate::fingerprint::{Fingerprint, Method};
 use crate::job::ident::{quote_ident, TableName};
 use crate::job::spec::{HistorySpec, Job, MergeSpec, OnTie};
 use crate::job::sql::{RunParams, Sql, Value};
-use crate::plans::history::sql::{log_table, Cols, AFTER, ALL, BATCH, CUT, GONE, INS, KEYS, LOG_GONE, NEW, ORIGIN, STAGE, START, TAIL, TO, WIN};
+use crate::plans::history::sql::{log_table, Cols, AFTER, ALL, BATCH, CUT, GONE, INS, KEYS, RETIMED, LOG_GONE, NEW, ORIGIN, STAGE, START, SUMMARY, SUMMARY_ROWS, SUMMARY_SUM, TAIL, TO, WIN};
 use crate::plans::merge::refusals::{check_source, deleted_error};
 use crate::plans::merge::sql::{count, keys_match, q, DELETED};
 use crate::plans::merge::steps::{flagged_source, scan_stage};
@@ -27,6 +27,15 @@ use crate::job::date::RunDate;
 fn count_created(engine: &mut dyn Engine, name: &str, select: &str) -> Result<u64> {
     engine.create_temp_table_as(name, &Sql::raw(select.to_owned()))?;
     count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {name}")))
+}
+
+/// What a run changed in the table: rows removed, given a new end,
+/// inserted, and left as they were among those it recomputed.
+struct Written {
+    deleted: u64,
+    updated: u64,
+    inserted: u64,
+    kept: u64,
 }
 
 /// The name of the checks every run makes of the rows it wrote.
@@ -174,15 +183,18 @@ impl Run<'_> {
         if let Some(hint) = engine.dialect().plan_key_lookups() {
             engine.query(&Sql::raw(hint.to_owned()))?;
         }
-        // The touched keys; their rows fingerprinted as the table holds
-        // them; the rows the run can change read once, and where each
-        // key's recomputed rows start.
+        // The touched keys; in one read of their rows, those the run can
+        // change and the fingerprint of them all as the table holds them;
+        // where each key's recomputed rows start.
         let (target, log) = (self.job.target.quoted(), self.log.quoted());
         let keys = if self.h.snapshot { self.cols.snapshot_keys(&target, &log, &self.day(), self.h.absent_deletes) } else { Sql::raw(self.cols.batch_keys()) };
         engine.create_temp_table_as(KEYS, &keys)?;
         let fp = self.output_select(engine)?;
-        let before = Self::sums(engine, &fp, &self.cols.touched_from(&target))?;
-        self.trace.step("touched fp");
+        let columns: Vec<String> = self.target_cols.iter().map(|c| c.name.clone()).collect();
+        let tail = if self.h.snapshot { self.cols.snapshot_tail(&target, &self.day(), &columns, &fp.select) } else { self.cols.tail(&target, &columns, &fp.select) };
+        engine.create_temp_table_as(TAIL, &tail)?;
+        let before = self.summary(engine)?;
+        self.trace.step("tail");
         if let Some(last) = last.filter(|l| l.run_key == key && l.fingerprint_kind == input.kind) {
             let now = fp.of(u64::try_from(before.0).expect("a count"), before.1);
             if now.rows == last.output_rows && now.checksum == last.output_checksum {
@@ -190,14 +202,12 @@ impl Run<'_> {
                 return Ok(skipped(self.job, self.run_date, &key, &input, &now, started));
             }
         }
-        let tail = if self.h.snapshot { self.cols.snapshot_tail(&target, &self.day()) } else { Sql::raw(self.cols.tail(&target)) };
-        engine.create_temp_table_as(TAIL, &tail)?;
         let cut = if self.h.snapshot { self.cols.snapshot_cut(TAIL, &self.day()) } else { Sql::raw(self.cols.cut(TAIL)) };
         engine.create_temp_table_as(CUT, &cut)?;
         self.trace.step("cut");
         self.resolve(engine)?;
         self.opts.step(FailPoint::AfterGuards)?;
-        let (deleted, inserted, kept) = self.write(engine)?;
+        let Written { deleted, updated, inserted, kept } = self.write(engine)?;
         let checks = self.well_formed(engine)?;
         // The touched keys' rows as written: those the run did not read,
         // as they were, and the tail as the run leaves it.
@@ -215,6 +225,7 @@ impl Run<'_> {
         report.input_files = self.run_input.files.clone();
         report.rows_deleted = deleted;
         report.rows_inserted = inserted;
+        report.rows_updated = updated;
         report.rows_unchanged = kept;
         report.duplicates_collapsed = input.rows - batch_rows;
         report.created_target = self.created_target;
@@ -329,35 +340,58 @@ impl Run<'_> {
 
     /// 4. The table and its log made to hold the new rows and hidden
     ///    entries of the touched keys from where the run recomputes: rows
-    ///    that stay the same are left alone. Returns (deleted, inserted,
-    ///    kept) rows of the table.
-    fn write(&mut self, engine: &mut dyn Engine) -> Result<(u64, u64, u64)> {
+    ///    that stay the same are left alone, rows that only end elsewhere
+    ///    get their new end, the others are removed and the new ones
+    ///    inserted. Every change is counted against the plan.
+    fn write(&mut self, engine: &mut dyn Engine) -> Result<Written> {
         let (target, log) = (self.job.target.quoted(), self.log.quoted());
         let (vf, vt) = (&self.h.valid_from, &self.h.valid_to);
         let names = self.cols.names_list();
-        let same = |a: &str, n: &str, with_interval: bool| -> String {
+        // A row and a new row alike in key, start and values (and, with
+        // `with_end`, in end).
+        let same = |a: &str, n: &str, with_start: bool, with_end: bool| -> String {
             let mut conds = vec![keys_match(a, n, &self.spec.key)];
-            if with_interval {
+            if with_start {
                 conds.push(format!("{} = {}", q(a, vf), q(n, &self.spec.version)));
+            }
+            if with_end {
                 conds.push(format!("{} IS NOT DISTINCT FROM {n}.\"{TO}\"", q(a, vt)));
             }
             conds.extend(self.cols.names.iter().filter(|c| !self.spec.key.contains(c)).map(|c| format!("{} IS NOT DISTINCT FROM {}", q(a, c), q(n, c))));
             conds.join(" AND ")
         };
-        // The rows and log entries from where the run recomputes that the
-        // new ones do not repeat, by key and start (unique in a
-        // well-formed table): their removal must remove exactly those.
-        let row_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE n.\"{START}\" AND {})", same("t", "n", true));
         let key_and = |alias: &str, col: &str| self.spec.key.iter().map(|k| q(alias, k)).chain([q(alias, col)]).collect::<Vec<_>>().join(", ");
+        // The rows from where the run recomputes that only end elsewhere
+        // now (by key and start, unique in a well-formed table), with
+        // their new end; and those no new row repeats, to remove.
+        let retimed = count_created(
+            engine,
+            RETIMED,
+            &format!(
+                "SELECT {}, n.\"{TO}\" FROM {WIN} AS t JOIN {NEW} AS n ON n.\"{START}\" AND {} AND {} IS DISTINCT FROM n.\"{TO}\"",
+                key_and("t", vf),
+                same("t", "n", true, false),
+                q("t", vt)
+            ),
+        )?;
+        let row_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE n.\"{START}\" AND {})", same("t", "n", true, false));
         let gone = count_created(engine, GONE, &format!("SELECT {} FROM {WIN} AS t WHERE NOT {row_kept}", key_and("t", vf)))?;
         let on = |a: &str, b: &str, col: &str| format!("{} AND {} = {}", keys_match(a, b, &self.spec.key), q(a, col), q(b, col));
         let deleted = if gone > 0 { engine.execute(&Sql::raw(format!("DELETE FROM {target} AS t USING {GONE} AS g WHERE {}", on("t", "g", vf))))? } else { 0 };
         if deleted != gone {
             return Err(self.not_one_row("table", deleted, gone));
         }
+        let updated = if retimed > 0 {
+            engine.execute(&Sql::raw(format!("UPDATE {target} AS t SET {} = r.\"{TO}\" FROM {RETIMED} AS r WHERE {}", quote_ident(vt), on("t", "r", vf))))?
+        } else {
+            0
+        };
+        if updated != retimed {
+            return Err(self.not_one_row("table", updated, retimed));
+        }
         self.opts.step(FailPoint::AfterDelete)?;
         let del = quote_ident(DELETED);
-        let entry_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE NOT n.\"{START}\" AND n.{del} = l.{del} AND {})", same("l", "n", false));
+        let entry_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE NOT n.\"{START}\" AND n.{del} = l.{del} AND {})", same("l", "n", false, false));
         let version = self.spec.version.clone();
         let log_gone =
             count_created(engine, LOG_GONE, &format!("SELECT {} FROM {} AND NOT {entry_kept}", key_and("l", &version), self.cols.window_from(&log, "l", &version)))?;
@@ -366,7 +400,7 @@ impl Run<'_> {
             return Err(self.not_one_row("log", log_deleted, log_gone));
         }
         self.trace.step("delete");
-        let in_rows = format!("EXISTS (SELECT 1 FROM {WIN} AS t WHERE {})", same("t", "n", true));
+        let in_rows = format!("EXISTS (SELECT 1 FROM {WIN} AS t WHERE {})", same("t", "n", true, false));
         let values = self.cols.names.iter().map(|c| q("n", c)).collect::<Vec<_>>().join(", ");
         // A snapshot history's version is valid_from itself.
         let insert = if self.h.snapshot {
@@ -381,7 +415,7 @@ impl Run<'_> {
         }
         self.opts.step(FailPoint::MidInsert)?;
         // What is left of the log's window after the removal is what the new entries keep.
-        let in_log = format!("EXISTS (SELECT 1 FROM {log} AS l WHERE l.{del} = n.{del} AND {})", same("l", "n", false));
+        let in_log = format!("EXISTS (SELECT 1 FROM {log} AS l WHERE l.{del} = n.{del} AND {})", same("l", "n", false, false));
         engine.execute(&Sql::raw(format!(
             "INSERT INTO {log} ({names}, {del}) SELECT {values}, n.{del} FROM {NEW} AS n WHERE NOT n.\"{START}\" AND NOT {in_log}"
         )))?;
@@ -389,7 +423,7 @@ impl Run<'_> {
         self.opts.step(FailPoint::AfterInsert)?;
         self.after(engine)?;
         let starts = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {NEW} WHERE \"{START}\"")))?;
-        Ok((deleted, inserted, starts.saturating_sub(inserted)))
+        Ok(Written { deleted, updated, inserted, kept: starts.saturating_sub(inserted + updated) })
     }
 
     /// 5. The touched keys' rows as written, checked: a violation refuses
@@ -433,6 +467,19 @@ impl Run<'_> {
         fingerprint_select(engine, Method::Native, "t", &cols)
     }
 
+    /// [`TAIL`]'s summary row (the touched keys' row count and hash sum),
+    /// read and removed.
+    fn summary(&mut self, engine: &mut dyn Engine) -> Result<(i128, i128)> {
+        let rows = engine.query(&Sql::raw(format!("SELECT \"{SUMMARY_ROWS}\" AS \"n\", \"{SUMMARY_SUM}\" AS \"s\" FROM {TAIL} WHERE \"{SUMMARY}\"")))?;
+        let row = rows.single("the touched keys' fingerprint")?;
+        let parts = (i128::from(row.count("n")?), engine.dialect().read_sum(row.value("s")?)?);
+        let removed = engine.execute(&Sql::raw(format!("DELETE FROM {TAIL} WHERE \"{SUMMARY}\"")))?;
+        if removed != 1 {
+            return Err(Error::Internal(format!("the touched keys' fingerprint of {} came in {removed} rows", self.job.target)));
+        }
+        Ok(parts)
+    }
+
     /// The row count and the sum of row hashes of `fp` over `from`
     /// (`<table> AS t …`).
     fn sums(engine: &mut dyn Engine, fp: &FingerprintSelect, from: &str) -> Result<(i128, i128)> {
@@ -442,13 +489,22 @@ impl Run<'_> {
     }
 
     /// [`AFTER`]: [`TAIL`] as the table holds it now, built from what the
-    /// run read and wrote (the removal and the insert were checked row for
-    /// row), so the checks and the output fingerprint need not read the
+    /// run read and wrote (the removal, the new ends and the insert were
+    /// checked row for row), so the checks and the output fingerprint need not read the
     /// table again. The inserted rows are cast to the target's types, as
     /// the insert did.
     fn after(&mut self, engine: &mut dyn Engine) -> Result<()> {
         let (vf, vt) = (&self.h.valid_from, &self.h.valid_to);
-        let cols = self.target_cols.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", ");
+        // The rows left, each with its end as the run left it.
+        let kept = self
+            .target_cols
+            .iter()
+            .map(|c| match &c.name == vt {
+                true => format!("CASE WHEN r.{} IS NULL THEN t.{end} ELSE CAST(r.\"{TO}\" AS {}) END AS {end}", quote_ident(vf), c.ty, end = quote_ident(vt)),
+                false => q("t", &c.name),
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
         let inserted = self
             .target_cols
             .iter()
@@ -466,11 +522,14 @@ impl Run<'_> {
             })
             .collect::<Vec<_>>()
             .join(", ");
-        let on = format!("{} AND g.{} = t.{}", keys_match("g", "t", &self.spec.key), quote_ident(vf), quote_ident(vf));
+        let on = |a: &str| format!("{} AND {a}.{} = t.{}", keys_match(a, "t", &self.spec.key), quote_ident(vf), quote_ident(vf));
         engine.create_temp_table_as(
             AFTER,
             &Sql::raw(format!(
-                "SELECT {cols} FROM {TAIL} AS t WHERE NOT EXISTS (SELECT 1 FROM {GONE} AS g WHERE {on}) UNION ALL SELECT {inserted} FROM {INS} AS n"
+                "SELECT {kept} FROM {TAIL} AS t LEFT JOIN {RETIMED} AS r ON {} WHERE NOT EXISTS (SELECT 1 FROM {GONE} AS g WHERE {}) \
+                 UNION ALL SELECT {inserted} FROM {INS} AS n",
+                on("r"),
+                on("g")
             )),
         )?;
         self.trace.step("after");
@@ -546,7 +605,7 @@ impl Run<'_> {
     }
 
     fn drop_temps(&mut self, engine: &mut dyn Engine) -> Result<()> {
-        for t in [AFTER, INS, LOG_GONE, GONE, NEW, ALL, WIN, CUT, TAIL, KEYS, BATCH, STAGE] {
+        for t in [AFTER, INS, LOG_GONE, GONE, RETIMED, NEW, ALL, WIN, CUT, TAIL, KEYS, BATCH, STAGE] {
             engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {t}")))?;
         }
         Ok(())
