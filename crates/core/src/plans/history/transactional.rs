@@ -196,7 +196,7 @@ impl Run<'_> {
         let before = self.summary(engine)?;
         self.trace.step("tail");
         if let Some(last) = last.filter(|l| l.run_key == key && l.fingerprint_kind == input.kind) {
-            let now = fp.of(u64::try_from(before.0).expect("a count"), before.1);
+            let now = fp.of(before.0, before.1);
             if now.rows == last.output_rows && now.checksum == last.output_checksum {
                 self.cleanup(engine)?;
                 return Ok(skipped(self.job, self.run_date, &key, &input, &now, started));
@@ -213,7 +213,7 @@ impl Run<'_> {
         // as they were, and the tail as the run leaves it.
         let (tail_rows, tail_sum) = Self::sums(engine, &fp, &format!("{TAIL} AS t"))?;
         let (after_rows, after_sum) = Self::sums(engine, &fp, &format!("{AFTER} AS t"))?;
-        let rows = u64::try_from(before.0 - tail_rows + after_rows)
+        let rows = u64::try_from(i128::from(before.0) - tail_rows + after_rows)
             .map_err(|_| Error::Internal(format!("the touched keys of {} would hold fewer than no rows after the run; rolled back, nothing changed", self.job.target)))?;
         let output = fp.of(rows, before.1 - tail_sum + after_sum);
         self.trace.step("output fp");
@@ -379,7 +379,7 @@ impl Run<'_> {
         let on = |a: &str, b: &str, col: &str| format!("{} AND {} = {}", keys_match(a, b, &self.spec.key), q(a, col), q(b, col));
         let deleted = if gone > 0 { engine.execute(&Sql::raw(format!("DELETE FROM {target} AS t USING {GONE} AS g WHERE {}", on("t", "g", vf))))? } else { 0 };
         if deleted != gone {
-            return Err(self.not_one_row("table", deleted, gone));
+            return Err(self.not_one_row("removal from the table", deleted, gone));
         }
         let updated = if retimed > 0 {
             engine.execute(&Sql::raw(format!("UPDATE {target} AS t SET {} = r.\"{TO}\" FROM {RETIMED} AS r WHERE {}", quote_ident(vt), on("t", "r", vf))))?
@@ -387,7 +387,7 @@ impl Run<'_> {
             0
         };
         if updated != retimed {
-            return Err(self.not_one_row("table", updated, retimed));
+            return Err(self.not_one_row("new ends in the table", updated, retimed));
         }
         self.opts.step(FailPoint::AfterDelete)?;
         let del = quote_ident(DELETED);
@@ -397,7 +397,7 @@ impl Run<'_> {
             count_created(engine, LOG_GONE, &format!("SELECT {} FROM {} AND NOT {entry_kept}", key_and("l", &version), self.cols.window_from(&log, "l", &version)))?;
         let log_deleted = if log_gone > 0 { engine.execute(&Sql::raw(format!("DELETE FROM {log} AS l USING {LOG_GONE} AS g WHERE {}", on("l", "g", &version))))? } else { 0 };
         if log_deleted != log_gone {
-            return Err(self.not_one_row("log", log_deleted, log_gone));
+            return Err(self.not_one_row("removal from the log", log_deleted, log_gone));
         }
         self.trace.step("delete");
         let in_rows = format!("EXISTS (SELECT 1 FROM {WIN} AS t WHERE {})", same("t", "n", true, false));
@@ -469,10 +469,10 @@ impl Run<'_> {
 
     /// [`TAIL`]'s summary row (the touched keys' row count and hash sum),
     /// read and removed.
-    fn summary(&mut self, engine: &mut dyn Engine) -> Result<(i128, i128)> {
+    fn summary(&mut self, engine: &mut dyn Engine) -> Result<(u64, i128)> {
         let rows = engine.query(&Sql::raw(format!("SELECT \"{SUMMARY_ROWS}\" AS \"n\", \"{SUMMARY_SUM}\" AS \"s\" FROM {TAIL} WHERE \"{SUMMARY}\"")))?;
         let row = rows.single("the touched keys' fingerprint")?;
-        let parts = (i128::from(row.count("n")?), engine.dialect().read_sum(row.value("s")?)?);
+        let parts = (row.count("n")?, engine.dialect().read_sum(row.value("s")?)?);
         let removed = engine.execute(&Sql::raw(format!("DELETE FROM {TAIL} WHERE \"{SUMMARY}\"")))?;
         if removed != 1 {
             return Err(Error::Internal(format!("the touched keys' fingerprint of {} came in {removed} rows", self.job.target)));
@@ -594,12 +594,13 @@ impl Run<'_> {
         sql
     }
 
-    /// A removal by key and start that did not remove one row per entry:
-    /// the table (or its log) holds a key twice at one version, which a
-    /// run never writes. Nothing is changed.
-    fn not_one_row(&self, what: &str, removed: u64, expected: u64) -> Error {
+    /// A removal or new end by key and start that did not change one row
+    /// per entry (`what`: "removal from the table", …): the table (or its
+    /// log) holds a key twice at one version, which a run never writes.
+    /// Nothing is changed.
+    fn not_one_row(&self, what: &str, changed: u64, expected: u64) -> Error {
         Error::Internal(format!(
-            "the history's {what} of {} removed {removed} rows where {expected} were planned: it holds a key twice at one version (edited by hand?); rolled back, nothing changed",
+            "the history's {what} of {} changed {changed} rows where {expected} were planned: it holds a key twice at one version (edited by hand?); rolled back, nothing changed",
             self.job.target
         ))
     }
