@@ -408,6 +408,16 @@ pub(crate) fn open_engine(url: &str, wait: Duration) -> Result<Box<dyn Engine>, 
     if fixpoint_spark::is_spark_url(url) {
         return Ok(Box::new(fixpoint_spark::Spark::connect(url, wait.max(Duration::from_secs(10)))?.with_wait(wait)));
     }
+    #[cfg(feature = "delta")]
+    if fixpoint_delta::is_delta_url(url) {
+        return Ok(Box::new(fixpoint_delta::Delta::open_url(url)?.with_fault(delta_fault()?)));
+    }
+    if fixpoint_delta::is_delta_url(url) {
+        return Err(Error::argument(
+            format!("{url:?}: this fixpoint was built without Delta Lake support (the cargo feature `delta`)"),
+            Some("build it with `cargo build --release --features fixpoint-cli/delta`, or run the job on DuckDB (duckdb:PATH) or PostgreSQL (postgres://user@host:port/db)"),
+        ));
+    }
     if url.starts_with("sc://") {
         return Err(Error::argument(
             format!("{:?}: this fixpoint was built without Spark support (the cargo feature `spark`)", output::redact_url(url)),
@@ -418,6 +428,24 @@ pub(crate) fn open_engine(url: &str, wait: Duration) -> Result<Box<dyn Engine>, 
         format!("{:?} is not a database URL", output::redact_url(url)),
         Some("use duckdb:PATH or postgres://user@host:port/db"),
     ))
+}
+
+/// `FIXPOINT_DELTA_FAULT=lose_commit_ack|abort_after_commit`: the Delta
+/// engine's data commit lands and the run then fails as if its answer had
+/// been lost, or the process aborts before the ledger row. Obeyed only
+/// with `FIXPOINT_TEST_MODE=1`, like fault injection.
+#[cfg(feature = "delta")]
+fn delta_fault() -> Result<Option<fixpoint_delta::DeltaFault>, Error> {
+    let Ok(spec) = std::env::var("FIXPOINT_DELTA_FAULT") else { return Ok(None) };
+    if std::env::var(TEST_MODE).as_deref() != Ok("1") {
+        eprintln!("fixpoint: warning: FIXPOINT_DELTA_FAULT={spec:?} is ignored: it needs {TEST_MODE}=1 as well (unset FIXPOINT_DELTA_FAULT to silence this)");
+        return Ok(None);
+    }
+    match spec.as_str() {
+        "lose_commit_ack" => Ok(Some(fixpoint_delta::DeltaFault::LoseCommitAck)),
+        "abort_after_commit" => Ok(Some(fixpoint_delta::DeltaFault::AbortAfterCommit)),
+        other => Err(Error::argument(format!("FIXPOINT_DELTA_FAULT: {other:?} is not a Delta fault"), Some("use lose_commit_ack or abort_after_commit"))),
+    }
 }
 
 /// The variable that puts the process in test mode: only then is

@@ -176,12 +176,32 @@ enum Plans {
     /// leaves the run's output without its ledger row; a merge's
     /// tombstones are recorded just before it.
     Spark,
+    /// Delta (feature `delta`): the leased plans of Spark, but a run's
+    /// changes are one commit made with its ledger row, so every failure
+    /// point comes before it; a merge's tombstones are appended before its
+    /// rewrite, and a failure after that leaves them recorded.
+    Delta,
 }
 
 impl Plans {
     /// Whether replace_partition can take the tapped path (DuckDB's taps).
     fn taps(self) -> bool {
         matches!(self, Plans::OneStatement | Plans::TwoStatements)
+    }
+
+    /// Whether the plans are the leased ones (Spark, Delta).
+    fn leased(self) -> bool {
+        matches!(self, Plans::Spark | Plans::Delta)
+    }
+
+    /// Whether a merge that failed at `p`, having changes to write, left
+    /// its batch's tombstones recorded (they are written before the rewrite).
+    fn tombstones_before(self, p: FailPoint) -> bool {
+        match self {
+            Plans::Spark => matches!(p, FailPoint::AfterDelete | FailPoint::MidInsert),
+            Plans::Delta => matches!(p, FailPoint::AfterDelete | FailPoint::MidInsert | FailPoint::AfterInsert | FailPoint::BeforeCommit),
+            _ => false,
+        }
     }
 
     /// Whether a failure at `p` comes after the run's commit point (Spark:
@@ -193,7 +213,7 @@ impl Plans {
     /// The replace_partition method a committed run reports.
     fn rp_method(self, layout: Layout, conf: &Conf) -> &'static str {
         match (self, layout) {
-            (Plans::Spark, _) => "partition overwrite",
+            (Plans::Spark | Plans::Delta, _) => "partition overwrite",
             (_, Layout::Partitioned) if !conf.delete_insert => "partition exchange",
             _ => "delete+insert",
         }
@@ -203,8 +223,8 @@ impl Plans {
     fn merge_methods(self, m: &MergeConf) -> &'static [&'static str] {
         match self {
             Plans::Join => &["merge"],
-            Plans::Spark if m.partition => &["copy-on-write of touched partitions"],
-            Plans::Spark => &["copy-on-write of the table"],
+            Plans::Spark | Plans::Delta if m.partition => &["copy-on-write of touched partitions"],
+            Plans::Spark | Plans::Delta => &["copy-on-write of the table"],
             Plans::TwoStatements => &["merge, checks in the statement", "merge"],
             // Without tombstones or audits the one-statement plan, or,
             // where it declines, the portable one.
@@ -270,11 +290,12 @@ sql = "SELECT b.k, b.v, b.amount, b.pd AS dt, b.op FROM h.bronze AS b WHERE b.dt
 fn setup(c: &Conf, ctx: &Ctx) -> String {
     let layout = ctx.layout;
     let mut s = String::from("CREATE SCHEMA h;\nCREATE TABLE h.bronze (dt DATE, k BIGINT, v BIGINT, amount BIGINT, op VARCHAR, pd DATE)");
-    if ctx.plans == Plans::Spark {
-        // A merge on Spark rewrites partitions: its targets are stored
-        // partitioned by day (a job without `partition` rewrites them all).
+    if ctx.plans.leased() {
+        // A merge on Spark or Delta rewrites partitions: its targets are
+        // stored partitioned by day (a job without `partition` rewrites them all).
+        let (text, using) = if ctx.plans == Plans::Spark { ("STRING", " USING parquet") } else { ("VARCHAR", "") };
         for i in 1..=c.merges.len() {
-            s.push_str(&format!(";\nCREATE TABLE h.m{i} (k BIGINT, v BIGINT, amount BIGINT, op STRING, dt DATE) USING parquet PARTITIONED BY (dt)"));
+            s.push_str(&format!(";\nCREATE TABLE h.m{i} (k BIGINT, v BIGINT, amount BIGINT, op {text}, dt DATE){using} PARTITIONED BY (dt)"));
         }
     }
     if layout == Layout::Partitioned {
@@ -550,7 +571,7 @@ impl Model {
                     target: BTreeMap::new(),
                     tombs: BTreeMap::new(),
                     seen: Vec::new(),
-                    spark: ctx.plans == Plans::Spark,
+                    spark: ctx.plans.leased(),
                     pending: false,
                     unrecorded: 0,
                 })
@@ -794,8 +815,8 @@ fn settle(
                 mm.target = plan.target;
                 mm.tombs = plan.tombs;
                 mm.seen.extend(plan.batch);
-            } else if ctx.plans == Plans::Spark && writes && matches!(p, FailPoint::AfterDelete | FailPoint::MidInsert) {
-                // Spark: the batch's tombstones are recorded before the rewrite.
+            } else if writes && ctx.plans.tombstones_before(p) {
+                // Spark, Delta: the batch's tombstones are recorded before the rewrite.
                 if mm.tombs != plan.tombs {
                     stats.pending_tombstones += 1;
                     mm.pending = true;
@@ -808,7 +829,7 @@ fn settle(
             let c = &plan.counts;
             // On Spark a merge that changes nothing writes nothing: it
             // never reaches the points of its rewrite.
-            let passes = |p: FailPoint| ctx.plans == Plans::Spark && c.inserted + c.updated + c.deleted == 0 && matches!(p, FailPoint::AfterDelete | FailPoint::MidInsert);
+            let passes = |p: FailPoint| ctx.plans.leased() && c.inserted + c.updated + c.deleted == 0 && matches!(p, FailPoint::AfterDelete | FailPoint::MidInsert);
             prop_assert!(fault.is_none_or(passes), "{}: committed past the fault point", what);
             prop_assert_eq!(
                 (rep.input_rows, rep.rows_inserted, rep.rows_updated, rep.rows_deleted, rep.rows_unchanged, rep.duplicates_collapsed, rep.output_rows),
@@ -1170,7 +1191,7 @@ fn run_histories(e: &(dyn EngineUnderTest + Sync), engine: &str, test: &str, ctx
     } else {
         eprintln!("histories {engine}: replace_partition committed on the tapped path {}, with the guard scan {}", s.rp_tapped, s.rp_scanned);
     }
-    if ctx.plans == Plans::Spark {
+    if ctx.plans.leased() {
         eprintln!(
             "histories {engine}: {} runs failed on purpose after their overwrite (output written, no ledger row), {} merges failed with their tombstones recorded",
             s.after_commit, s.pending_tombstones
@@ -1252,6 +1273,19 @@ fn postgres_partitioned_histories_match_the_model() {
             Ctx { plans: Plans::Join, layout: Layout::Partitioned },
             50,
         );
+    }
+}
+
+/// Delta: replace_partition replaces the day's files; merges rewrite the
+/// partitions they touch, or the whole (partitioned) table; each run one
+/// commit with its ledger row.
+#[cfg(feature = "delta")]
+mod delta {
+    use super::*;
+
+    #[test]
+    fn delta_histories_match_the_model() {
+        run_histories(&DeltaUnderTest, "delta", "delta::delta_histories_match_the_model", Ctx { plans: Plans::Delta, layout: Layout::Plain }, 50);
     }
 }
 

@@ -662,6 +662,18 @@ spark_scenarios!(
     merge_failure_keeps_previous_contents,
 );
 
+delta_scenarios!(
+    merge_backfills_batch_by_batch,
+    wrong_input_changes_nothing,
+    unpartitioned_merge_is_refused_on_spark,
+    seed_feed_replays_and_out_of_order,
+    tombstones_delete_and_never_resurrect,
+    ties_error_or_deterministic,
+    null_keys_and_versions_are_refused,
+    pruning_refuses_keys_in_untouched_partitions,
+    merge_failure_keeps_previous_contents,
+);
+
 /// The randomized model test: random batches (duplicates, redeliveries,
 /// out-of-order versions, tombstones, exact copies), applied in random
 /// orders with repeats; the target must equal a plain-Rust model of "the

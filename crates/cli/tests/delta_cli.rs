@@ -1,0 +1,170 @@
+//! The `fixpoint` binary on a Delta warehouse (feature `delta`): runs,
+//! skips, `runs`/`status`, and kill -9 before, at and after the commit,
+//! checked by an independent reader (DuckDB over the files the log names,
+//! read by this test, not fixpoint's views).
+#![cfg(feature = "delta")]
+
+mod delta {
+    use std::path::Path;
+    use std::process::{Command, Output};
+
+    const JOB: &str = r#"name = "silver_orders"
+target = "silver.orders"
+strategy = "replace_partition"
+partition = "dt"
+
+[source]
+sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
+"#;
+
+    fn fixpoint(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_fixpoint"));
+        c.args(args).current_dir(dir).env_remove("FIXPOINT_DB").env_remove("FIXPOINT_FAIL_AT").env_remove("FIXPOINT_TEST_MODE").env_remove("FIXPOINT_DELTA_FAULT");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().expect("runs")
+    }
+
+    fn json(o: &Output) -> serde_json::Value {
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
+    }
+
+    /// The bronze table, written through the engine's library.
+    fn setup(dir: &Path, total: &str) {
+        std::fs::write(dir.join("job.toml"), JOB).unwrap();
+        let mut w = fixpoint_delta::Delta::open(&dir.join("wh")).unwrap();
+        use fixpoint_core::Engine;
+        for stmt in [
+            "DROP TABLE IF EXISTS bronze.orders".to_owned(),
+            "CREATE TABLE bronze.orders (order_id BIGINT, order_total DECIMAL(12,2), dt DATE)".to_owned(),
+            format!("INSERT INTO bronze.orders VALUES (1, 1.50, DATE '2026-10-19'), (2, {total}, DATE '2026-10-20'), (3, 3.50, DATE '2026-10-20')"),
+        ] {
+            w.execute(&fixpoint_core::job::sql::Sql::raw(stmt)).unwrap();
+        }
+    }
+
+    /// The day's rows as the table's log makes them, read independently:
+    /// the active files from the `_delta_log` JSON (adds minus removes),
+    /// read by DuckDB.
+    fn day_rows(table: &Path, day: &str) -> Vec<(i64, String)> {
+        let mut active: Vec<(String, String)> = Vec::new();
+        let mut logs: Vec<_> = std::fs::read_dir(table.join("_delta_log")).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
+        logs.sort();
+        for log in logs {
+            for line in std::fs::read_to_string(&log).unwrap().lines() {
+                let a: serde_json::Value = serde_json::from_str(line).unwrap();
+                if let Some(add) = a.get("add") {
+                    active.push((add["path"].as_str().unwrap().to_owned(), add["partitionValues"]["dt"].as_str().unwrap_or("").to_owned()));
+                }
+                if let Some(rm) = a.get("remove") {
+                    active.retain(|(p, _)| p != rm["path"].as_str().unwrap());
+                }
+            }
+        }
+        let files: Vec<String> = active.iter().filter(|(_, dt)| dt == day).map(|(p, _)| format!("'{}'", table.join(p.replace("%3A", ":")).display())).collect();
+        if files.is_empty() {
+            return Vec::new();
+        }
+        let db = duckdb::Connection::open_in_memory().unwrap();
+        let mut st = db.prepare(&format!("SELECT order_id, CAST(order_total AS VARCHAR) FROM read_parquet([{}]) ORDER BY 1", files.join(", "))).unwrap();
+        let rows = st.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))).unwrap();
+        rows.map(|r| r.unwrap()).collect()
+    }
+
+    fn ledger_rows(dir: &Path) -> Vec<serde_json::Value> {
+        let o = fixpoint(dir, &["runs", "--db", "delta:wh", "--output", "json"], &[]);
+        assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+        json(&o)["runs"].as_array().cloned().unwrap()
+    }
+
+    #[test]
+    fn delta_runs_skip_and_report_through_the_cli() {
+        let tmp = tempfile::tempdir().unwrap();
+        setup(tmp.path(), "2.50");
+        let first = fixpoint(tmp.path(), &["run", "job.toml", "--date", "2026-10-20", "--db", "delta:wh", "--output", "json"], &[]);
+        assert_eq!(first.status.code(), Some(0), "{}", String::from_utf8_lossy(&first.stderr));
+        let r = json(&first);
+        assert_eq!((r["outcome"].as_str(), r["rows_inserted"].as_u64()), (Some("committed"), Some(2)));
+        let again = json(&fixpoint(tmp.path(), &["run", "job.toml", "--date", "2026-10-20", "--db", "delta:wh", "--output", "json"], &[]));
+        assert_eq!(again["outcome"], "skipped");
+        assert_eq!(day_rows(&tmp.path().join("wh/silver/orders"), "2026-10-20"), vec![(2, "2.50".into()), (3, "3.50".into())]);
+        assert_eq!(ledger_rows(tmp.path()).len(), 1);
+        let status = fixpoint(tmp.path(), &["status", "job.toml", "--from", "2026-10-20", "--to", "2026-10-20", "--db", "delta:wh", "--output", "json"], &[]);
+        assert_eq!(status.status.code(), Some(0), "{}", String::from_utf8_lossy(&status.stdout));
+        // Object storage is refused with exit 2 and the fix.
+        let s3 = fixpoint(tmp.path(), &["run", "job.toml", "--date", "2026-10-20", "--db", "delta:s3://bucket/wh"], &[]);
+        assert_eq!(s3.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&s3.stderr).contains("local folder"), "{}", String::from_utf8_lossy(&s3.stderr));
+    }
+
+    /// kill -9 before the commit (files written), right after it (before
+    /// the ledger row), and at random moments: the day is the old one or
+    /// the new one, the ledger (once a process has opened the warehouse)
+    /// has the run's row exactly when the new day is visible, and the rerun
+    /// converges.
+    #[test]
+    fn delta_kill_9_before_at_and_after_the_commit() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        setup(dir, "2.50");
+        let ok = fixpoint(dir, &["run", "job.toml", "--date", "2026-10-20", "--db", "delta:wh"], &[]);
+        assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+        let table = dir.join("wh/silver/orders");
+        let mut old = day_rows(&table, "2026-10-20");
+        let mut seed: u64 = 0x9e3779b97f4a7c15;
+        let mut killed = 0;
+        for trial in 0..14 {
+            let total = format!("{}.{:02}", 10 + trial, trial);
+            setup(dir, &total);
+            let new = vec![(2, total.clone()), (3, "3.50".to_owned())];
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_fixpoint"));
+            cmd.args(["run", "job.toml", "--date", "2026-10-20", "--db", "delta:wh"]).current_dir(dir).env("FIXPOINT_TEST_MODE", "1");
+            cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+            match trial {
+                0 => {
+                    cmd.env("FIXPOINT_FAIL_AT", "before_commit").env("FIXPOINT_FAIL_MODE", "abort");
+                }
+                1 => {
+                    cmd.env("FIXPOINT_DELTA_FAULT", "abort_after_commit");
+                }
+                _ => {}
+            }
+            let mut child = cmd.spawn().unwrap();
+            if trial >= 2 {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                std::thread::sleep(std::time::Duration::from_millis(seed % 900));
+                let _ = child.kill();
+            }
+            let status = child.wait().unwrap();
+            if status.code().is_none() {
+                killed += 1;
+            }
+            let seen = day_rows(&table, "2026-10-20");
+            assert!(seen == old || seen == new, "trial {trial}: the day is neither the old nor the new one: {seen:?}");
+            if trial == 0 {
+                assert_eq!(seen, old, "killed before its commit");
+            }
+            if trial == 1 {
+                assert_eq!(seen, new, "killed after its commit");
+            }
+            // The ledger, read by a new process (which writes a row lost
+            // after its commit): its newest row for the day is the visible day's.
+            let ledger = ledger_rows(dir);
+            let newest = ledger.iter().filter(|e| e["run_date"] == "2026-10-20").max_by_key(|e| e["finished_at"].as_str().unwrap_or("").to_owned()).cloned().unwrap();
+            let rows_now = fixpoint(dir, &["fingerprint", "silver.orders", "--where", "dt = DATE '2026-10-20'", "--db", "delta:wh", "--output", "json"], &[]);
+            let f = json(&rows_now);
+            assert_eq!(newest["output"]["checksum"], f["checksum"], "trial {trial}: the ledger's newest row is the visible day");
+            // The rerun converges to the new day.
+            let rerun = fixpoint(dir, &["run", "job.toml", "--date", "2026-10-20", "--db", "delta:wh", "--output", "json"], &[]);
+            assert_eq!(rerun.status.code(), Some(0), "trial {trial}: {}", String::from_utf8_lossy(&rerun.stderr));
+            let r = json(&rerun);
+            assert_eq!(r["outcome"], if seen == new { "skipped" } else { "committed" }, "trial {trial}");
+            assert_eq!(day_rows(&table, "2026-10-20"), new, "trial {trial}");
+            old = new;
+        }
+        assert!(killed >= 2, "at least the two aborts were kills: {killed}");
+    }
+}

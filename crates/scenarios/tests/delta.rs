@@ -1,0 +1,333 @@
+//! Delta Lake warehouses (feature `delta`): what fixpoint writes is read
+//! back by an independent reader (the Python `deltalake` package), a lost
+//! commit acknowledgement and a concurrent writer never give two commits of
+//! one run, and tables using features fixpoint cannot honour are refused.
+#![cfg(feature = "delta")]
+
+use std::path::{Path, PathBuf};
+
+use fixpoint_core::run::ledger;
+use fixpoint_core::{Engine, Error, FailPoint, FaultAction, RunOptions};
+use fixpoint_delta::{Delta, DeltaFault};
+use fixpoint_scenarios::*;
+
+/// A warehouse folder of its own, removed at the end of the test.
+struct Folder(PathBuf);
+
+impl Folder {
+    fn new(name: &str) -> Folder {
+        let dir = std::env::temp_dir().join(format!("fixpoint-delta-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        Folder(dir)
+    }
+
+    fn open(&self) -> Delta {
+        Delta::open(&self.0).unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+impl Drop for Folder {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The Python interpreter with `deltalake` (the tests' virtualenv:
+/// `FIXPOINT_TEST_PYTHON`, else `~/.cache/fixpoint/pyvenv/bin/python`), or
+/// `None` (after saying so) outside CI; under `CI=true` it must be there.
+fn python() -> Option<PathBuf> {
+    let py = std::env::var_os("FIXPOINT_TEST_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/fixpoint/pyvenv/bin/python")
+    });
+    let ok = std::process::Command::new(&py).args(["-c", "import deltalake, pyarrow"]).output().is_ok_and(|o| o.status.success());
+    match ok {
+        true => Some(py),
+        false if std::env::var("CI").as_deref() == Ok("true") => panic!("{} with the deltalake package is missing under CI=true", py.display()),
+        false => {
+            eprintln!("skipped: no Python with deltalake at {} (set FIXPOINT_TEST_PYTHON, or create the virtualenv as .ci/run does)", py.display());
+            None
+        }
+    }
+}
+
+/// What the Python `deltalake` package reads in `table`: its rows (sorted
+/// JSON), each commit's operation and fixpoint run key (newest first), and
+/// the transaction version of each app id asked for.
+fn read_with_python(py: &Path, table: &Path, columns: &[&str], apps: &[&str]) -> serde_json::Value {
+    let script = r#"
+import json, sys
+from deltalake import DeltaTable
+path, columns, apps = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+dt = DeltaTable(path)
+t = dt.to_pyarrow_table(columns=columns)
+rows = sorted([[str(v) for v in r.values()] for r in t.to_pylist()])
+commits = []
+for h in dt.history():
+    fp = h.get("fixpoint")
+    if isinstance(fp, str):
+        fp = json.loads(fp)
+    commits.append({"operation": h.get("operation"), "run_key": (fp or {}).get("run_key")})
+print(json.dumps({"rows": rows, "commits": commits, "txn": {a: dt.transaction_version(a) for a in apps}, "version": dt.version()}))
+"#;
+    let out = std::process::Command::new(py)
+        .args(["-c", script, &table.to_string_lossy(), &serde_json::to_string(columns).unwrap(), &serde_json::to_string(apps).unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "python: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn force() -> RunOptions {
+    RunOptions { force: true, ..Default::default() }
+}
+
+#[test]
+fn an_independent_reader_sees_the_rows_one_commit_per_run_and_the_transaction_versions() {
+    let Some(py) = python() else { return };
+    let folder = Folder::new("oracle");
+    let mut db = folder.open();
+    exec(&mut db, BRONZE);
+    let job = job(SILVER_JOB);
+    let first = job.load(d("2026-10-20"), &mut db).unwrap();
+    assert_eq!((first.outcome.as_str(), first.rows_inserted), ("committed", 4));
+    let retry = job.load(d("2026-10-20"), &mut db).unwrap();
+    assert_eq!(retry.outcome, "skipped");
+    let forced = job.load_with(d("2026-10-20"), &mut db, &force()).unwrap();
+    assert_eq!(forced.outcome, "committed");
+    let other_day = job.load(d("2026-10-19"), &mut db).unwrap();
+    assert_eq!(other_day.rows_inserted, 2);
+    // A process that opens the warehouse afresh sees the same.
+    drop(db);
+    let mut db = folder.open();
+    let again = job.load(d("2026-10-20"), &mut db).unwrap();
+    assert_eq!(again.outcome, "skipped", "the ledger written to the warehouse is read by the next process");
+
+    let read = read_with_python(
+        &py,
+        &folder.0.join("silver/orders"),
+        &["order_id", "order_total", "updated_at", "dt"],
+        &["fixpoint:silver_orders:2026-10-20", "fixpoint:silver_orders:2026-10-19", "fixpoint:silver_orders:2026-10-21"],
+    );
+    let rows: Vec<Vec<String>> = serde_json::from_value(read["rows"].clone()).unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            vec!["1", "12.50", "2026-10-19 08:00:00+00:00", "2026-10-19"],
+            vec!["2", "99.00", "2026-10-19 09:30:00+00:00", "2026-10-19"],
+            vec!["3", "5.25", "2026-10-20 07:00:00+00:00", "2026-10-20"],
+            vec!["4", "45.00", "2026-10-20 11:00:00+00:00", "2026-10-20"],
+            vec!["5", "7.00", "2026-10-20 12:00:00+00:00", "2026-10-20"],
+            vec!["6", "18.40", "2026-10-21 02:14:00+00:00", "2026-10-20"],
+        ]
+    );
+    // History, newest first: three data commits (the 19th, the forced
+    // rerun, the first run) and the table's creation; no commit for the
+    // two skipped runs.
+    let commits = read["commits"].as_array().unwrap();
+    let keys: Vec<Option<&str>> = commits.iter().map(|c| c["run_key"].as_str()).collect();
+    assert_eq!(keys, vec![Some(other_day.run_key.as_str()), Some(first.run_key.as_str()), Some(first.run_key.as_str()), None], "{commits:?}");
+    assert_eq!(commits.iter().filter(|c| c["operation"] == "WRITE").count(), 3, "{commits:?}");
+    assert_eq!(read["txn"]["fixpoint:silver_orders:2026-10-20"], 2, "two committed runs of the 20th");
+    assert_eq!(read["txn"]["fixpoint:silver_orders:2026-10-19"], 1);
+    assert!(read["txn"]["fixpoint:silver_orders:2026-10-21"].is_null());
+    // The ledger agrees: one row per committed run.
+    let entries = ledger::entries(&mut db, Some("silver_orders"), None, None).unwrap();
+    assert_eq!(entries.len(), 3);
+    // And DuckDB reading the Parquet files itself, without fixpoint's
+    // views, counts the same rows.
+    let ledger_rows = read_with_python(&py, &folder.0.join("fixpoint/runs"), &["run_key"], &[]);
+    assert_eq!(ledger_rows["rows"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn a_lost_commit_acknowledgement_is_a_no_op_when_retried() {
+    let Some(py) = python() else { return };
+    let folder = Folder::new("lost-ack");
+    let mut db = folder.open();
+    exec(&mut db, BRONZE);
+    let job = job(SILVER_JOB);
+    job.load(d("2026-10-19"), &mut db).unwrap();
+    drop(db);
+    let mut lossy = folder.open().with_fault(Some(DeltaFault::LoseCommitAck));
+    let err = job.load(d("2026-10-20"), &mut lossy).unwrap_err();
+    assert!(err.to_string().contains("acknowledgement was lost"), "{err}");
+    drop(lossy);
+    // The retry: the commit is in the table's log; the ledger row it lacks
+    // is written from the commit's info, and the run is skipped.
+    let mut db = folder.open();
+    let entries = ledger::entries(&mut db, Some("silver_orders"), Some(d("2026-10-20")), None).unwrap();
+    assert_eq!(entries.len(), 1, "the lost ledger row is written from the commit");
+    let retry = job.load(d("2026-10-20"), &mut db).unwrap();
+    assert_eq!(retry.outcome, "skipped");
+    assert_eq!(retry.run_key, entries[0].run_key);
+    let read = read_with_python(&py, &folder.0.join("silver/orders"), &["order_id"], &["fixpoint:silver_orders:2026-10-20"]);
+    let writes = read["commits"].as_array().unwrap().iter().filter(|c| c["operation"] == "WRITE").count();
+    assert_eq!(writes, 2, "one commit for the 19th, one for the 20th: the retry committed nothing");
+    assert_eq!(read["txn"]["fixpoint:silver_orders:2026-10-20"], 1);
+    assert_eq!(read["rows"].as_array().unwrap().len(), 6);
+}
+
+/// Runs `job` for `day` on its own warehouse connection, pausing at
+/// `BeforeCommit` (after its snapshot is read and its files written) for
+/// `pause_ms`.
+fn paused_run(folder: &Path, toml: &'static str, day: &'static str, pause_ms: u64) -> std::thread::JoinHandle<fixpoint_core::Result<fixpoint_core::RunReport>> {
+    let folder = folder.to_owned();
+    std::thread::spawn(move || {
+        let mut db = Delta::open(&folder).unwrap();
+        let opts = RunOptions { fault: Some((FailPoint::BeforeCommit, FaultAction::Pause(pause_ms))), force: true, ..Default::default() };
+        job(toml).load_with(d(day), &mut db, &opts)
+    })
+}
+
+#[test]
+fn of_two_concurrent_writers_of_one_day_one_commits_and_the_other_finds_it() {
+    let folder = Folder::new("concurrent");
+    let mut db = folder.open();
+    exec(&mut db, BRONZE);
+    job(SILVER_JOB).load(d("2026-10-19"), &mut db).unwrap();
+    drop(db);
+    // Same input: the second to commit finds the first's identical commit.
+    let slow = paused_run(&folder.0, SILVER_JOB, "2026-10-20", 1500);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let fast = paused_run(&folder.0, SILVER_JOB, "2026-10-20", 0).join().unwrap().unwrap();
+    assert_eq!(fast.outcome, "committed");
+    let slow = slow.join().unwrap();
+    let slow = slow.unwrap_or_else(|e| panic!("the slower identical run should find the first's commit: {e}"));
+    assert_eq!(slow.run_key, fast.run_key);
+    let mut db = folder.open();
+    let entries = ledger::entries(&mut db, Some("silver_orders"), Some(d("2026-10-20")), None).unwrap();
+    assert_eq!(entries.len(), 1, "one commit, one ledger row");
+    assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'"), 4);
+
+    // Different input: the second to commit stops with nothing written.
+    change_order_3(&mut db);
+    drop(db);
+    let slow = paused_run(&folder.0, SILVER_JOB, "2026-10-20", 1500);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    {
+        let mut db = folder.open();
+        exec(&mut db, "INSERT INTO bronze.orders VALUES (8, 16, 1.00, 'EUR', TIMESTAMP '2026-10-20 13:00:00', DATE '2026-10-20')");
+        let fast = job(SILVER_JOB).load(d("2026-10-20"), &mut db).unwrap();
+        assert_eq!((fast.outcome.as_str(), fast.rows_inserted), ("committed", 5));
+    }
+    let err = slow.join().unwrap().unwrap_err();
+    assert!(matches!(err, Error::Busy { .. }), "{err}");
+    assert!(err.to_string().contains("nothing of this run was committed"), "{err}");
+    let mut db = folder.open();
+    assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'"), 5, "the winner's day");
+    assert_eq!(ledger::entries(&mut db, Some("silver_orders"), Some(d("2026-10-20")), None).unwrap().len(), 2);
+    // No file of the loser is left in the table's folder.
+    let files = parquet_files(&folder.0.join("silver/orders"));
+    let active = count(&mut db, "SELECT count(*) FROM (SELECT DISTINCT dt FROM silver.orders)") as usize;
+    assert_eq!(files, active, "one file per partition, none orphaned: {files} files");
+}
+
+fn parquet_files(dir: &Path) -> usize {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() && !p.ends_with("_delta_log") {
+            n += parquet_files(&p);
+        } else if p.extension().is_some_and(|x| x == "parquet") {
+            n += 1;
+        }
+    }
+    n
+}
+
+#[test]
+fn a_table_with_features_fixpoint_cannot_honour_is_refused_by_name() {
+    let folder = Folder::new("features");
+    for (feature, protocol, config) in [
+        ("deletionVectors", r#"{"minReaderVersion":3,"minWriterVersion":7,"readerFeatures":["deletionVectors"],"writerFeatures":["deletionVectors"]}"#, "{}"),
+        ("columnMapping", r#"{"minReaderVersion":2,"minWriterVersion":5}"#, r#"{"delta.columnMapping.mode":"name"}"#),
+        ("delta.appendOnly", r#"{"minReaderVersion":1,"minWriterVersion":2}"#, r#"{"delta.appendOnly":"true"}"#),
+    ] {
+        let dir = folder.0.join("silver/orders");
+        let _ = std::fs::remove_dir_all(&folder.0);
+        std::fs::create_dir_all(dir.join("_delta_log")).unwrap();
+        let schema = r#"{"type":"struct","fields":[{"name":"order_id","type":"long","nullable":true,"metadata":{}},{"name":"dt","type":"date","nullable":true,"metadata":{}}]}"#;
+        let log = format!(
+            "{{\"protocol\":{protocol}}}\n{{\"metaData\":{{\"id\":\"5f1c\",\"format\":{{\"provider\":\"parquet\",\"options\":{{}}}},\"schemaString\":{},\"partitionColumns\":[\"dt\"],\"configuration\":{config},\"createdTime\":1}}}}\n",
+            serde_json::to_string(schema).unwrap()
+        );
+        std::fs::write(dir.join("_delta_log/00000000000000000000.json"), log).unwrap();
+        let err = match Delta::open(&folder.0) {
+            Err(e) => e,
+            Ok(_) => panic!("{feature}: opened"),
+        };
+        let text = err.to_string();
+        assert!(text.contains("silver.orders") && text.contains("cannot honour"), "{feature}: {text}");
+        assert!(text.contains(feature) || (feature == "columnMapping" && text.contains("columnMapping")), "{feature}: {text}");
+        assert!(err.hint().is_some(), "{feature}");
+    }
+}
+
+#[test]
+fn the_rows_of_a_delta_table_fingerprint_as_on_duckdb_and_diff_finds_nothing() {
+    use fixpoint_core::engine::measure::{fingerprint, Scope};
+    use fixpoint_core::tools::diff::{diff, DiffOptions, Sides};
+    use fixpoint_core::{Method, TableName};
+    let folder = Folder::new("portable");
+    let mut delta = folder.open();
+    let mut duck = DuckDbUnderTest.fresh();
+    let fixture = "CREATE SCHEMA s;
+CREATE TABLE s.t (id BIGINT, small SMALLINT, amount DECIMAL(12,2), ratio DOUBLE, name VARCHAR, day DATE, ts TIMESTAMP, flag BOOLEAN, raw BLOB);
+INSERT INTO s.t VALUES
+ (1, 7, 12.50, 0.1, 'plain', DATE '2026-10-20', TIMESTAMP '2026-10-20 08:00:00', true, from_hex('00ff10')),
+ (2, -3, -0.05, 1.0, '', DATE '1999-12-31', TIMESTAMP '2026-10-20 08:00:00.123456', false, from_hex('')),
+ (3, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL),
+ (4, 0, 99999.99, 1e20, 'ünïcödé ✓ ''quoted'' a,b', DATE '2026-02-28', TIMESTAMP '1970-01-01 00:00:00', true, from_hex('deadbeef'))";
+    exec(&mut delta, fixture);
+    exec(duck.as_mut(), fixture);
+    let t = TableName::parse("s.t").unwrap();
+    let portable = |db: &mut dyn Engine| {
+        let cols = db.table_columns(&t).unwrap().unwrap();
+        fingerprint(db, Method::Portable, &Scope::Table { table: &t, filter: None }, &cols).unwrap()
+    };
+    assert_eq!(portable(&mut delta), portable(duck.as_mut()));
+    assert_eq!(portable(&mut delta).rows, 4);
+    let key = DiffOptions { key: vec!["id".into()], ..Default::default() };
+    assert!(diff(&mut Sides::Two(&mut delta, duck.as_mut()), &t, &t, &key).unwrap().identical);
+    // A change on one side is seen, and the same change on the other
+    // makes them equal again (UPDATE and DELETE are commits on Delta).
+    let mut last = portable(&mut delta);
+    for change in ["UPDATE s.t SET name = 'plain ' WHERE id = 1", "UPDATE s.t SET ts = TIMESTAMP '2026-10-20 08:00:00.123457', amount = 1.25 WHERE id = 2", "DELETE FROM s.t WHERE id = 3"] {
+        exec(&mut delta, change);
+        let d = diff(&mut Sides::Two(&mut delta, duck.as_mut()), &t, &t, &key).unwrap();
+        assert!(!d.identical, "{change}");
+        assert_eq!(d.changed + d.only_in_a + d.only_in_b, 1, "{change}: {d:?}");
+        exec(duck.as_mut(), change);
+        let now = portable(&mut delta);
+        assert_ne!(now, last, "{change}");
+        assert_eq!(now, portable(duck.as_mut()), "{change}");
+        last = now;
+    }
+    drop(delta);
+    // Read again by a new process: the same.
+    let mut delta = folder.open();
+    assert_eq!(portable(&mut delta), portable(duck.as_mut()));
+}
+
+#[test]
+fn a_failed_run_leaves_no_file_and_no_commit() {
+    let folder = Folder::new("failed");
+    let mut db = folder.open();
+    exec(&mut db, BRONZE);
+    let job = job(SILVER_JOB);
+    job.load(d("2026-10-20"), &mut db).unwrap();
+    let files = parquet_files(&folder.0.join("silver/orders"));
+    let version = std::fs::read_dir(folder.0.join("silver/orders/_delta_log")).unwrap().count();
+    change_order_3(&mut db);
+    for point in FailPoint::ALL {
+        let opts = RunOptions { fault: Some((point, FaultAction::Error)), ..Default::default() };
+        let err = job.load_with(d("2026-10-20"), &mut db, &opts).unwrap_err();
+        assert!(matches!(err, Error::Injected(_)), "{point}: {err}");
+        assert_eq!(parquet_files(&folder.0.join("silver/orders")), files, "{point}: no file left behind");
+        assert_eq!(std::fs::read_dir(folder.0.join("silver/orders/_delta_log")).unwrap().count(), version, "{point}: no commit");
+        assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders WHERE order_id = 3 AND order_total = 5.25"), 1, "{point}: the old day");
+    }
+    let ok = job.load(d("2026-10-20"), &mut db).unwrap();
+    assert_eq!(ok.outcome, "committed");
+    assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders WHERE order_id = 3 AND order_total = 6.00"), 1);
+}
