@@ -37,6 +37,9 @@ pub struct Delta {
     fault: Option<DeltaFault>,
     /// Remove the warehouse when dropped (tests' scratch warehouses).
     scratch: bool,
+    /// The version of each table whose newest commit's ledger row is known
+    /// to be written.
+    checked: HashMap<TableName, i64>,
 }
 
 impl Drop for Delta {
@@ -94,7 +97,10 @@ impl Delta {
         // only where DuckDB has its time zone extension; without it every
         // conversion is UTC already).
         let _ = duck.execute(&Sql::raw("SET TimeZone = 'UTC'"));
-        let mut delta = Delta { duck, root, rt, tables: HashMap::new(), fault: None, scratch: false };
+        // The leased plans guard a row inside their write with Spark's
+        // `raise_error`; DuckDB calls it `error`.
+        duck.execute(&Sql::raw("CREATE OR REPLACE TEMPORARY MACRO raise_error(message) AS error(message)"))?;
+        let mut delta = Delta { duck, root, rt, tables: HashMap::new(), fault: None, scratch: false, checked: HashMap::new() };
         delta.discover()?;
         delta.repair_ledger()?;
         Ok(delta)
@@ -468,6 +474,10 @@ impl Delta {
         names.sort_by_key(|n| n.to_string());
         for name in names {
             let version = self.tables[&name].version();
+            if self.checked.get(&name) == Some(&version) {
+                continue;
+            }
+            self.checked.insert(name.clone(), version);
             let infos = self.rt.block_on(table::fixpoint_infos(&self.tables[&name].delta, version - 1))?;
             let Some(entry) = infos.first().and_then(|i| i.get("entry")).and_then(|e| e.as_object()).cloned() else { continue };
             let s = |k: &str| Value::Text(entry.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_owned());
@@ -687,7 +697,7 @@ impl Delta {
                 std::fs::remove_dir_all(&dir).map_err(|e| Error::Io { path: dir, source: e })?;
                 Ok(Some(0))
             }
-            Statement::Truncate { .. } | Statement::Merge { .. } => Err(Error::Unsupported {
+            Statement::Truncate(_) | Statement::Merge(_) => Err(Error::Unsupported {
                 engine: "delta",
                 capability: "TRUNCATE or MERGE statements on a warehouse table (use DELETE, or a fixpoint job)".into(),
             }),
@@ -877,6 +887,9 @@ impl Leases for Delta {
     /// The run starts from the newest snapshot of every table.
     fn acquire_lease(&mut self, _scope: &str, _wait: bool) -> Result<std::result::Result<(), String>> {
         self.refresh()?;
+        // A commit whose answer was lost (this process's earlier attempt, or
+        // another's) has its ledger row written before the run looks.
+        self.repair_ledger()?;
         Ok(Ok(()))
     }
 

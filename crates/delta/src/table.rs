@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use deltalake_core::kernel::transaction::{CommitBuilder, CommitProperties, TransactionError};
+use deltalake_core::kernel::transaction::{CommitBuilder, CommitProperties, TableReference, TransactionError};
 use deltalake_core::kernel::{Action, Add, DataType, Remove, StructField, Transaction};
 use deltalake_core::protocol::{DeltaOperation, SaveMode};
 use deltalake_core::{DeltaTable, DeltaTableError};
@@ -101,15 +101,6 @@ fn check_features(name: &TableName, snapshot: &deltalake_core::table::state::Del
             hint: Some(format!("write {name} with the tool that set that feature up, or copy it into a table without it (fixpoint honours protocol reader 1 / writer 2, and the table features timestampNtz, appendOnly and invariants)")),
         })
     };
-    for f in features("readerFeatures").into_iter().chain(features("writerFeatures")) {
-        if !HONOURED.contains(&f.as_str()) {
-            return refuse(format!("the table feature {f}"));
-        }
-    }
-    let by_features = reader == 3 && writer == 7;
-    if !by_features && (reader > 1 || writer > 2) {
-        return refuse(format!("protocol version reader {reader} / writer {writer} (column mapping, generated columns, check constraints or change data feed)"));
-    }
     let metadata = serde_json::to_value(snapshot.metadata()).unwrap_or_default();
     if let Some(config) = metadata.get("configuration").and_then(|c| c.as_object()) {
         for (k, v) in config {
@@ -123,6 +114,15 @@ fn check_features(name: &TableName, snapshot: &deltalake_core::table::state::Del
                 return refuse(format!("{k} = {v}"));
             }
         }
+    }
+    for f in features("readerFeatures").into_iter().chain(features("writerFeatures")) {
+        if !HONOURED.contains(&f.as_str()) {
+            return refuse(format!("the table feature {f}"));
+        }
+    }
+    let by_features = reader == 3 && writer == 7;
+    if !by_features && (reader > 1 || writer > 2) {
+        return refuse(format!("protocol version reader {reader} / writer {writer} (column mapping, generated columns, check constraints or change data feed)"));
     }
     Ok(())
 }
@@ -218,7 +218,7 @@ pub(crate) async fn add_column(table: Table, column: &Column) -> Result<Table> {
 /// How a commit ended.
 pub(crate) enum Committed {
     /// At this version.
-    Version(i64),
+    Version(#[allow(dead_code)] i64),
     /// Another writer committed first since the snapshot the run read.
     Conflict,
 }
@@ -253,7 +253,7 @@ pub(crate) async fn commit(table: &Table, txn: Option<(String, i64)>, info: Hash
         partition_by: (!table.partitions.is_empty()).then(|| table.partitions.clone()),
         predicate: None,
     };
-    match CommitBuilder::from(props).with_actions(actions).build(Some(snapshot), table.delta.log_store(), operation).await {
+    match CommitBuilder::from(props).with_actions(actions).build(Some(snapshot as &dyn TableReference), table.delta.log_store(), operation).await {
         Ok(done) => Ok(Committed::Version(done.version() as i64)),
         Err(DeltaTableError::VersionAlreadyExists(_)) | Err(DeltaTableError::Transaction { source: TransactionError::MaxCommitAttempts(_) | TransactionError::CommitConflict(_) }) => Ok(Committed::Conflict),
         Err(e) => Err(delta_error(format!("committing to the Delta table {}", table.name), e)),
