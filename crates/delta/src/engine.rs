@@ -504,8 +504,10 @@ impl Delta {
             .filter_map(|p| p.as_ident())
             .map(|i| if i.quote_style.is_some() { i.value.clone() } else { i.value.to_lowercase() })
             .collect();
+        // A name is a folder of the warehouse: nothing that leaves it.
+        let folder = |p: &String| !p.is_empty() && p != "." && p != ".." && !p.contains(['/', '\\', '\0']);
         match parts.as_slice() {
-            [s, t] if !s.eq_ignore_ascii_case("temp") && !s.eq_ignore_ascii_case("main") => Some(TableName { schema: s.clone(), table: t.clone() }),
+            [s, t] if !s.eq_ignore_ascii_case("temp") && !s.eq_ignore_ascii_case("main") && folder(s) && folder(t) => Some(TableName { schema: s.clone(), table: t.clone() }),
             _ => None,
         }
     }

@@ -236,6 +236,16 @@ macro_rules! delta_scenarios {
     };
 }
 
+/// Instantiates scenario functions `fn(&dyn EngineUnderTest)` on the
+/// engines of the leased plans: Spark and Delta (each behind its feature).
+#[macro_export]
+macro_rules! leased_scenarios {
+    ($($name:ident),* $(,)?) => {
+        $crate::spark_scenarios!($($name),*);
+        $crate::delta_scenarios!($($name),*);
+    };
+}
+
 /// Instantiates scenario functions `fn(&dyn EngineUnderTest)` again on one
 /// more engine under test (a plan forced by a test switch), in a module of
 /// their own.

@@ -650,19 +650,7 @@ fn wrong_input_changes_nothing(e: &dyn EngineUnderTest) {
     assert_eq!(count(db, "SELECT count(*) FROM fixpoint.runs"), runs, "no ledger row");
 }
 
-spark_scenarios!(
-    merge_backfills_batch_by_batch,
-    wrong_input_changes_nothing,
-    unpartitioned_merge_is_refused_on_spark,
-    seed_feed_replays_and_out_of_order,
-    tombstones_delete_and_never_resurrect,
-    ties_error_or_deterministic,
-    null_keys_and_versions_are_refused,
-    pruning_refuses_keys_in_untouched_partitions,
-    merge_failure_keeps_previous_contents,
-);
-
-delta_scenarios!(
+leased_scenarios!(
     merge_backfills_batch_by_batch,
     wrong_input_changes_nothing,
     unpartitioned_merge_is_refused_on_spark,

@@ -366,16 +366,7 @@ scenarios_on!(duckdb_untapped_insert, fixpoint_scenarios::DuckDbUntappedInsertUn
     failure_at_any_step_without_run_key,
 );
 
-spark_scenarios!(
-    five_runs_equal_one_run,
-    an_empty_day_empties_the_partition,
-    failure_at_any_step_keeps_previous_contents,
-    rows_outside_the_partition_are_refused,
-    too_few_rows_are_refused,
-    failure_at_any_step_without_run_key,
-);
-
-delta_scenarios!(
+leased_scenarios!(
     five_runs_equal_one_run,
     an_empty_day_empties_the_partition,
     failure_at_any_step_keeps_previous_contents,
