@@ -92,10 +92,10 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
         assert_eq!(ledger_rows(tmp.path()).len(), 1);
         let status = fixpoint(tmp.path(), &["status", "job.toml", "--from", "2026-10-20", "--to", "2026-10-20", "--db", "delta:wh", "--output", "json"], &[]);
         assert_eq!(status.status.code(), Some(0), "{}", String::from_utf8_lossy(&status.stdout));
-        // Object storage is refused with exit 2 and the fix.
-        let s3 = fixpoint(tmp.path(), &["run", "job.toml", "--date", "2026-10-20", "--db", "delta:s3://bucket/wh"], &[]);
-        assert_eq!(s3.status.code(), Some(2));
-        assert!(String::from_utf8_lossy(&s3.stderr).contains("local folder"), "{}", String::from_utf8_lossy(&s3.stderr));
+        // A scheme other than a folder or s3:// is refused with exit 2 and the fix.
+        let gs = fixpoint(tmp.path(), &["run", "job.toml", "--date", "2026-10-20", "--db", "delta:gs://bucket/wh"], &[]);
+        assert_eq!(gs.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&gs.stderr).contains("delta:s3://bucket/prefix"), "{}", String::from_utf8_lossy(&gs.stderr));
     }
 
     /// kill -9 before the commit (files written), right after it (before

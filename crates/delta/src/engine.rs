@@ -10,7 +10,8 @@ use fixpoint_core::{Error, Result};
 use fixpoint_duckdb::DuckDb;
 use sqlparser::ast::{AlterTableOperation, ObjectName, ObjectType, Statement};
 
-use crate::table::{self, Committed, DataFile, Table};
+use crate::store::S3;
+use crate::table::{self, Committed, DataFile, Place, Table};
 
 /// The ledger's name.
 fn ledger_name() -> TableName {
@@ -28,10 +29,13 @@ pub enum DeltaFault {
     AbortAfterCommit,
 }
 
-/// A warehouse of Delta tables in a local folder.
+/// A warehouse of Delta tables in a local folder or on S3.
 pub struct Delta {
     duck: DuckDb,
+    /// The warehouse's folder (on S3: its local cache).
     root: PathBuf,
+    /// On S3: the bucket and prefix.
+    s3: Option<S3>,
     rt: tokio::runtime::Runtime,
     tables: HashMap<TableName, Table>,
     fault: Option<DeltaFault>,
@@ -46,11 +50,14 @@ impl Drop for Delta {
     fn drop(&mut self) {
         // Files written for a commit that never came are not part of any
         // table; remove them.
-        let orphans: Vec<PathBuf> = self.tables.values().flat_map(|t| t.files.iter().filter(|f| f.pending).map(|f| t.dir.join(&f.path))).collect();
-        for f in orphans {
-            let _ = std::fs::remove_file(f);
+        let orphans: Vec<(TableName, String)> = self.tables.iter().flat_map(|(n, t)| t.files.iter().filter(|f| f.pending).map(|f| (n.clone(), f.path.clone()))).collect();
+        for (name, rel) in orphans {
+            self.remove_written(&name, &rel);
         }
         if self.scratch {
+            if let Some(s3) = &self.s3 {
+                let _ = self.rt.block_on(s3.delete_all(""));
+            }
             let _ = std::fs::remove_dir_all(&self.root);
         }
     }
@@ -63,16 +70,33 @@ pub fn parse_url(url: &str) -> Option<PathBuf> {
 
 impl Delta {
     /// Opens the warehouse `delta:PATH` (created when missing; its parent
-    /// folder must exist).
+    /// folder must exist) or `delta:s3://bucket/prefix`.
     pub fn open_url(url: &str) -> Result<Delta> {
-        let path = parse_url(url).ok_or_else(|| Error::argument(format!("{url:?} is not a Delta warehouse URL"), Some("use delta:PATH")))?;
-        if path.to_str().is_some_and(|p| p.contains("://")) {
-            return Err(Error::argument(
-                format!("{url:?}: this fixpoint writes Delta warehouses in local folders; object storage URLs are not supported yet"),
-                Some("give a local folder: delta:/path/to/warehouse"),
-            ));
+        let path = parse_url(url).ok_or_else(|| Error::argument(format!("{url:?} is not a Delta warehouse URL"), Some("use delta:PATH or delta:s3://bucket/prefix")))?;
+        match path.to_str() {
+            Some(p) if p.starts_with("s3://") => Delta::open_s3(p, &[]),
+            Some(p) if p.contains("://") => Err(Error::argument(
+                format!("{url:?}: fixpoint writes Delta warehouses in local folders and on S3 (s3://); this scheme is not supported"),
+                Some("give delta:/path/to/warehouse or delta:s3://bucket/prefix"),
+            )),
+            _ => Delta::open(&path),
         }
-        Delta::open(&path)
+    }
+
+    /// Opens the warehouse `s3://bucket/prefix` (`options`: S3 settings
+    /// over the `AWS_*` environment variables, e.g. `aws_endpoint_url`).
+    pub fn open_s3(url: &str, options: &[(String, String)]) -> Result<Delta> {
+        let s3 = S3::open(url, options)?;
+        let cache = crate::store::cache_dir(&s3);
+        std::fs::create_dir_all(&cache).map_err(|e| Error::Io { path: cache.clone(), source: e })?;
+        Delta::init(cache, Some(s3))
+    }
+
+    /// A warehouse on S3 removed when dropped, with its cache (tests).
+    pub fn scratch_s3(url: &str, options: &[(String, String)]) -> Result<Delta> {
+        let mut d = Delta::open_s3(url, options)?;
+        d.scratch = true;
+        Ok(d)
     }
 
     /// Opens the warehouse in `path`.
@@ -90,6 +114,10 @@ impl Delta {
             return Err(Error::argument(format!("{} is not a folder", root.display()), Some("give --db delta:FOLDER, a folder that holds (or will hold) the warehouse's tables")));
         }
         std::fs::create_dir_all(&root).map_err(|e| Error::Io { path: root.clone(), source: e })?;
+        Delta::init(root, None)
+    }
+
+    fn init(root: PathBuf, s3: Option<S3>) -> Result<Delta> {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| Error::Internal(format!("starting the Delta runtime: {e}")))?;
         let mut duck = DuckDb::open_in_memory()?;
         // Delta's `timestamp` is UTC: DuckDB's TIMESTAMP values are written
@@ -100,7 +128,7 @@ impl Delta {
         // The leased plans guard a row inside their write with Spark's
         // `raise_error`; DuckDB calls it `error`.
         duck.execute(&Sql::raw("CREATE OR REPLACE TEMPORARY MACRO raise_error(message) AS error(message)"))?;
-        let mut delta = Delta { duck, root, rt, tables: HashMap::new(), fault: None, scratch: false, checked: HashMap::new() };
+        let mut delta = Delta { duck, root, s3, rt, tables: HashMap::new(), fault: None, scratch: false, checked: HashMap::new() };
         delta.discover()?;
         delta.repair_ledger()?;
         Ok(delta)
@@ -124,15 +152,70 @@ impl Delta {
         &self.root
     }
 
-    /// The folder of `table`.
+    /// The folder of `table` (on S3: in the local cache).
     pub fn table_dir(&self, table: &TableName) -> PathBuf {
         self.root.join(&table.schema).join(&table.table)
+    }
+
+    /// `schema/table`, the table's path in the warehouse.
+    fn rel(table: &TableName) -> String {
+        format!("{}/{}", table.schema, table.table)
+    }
+
+    /// Where the table's log is read and written.
+    fn place<'a>(&self, table: &TableName, dir: &'a Path) -> Result<Place<'a>> {
+        let remote = match &self.s3 {
+            Some(s3) => Some((s3.url(&Self::rel(table))?, s3.store.clone())),
+            None => None,
+        };
+        Ok(Place { dir, remote })
+    }
+
+    /// Whether `table` has a Delta log.
+    fn has_log(&self, table: &TableName) -> Result<bool> {
+        match &self.s3 {
+            Some(s3) => self.rt.block_on(s3.holds(&format!("{}/_delta_log", Self::rel(table)))),
+            None => Ok(self.table_dir(table).join("_delta_log").is_dir()),
+        }
+    }
+
+    /// Removes a data file this process wrote and did not commit (best
+    /// effort: a file left over is in no table).
+    fn remove_written(&self, table: &TableName, rel: &str) {
+        let _ = std::fs::remove_file(self.table_dir(table).join(rel));
+        if let Some(s3) = &self.s3 {
+            let _ = self.rt.block_on(s3.delete(&format!("{}/{rel}", Self::rel(table))));
+        }
+    }
+
+    /// On S3: every active file of `name` in the local cache (downloaded
+    /// when missing or of another size).
+    fn fetch(&mut self, name: &TableName) -> Result<()> {
+        let Some(s3) = &self.s3 else { return Ok(()) };
+        let t = &self.tables[name];
+        for f in t.files.iter().filter(|f| !f.pending) {
+            let local = t.dir.join(&f.path);
+            if std::fs::metadata(&local).map(|m| m.len() as i64 == f.size).unwrap_or(false) {
+                continue;
+            }
+            self.rt.block_on(s3.download(&format!("{}/{}", Self::rel(name), f.path), &local))?;
+        }
+        Ok(())
     }
 
     /// Loads every table of the warehouse and makes it readable.
     fn discover(&mut self) -> Result<()> {
         let mut names = Vec::new();
-        for schema in read_dir(&self.root)? {
+        if let Some(s3) = &self.s3 {
+            for schema in self.rt.block_on(s3.folders(""))? {
+                for table in self.rt.block_on(s3.folders(&schema))? {
+                    if self.rt.block_on(s3.holds(&format!("{schema}/{table}/_delta_log")))? {
+                        names.push(TableName { schema: schema.clone(), table });
+                    }
+                }
+            }
+        }
+        for schema in if self.s3.is_some() { Vec::new() } else { read_dir(&self.root)? } {
             for table in read_dir(&schema)? {
                 if table.join("_delta_log").is_dir() {
                     let (Some(s), Some(t)) = (schema.file_name().and_then(|s| s.to_str()), table.file_name().and_then(|s| s.to_str())) else { continue };
@@ -149,7 +232,8 @@ impl Delta {
     /// (Re)loads `name`'s newest snapshot and its view.
     fn load(&mut self, name: &TableName) -> Result<()> {
         let dir = self.table_dir(name);
-        let t = self.rt.block_on(table::load(name, &dir))?;
+        let place = self.place(name, &dir)?;
+        let t = self.rt.block_on(table::load(name, &place))?;
         self.tables.insert(name.clone(), t);
         self.register(name)
     }
@@ -158,7 +242,7 @@ impl Delta {
     fn refresh(&mut self) -> Result<()> {
         let mut stale = Vec::new();
         for (name, t) in &self.tables {
-            if !t.dir.join("_delta_log").is_dir() {
+            if !self.has_log(name)? {
                 stale.push((name.clone(), false));
                 continue;
             }
@@ -184,7 +268,7 @@ impl Delta {
         if self.tables.contains_key(name) {
             return Ok(true);
         }
-        if self.table_dir(name).join("_delta_log").is_dir() {
+        if self.has_log(name)? {
             self.load(name)?;
             return Ok(true);
         }
@@ -194,9 +278,23 @@ impl Delta {
     /// Makes `name` readable in DuckDB as a view over its files, as the
     /// run will leave them.
     fn register(&mut self, name: &TableName) -> Result<()> {
+        self.fetch(name)?;
+        let select = self.view_select(name, false)?;
+        self.duck.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&name.schema))))?;
+        self.duck.execute(&Sql::raw(format!("CREATE OR REPLACE VIEW {} AS {select}", name.quoted())))?;
+        Ok(())
+    }
+
+    /// The rows of `name` as its snapshot (with this run's pending changes)
+    /// holds them; `with_file`: and the path of the file holding each row,
+    /// as `"__fixpoint_file"`.
+    fn view_select(&mut self, name: &TableName, with_file: bool) -> Result<String> {
         let t = &self.tables[name];
         let select = if t.files.is_empty() {
-            let cols: Vec<String> = t.columns.iter().map(|c| format!("CAST(NULL AS {}) AS {}", c.ty, quote_ident(&c.name))).collect();
+            let mut cols: Vec<String> = t.columns.iter().map(|c| format!("CAST(NULL AS {}) AS {}", c.ty, quote_ident(&c.name))).collect();
+            if with_file {
+                cols.push("CAST(NULL AS VARCHAR) AS \"__fixpoint_file\"".into());
+            }
             format!("SELECT {} WHERE false", cols.join(", "))
         } else {
             let paths: Vec<String> = t.files.iter().map(|f| literal(&t.dir.join(&f.path).to_string_lossy())).collect();
@@ -213,8 +311,12 @@ impl Delta {
                     cols.push(format!("CAST(NULL AS {}) AS {}", c.ty, quote_ident(&c.name)));
                 }
             }
+            if with_file {
+                cols.push("f.\"__fixpoint_file\"".into());
+            }
             if t.partitions.is_empty() {
-                format!("SELECT {} FROM read_parquet({list}, union_by_name = true) AS f", cols.join(", "))
+                let file = if with_file { ", filename = '__fixpoint_file'" } else { "" };
+                format!("SELECT {} FROM read_parquet({list}, union_by_name = true{file}) AS f", cols.join(", "))
             } else {
                 let mut values = Vec::new();
                 for f in &t.files {
@@ -237,9 +339,7 @@ impl Delta {
                 )
             }
         };
-        self.duck.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&name.schema))))?;
-        self.duck.execute(&Sql::raw(format!("CREATE OR REPLACE VIEW {} AS {select}", name.quoted())))?;
-        Ok(())
+        Ok(select)
     }
 
     /// The columns the files in `list` hold between them.
@@ -275,7 +375,7 @@ impl Delta {
             let rows = self.duck.query(&Sql::raw(format!("SELECT DISTINCT {} FROM {relation}", list.join(", "))))?;
             rows.rows.into_iter().map(|r| r.into_iter().map(|v| v.as_str().map(str::to_owned)).collect()).collect()
         };
-        let mut out = Vec::new();
+        let mut out: Vec<DataFile> = Vec::new();
         for group in groups {
             let mut sql = Sql::new();
             sql.push(&format!("CREATE OR REPLACE TEMPORARY TABLE \"__fixpoint_part\" AS SELECT {} FROM {relation}", data.join(", ")));
@@ -299,6 +399,15 @@ impl Delta {
             }
             self.duck.execute(&Sql::raw(format!("COPY \"__fixpoint_part\" TO {} (FORMAT parquet)", literal(&path.to_string_lossy()))))?;
             let size = std::fs::metadata(&path).map_err(|e| Error::Io { path: path.clone(), source: e })?.len() as i64;
+            if let Some(s3) = &self.s3 {
+                if let Err(e) = self.rt.block_on(s3.upload(&path, &format!("{}/{rel}", Self::rel(name)))) {
+                    self.remove_written(name, &rel);
+                    for f in &out {
+                        self.remove_written(name, &f.path);
+                    }
+                    return Err(e);
+                }
+            }
             out.push(DataFile { path: rel, size, partition_values: values, pending: true });
         }
         self.duck.execute(&Sql::raw("DROP TABLE IF EXISTS \"__fixpoint_part\""))?;
@@ -310,15 +419,19 @@ impl Delta {
     fn replace_files(&mut self, name: &TableName, matches: impl Fn(&DataFile) -> bool, new: Vec<DataFile>) -> Result<()> {
         let t = self.tables.get_mut(name).expect("loaded");
         let (gone, kept): (Vec<DataFile>, Vec<DataFile>) = std::mem::take(&mut t.files).into_iter().partition(|f| matches(f));
+        let mut unwritten = Vec::new();
         for f in gone {
             if f.pending {
-                let _ = std::fs::remove_file(t.dir.join(&f.path));
+                unwritten.push(f.path);
             } else {
                 t.removes.push(f);
             }
         }
         t.files = kept;
         t.files.extend(new);
+        for rel in unwritten {
+            self.remove_written(name, &rel);
+        }
         self.register(name)
     }
 
@@ -351,12 +464,12 @@ impl Delta {
 
     /// Drops this run's uncommitted changes to `name` (their files removed).
     fn discard(&mut self, name: &TableName) {
-        if let Some(t) = self.tables.get_mut(name) {
-            for f in t.files.iter().filter(|f| f.pending) {
-                let _ = std::fs::remove_file(t.dir.join(&f.path));
-            }
-            t.files.retain(|f| !f.pending);
-            t.removes.clear();
+        let Some(t) = self.tables.get_mut(name) else { return };
+        let unwritten: Vec<String> = t.files.iter().filter(|f| f.pending).map(|f| f.path.clone()).collect();
+        t.files.retain(|f| !f.pending);
+        t.removes.clear();
+        for rel in unwritten {
+            self.remove_written(name, &rel);
         }
     }
 
@@ -423,7 +536,7 @@ impl Delta {
                 // The commit may have landed with its answer lost: the
                 // table's transaction version for the run's app id says.
                 let t = self.tables.get_mut(name).expect("loaded");
-                let written: Vec<PathBuf> = t.files.iter().filter(|f| f.pending).map(|f| t.dir.join(&f.path)).collect();
+                let written: Vec<String> = t.files.iter().filter(|f| f.pending).map(|f| f.path.clone()).collect();
                 t.files.retain(|f| !f.pending);
                 self.load(name)?;
                 let infos = self.rt.block_on(table::fixpoint_infos(&self.tables[name].delta, read))?;
@@ -431,8 +544,8 @@ impl Delta {
                 if infos.iter().any(ours) {
                     return Ok(true);
                 }
-                for f in written {
-                    let _ = std::fs::remove_file(f);
+                for rel in written {
+                    self.remove_written(name, &rel);
                 }
                 Err(e)
             }
@@ -591,8 +704,13 @@ impl Delta {
                 }
                 self.tables.remove(&name);
                 self.duck.execute(&Sql::raw(format!("DROP VIEW IF EXISTS {}", name.quoted())))?;
+                if let Some(s3) = &self.s3 {
+                    self.rt.block_on(s3.delete_all(&Self::rel(&name)))?;
+                }
                 let dir = self.table_dir(&name);
-                std::fs::remove_dir_all(&dir).map_err(|e| Error::Io { path: dir, source: e })?;
+                if dir.exists() || self.s3.is_none() {
+                    std::fs::remove_dir_all(&dir).map_err(|e| Error::Io { path: dir, source: e })?;
+                }
                 Ok(Some(0))
             }
             Statement::AlterTable(at) => {
@@ -613,7 +731,12 @@ impl Delta {
                         self.tables.remove(&name);
                         self.duck.execute(&Sql::raw(format!("DROP VIEW IF EXISTS {}", name.quoted())))?;
                         let (from_dir, to_dir) = (self.table_dir(&name), self.table_dir(&to));
-                        std::fs::rename(&from_dir, &to_dir).map_err(|e| Error::Io { path: from_dir, source: e })?;
+                        if let Some(s3) = &self.s3 {
+                            self.rt.block_on(s3.move_all(&Self::rel(&name), &Self::rel(&to)))?;
+                            let _ = std::fs::remove_dir_all(&from_dir);
+                        } else {
+                            std::fs::rename(&from_dir, &to_dir).map_err(|e| Error::Io { path: from_dir, source: e })?;
+                        }
                         self.load(&to)?;
                         Ok(Some(0))
                     }
@@ -685,7 +808,14 @@ impl Delta {
                 let Some(ident) = schema.0.last().and_then(|p| p.as_ident()) else { return Ok(None) };
                 let schema = if ident.quote_style.is_some() { ident.value.clone() } else { ident.value.to_lowercase() };
                 let dir = self.root.join(&schema);
-                if !dir.is_dir() || schema.is_empty() || schema.contains('/') || schema.starts_with('.') {
+                if schema.is_empty() || schema.contains('/') || schema.starts_with('.') {
+                    return Ok(None);
+                }
+                let exists = match &self.s3 {
+                    Some(s3) => self.rt.block_on(s3.holds(&schema))?,
+                    None => dir.is_dir(),
+                };
+                if !exists {
                     return Ok(None);
                 }
                 let held: Vec<TableName> = self.tables.keys().filter(|t| t.schema == schema).cloned().collect();
@@ -696,7 +826,12 @@ impl Delta {
                     self.tables.remove(&t);
                 }
                 self.duck.execute(&Sql::raw(format!("DROP SCHEMA {}{} CASCADE", if if_exists { "IF EXISTS " } else { "" }, quote_ident(&schema))))?;
-                std::fs::remove_dir_all(&dir).map_err(|e| Error::Io { path: dir, source: e })?;
+                if let Some(s3) = &self.s3 {
+                    self.rt.block_on(s3.delete_all(&schema))?;
+                    let _ = std::fs::remove_dir_all(&dir);
+                } else {
+                    std::fs::remove_dir_all(&dir).map_err(|e| Error::Io { path: dir, source: e })?;
+                }
                 Ok(Some(0))
             }
             Statement::Truncate(_) | Statement::Merge(_) => Err(Error::Unsupported {
@@ -737,7 +872,8 @@ impl Delta {
     /// Creates `name` now (a commit of its own) and makes it readable.
     fn create_table_now(&mut self, name: &TableName, columns: &[Column], partition: Option<&str>) -> Result<()> {
         let dir = self.table_dir(name);
-        let t = self.rt.block_on(table::create(name, &dir, columns, partition))?;
+        let place = self.place(name, &dir)?;
+        let t = self.rt.block_on(table::create(name, &place, columns, partition))?;
         self.tables.insert(name.clone(), t);
         self.register(name)
     }
@@ -937,6 +1073,52 @@ impl Leases for Delta {
             self.replace_files(table, |f| partitions.is_empty() || touched.iter().any(|t| partitions.iter().all(|p| t.get(p) == f.partition_values.get(p))), files)
         })();
         self.duck.execute(&Sql::raw("DROP TABLE IF EXISTS \"__fixpoint_out\""))?;
+        result
+    }
+
+    /// One commit: the files holding a dropped row removed, their other
+    /// rows and the new ones added (the other files are not touched).
+    fn replaces_rows(&self) -> bool {
+        true
+    }
+
+    fn replace_rows(&mut self, table: &TableName, columns: &[String], dropped: &Sql, select: &Sql) -> Result<()> {
+        if !self.is_table(table)? {
+            return Err(Error::Internal(format!("replacing rows of {table}, which is not a Delta table of the warehouse")));
+        }
+        let mut staged = Sql::new();
+        staged.push(&format!("CREATE OR REPLACE TEMPORARY TABLE \"__fixpoint_out\" AS {}", select.text));
+        staged.params = select.params.clone();
+        self.duck.execute(&staged)?;
+        let result = (|| {
+            let described = self.duck.describe(&Sql::raw("SELECT * FROM \"__fixpoint_out\""))?;
+            let renamed: Vec<String> = described.iter().zip(columns).map(|(s, t)| format!("{} AS {}", quote_ident(&s.name), quote_ident(t))).collect();
+            let rows = self.view_select(table, true)?;
+            // The files holding a dropped row.
+            let mut hit = Sql::new();
+            hit.push(&format!("CREATE OR REPLACE TEMPORARY TABLE \"__fixpoint_hit\" AS SELECT DISTINCT t.\"__fixpoint_file\" AS \"f\" FROM ({rows}) AS t WHERE ({})", dropped.text));
+            hit.params = dropped.params.clone();
+            self.duck.execute(&hit)?;
+            let hit_files: std::collections::HashSet<String> =
+                self.duck.query(&Sql::raw("SELECT \"f\" FROM \"__fixpoint_hit\""))?.rows.into_iter().filter_map(|r| r.first().and_then(|v| v.as_str()).map(str::to_owned)).collect();
+            // Their other rows, written again with the new ones.
+            let cols: Vec<String> = self.tables[table].columns.iter().map(|c| format!("t.{}", quote_ident(&c.name))).collect();
+            let mut kept = Sql::new();
+            kept.push(&format!(
+                "CREATE OR REPLACE TEMPORARY TABLE \"__fixpoint_kept\" AS SELECT {} FROM ({rows}) AS t WHERE t.\"__fixpoint_file\" IN (SELECT \"f\" FROM \"__fixpoint_hit\") AND ({}) IS NOT TRUE",
+                cols.join(", "),
+                dropped.text
+            ));
+            kept.params = dropped.params.clone();
+            self.duck.execute(&kept)?;
+            let relation = format!("(SELECT * FROM \"__fixpoint_kept\" UNION ALL BY NAME SELECT {} FROM \"__fixpoint_out\")", renamed.join(", "));
+            let files = self.write_files(table, &relation)?;
+            let dir = self.tables[table].dir.clone();
+            self.replace_files(table, |f| hit_files.contains(dir.join(&f.path).to_string_lossy().as_ref()), files)
+        })();
+        for t in ["__fixpoint_out", "__fixpoint_hit", "__fixpoint_kept"] {
+            self.duck.execute(&Sql::raw(format!("DROP TABLE IF EXISTS \"{t}\"")))?;
+        }
         result
     }
 

@@ -1,7 +1,7 @@
 //! The Delta Lake engine for fixpoint (cargo feature `delta`).
 //!
-//! `--db delta:PATH` is a warehouse of Delta tables: `schema.table` is the
-//! Delta table in `PATH/schema/table`. The job's SQL, guards, fingerprints
+//! `--db delta:PATH` (or `delta:s3://bucket/prefix`) is a warehouse of
+//! Delta tables: `schema.table` is the Delta table in `PATH/schema/table`. The job's SQL, guards, fingerprints
 //! and dedup run in an embedded DuckDB, which reads each table through a
 //! view over the active files of the snapshot the run loaded; every write is
 //! a Delta commit made with delta-rs (the `deltalake-core` crate, without
@@ -22,6 +22,8 @@
 
 #[cfg(feature = "delta")]
 mod engine;
+#[cfg(feature = "delta")]
+mod store;
 #[cfg(feature = "delta")]
 mod table;
 

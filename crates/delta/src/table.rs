@@ -56,17 +56,40 @@ impl Table {
     }
 }
 
-/// A URL for a local folder.
-pub(crate) fn folder_url(dir: &Path) -> Result<url::Url> {
-    url::Url::from_directory_path(dir).map_err(|_| Error::argument(format!("{} is not an absolute folder path", dir.display()), Some("give the warehouse as delta:/absolute/path")))
+/// Where a table's log lives: its local folder, or a URL on the store
+/// given (S3; `dir` is then the table's folder in the local cache).
+pub(crate) struct Place<'a> {
+    pub dir: &'a Path,
+    pub remote: Option<(url::Url, std::sync::Arc<dyn object_store::ObjectStore>)>,
 }
 
-/// Loads the table in `dir` (its newest snapshot), checking that fixpoint
-/// can honour every feature it uses.
-pub(crate) async fn load(name: &TableName, dir: &Path) -> Result<Table> {
-    let url = folder_url(dir)?;
-    let delta = deltalake_core::open_table(url).await.map_err(|e| delta_error(format!("opening the Delta table {name} in {}", dir.display()), e))?;
-    from_delta(name, dir, delta)
+impl Place<'_> {
+    fn describe(&self) -> String {
+        match &self.remote {
+            Some((url, _)) => url.to_string(),
+            None => self.dir.display().to_string(),
+        }
+    }
+
+    /// The table, not loaded.
+    fn table(&self) -> std::result::Result<DeltaTable, DeltaTableError> {
+        match &self.remote {
+            Some((url, store)) => deltalake_core::DeltaTableBuilder::from_url(url.clone())?.with_storage_backend(store.clone(), url.clone()).build(),
+            None => {
+                let url = url::Url::from_directory_path(self.dir).map_err(|_| DeltaTableError::InvalidTableLocation(self.dir.display().to_string()))?;
+                deltalake_core::DeltaTableBuilder::from_url(url)?.build()
+            }
+        }
+    }
+}
+
+/// Loads the table at `place` (its newest snapshot), checking that
+/// fixpoint can honour every feature it uses.
+pub(crate) async fn load(name: &TableName, place: &Place<'_>) -> Result<Table> {
+    let context = || format!("opening the Delta table {name} in {}", place.describe());
+    let mut delta = place.table().map_err(|e| delta_error(context(), e))?;
+    delta.load().await.map_err(|e| delta_error(context(), e))?;
+    from_delta(name, place.dir, delta)
 }
 
 /// The table as loaded in `delta`.
@@ -189,15 +212,15 @@ pub(crate) fn delta_type(table: &TableName, column: &Column) -> Result<DataType>
     })
 }
 
-/// Creates the table in `dir` with `columns`, partitioned by `partition`.
-pub(crate) async fn create(name: &TableName, dir: &Path, columns: &[Column], partition: Option<&str>) -> Result<Table> {
+/// Creates the table at `place` with `columns`, partitioned by `partition`.
+pub(crate) async fn create(name: &TableName, place: &Place<'_>, columns: &[Column], partition: Option<&str>) -> Result<Table> {
     let mut fields = Vec::new();
     for c in columns {
         fields.push(StructField::new(c.name.clone(), delta_type(name, c)?, true));
     }
+    let dir = place.dir;
     std::fs::create_dir_all(dir).map_err(|e| Error::Io { path: dir.to_owned(), source: e })?;
-    let url = folder_url(dir)?;
-    let table = DeltaTable::try_from_url(url).await.map_err(|e| delta_error(format!("creating the Delta table {name}"), e))?;
+    let table = place.table().map_err(|e| delta_error(format!("creating the Delta table {name}"), e))?;
     let mut create = table.create().with_table_name(name.table.clone()).with_columns(fields).with_save_mode(SaveMode::ErrorIfExists);
     if let Some(p) = partition {
         create = create.with_partition_columns([p.to_owned()]);

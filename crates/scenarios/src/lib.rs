@@ -219,8 +219,75 @@ impl EngineUnderTest for DeltaUnderTest {
     }
 }
 
+/// A scratch Delta warehouse on the local S3-compatible server
+/// (`scripts/moto-local.sh start`; its endpoint in `FIXPOINT_TEST_S3`,
+/// default `http://127.0.0.1:5055`, bucket `fixpoint-test`), removed when
+/// the engine is dropped (feature `delta`).
+#[cfg(feature = "delta")]
+pub struct DeltaS3UnderTest {
+    /// The server's endpoint (`http://host:port`).
+    pub endpoint: String,
+}
+
+#[cfg(feature = "delta")]
+impl DeltaS3UnderTest {
+    /// The bucket the tests write to.
+    pub const BUCKET: &'static str = "fixpoint-test";
+
+    /// The server's endpoint.
+    pub fn endpoint() -> String {
+        std::env::var("FIXPOINT_TEST_S3").unwrap_or_else(|_| "http://127.0.0.1:5055".into())
+    }
+
+    /// The server, or `None` (after saying so) when it is not running;
+    /// under `CI=true` it must be.
+    pub fn get() -> Option<DeltaS3UnderTest> {
+        let endpoint = Self::endpoint();
+        let addr = endpoint.trim_start_matches("http://").trim_end_matches('/').to_owned();
+        let up = std::net::ToSocketAddrs::to_socket_addrs(&addr)
+            .ok()
+            .and_then(|mut a| a.next())
+            .is_some_and(|a| std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(2)).is_ok());
+        match up {
+            true => Some(DeltaS3UnderTest { endpoint }),
+            false if std::env::var("CI").as_deref() == Ok("true") => panic!("no S3-compatible server at {endpoint} under CI=true (scripts/moto-local.sh start)"),
+            false => {
+                eprintln!("skipped: no S3-compatible server at {endpoint} (scripts/moto-local.sh start)");
+                None
+            }
+        }
+    }
+
+    /// The settings the engine and the Python reader use for the server.
+    pub fn options(&self) -> Vec<(String, String)> {
+        [("aws_endpoint_url", self.endpoint.as_str()), ("aws_allow_http", "true"), ("aws_access_key_id", "test"), ("aws_secret_access_key", "test"), ("aws_region", "us-east-1")]
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    /// A fresh warehouse URL (`s3://fixpoint-test/…`).
+    pub fn fresh_url(&self) -> String {
+        let n = DELTA_COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        format!("s3://{}/wh-{}-{nanos}-{n}", Self::BUCKET, std::process::id())
+    }
+
+    /// A fresh warehouse, as the Delta engine.
+    pub fn fresh_delta(&self) -> fixpoint_delta::Delta {
+        fixpoint_delta::Delta::scratch_s3(&self.fresh_url(), &self.options()).unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+#[cfg(feature = "delta")]
+impl EngineUnderTest for DeltaS3UnderTest {
+    fn fresh(&self) -> Box<dyn Engine> {
+        Box::new(self.fresh_delta())
+    }
+}
+
 /// Instantiates scenario functions `fn(&dyn EngineUnderTest)` on a Delta
-/// warehouse in a local folder (feature `delta`).
+/// warehouse in a local folder, and on S3 (feature `delta`).
 #[macro_export]
 macro_rules! delta_scenarios {
     ($($name:ident),* $(,)?) => {
@@ -232,6 +299,16 @@ macro_rules! delta_scenarios {
                     super::$name(&$crate::DeltaUnderTest);
                 }
             )*
+            mod s3 {
+                $(
+                    #[test]
+                    fn $name() {
+                        if let Some(s3) = $crate::DeltaS3UnderTest::get() {
+                            super::super::$name(&s3);
+                        }
+                    }
+                )*
+            }
         }
     };
 }

@@ -51,14 +51,21 @@ fn python() -> Option<PathBuf> {
 }
 
 /// What the Python `deltalake` package reads in `table`: its rows (sorted
-/// JSON), each commit's operation and fixpoint run key (newest first), and
-/// the transaction version of each app id asked for.
+/// JSON), each commit's operation and fixpoint run key (newest first), the
+/// transaction version of each app id asked for, the names of its active
+/// files and its partition columns.
 fn read_with_python(py: &Path, table: &Path, columns: &[&str], apps: &[&str]) -> serde_json::Value {
+    read_url_with_python(py, &table.to_string_lossy(), &serde_json::json!({}), columns, apps)
+}
+
+/// [`read_with_python`] for a table URL (`s3://…`) with the Python
+/// package's storage options.
+fn read_url_with_python(py: &Path, table: &str, storage: &serde_json::Value, columns: &[&str], apps: &[&str]) -> serde_json::Value {
     let script = r#"
 import json, sys
 from deltalake import DeltaTable
-path, columns, apps = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
-dt = DeltaTable(path)
+path, columns, apps, storage = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), json.loads(sys.argv[4])
+dt = DeltaTable(path, storage_options=storage or None)
 t = dt.to_pyarrow_table(columns=columns)
 rows = sorted([[str(v) for v in r.values()] for r in t.to_pylist()])
 commits = []
@@ -67,14 +74,16 @@ for h in dt.history():
     if isinstance(fp, str):
         fp = json.loads(fp)
     commits.append({"operation": h.get("operation"), "run_key": (fp or {}).get("run_key")})
-print(json.dumps({"rows": rows, "commits": commits, "txn": {a: dt.transaction_version(a) for a in apps}, "version": dt.version()}), flush=True)
+files = sorted(u.rsplit("/", 1)[-1] for u in dt.file_uris())
+partitioned_by = list(dt.metadata().partition_columns)
+print(json.dumps({"rows": rows, "commits": commits, "txn": {a: dt.transaction_version(a) for a in apps}, "version": dt.version(), "files": files, "partitioned_by": partitioned_by}), flush=True)
 # Skip the interpreter's teardown: the native libraries' thread pools
 # sometimes abort there ("terminate called without an active exception").
 import os
 os._exit(0)
 "#;
     let out = std::process::Command::new(py)
-        .args(["-c", script, &table.to_string_lossy(), &serde_json::to_string(columns).unwrap(), &serde_json::to_string(apps).unwrap()])
+        .args(["-c", script, table, &serde_json::to_string(columns).unwrap(), &serde_json::to_string(apps).unwrap(), &storage.to_string()])
         .output()
         .unwrap();
     assert!(out.status.success(), "python: {}", String::from_utf8_lossy(&out.stderr));
@@ -189,8 +198,13 @@ fn wait_for_files(table: &Path, before: usize) {
 /// `pause_ms`.
 fn paused_run(folder: &Path, toml: &'static str, day: &'static str, pause_ms: u64) -> std::thread::JoinHandle<fixpoint_core::Result<fixpoint_core::RunReport>> {
     let folder = folder.to_owned();
+    paused_run_on(move || Delta::open(&folder).unwrap(), toml, day, pause_ms)
+}
+
+/// [`paused_run`] on the warehouse `open` opens.
+fn paused_run_on(open: impl FnOnce() -> Delta + Send + 'static, toml: &'static str, day: &'static str, pause_ms: u64) -> std::thread::JoinHandle<fixpoint_core::Result<fixpoint_core::RunReport>> {
     std::thread::spawn(move || {
-        let mut db = Delta::open(&folder).unwrap();
+        let mut db = open();
         let opts = RunOptions { fault: Some((FailPoint::BeforeCommit, FaultAction::Pause(pause_ms))), force: true, ..Default::default() };
         job(toml).load_with(d(day), &mut db, &opts)
     })
@@ -385,4 +399,188 @@ fn a_failed_run_leaves_no_file_and_no_commit() {
     let ok = job.load(d("2026-10-20"), &mut db).unwrap();
     assert_eq!(ok.outcome, "committed");
     assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders WHERE order_id = 3 AND order_total = 6.00"), 1);
+}
+
+fn names(read: &serde_json::Value) -> Vec<String> {
+    serde_json::from_value(read["files"].clone()).unwrap()
+}
+
+/// An unpartitioned table: a run rewrites only the files holding rows it
+/// replaces (the day's rows; a merge's touched keys), in one commit; the
+/// other files stay in the table as they were.
+#[test]
+fn an_unpartitioned_table_rewrites_only_the_files_holding_the_rows_it_replaces() {
+    let Some(py) = python() else { return };
+    let folder = Folder::new("unpartitioned");
+    let mut db = folder.open();
+    exec(&mut db, BRONZE);
+    exec(&mut db, "CREATE SCHEMA silver;\nCREATE TABLE silver.orders (order_id BIGINT, customer_id BIGINT, order_total DECIMAL(12,2), currency VARCHAR, updated_at TIMESTAMP, dt DATE, load_id VARCHAR)");
+    let job = job(SILVER_JOB);
+    for day in ["2026-10-19", "2026-10-20", "2026-10-21"] {
+        job.load(d(day), &mut db).unwrap();
+    }
+    let table = folder.0.join("silver/orders");
+    let before = read_with_python(&py, &table, &["order_id", "dt"], &[]);
+    assert_eq!(before["partitioned_by"], serde_json::json!([]));
+    assert_eq!(names(&before).len(), 3, "one file per run: {before}");
+    let forced = job.load_with(d("2026-10-20"), &mut db, &force()).unwrap();
+    assert_eq!((forced.rows_deleted, forced.rows_inserted), (4, 4));
+    let after = read_with_python(&py, &table, &["order_id", "dt"], &["fixpoint:silver_orders:2026-10-20"]);
+    assert_eq!(after["rows"], before["rows"], "the same rows");
+    assert_eq!(after["version"].as_i64().unwrap(), before["version"].as_i64().unwrap() + 1, "one commit");
+    assert_eq!(after["txn"]["fixpoint:silver_orders:2026-10-20"], 2);
+    let (old, new) = (names(&before), names(&after));
+    let kept: Vec<&String> = new.iter().filter(|f| old.contains(f)).collect();
+    assert_eq!((new.len(), kept.len()), (3, 2), "the 19th's and the 21st's files stay, the 20th's is rewritten: {old:?} -> {new:?}");
+
+    // A merge: a batch of new keys adds a file and rewrites none; a batch
+    // touching one of them rewrites that file only.
+    exec(&mut db, "CREATE SCHEMA staging;\nCREATE TABLE staging.changes (batch DATE, k BIGINT, v BIGINT, amount BIGINT);\nINSERT INTO staging.changes VALUES (DATE '2026-10-19', 1, 1, 10), (DATE '2026-10-19', 2, 1, 20), (DATE '2026-10-20', 3, 1, 30), (DATE '2026-10-21', 3, 2, 31)");
+    let merge = fixpoint_scenarios::job("name = \"m\"\ntarget = \"silver.m\"\nstrategy = \"merge\"\nkey = [\"k\"]\nversion = \"v\"\n[source]\nsql = \"SELECT k, v, amount FROM staging.changes WHERE batch = :run_date\"\n");
+    let m = folder.0.join("silver/m");
+    merge.load(d("2026-10-19"), &mut db).unwrap();
+    let one = names(&read_with_python(&py, &m, &["k"], &[]));
+    merge.load(d("2026-10-20"), &mut db).unwrap();
+    let two = names(&read_with_python(&py, &m, &["k"], &[]));
+    assert!(two.len() == 2 && one.iter().all(|f| two.contains(f)), "a new key adds a file: {one:?} -> {two:?}");
+    merge.load(d("2026-10-21"), &mut db).unwrap();
+    let read = read_with_python(&py, &m, &["k", "v", "amount"], &[]);
+    let three = names(&read);
+    assert!(three.len() == 2 && one.iter().all(|f| three.contains(f)) && three.iter().filter(|f| two.contains(f)).count() == 1, "only the file holding key 3 is rewritten: {two:?} -> {three:?}");
+    assert_eq!(read["rows"], serde_json::json!([["1", "1", "10"], ["2", "1", "20"], ["3", "2", "31"]]));
+}
+
+/// The same promises on S3 (the local S3-compatible server): an independent
+/// reader sees one commit per real run and the transaction versions, a
+/// lost acknowledgement is a no-op when retried, and of two concurrent
+/// writers one commits (conditional writes) and the other finds it or
+/// stops.
+mod s3 {
+    use super::*;
+
+    fn server() -> Option<(DeltaS3UnderTest, PathBuf)> {
+        let s3 = DeltaS3UnderTest::get()?;
+        let py = python()?;
+        Some((s3, py))
+    }
+
+    fn storage(s3: &DeltaS3UnderTest) -> serde_json::Value {
+        serde_json::json!({"AWS_ENDPOINT_URL": s3.endpoint, "AWS_ALLOW_HTTP": "true", "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1"})
+    }
+
+    /// A warehouse URL removed (objects and cache) at the end of the test.
+    struct Warehouse(String, Vec<(String, String)>);
+
+    impl Warehouse {
+        fn open(&self) -> Delta {
+            Delta::open_s3(&self.0, &self.1).unwrap_or_else(|e| panic!("{e}"))
+        }
+    }
+
+    impl Drop for Warehouse {
+        fn drop(&mut self) {
+            drop(Delta::scratch_s3(&self.0, &self.1));
+        }
+    }
+
+    #[test]
+    fn an_independent_reader_sees_one_commit_per_run_on_s3() {
+        let Some((s3, py)) = server() else { return };
+        let wh = Warehouse(s3.fresh_url(), s3.options());
+        let mut db = wh.open();
+        exec(&mut db, BRONZE);
+        let job = job(SILVER_JOB);
+        let first = job.load(d("2026-10-20"), &mut db).unwrap();
+        assert_eq!((first.outcome.as_str(), first.rows_inserted), ("committed", 4));
+        assert_eq!(job.load(d("2026-10-20"), &mut db).unwrap().outcome, "skipped");
+        let forced = job.load_with(d("2026-10-20"), &mut db, &force()).unwrap();
+        assert_eq!(forced.outcome, "committed");
+        job.load(d("2026-10-19"), &mut db).unwrap();
+        drop(db);
+        // Another process, with an empty cache, reads the same warehouse.
+        let _ = std::fs::remove_dir_all(wh.open().root());
+        let mut db = wh.open();
+        assert_eq!(job.load(d("2026-10-20"), &mut db).unwrap().outcome, "skipped");
+        assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders"), 6);
+        let read = read_url_with_python(&py, &format!("{}/silver/orders", wh.0), &storage(&s3), &["order_id", "order_total", "dt"], &["fixpoint:silver_orders:2026-10-20", "fixpoint:silver_orders:2026-10-19"]);
+        let rows: Vec<Vec<String>> = serde_json::from_value(read["rows"].clone()).unwrap();
+        assert_eq!(
+            rows,
+            vec![
+                vec!["1", "12.50", "2026-10-19"],
+                vec!["2", "99.00", "2026-10-19"],
+                vec!["3", "5.25", "2026-10-20"],
+                vec!["4", "45.00", "2026-10-20"],
+                vec!["5", "7.00", "2026-10-20"],
+                vec!["6", "18.40", "2026-10-20"],
+            ]
+        );
+        let commits = read["commits"].as_array().unwrap();
+        assert_eq!(commits.iter().filter(|c| c["operation"] == "WRITE").count(), 3, "{commits:?}");
+        assert_eq!(read["txn"]["fixpoint:silver_orders:2026-10-20"], 2);
+        assert_eq!(read["txn"]["fixpoint:silver_orders:2026-10-19"], 1);
+        assert_eq!(ledger::entries(&mut db, Some("silver_orders"), None, None).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn a_lost_commit_acknowledgement_is_a_no_op_on_s3() {
+        let Some((s3, py)) = server() else { return };
+        let wh = Warehouse(s3.fresh_url(), s3.options());
+        let mut db = wh.open();
+        exec(&mut db, BRONZE);
+        let job = job(SILVER_JOB);
+        job.load(d("2026-10-19"), &mut db).unwrap();
+        drop(db);
+        let mut lossy = wh.open().with_fault(Some(DeltaFault::LoseCommitAck));
+        assert_eq!(job.load(d("2026-10-20"), &mut lossy).unwrap().outcome, "skipped", "the retry found its commit");
+        drop(lossy);
+        let mut db = wh.open();
+        assert_eq!(ledger::entries(&mut db, Some("silver_orders"), Some(d("2026-10-20")), None).unwrap().len(), 1);
+        assert_eq!(job.load(d("2026-10-20"), &mut db).unwrap().outcome, "skipped");
+        let read = read_url_with_python(&py, &format!("{}/silver/orders", wh.0), &storage(&s3), &["order_id"], &["fixpoint:silver_orders:2026-10-20"]);
+        assert_eq!(read["commits"].as_array().unwrap().iter().filter(|c| c["operation"] == "WRITE").count(), 2, "{read}");
+        assert_eq!(read["txn"]["fixpoint:silver_orders:2026-10-20"], 1);
+        assert_eq!(read["rows"].as_array().unwrap().len(), 6);
+    }
+
+    #[test]
+    fn of_two_concurrent_writers_on_s3_one_commits() {
+        let Some((s3, py)) = server() else { return };
+        let wh = Warehouse(s3.fresh_url(), s3.options());
+        let mut db = wh.open();
+        exec(&mut db, BRONZE);
+        job(SILVER_JOB).load(d("2026-10-19"), &mut db).unwrap();
+        let cache = db.table_dir(&fixpoint_core::TableName::parse("silver.orders").unwrap());
+        drop(db);
+        let opener = |url: String, options: Vec<(String, String)>| move || Delta::open_s3(&url, &options).unwrap();
+        // Same input: the second to commit finds the first's identical commit.
+        let before = parquet_files(&cache);
+        let slow = paused_run_on(opener(wh.0.clone(), wh.1.clone()), SILVER_JOB, "2026-10-20", 6000);
+        wait_for_files(&cache, before);
+        let fast = paused_run_on(opener(wh.0.clone(), wh.1.clone()), SILVER_JOB, "2026-10-20", 0).join().unwrap().unwrap();
+        assert_eq!(fast.outcome, "committed");
+        let slow = slow.join().unwrap().unwrap_or_else(|e| panic!("the slower identical run should find the first's commit: {e}"));
+        assert_eq!(slow.run_key, fast.run_key);
+        // Different input: the second to commit stops with nothing written.
+        let mut db = wh.open();
+        change_order_3(&mut db);
+        drop(db);
+        let before = parquet_files(&cache);
+        let slow = paused_run_on(opener(wh.0.clone(), wh.1.clone()), SILVER_JOB, "2026-10-20", 6000);
+        wait_for_files(&cache, before);
+        {
+            let mut db = wh.open();
+            exec(&mut db, "INSERT INTO bronze.orders VALUES (8, 16, 1.00, 'EUR', TIMESTAMP '2026-10-20 13:00:00', DATE '2026-10-20')");
+            let fast = job(SILVER_JOB).load(d("2026-10-20"), &mut db).unwrap();
+            assert_eq!((fast.outcome.as_str(), fast.rows_inserted), ("committed", 5));
+        }
+        let err = slow.join().unwrap().unwrap_err();
+        assert!(matches!(err, Error::Busy { .. }), "{err}");
+        let mut db = wh.open();
+        assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'"), 5, "the winner's day");
+        assert_eq!(ledger::entries(&mut db, Some("silver_orders"), Some(d("2026-10-20")), None).unwrap().len(), 2, "one row per commit");
+        let read = read_url_with_python(&py, &format!("{}/silver/orders", wh.0), &storage(&s3), &["order_id"], &["fixpoint:silver_orders:2026-10-20"]);
+        assert_eq!(read["txn"]["fixpoint:silver_orders:2026-10-20"], 2, "two commits of the 20th: {read}");
+        assert_eq!(read["rows"].as_array().unwrap().len(), 7);
+    }
 }

@@ -399,18 +399,40 @@ fn written_types_differ_from_the_source(e: &dyn EngineUnderTest) {
     assert_eq!((counts(&again), again.output_checksum.clone()), ((0, 0, 0, 2, 0), r.output_checksum.clone()));
 }
 
-/// Spark rewrites an unpartitioned table only by deleting its files first:
-/// a merge there is refused, naming the fix, and nothing is created.
-#[allow(dead_code)]
-fn unpartitioned_merge_is_refused_on_spark(e: &dyn EngineUnderTest) {
+/// Without `partition` the target is created unpartitioned. Every engine
+/// that changes such a table in one atomic step merges into it (a
+/// transaction; Delta rewrites only the files holding a touched key, in one
+/// commit). Spark overwrites an unpartitioned table by deleting its files
+/// first: refused there, naming the fix, and nothing is created.
+fn an_unpartitioned_target(e: &dyn EngineUnderTest) {
     let mut db = e.fresh();
     let db = db.as_mut();
     seed(db);
     let plain = job(&MERGE_JOB.replace("partition = \"dt\"\n", ""));
-    let err = plain.load(d("2026-10-19"), db).unwrap_err();
-    assert!(err.to_string().contains("silver.orders would be created unpartitioned (the job has no `partition`)"), "{err}");
-    assert!(err.hint().unwrap().contains("set `partition` in the job"), "{err}");
-    assert!(db.table_columns(&fixpoint_core::TableName::parse("silver.orders").unwrap()).unwrap().is_none(), "nothing created");
+    if !db.leases().is_none_or(|l| l.replaces_rows()) {
+        let err = plain.load(d("2026-10-19"), db).unwrap_err();
+        assert!(err.to_string().contains("silver.orders would be created unpartitioned (the job has no `partition`)"), "{err}");
+        assert!(err.hint().unwrap().contains("set `partition` in the job"), "{err}");
+        assert!(db.table_columns(&fixpoint_core::TableName::parse("silver.orders").unwrap()).unwrap().is_none(), "nothing created");
+        return;
+    }
+    let all = "SELECT order_id, order_total FROM silver.orders";
+    let mon = plain.load(d("2026-10-19"), db).unwrap();
+    assert_eq!(counts(&mon), (3, 0, 0, 0, 2));
+    assert_eq!(counts(&plain.load(d("2026-10-20"), db).unwrap()), (1, 1, 0, 0, 0));
+    assert_eq!(counts(&plain.load(d("2026-10-21"), db).unwrap()), (0, 0, 1, 0, 0));
+    let after_wed = vec![vec!["1", "\"15.00\""], vec!["3", "\"30.00\""], vec!["4", "\"40.00\""]];
+    assert_eq!(rows(db, all), after_wed);
+    // Monday again: order 2 stays deleted, nothing changes.
+    let replay = plain.load(d("2026-10-19"), db).unwrap();
+    assert_eq!((replay.rows_inserted, replay.rows_updated, replay.rows_deleted), (0, 0, 0));
+    assert_eq!(rows(db, all), after_wed);
+    // Thursday brings order 2 back; the batch again changes nothing.
+    let thu = plain.load(d("2026-10-22"), db).unwrap();
+    assert_eq!(counts(&thu), (1, 0, 0, 0, 0));
+    let again = plain.load_with(d("2026-10-22"), db, &RunOptions { force: true, ..Default::default() }).unwrap();
+    assert_eq!((counts(&again), again.output()), ((0, 0, 0, 1, 0), thu.output()));
+    assert_eq!(rows(db, all), vec![vec!["1", "\"15.00\""], vec!["2", "\"22.00\""], vec!["3", "\"30.00\""], vec!["4", "\"40.00\""]]);
 }
 
 fn merge_backfills_batch_by_batch(e: &dyn EngineUnderTest) {
@@ -457,6 +479,7 @@ scenarios!(
     merge_backfills_batch_by_batch,
     wrong_input_changes_nothing,
     merge_without_tombstones_or_partition,
+    an_unpartitioned_target,
     seed_feed_replays_and_out_of_order,
     tombstones_delete_and_never_resurrect,
     ties_error_or_deterministic,
@@ -653,7 +676,7 @@ fn wrong_input_changes_nothing(e: &dyn EngineUnderTest) {
 leased_scenarios!(
     merge_backfills_batch_by_batch,
     wrong_input_changes_nothing,
-    unpartitioned_merge_is_refused_on_spark,
+    an_unpartitioned_target,
     seed_feed_replays_and_out_of_order,
     tombstones_delete_and_never_resurrect,
     ties_error_or_deterministic,

@@ -137,6 +137,66 @@ fn too_few_rows_are_refused(e: &dyn EngineUnderTest) {
 
 /// A day whose source is now empty (no `min_rows`) is emptied, on every
 /// engine (Spark drops the partition); the other days stay.
+/// A target stored without partitions (created by hand): the day's rows
+/// are replaced and the other days' rows stay, on every engine that can do
+/// it in one atomic step (a transaction; Delta rewrites only the files
+/// holding the day's rows, in one commit). Spark overwrites an
+/// unpartitioned table by deleting its files first: refused there.
+fn an_unpartitioned_target_keeps_the_other_days(e: &dyn EngineUnderTest) {
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    exec(db, BRONZE);
+    let text = if db.name() == "postgres" { "TEXT" } else { "STRING" };
+    let using = if db.name() == "spark" { " USING parquet" } else { "" };
+    exec(
+        db,
+        &format!("CREATE SCHEMA silver;\nCREATE TABLE silver.orders (order_id BIGINT, customer_id BIGINT, order_total DECIMAL(12,2), currency {text}, updated_at TIMESTAMP, dt DATE, load_id {text}){using}"),
+    );
+    let job = job(SILVER_JOB);
+    if !db.leases().is_none_or(|l| l.replaces_rows()) {
+        let err = job.load(d("2026-10-20"), db).unwrap_err();
+        assert!(err.to_string().contains("silver.orders is not stored partitioned by dt"), "{err}");
+        assert_eq!(count(db, "SELECT count(*) FROM silver.orders"), 0);
+        return;
+    }
+    let all = "SELECT order_id, order_total, dt FROM silver.orders";
+    let r19 = job.load(d("2026-10-19"), db).unwrap();
+    let r20 = job.load(d("2026-10-20"), db).unwrap();
+    let r21 = job.load(d("2026-10-21"), db).unwrap();
+    let expected = vec![
+        vec!["1", "\"12.50\"", "2026-10-19"],
+        vec!["2", "\"99.00\"", "2026-10-19"],
+        vec!["3", "\"5.25\"", "2026-10-20"],
+        vec!["4", "\"45.00\"", "2026-10-20"],
+        vec!["5", "\"7.00\"", "2026-10-20"],
+        vec!["6", "\"18.40\"", "2026-10-20"],
+        vec!["7", "\"3.10\"", "2026-10-21"],
+    ];
+    assert_eq!(rows(db, all), expected);
+    // The 20th again, forced, then with one input row changed: only that
+    // row changes; the 19th and the 21st are as their runs recorded them.
+    let again = job.load_with(d("2026-10-20"), db, &force()).unwrap();
+    assert_eq!((again.rows_deleted, again.rows_inserted, again.output()), (4, 4, r20.output()));
+    assert_eq!(rows(db, all), expected);
+    change_order_3(db);
+    let changed = job.load(d("2026-10-20"), db).unwrap();
+    assert_eq!((changed.rows_deleted, changed.rows_inserted), (4, 4));
+    assert_ne!(changed.output_checksum, r20.output_checksum);
+    let mut now = expected.clone();
+    now[2][1] = "\"6.00\"";
+    assert_eq!(rows(db, all), now);
+    for (day, r) in [("2026-10-19", &r19), ("2026-10-21", &r21)] {
+        assert_eq!(day_fp(db, "silver.orders", day, &["load_id"]).checksum, r.output_checksum, "{day} untouched");
+    }
+    // An empty day empties it, and nothing else.
+    rewrite(db, "bronze.orders", "SELECT * FROM bronze.orders WHERE dt <> DATE '2026-10-21'");
+    let empty = job.load(d("2026-10-21"), db).unwrap();
+    assert_eq!((empty.rows_deleted, empty.rows_inserted, empty.output_rows), (1, 0, 0));
+    now.pop();
+    assert_eq!(rows(db, all), now);
+    assert_eq!(job.load(d("2026-10-21"), db).unwrap().outcome, "skipped");
+}
+
 fn an_empty_day_empties_the_partition(e: &dyn EngineUnderTest) {
     let mut db = e.fresh();
     let db = db.as_mut();
@@ -356,6 +416,7 @@ scenarios!(
     target_is_created_and_checked,
     fingerprints_are_order_independent_and_collision_resistant,
     an_empty_day_empties_the_partition,
+    an_unpartitioned_target_keeps_the_other_days,
 );
 
 // Again where DuckDB declines to tap the day insert after the plan deferred
@@ -368,6 +429,7 @@ scenarios_on!(duckdb_untapped_insert, fixpoint_scenarios::DuckDbUntappedInsertUn
 
 leased_scenarios!(
     five_runs_equal_one_run,
+    an_unpartitioned_target_keeps_the_other_days,
     an_empty_day_empties_the_partition,
     failure_at_any_step_keeps_previous_contents,
     rows_outside_the_partition_are_refused,

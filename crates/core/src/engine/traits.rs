@@ -237,6 +237,27 @@ pub trait Leases: Engine {
 
     /// Drops the partition `column = value` of `table` with its rows, if it exists.
     fn drop_partition_value(&mut self, table: &TableName, column: &str, value: &Value, ty: &str) -> Result<()>;
+
+    /// Whether [`Leases::replace_rows`] works here: an unpartitioned table
+    /// can be changed in one atomic step that rewrites only the storage
+    /// holding the changed rows (Delta: one commit). Spark cannot (its
+    /// overwrite of an unpartitioned table deletes the files first, and a
+    /// failure midway leaves it empty): the plans refuse unpartitioned
+    /// targets there.
+    fn replaces_rows(&self) -> bool {
+        false
+    }
+
+    /// Replaces, in one atomic step, the rows of `table` for which
+    /// `dropped` holds (a condition over its columns, alias `t`, bound)
+    /// with the rows of `select` (`columns` in its order). Only the storage
+    /// holding a dropped row is rewritten (Delta: the files holding one are
+    /// removed, and their other rows written again with the new rows, in
+    /// one commit). A row for which `dropped` is NULL is kept.
+    fn replace_rows(&mut self, table: &TableName, columns: &[String], dropped: &Sql, select: &Sql) -> Result<()> {
+        let _ = (table, columns, dropped, select);
+        Err(crate::Error::Unsupported { engine: self.name(), capability: "replacing rows of an unpartitioned table in one atomic step".into() })
+    }
 }
 
 /// Faster ways to do a plan's work (DuckDB: taps that count and hash rows

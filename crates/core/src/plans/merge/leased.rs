@@ -111,8 +111,10 @@ struct Target {
     added: Vec<Column>,
     /// The partition column the merge is pruned to.
     prune: Option<String>,
-    /// The one column it is stored partitioned by.
-    stored_by: String,
+    /// The one column it is stored partitioned by; `None`: an unpartitioned
+    /// table the engine rewrites by rows (Delta), whose files holding a
+    /// touched key are rewritten.
+    stored_by: Option<String>,
     /// The target as a FROM item (empty, with the source's columns, before
     /// it exists: nothing is created until the checks have passed, so a
     /// refused run leaves no empty table behind).
@@ -170,7 +172,8 @@ impl Cow<'_> {
                 hint: Some(format!("recreate {} partitioned by one column (the job's `partition`)", job.target)),
             });
         }
-        let Some(stored_by) = stored_by.into_iter().next() else {
+        let stored_by = stored_by.into_iter().next();
+        if stored_by.is_none() && !engine.replaces_rows() {
             // An unpartitioned table can only be overwritten whole by
             // deleting its files first (Spark's static overwrite): a failure
             // midway would leave it empty. Refused rather than run without
@@ -184,8 +187,11 @@ impl Cow<'_> {
                 ),
                 hint: Some(format!("set `partition` in the job (a column the source carries, e.g. dt), or recreate {} with PARTITIONED BY (…)", job.target)),
             });
-        };
-        if let Some(p) = prune.as_deref().filter(|p| *p != stored_by) {
+        }
+        // Pruned by a column the table is not partitioned by: fine where the
+        // engine rewrites by rows (the pruning then only narrows the rows a
+        // batch key is matched against).
+        if let Some(p) = prune.as_deref().filter(|p| stored_by.as_deref().map_or(!engine.replaces_rows(), |s| s != *p)) {
             return Err(Error::Schema {
                 message: format!("{} is not stored partitioned by {p}: on {} a merge rewrites the partitions it touches, and this table has none", job.target, engine.name()),
                 hint: Some(format!("recreate {} with PARTITIONED BY ({p}), or remove `partition` from the job to rewrite the whole table", job.target)),
@@ -301,9 +307,10 @@ impl Cow<'_> {
     fn rewrite(&mut self, engine: &mut dyn Leases, target: &Target, target_cols: &[Column], touched: &Touched, has_tombs: bool) -> Result<Vec<AuditResult>> {
         self.record_tombstones(engine, has_tombs)?;
         self.opts.step(FailPoint::AfterDelete)?;
+        let Some(stored_by) = target.stored_by.as_deref() else { return self.rewrite_rows(engine, target, target_cols, touched) };
         // A rewrite of the whole table replaces the partitions its rows
         // fall in: those it leaves empty are dropped after.
-        let pc = quote_ident(&target.stored_by);
+        let pc = quote_ident(stored_by);
         let whole_table_partitions: Vec<Value> = match (&target.prune, &target.existing) {
             (None, Some(_)) => engine.query(&Sql::raw(format!("SELECT DISTINCT {pc} FROM {}", self.job.target.quoted())))?.rows.into_iter().map(|mut r| r.remove(0)).collect(),
             _ => Vec::new(),
@@ -317,12 +324,33 @@ impl Cow<'_> {
         let out_names: Vec<String> = target_cols.iter().map(|c| c.name.clone()).collect();
         let out_list = out_names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
         engine.overwrite_partitions(&self.job.target, &out_names, &Sql::raw(format!("SELECT {out_list} FROM {MERGED}")))?;
-        let ty = target_cols.iter().find(|c| c.name == target.stored_by).map(|c| c.ty.clone()).unwrap_or_default();
+        let ty = target_cols.iter().find(|c| c.name == stored_by).map(|c| c.ty.clone()).unwrap_or_default();
         let left: Vec<Value> = engine.query(&Sql::raw(format!("SELECT DISTINCT {pc} FROM {MERGED}")))?.rows.into_iter().map(|mut r| r.remove(0)).collect();
         let replaced = if target.prune.is_some() { &touched.values } else { &whole_table_partitions };
         for v in replaced.iter().filter(|v| !matches!(v, Value::Null) && !left.contains(v)) {
-            engine.drop_partition_value(&self.job.target, &target.stored_by, v, &ty)?;
+            engine.drop_partition_value(&self.job.target, stored_by, v, &ty)?;
         }
+        self.trace.step("overwrite");
+        Ok(audits)
+    }
+
+    /// The rewrite of an unpartitioned table (engines that replace rows in
+    /// one step): the rows of the touched keys (in the touched partitions
+    /// when pruned) replaced with their merged rows; the storage holding no
+    /// touched key is left alone.
+    fn rewrite_rows(&mut self, engine: &mut dyn Leases, target: &Target, target_cols: &[Column], touched: &Touched) -> Result<Vec<AuditResult>> {
+        let in_scope = format!("({}) AND EXISTS (SELECT 1 FROM {BATCH} AS b WHERE {})", touched.in_scope, keys_match("t", "b", &self.spec.key));
+        let keys = Touched { values: touched.values.clone(), sql: touched.sql.clone(), in_scope };
+        engine.stage(MERGED, &self.merged_sql(target_cols, &keys))?;
+        self.trace.step("merged");
+        let audits = self.audit_merged(engine, &target.relation)?;
+        self.opts.step(FailPoint::MidInsert)?;
+        let out_names: Vec<String> = target_cols.iter().map(|c| c.name.clone()).collect();
+        let out_list = out_names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
+        let mut dropped = Sql::new();
+        dropped.push(&keys.in_scope);
+        dropped.params.extend(keys.sql.params.iter().cloned());
+        engine.replace_rows(&self.job.target, &out_names, &dropped, &Sql::raw(format!("SELECT {out_list} FROM {MERGED}")))?;
         self.trace.step("overwrite");
         Ok(audits)
     }

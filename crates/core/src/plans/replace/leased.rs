@@ -55,6 +55,9 @@ struct Shape {
     /// The fingerprinted columns of the input and of the output.
     input: Vec<Column>,
     output: Vec<Column>,
+    /// The target is an unpartitioned table the engine rewrites by rows
+    /// (Delta): the day's rows are replaced with [`Leases::replace_rows`].
+    by_rows: bool,
 }
 
 impl Overwrite<'_> {
@@ -108,7 +111,14 @@ impl Overwrite<'_> {
         let (job, partition) = (self.job, self.partition);
         let target = engine.table_columns(&job.target)?;
         let added = crate::run::schema::reconcile(engine, job, &self.source, target.as_deref())?;
-        if target.is_some() && engine.partition_columns(&job.target)? != [partition.to_owned()] {
+        let stored_by = match target {
+            Some(_) => engine.partition_columns(&job.target)?,
+            None => vec![partition.to_owned()],
+        };
+        // An unpartitioned table: the files holding the day's rows are
+        // rewritten, where the engine does that in one atomic step.
+        let by_rows = stored_by.is_empty() && engine.replaces_rows();
+        if stored_by != [partition.to_owned()] && !by_rows {
             return Err(Error::Schema {
                 message: format!("{} is not stored partitioned by {partition}: on {} a run replaces the day's partition whole, and this table has none", job.target, engine.name()),
                 hint: Some(format!("recreate {} with PARTITIONED BY ({partition}), or drop it and let the first run create it", job.target)),
@@ -121,7 +131,7 @@ impl Overwrite<'_> {
         let input = fingerprinted(&self.source, &job.metadata);
         let output = target.as_deref().map_or_else(|| input.clone(), |cols| fingerprinted(cols, &job.metadata));
         self.trace.step("describe");
-        Ok(Shape { target, added, input, output })
+        Ok(Shape { target, added, input, output, by_rows })
     }
 
     /// The guard scan: the input fingerprint, no row outside the day, at
@@ -195,7 +205,14 @@ impl Overwrite<'_> {
         self.opts.step(FailPoint::AfterDelete)?;
         self.opts.step(FailPoint::MidInsert)?;
         let day = Value::Date(self.run_date.date());
-        if input_rows == 0 {
+        if shape.by_rows {
+            // The day's rows out, the new ones in, one step; rows of other
+            // days stay (a NULL day too: `=` is not true for it).
+            let mut dropped = Sql::new();
+            dropped.push("t.").ident(partition).push(" = ").typed_param(day, "DATE");
+            let names: Vec<String> = self.source.iter().map(|c| c.name.clone()).collect();
+            engine.replace_rows(&job.target, &names, &dropped, &self.guarded_select())?;
+        } else if input_rows == 0 {
             engine.drop_partition_value(&job.target, partition, &day, "DATE")?;
         } else {
             let names: Vec<String> = self.source.iter().map(|c| c.name.clone()).collect();
