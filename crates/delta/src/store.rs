@@ -77,10 +77,20 @@ impl S3 {
         format!("s3://{}/{}", self.bucket, self.prefix)
     }
 
-    /// The names of the folders right below `rel` ("" for the warehouse).
+    /// The names of the folders right below `rel` ("" for the warehouse:
+    /// the first request, whose refusal names the bucket and the fix).
     pub async fn folders(&self, rel: &str) -> Result<Vec<String>> {
         let key = if rel.is_empty() { (!self.prefix.is_empty()).then(|| Key::from(self.prefix.as_str())) } else { Some(self.key(rel)) };
-        let listed = self.store.list_with_delimiter(key.as_ref()).await.map_err(|e| s3_error(format!("listing {}/{rel}", self.display()), e))?;
+        let listed = self.store.list_with_delimiter(key.as_ref()).await.map_err(|e| {
+            let text = e.to_string();
+            if text.contains("NoSuchBucket") {
+                Error::argument(format!("the bucket {} does not exist on this S3 endpoint", self.bucket), Some("create it, or fix --db delta:s3://bucket/prefix (and AWS_ENDPOINT_URL for an S3-compatible server)"))
+            } else if text.contains("AccessDenied") || text.contains("InvalidAccessKeyId") || text.contains("SignatureDoesNotMatch") || text.contains("403") {
+                Error::argument(format!("S3 refused to list {}: {text}", self.display()), Some("check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN), AWS_REGION, and the bucket's policy"))
+            } else {
+                s3_error(format!("listing {}/{rel}", self.display()), e)
+            }
+        })?;
         Ok(listed.common_prefixes.iter().filter_map(|p| p.filename().map(str::to_owned)).collect())
     }
 
