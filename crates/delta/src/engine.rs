@@ -285,6 +285,17 @@ impl Delta {
         Ok(())
     }
 
+    /// Materializes `select` as `"__fixpoint_out"`; returns its columns
+    /// renamed to `columns` (in order), as a select list.
+    fn stage_output(&mut self, select: &Sql, columns: &[String]) -> Result<String> {
+        let mut staged = Sql::new();
+        staged.push(&format!("CREATE OR REPLACE TEMPORARY TABLE \"__fixpoint_out\" AS {}", select.text));
+        staged.params = select.params.clone();
+        self.duck.execute(&staged)?;
+        let described = self.duck.describe(&Sql::raw("SELECT * FROM \"__fixpoint_out\""))?;
+        Ok(described.iter().zip(columns).map(|(s, t)| format!("{} AS {}", quote_ident(&s.name), quote_ident(t))).collect::<Vec<_>>().join(", "))
+    }
+
     /// The rows of `name` as its snapshot (with this run's pending changes)
     /// holds them; `with_file`: and the path of the file holding each row,
     /// as `"__fixpoint_file"`.
@@ -1057,14 +1068,9 @@ impl Leases for Delta {
         if !self.is_table(table)? {
             return Err(Error::Internal(format!("overwriting partitions of {table}, which is not a Delta table of the warehouse")));
         }
-        let mut staged = Sql::new();
-        staged.push(&format!("CREATE OR REPLACE TEMPORARY TABLE \"__fixpoint_out\" AS {}", select.text));
-        staged.params = select.params.clone();
-        self.duck.execute(&staged)?;
-        let described = self.duck.describe(&Sql::raw("SELECT * FROM \"__fixpoint_out\""))?;
-        let renamed: Vec<String> = described.iter().zip(columns).map(|(s, t)| format!("{} AS {}", quote_ident(&s.name), quote_ident(t))).collect();
-        let relation = format!("(SELECT {} FROM \"__fixpoint_out\")", renamed.join(", "));
         let result = (|| {
+            let renamed = self.stage_output(select, columns)?;
+            let relation = format!("(SELECT {renamed} FROM \"__fixpoint_out\")");
             let files = self.write_files(table, &relation)?;
             let partitions = self.tables[table].partitions.clone();
             let touched: Vec<HashMap<String, Option<String>>> = files.iter().map(|f| f.partition_values.clone()).collect();
@@ -1086,13 +1092,8 @@ impl Leases for Delta {
         if !self.is_table(table)? {
             return Err(Error::Internal(format!("replacing rows of {table}, which is not a Delta table of the warehouse")));
         }
-        let mut staged = Sql::new();
-        staged.push(&format!("CREATE OR REPLACE TEMPORARY TABLE \"__fixpoint_out\" AS {}", select.text));
-        staged.params = select.params.clone();
-        self.duck.execute(&staged)?;
         let result = (|| {
-            let described = self.duck.describe(&Sql::raw("SELECT * FROM \"__fixpoint_out\""))?;
-            let renamed: Vec<String> = described.iter().zip(columns).map(|(s, t)| format!("{} AS {}", quote_ident(&s.name), quote_ident(t))).collect();
+            let renamed = self.stage_output(select, columns)?;
             let rows = self.view_select(table, true)?;
             // The files holding a dropped row.
             let mut hit = Sql::new();
@@ -1111,7 +1112,7 @@ impl Leases for Delta {
             ));
             kept.params = dropped.params.clone();
             self.duck.execute(&kept)?;
-            let relation = format!("(SELECT * FROM \"__fixpoint_kept\" UNION ALL BY NAME SELECT {} FROM \"__fixpoint_out\")", renamed.join(", "));
+            let relation = format!("(SELECT * FROM \"__fixpoint_kept\" UNION ALL BY NAME SELECT {renamed} FROM \"__fixpoint_out\")");
             let files = self.write_files(table, &relation)?;
             let dir = self.tables[table].dir.clone();
             self.replace_files(table, |f| hit_files.contains(dir.join(&f.path).to_string_lossy().as_ref()), files)
