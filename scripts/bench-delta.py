@@ -93,7 +93,7 @@ def make_replace(base, days, day_rows):
         f"""SELECT i AS id, i % 1000 AS customer, CAST((i * 37 + {salt}) % 100000 AS DECIMAL(12,2)) / 100 AS amount,
                    'note ' || (i % 97) AS note, TIMESTAMP '2026-10-01 00:00:00' + to_microseconds(i) AS updated_at,
                    DATE '{d}' AS dt FROM range({n}) AS r(i)"""
-    ).fetch_arrow_table()
+    ).to_arrow_table()
     for i in range(days - 1):
         write_deltalake(os.path.join(wh, "silver/events"), gen(day_rows, day(i), 0), partition_by=["dt"], mode="append")
     write_deltalake(os.path.join(wh, "bronze/events_day"), gen(day_rows, day(days - 1), 7), mode="append")
@@ -112,7 +112,7 @@ def make_merge(base, rows, days, changes):
         t = con.execute(
             f"""SELECT {i * per_day} + i AS id, 1 AS v, CAST(i % 100000 AS DECIMAL(12,2)) AS amount,
                        'n' || (i % 89) AS note, DATE '{day(i)}' AS dt FROM range({per_day}) AS r(i)"""
-        ).fetch_arrow_table()
+        ).to_arrow_table()
         write_deltalake(os.path.join(wh, "silver/accounts"), t, partition_by=["dt"], mode="append")
     # Changes to keys of the last two days: updates (newer versions, some
     # duplicated), a few stale versions, and new keys.
@@ -124,7 +124,7 @@ def make_merge(base, rows, days, changes):
                         ELSE DATE '{day(days - 2)}' + CAST((({lo} + (i * 7919) % {2 * per_day}) - {lo}) // {per_day} AS INTEGER) END AS dt,
                    DATE '2026-11-01' AS batch
             FROM range({changes}) AS r(i)"""
-    ).fetch_arrow_table()
+    ).to_arrow_table()
     write_deltalake(os.path.join(wh, "bronze/changes"), t, mode="append")
     with open(os.path.join(base, "merge.toml"), "w") as f:
         f.write(MERGE_JOB)
@@ -148,7 +148,7 @@ con = duckdb.connect()
 con.register("c", changes)
 batch = con.execute('''SELECT id, v, amount, note, dt FROM (
     SELECT *, row_number() OVER (PARTITION BY id ORDER BY v DESC, amount ASC NULLS FIRST, note ASC NULLS FIRST, dt ASC NULLS FIRST) AS rn FROM c
-    WHERE batch = DATE '2026-11-01') WHERE rn = 1''').fetch_arrow_table()
+    WHERE batch = DATE '2026-11-01') WHERE rn = 1''').to_arrow_table()
 dt = DeltaTable(wh + "/silver/accounts")
 (dt.merge(batch, predicate="t.id = s.id", source_alias="s", target_alias="t")
    .when_matched_update_all(predicate="s.v > t.v")

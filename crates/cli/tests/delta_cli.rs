@@ -168,31 +168,12 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
         assert!(killed >= 2, "at least the two aborts were kills: {killed}");
     }
 
-    /// The local S3-compatible server (scripts/moto-local.sh), or `None`
-    /// after saying so; under `CI=true` it must be running.
-    fn s3_endpoint() -> Option<String> {
-        let endpoint = std::env::var("FIXPOINT_TEST_S3").unwrap_or_else(|_| "http://127.0.0.1:5055".into());
-        let addr = endpoint.trim_start_matches("http://").trim_end_matches('/').to_owned();
-        let up = std::net::ToSocketAddrs::to_socket_addrs(&addr)
-            .ok()
-            .and_then(|mut a| a.next())
-            .is_some_and(|a| std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(2)).is_ok());
-        match up {
-            true => Some(endpoint),
-            false if std::env::var("CI").as_deref() == Ok("true") => panic!("no S3-compatible server at {endpoint} under CI=true"),
-            false => {
-                eprintln!("skipped: no S3-compatible server at {endpoint} (scripts/moto-local.sh start)");
-                None
-            }
-        }
-    }
-
     /// `delta:s3://…` through the binary: credentials and endpoint from the
     /// `AWS_*` environment, a run, a skipped rerun, `runs` and `status`;
     /// the secret never printed.
     #[test]
     fn delta_on_s3_through_the_cli() {
-        let Some(endpoint) = s3_endpoint() else { return };
+        let Some(endpoint) = fixpoint_delta::test_s3_endpoint() else { return };
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         let cache = dir.join("cache");

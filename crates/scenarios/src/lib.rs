@@ -234,28 +234,10 @@ impl DeltaS3UnderTest {
     /// The bucket the tests write to.
     pub const BUCKET: &'static str = "fixpoint-test";
 
-    /// The server's endpoint.
-    pub fn endpoint() -> String {
-        std::env::var("FIXPOINT_TEST_S3").unwrap_or_else(|_| "http://127.0.0.1:5055".into())
-    }
-
     /// The server, or `None` (after saying so) when it is not running;
     /// under `CI=true` it must be.
     pub fn get() -> Option<DeltaS3UnderTest> {
-        let endpoint = Self::endpoint();
-        let addr = endpoint.trim_start_matches("http://").trim_end_matches('/').to_owned();
-        let up = std::net::ToSocketAddrs::to_socket_addrs(&addr)
-            .ok()
-            .and_then(|mut a| a.next())
-            .is_some_and(|a| std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(2)).is_ok());
-        match up {
-            true => Some(DeltaS3UnderTest { endpoint }),
-            false if std::env::var("CI").as_deref() == Ok("true") => panic!("no S3-compatible server at {endpoint} under CI=true (scripts/moto-local.sh start)"),
-            false => {
-                eprintln!("skipped: no S3-compatible server at {endpoint} (scripts/moto-local.sh start)");
-                None
-            }
-        }
+        fixpoint_delta::test_s3_endpoint().map(|endpoint| DeltaS3UnderTest { endpoint })
     }
 
     /// The settings the engine and the Python reader use for the server.
