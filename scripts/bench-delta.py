@@ -65,6 +65,9 @@ def timed(cmd, env=None):
     pid = os.fork()
     if pid == 0:
         try:
+            # The run's report is not the benchmark's output.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
             if env is not None:
                 os.execvpe(cmd[0], cmd, env)
             os.execvp(cmd[0], cmd)
