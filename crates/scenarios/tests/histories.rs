@@ -291,11 +291,14 @@ fn setup(c: &Conf, ctx: &Ctx) -> String {
     let layout = ctx.layout;
     let mut s = String::from("CREATE SCHEMA h;\nCREATE TABLE h.bronze (dt DATE, k BIGINT, v BIGINT, amount BIGINT, op VARCHAR, pd DATE)");
     if ctx.plans.leased() {
-        // A merge on Spark or Delta rewrites partitions: its targets are
-        // stored partitioned by day (a job without `partition` rewrites them all).
+        // A merge on Spark rewrites partitions: its targets are stored
+        // partitioned by day (a job without `partition` rewrites them all).
+        // On Delta a job without `partition` has an unpartitioned target,
+        // whose files holding the batch's keys are rewritten.
         let (text, using) = if ctx.plans == Plans::Spark { ("STRING", " USING parquet") } else { ("VARCHAR", "") };
-        for i in 1..=c.merges.len() {
-            s.push_str(&format!(";\nCREATE TABLE h.m{i} (k BIGINT, v BIGINT, amount BIGINT, op {text}, dt DATE){using} PARTITIONED BY (dt)"));
+        for (i, m) in c.merges.iter().enumerate() {
+            let by = if ctx.plans == Plans::Delta && !m.partition { "" } else { " PARTITIONED BY (dt)" };
+            s.push_str(&format!(";\nCREATE TABLE h.m{} (k BIGINT, v BIGINT, amount BIGINT, op {text}, dt DATE){using}{by}", i + 1));
         }
     }
     if layout == Layout::Partitioned {
@@ -1286,6 +1289,14 @@ mod delta {
     #[test]
     fn delta_histories_match_the_model() {
         run_histories(&DeltaUnderTest, "delta", "delta::delta_histories_match_the_model", Ctx { plans: Plans::Delta, layout: Layout::Plain }, 50);
+    }
+
+    /// The same on S3 (the local S3-compatible server).
+    #[test]
+    fn delta_s3_histories_match_the_model() {
+        if let Some(s3) = DeltaS3UnderTest::get() {
+            run_histories(&s3, "delta-s3", "delta::delta_s3_histories_match_the_model", Ctx { plans: Plans::Delta, layout: Layout::Plain }, 10);
+        }
     }
 }
 
