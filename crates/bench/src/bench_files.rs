@@ -86,9 +86,9 @@ fn listed(dir: &Path) -> Result<InputFiles, Error> {
     for f in 0..FILES {
         let name = format!("part-{f}.parquet");
         let size = std::fs::metadata(base.join(&name)).map_err(io(&base))?.len();
-        files.push(InputFile { path: name, size, blake3: String::new() });
+        files.push(InputFile { path: name, size, blake3: String::new(), etag: None });
     }
-    Ok(InputFiles { checksum: String::new(), files, base, format: FileFormat::Parquet })
+    Ok(InputFiles { checksum: String::new(), files, base, format: FileFormat::Parquet, origin: Default::default() })
 }
 
 /// The hand-written load of the day's files (`fixpoint-bench sql --files DIR`).

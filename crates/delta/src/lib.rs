@@ -35,23 +35,8 @@ pub fn is_delta_url(url: &str) -> bool {
     url.starts_with("delta:")
 }
 
-/// For tests: the local S3-compatible server (`scripts/moto-local.sh`,
-/// endpoint `FIXPOINT_TEST_S3`, default `http://127.0.0.1:5055`), or `None`
-/// after saying `skipped` when it is not running; under `CI=true` it must be.
+/// For tests: the local S3-compatible server, or `None` after saying
+/// `skipped` (see `fixpoint_core::job::objects::test_s3_endpoint`).
+#[cfg(feature = "delta")]
 #[doc(hidden)]
-pub fn test_s3_endpoint() -> Option<String> {
-    let endpoint = std::env::var("FIXPOINT_TEST_S3").unwrap_or_else(|_| "http://127.0.0.1:5055".into());
-    let addr = endpoint.trim_start_matches("http://").trim_end_matches('/').to_owned();
-    let up = std::net::ToSocketAddrs::to_socket_addrs(&addr)
-        .ok()
-        .and_then(|mut a| a.next())
-        .is_some_and(|a| std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(2)).is_ok());
-    match up {
-        true => Some(endpoint),
-        false if std::env::var("CI").as_deref() == Ok("true") => panic!("no S3-compatible server at {endpoint} under CI=true (scripts/moto-local.sh start)"),
-        false => {
-            eprintln!("skipped: no S3-compatible server at {endpoint} (scripts/moto-local.sh start)");
-            None
-        }
-    }
-}
+pub use fixpoint_core::job::objects::test_s3_endpoint;

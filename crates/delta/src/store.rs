@@ -12,7 +12,7 @@ use deltalake_core::logstore::{default_logstore, logstore_factories, LogStore, L
 use deltalake_core::DeltaResult;
 use fixpoint_core::{DbFailure, Error, Result};
 use futures_util::TryStreamExt;
-use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use fixpoint_core::job::objects::{cache_root, s3_store};
 use object_store::path::Path as Key;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
@@ -42,17 +42,7 @@ impl S3 {
         if bucket.is_empty() || prefix.split('/').any(|s| s == "." || s == "..") || prefix.contains("//") {
             return Err(Error::argument(format!("{url:?} does not name a bucket and a prefix"), Some("give delta:s3://bucket/prefix (the prefix may be empty; no . or .. segments)")));
         }
-        let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
-        for (k, v) in options {
-            let key: AmazonS3ConfigKey = k.parse().map_err(|e| Error::argument(format!("S3 option {k:?}: {e}"), None))?;
-            builder = builder.with_config(key, v);
-        }
-        let store = builder.build().map_err(|e| {
-            Error::argument(
-                format!("cannot use {url}: {e}"),
-                Some("set the AWS_* environment variables (AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY; AWS_ENDPOINT_URL and AWS_ALLOW_HTTP=true for an S3-compatible server)"),
-            )
-        })?;
+        let store = s3_store(bucket, options, url)?;
         register_log_stores();
         Ok(S3 { store: Arc::new(store), bucket: bucket.to_owned(), prefix })
     }
@@ -81,16 +71,11 @@ impl S3 {
     /// the first request, whose refusal names the bucket and the fix).
     pub async fn folders(&self, rel: &str) -> Result<Vec<String>> {
         let key = if rel.is_empty() { (!self.prefix.is_empty()).then(|| Key::from(self.prefix.as_str())) } else { Some(self.key(rel)) };
-        let listed = self.store.list_with_delimiter(key.as_ref()).await.map_err(|e| {
-            let text = e.to_string();
-            if text.contains("NoSuchBucket") {
-                Error::argument(format!("the bucket {} does not exist on this S3 endpoint", self.bucket), Some("create it, or fix --db delta:s3://bucket/prefix (and AWS_ENDPOINT_URL for an S3-compatible server)"))
-            } else if text.contains("AccessDenied") || text.contains("InvalidAccessKeyId") || text.contains("SignatureDoesNotMatch") || text.contains("403") {
-                Error::argument(format!("S3 refused to list {}: {text}", self.display()), Some("check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN), AWS_REGION, and the bucket's policy"))
-            } else {
-                s3_error(format!("listing {}/{rel}", self.display()), e)
-            }
-        })?;
+        let listed = self
+            .store
+            .list_with_delimiter(key.as_ref())
+            .await
+            .map_err(|e| fixpoint_core::job::objects::s3_error("delta", &self.bucket, "listing", &format!("{}/{rel}", self.display()), &e))?;
         Ok(listed.common_prefixes.iter().filter_map(|p| p.filename().map(str::to_owned)).collect())
     }
 
@@ -181,12 +166,7 @@ fn register_log_stores() {
 /// `$FIXPOINT_CACHE_DIR`, else `$XDG_CACHE_HOME/fixpoint`, else
 /// `~/.cache/fixpoint`, then `delta/<bucket>/<prefix>`.
 pub(crate) fn cache_dir(s3: &S3) -> PathBuf {
-    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-    let base = env("FIXPOINT_CACHE_DIR")
-        .or_else(|| env("XDG_CACHE_HOME").map(|p| p.join("fixpoint")))
-        .or_else(|| env("HOME").map(|p| p.join(".cache/fixpoint")))
-        .unwrap_or_else(|| std::env::temp_dir().join("fixpoint-cache"));
-    let mut dir = base.join("delta").join(&s3.bucket);
+    let mut dir = cache_root().join("delta").join(&s3.bucket);
     for seg in s3.prefix.split('/').filter(|s| !s.is_empty()) {
         dir = dir.join(seg);
     }

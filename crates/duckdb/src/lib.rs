@@ -328,7 +328,7 @@ impl DuckDb {
                 }
                 let cols = self.own_columns_of_one(files, i)?;
                 if cols.len() == 1 && cols[0].name == "column0" {
-                    return Err(fixpoint_core::job::files::headerless_csv(&format!("{} (in {})", f.path, files.base.display())));
+                    return Err(fixpoint_core::job::files::headerless_csv(&format!("{} (in {})", f.path, files.shown_base())));
                 }
             }
         }
@@ -377,7 +377,7 @@ impl DuckDb {
                     message: format!(
                         "{} (in {}) holds no JSON object to read as a row: its values are not objects (a number, a string, a list, or an empty array or file); each line of JSON Lines, or each element of a top-level array, must be an object such as {{\"order_id\": 1}}; nothing was changed",
                         f.path,
-                        files.base.display()
+                        files.shown_base()
                     ),
                     hint: Some("replace the file with one holding one JSON object per record (or remove it), and run again; the target keeps its previous contents".into()),
                 };
@@ -430,7 +430,7 @@ impl DuckDb {
             return Err(Error::Files {
                 message: format!(
                     "{rel} (in {}) has its own column {:?} holding {own:?}, but its folder {key}={value} says {value:?}: the folder's value would silently replace the file's; nothing was changed",
-                    files.base.display(),
+                    files.shown_base(),
                     c.name
                 ),
                 hint: Some(format!(

@@ -242,10 +242,7 @@ impl DeltaS3UnderTest {
 
     /// The settings the engine and the Python reader use for the server.
     pub fn options(&self) -> Vec<(String, String)> {
-        [("aws_endpoint_url", self.endpoint.as_str()), ("aws_allow_http", "true"), ("aws_access_key_id", "test"), ("aws_secret_access_key", "test"), ("aws_region", "us-east-1")]
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
+        s3_test_options(&self.endpoint)
     }
 
     /// A fresh warehouse URL (`s3://fixpoint-test/…`).
@@ -472,3 +469,101 @@ version = "updated_at"
 [source]
 sql = "SELECT order_id, customer_id, order_total, currency, updated_at, dt FROM bronze.orders WHERE dt = :run_date"
 "#;
+
+/// The client settings for the local S3-compatible server at `endpoint`.
+pub fn s3_test_options(endpoint: &str) -> Vec<(String, String)> {
+    [("aws_endpoint_url", endpoint), ("aws_allow_http", "true"), ("aws_access_key_id", "test"), ("aws_secret_access_key", "test"), ("aws_region", "us-east-1")]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// A folder's copy on the local S3-compatible server (feature `s3`):
+/// `s3://fixpoint-test/<prefix>/…`, a prefix of its own per test, kept
+/// equal to the folder by [`S3Mirror::sync`] (new and changed files
+/// uploaded, removed ones deleted).
+#[cfg(feature = "s3")]
+pub struct S3Mirror {
+    /// The server's endpoint.
+    pub endpoint: String,
+    /// The mirror's prefix in the bucket.
+    pub prefix: String,
+    store: object_store::aws::AmazonS3,
+    rt: tokio::runtime::Runtime,
+    synced: std::sync::Mutex<std::collections::BTreeMap<String, Vec<u8>>>,
+}
+
+#[cfg(feature = "s3")]
+impl S3Mirror {
+    /// The bucket the tests write to.
+    pub const BUCKET: &'static str = "fixpoint-test";
+
+    /// A fresh, empty mirror, or `None` (after saying `skipped`) when the
+    /// server is not running; under `CI=true` it must be.
+    pub fn get() -> Option<S3Mirror> {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let endpoint = fixpoint_core::job::objects::test_s3_endpoint()?;
+        let store = fixpoint_core::job::objects::s3_store(Self::BUCKET, &s3_test_options(&endpoint), "the tests' bucket").unwrap_or_else(|e| panic!("{e}"));
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let prefix = format!("lake-{}-{nanos}-{n}", std::process::id());
+        Some(S3Mirror { endpoint, prefix, store, rt, synced: Default::default() })
+    }
+
+    /// The client settings for the server.
+    pub fn options(&self) -> Vec<(String, String)> {
+        s3_test_options(&self.endpoint)
+    }
+
+    /// `s3://fixpoint-test/<prefix>/<rel>`.
+    pub fn url(&self, rel: &str) -> String {
+        format!("s3://{}/{}/{rel}", Self::BUCKET, self.prefix)
+    }
+
+    fn key(&self, rel: &str) -> object_store::path::Path {
+        object_store::path::Path::from(format!("{}/{rel}", self.prefix))
+    }
+
+    /// Uploads `bytes` as `rel`.
+    pub fn put(&self, rel: &str, bytes: Vec<u8>) {
+        use object_store::ObjectStoreExt;
+        self.rt.block_on(self.store.put(&self.key(rel), bytes.into())).unwrap_or_else(|e| panic!("uploading {rel}: {e}"));
+    }
+
+    /// The ETag the server gives `rel` now (a HEAD request).
+    pub fn etag(&self, rel: &str) -> String {
+        use object_store::ObjectStoreExt;
+        let meta = self.rt.block_on(self.store.head(&self.key(rel))).unwrap_or_else(|e| panic!("{rel}: {e}"));
+        meta.e_tag.expect("the server gives ETags")
+    }
+
+    /// Makes the mirror equal to `dir` (files only; symbolic links followed).
+    pub fn sync(&self, dir: &Path) {
+        use object_store::ObjectStoreExt;
+        fn walk(dir: &Path, rel: &str, out: &mut std::collections::BTreeMap<String, Vec<u8>>) {
+            for entry in std::fs::read_dir(dir).unwrap().flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let rel = if rel.is_empty() { name } else { format!("{rel}/{name}") };
+                let path = entry.path();
+                if path.is_dir() {
+                    walk(&path, &rel, out);
+                } else if path.is_file() {
+                    out.insert(rel, std::fs::read(&path).unwrap());
+                }
+            }
+        }
+        let mut now = std::collections::BTreeMap::new();
+        walk(dir, "", &mut now);
+        let mut synced = self.synced.lock().unwrap();
+        for (rel, bytes) in &now {
+            if synced.get(rel) != Some(bytes) {
+                self.put(rel, bytes.clone());
+            }
+        }
+        for rel in synced.keys().filter(|r| !now.contains_key(*r)) {
+            self.rt.block_on(self.store.delete(&self.key(rel))).unwrap_or_else(|e| panic!("deleting {rel}: {e}"));
+        }
+        *synced = now;
+    }
+}

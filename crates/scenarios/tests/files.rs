@@ -9,18 +9,40 @@ use fixpoint_core::{Error, ErrorClass, Job};
 use fixpoint_core::run::ledger;
 use fixpoint_scenarios::*;
 
-/// A folder for one test's bronze files and job file.
+/// A folder for one test's bronze files and job file; in the scenarios'
+/// S3 variants (`s3_files::…`), also mirrored to the local S3-compatible
+/// server, with the job reading the mirror (`s3://…`).
 struct Lake {
     dir: tempfile::TempDir,
+    #[cfg(feature = "s3")]
+    s3: Option<S3Mirror>,
+}
+
+#[cfg(feature = "s3")]
+thread_local! {
+    /// Whether this test's lakes live on S3 (set by the `s3_files` tests).
+    static ON_S3: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 impl Lake {
     fn new() -> Lake {
-        Lake { dir: tempfile::tempdir().unwrap() }
+        Lake {
+            dir: tempfile::tempdir().unwrap(),
+            #[cfg(feature = "s3")]
+            s3: ON_S3.with(|on| on.get()).then(|| S3Mirror::get().expect("the S3 server, checked by the test")),
+        }
     }
 
     fn path(&self, rel: &str) -> PathBuf {
         self.dir.path().join(rel)
+    }
+
+    /// Brings the S3 mirror up to date (nothing for a local lake).
+    fn sync(&self) {
+        #[cfg(feature = "s3")]
+        if let Some(s3) = &self.s3 {
+            s3.sync(self.dir.path());
+        }
     }
 
     /// Writes files with DuckDB: `{lake}` in `script` is the lake's folder
@@ -32,18 +54,43 @@ impl Lake {
         let duck = fixpoint_duckdb::DuckDb::open_in_memory().unwrap();
         let script = script.replace("{lake}", &self.dir.path().display().to_string());
         duck.connection().execute_batch(&script).unwrap_or_else(|e| panic!("fixture: {e}\n{script}"));
+        self.sync();
     }
 
     fn text(&self, rel: &str, content: &str) {
-        std::fs::create_dir_all(self.path(rel).parent().unwrap()).unwrap();
-        std::fs::write(self.path(rel), content).unwrap();
+        self.put(rel, content.as_bytes());
     }
 
-    /// A job file in the lake, read as `fixpoint run` would.
+    /// Writes `rel` (its folders made).
+    fn put(&self, rel: &str, content: &[u8]) {
+        std::fs::create_dir_all(self.path(rel).parent().unwrap()).unwrap();
+        std::fs::write(self.path(rel), content).unwrap();
+        self.sync();
+    }
+
+    /// Removes `rel`.
+    fn remove(&self, rel: &str) {
+        std::fs::remove_file(self.path(rel)).unwrap();
+        self.sync();
+    }
+
+    /// A job file in the lake, read as `fixpoint run` would (on S3: the
+    /// pattern below the mirror's URL).
     fn job(&self, toml: &str) -> Job {
+        #[cfg(feature = "s3")]
+        let toml = &match &self.s3 {
+            Some(s3) => toml.replace("files = \"", &format!("files = \"{}", s3.url(""))),
+            None => toml.to_owned(),
+        };
         let path = self.path("job.toml");
         std::fs::write(&path, toml).unwrap();
-        Job::from_file(&path).unwrap_or_else(|e| panic!("{e}"))
+        #[allow(unused_mut)]
+        let mut job = Job::from_file(&path).unwrap_or_else(|e| panic!("{e}"));
+        #[cfg(feature = "s3")]
+        if let Some(s3) = &self.s3 {
+            job.source.files.as_mut().expect("a file source").s3_options = s3.options();
+        }
+        job
     }
 }
 
@@ -167,28 +214,28 @@ fn incomplete_days_are_refused_and_change_nothing(e: &dyn EngineUnderTest) {
     // A truncated file: the error names it; nothing changes.
     let part1 = lake.path(PARTS_20[1]);
     let good = std::fs::read(&part1).unwrap();
-    std::fs::write(&part1, &good[..good.len() / 2]).unwrap();
+    lake.put(PARTS_20[1], &good[..good.len() / 2]);
     let err = job.load(d("2026-10-20"), db).unwrap_err();
     assert_eq!(err.class(), ErrorClass::Data, "{err}");
     assert!(err.to_string().starts_with("cannot read part-1.parquet (parquet file of job silver_orders_files for 2026-10-20)"), "{err}");
     unchanged(db);
-    std::fs::write(&part1, &good).unwrap();
+    lake.put(PARTS_20[1], &good);
 
     // A half-written day: the marker is required and not there yet.
     let marked = lake.job(&PARQUET_JOB.replace("*.parquet\"", "*.parquet\"\nrequire_marker = \"_SUCCESS\""));
-    std::fs::write(lake.path("bronze/orders/dt=2026-10-20/part-2.parquet"), &good[..100]).unwrap();
+    lake.put("bronze/orders/dt=2026-10-20/part-2.parquet", &good[..100]);
     let err = marked.load(d("2026-10-20"), db).unwrap_err();
     assert!(err.to_string().contains("has no _SUCCESS marker"), "{err}");
     unchanged(db);
     // The upstream finishes the file and writes the marker: the day loads.
-    std::fs::write(lake.path("bronze/orders/dt=2026-10-20/part-2.parquet"), &good).unwrap();
-    std::fs::write(lake.path("bronze/orders/dt=2026-10-20/_SUCCESS"), "").unwrap();
+    lake.put("bronze/orders/dt=2026-10-20/part-2.parquet", &good);
+    lake.put("bronze/orders/dt=2026-10-20/_SUCCESS", b"");
     let r = marked.load(d("2026-10-20"), db).unwrap();
     assert_eq!((r.outcome.as_str(), r.output_rows), ("committed", 6), "part-2 is a copy of part-1: 2 more rows");
 
     // A file still being written under a name starting with `.` or `_` is never read.
-    std::fs::write(lake.path("bronze/orders/dt=2026-10-20/.part-3.parquet.inprogress"), b"PAR1").unwrap();
-    std::fs::write(lake.path("bronze/orders/dt=2026-10-20/_part-4.parquet"), b"PAR1").unwrap();
+    lake.put("bronze/orders/dt=2026-10-20/.part-3.parquet.inprogress", b"PAR1");
+    lake.put("bronze/orders/dt=2026-10-20/_part-4.parquet", b"PAR1");
     let again = marked.load(d("2026-10-20"), db).unwrap();
     assert_eq!(again.outcome, "skipped");
 }
@@ -473,7 +520,7 @@ files = "e/dt={run_date}/*.csv"
         assert!(err.hint().unwrap().contains("header line and no row"), "{err}");
         unchanged(db);
         if file == "b.csv" {
-            std::fs::remove_file(lake.path("e/dt=2026-10-20/b.csv")).unwrap();
+            lake.remove("e/dt=2026-10-20/b.csv");
         }
     }
 
@@ -635,7 +682,7 @@ files = "h/dt={run_date}/*.parquet"
     assert!(m.contains("nothing was changed"), "{m}");
     assert_eq!(rows(db, read), loaded);
     assert_eq!(ledger::entries(db, None, None, None).unwrap().len(), 1);
-    std::fs::remove_file(lake.path("h/dt=2026-10-20/part-1.parquet")).unwrap();
+    lake.remove("h/dt=2026-10-20/part-1.parquet");
 
     // The same in CSV, whose reader types the column itself.
     lake.text("hc/dt=2026-10-20/a.csv", "order_id,dt\n1,2026-10-20\n");
@@ -675,4 +722,121 @@ fn postgres_refuses_an_unmappable_column_by_name() {
     assert!(matches!(err, Error::Schema { .. }), "{err}");
     assert!(err.to_string().contains("column \"tags\" has the type INTEGER[]"), "{err}");
     assert!(db.table_columns(&fixpoint_core::TableName::parse("s.l").unwrap()).unwrap().is_none());
+}
+
+/// The scenarios again with the day's files on the local S3-compatible
+/// server (`s3://fixpoint-test/…`, scripts/moto-local.sh), on every engine
+/// with file sources (feature `s3`). Symbolic links have no S3 equivalent.
+#[cfg(feature = "s3")]
+mod s3_files {
+    use super::*;
+
+    /// Runs `scenario` with its lakes on S3, or says `skipped` without the server.
+    fn on_s3(scenario: impl FnOnce()) {
+        if fixpoint_core::job::objects::test_s3_endpoint().is_none() {
+            return;
+        }
+        ON_S3.with(|on| on.set(true));
+        scenario();
+    }
+
+    macro_rules! on_s3 {
+        ($($name:ident),* $(,)?) => {
+            mod duckdb {
+                $(
+                    #[test]
+                    fn $name() {
+                        super::on_s3(|| super::super::$name(&fixpoint_scenarios::DuckDbUnderTest));
+                    }
+                )*
+            }
+            mod postgres {
+                $(
+                    #[test]
+                    fn $name() {
+                        if let Some(pg) = fixpoint_scenarios::PgUnderTest::get() {
+                            super::on_s3(|| super::super::$name(&pg));
+                        }
+                    }
+                )*
+            }
+            #[cfg(feature = "delta")]
+            mod delta {
+                $(
+                    #[test]
+                    fn $name() {
+                        super::on_s3(|| super::super::$name(&fixpoint_scenarios::DeltaUnderTest));
+                    }
+                )*
+            }
+        };
+    }
+
+    on_s3!(
+        empty_and_headerless_files_are_refused_before_anything_changes,
+        a_json_array_is_one_row_per_element_and_other_values_are_refused,
+        a_files_own_column_must_agree_with_its_hive_folder,
+        a_join_with_a_table_keys_on_the_rows,
+        lookback_reloads_the_days_whose_files_changed,
+        a_day_of_parquet_files_loads_and_reloads,
+        incomplete_days_are_refused_and_change_nothing,
+        csv_and_json_lines_load_and_name_bad_lines,
+        cdc_files_merge,
+        types_map_faithfully,
+    );
+
+    /// The run key is made of the objects' keys, sizes and ETags as the
+    /// server gives them (each ETag read back here with a HEAD request);
+    /// an object rewritten between the listing and the read is refused,
+    /// naming it, and nothing is loaded.
+    #[test]
+    fn objects_are_keyed_by_etag_and_read_exactly_as_listed() {
+        let Some(_) = fixpoint_core::job::objects::test_s3_endpoint() else { return };
+        ON_S3.with(|on| on.set(true));
+        let lake = Lake::new();
+        lake.write(PARTS_20, &orders_20());
+        let job = lake.job(PARQUET_JOB);
+        let source = job.source.files.as_ref().unwrap();
+        let mirror = lake.s3.as_ref().unwrap();
+
+        let files = source.resolve(d("2026-10-20")).unwrap().unwrap();
+        assert_eq!(files.kind(), "files-s3-etag-v1");
+        assert_eq!(files.shown_base(), mirror.url("bronze/orders/dt=2026-10-20"));
+        for (f, rel) in files.files.iter().zip(PARTS_20) {
+            assert_eq!(f.etag.as_deref(), Some(mirror.etag(rel).as_str()), "{rel}");
+            assert_eq!(f.size, std::fs::metadata(lake.path(rel)).unwrap().len());
+        }
+        // Listed again, unchanged: the same fingerprint; one object
+        // rewritten with other bytes: another.
+        assert_eq!(source.resolve(d("2026-10-20")).unwrap().unwrap().checksum, files.checksum);
+
+        // Rewritten after the listing, before the read: refused, by name.
+        let mut listed = files.clone();
+        lake.write(&[], &PART_1.replace("7.00::DECIMAL", "7.01::DECIMAL"));
+        let err = listed.fetch().unwrap_err();
+        assert_eq!(err.class(), ErrorClass::Data, "{err}");
+        assert!(err.to_string().contains(&mirror.url(PARTS_20[1])) && err.to_string().contains("changed or was removed after it was listed"), "{err}");
+        let now = source.resolve(d("2026-10-20")).unwrap().unwrap();
+        assert_ne!(now.checksum, files.checksum);
+
+        // Read as listed now: the local copies are the objects' bytes, in
+        // a folder removed with the last copy of the files.
+        let mut now = now;
+        now.fetch().unwrap();
+        for (f, rel) in now.files.iter().zip(PARTS_20) {
+            assert_eq!(std::fs::read(now.base.join(&f.path)).unwrap(), std::fs::read(lake.path(rel)).unwrap());
+        }
+        let folder = now.base.clone();
+        assert!(folder.is_dir());
+        drop(now);
+        assert!(!folder.exists(), "the run's copies are removed");
+
+        // A missing bucket names the bucket and the fix.
+        let pattern = source.pattern.replace("s3://fixpoint-test/", "s3://fixpoint-no-such-bucket/");
+        let mut other = fixpoint_core::job::files::FileSource::parse(&pattern, None, false, None, PathBuf::new()).unwrap();
+        other.s3_options = mirror.options();
+        let err = other.resolve(d("2026-10-20")).unwrap_err();
+        assert_eq!(err.class(), ErrorClass::Input, "{err}");
+        assert!(err.to_string().contains("fixpoint-no-such-bucket does not exist"), "{err}");
+    }
 }

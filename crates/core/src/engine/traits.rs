@@ -10,7 +10,7 @@ use chrono::NaiveDate;
 use crate::engine::accel::{Accelerated, DayInsert, MergeRequest, Merged, RunSteps, TappedDay};
 use crate::engine::dialect::Dialect;
 use crate::engine::rows::{Column, Rows};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::job::files::InputFiles;
 use crate::job::ident::{quote_ident, TableName};
 use crate::job::sql::{Sql, Value};
@@ -256,7 +256,7 @@ pub trait Leases: Engine {
     /// one commit). A row for which `dropped` is NULL is kept.
     fn replace_rows(&mut self, table: &TableName, columns: &[String], dropped: &Sql, select: &Sql) -> Result<()> {
         let _ = (table, columns, dropped, select);
-        Err(crate::Error::Unsupported { engine: self.name(), capability: "replacing rows of an unpartitioned table in one atomic step".into() })
+        Err(Error::Unsupported { engine: self.name(), capability: "replacing rows of an unpartitioned table in one atomic step".into() })
     }
 }
 

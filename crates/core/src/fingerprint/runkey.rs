@@ -3,7 +3,7 @@
 use crate::job::date::RunDate;
 use crate::fingerprint::Fingerprint;
 use crate::job::digest::hash_hex;
-use crate::job::files::{InputFiles, FILES_KIND};
+use crate::job::files::InputFiles;
 
 /// The run key: a hash of the job's definition, the run date and the input's
 /// fingerprint. A retry over the same input has the same key; one changed
@@ -13,10 +13,10 @@ pub fn run_key(job_hash: &str, run_date: RunDate, input: &Fingerprint) -> String
 }
 
 impl InputFiles {
-    /// The input fingerprint of a file source: kind [`FILES_KIND`], the
-    /// number of files, the combined hash.
+    /// The input fingerprint of a file source: its kind
+    /// ([`InputFiles::kind`]), the number of files, the combined hash.
     pub fn fingerprint(&self) -> Fingerprint {
-        Fingerprint { kind: FILES_KIND.into(), rows: self.files.len() as u64, checksum: self.checksum.clone() }
+        Fingerprint { kind: self.kind().into(), rows: self.files.len() as u64, checksum: self.checksum.clone() }
     }
 }
 

@@ -35,6 +35,10 @@ use crate::error::{Error, Result};
 /// The fingerprint kind of a file source's input.
 pub const FILES_KIND: &str = "files-blake3-v1";
 
+/// The fingerprint kind of a file source's input on object storage: each
+/// object's key, size and ETag (a change token, not a content hash).
+pub const OBJECTS_KIND: &str = "files-s3-etag-v1";
+
 /// How the files are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -103,6 +107,11 @@ pub struct FileSource {
     /// The folder relative patterns start from (the job file's folder).
     #[serde(skip)]
     pub dir: PathBuf,
+    /// For `s3://` patterns: options of the S3 client beside the `AWS_*`
+    /// environment variables (object_store's names: `aws_endpoint_url`,
+    /// `aws_region`, …), for programs that use fixpoint as a library.
+    #[serde(skip)]
+    pub s3_options: Vec<(String, String)>,
 }
 
 /// One matched file.
@@ -112,8 +121,11 @@ pub struct InputFile {
     pub path: String,
     /// Bytes.
     pub size: u64,
-    /// BLAKE3 of the content, hex.
+    /// BLAKE3 of the content, hex (empty for an object on object storage).
     pub blake3: String,
+    /// An object's ETag (object storage only): the server's change token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<String>,
 }
 
 /// The files of one run, hashed.
@@ -129,9 +141,101 @@ pub struct InputFiles {
     /// How to read them.
     #[serde(skip)]
     pub format: FileFormat,
+    /// Where they come from when they are not local files.
+    #[serde(skip)]
+    pub origin: Origin,
+}
+
+/// Where a file source's files are when they are objects on object
+/// storage: the bucket, the key prefix the paths are relative to, and,
+/// once [`InputFiles::fetch`] has read them, the local folder holding them
+/// (removed when the last copy of the files is dropped).
+#[derive(Clone, Default)]
+pub struct Origin {
+    /// `s3://bucket/prefix`, for messages.
+    url: Option<String>,
+    #[cfg(feature = "s3")]
+    remote: Option<Remote>,
+}
+
+#[cfg(feature = "s3")]
+#[derive(Clone)]
+struct Remote {
+    bucket: std::sync::Arc<crate::job::objects::Bucket>,
+    /// The key prefix the paths are relative to (no slash at its end).
+    prefix: String,
+    /// The local copies, once read.
+    local: Option<std::sync::Arc<tempfile::TempDir>>,
+}
+
+impl Origin {
+    /// `s3://bucket/prefix` for files on object storage.
+    pub fn url(&self) -> Option<&str> {
+        self.url.as_deref()
+    }
+}
+
+impl std::fmt::Debug for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Origin({:?})", self.url)
+    }
+}
+
+impl PartialEq for Origin {
+    fn eq(&self, other: &Origin) -> bool {
+        self.url == other.url
+    }
 }
 
 impl InputFiles {
+    /// The fingerprint kind of these files: [`FILES_KIND`], or
+    /// [`OBJECTS_KIND`] for objects.
+    pub fn kind(&self) -> &'static str {
+        if self.files.iter().any(|f| f.etag.is_some()) {
+            OBJECTS_KIND
+        } else {
+            FILES_KIND
+        }
+    }
+
+    /// Where the files are, for messages: the folder, or `s3://bucket/prefix`.
+    pub fn shown_base(&self) -> String {
+        self.origin.url().map_or_else(|| self.base.display().to_string(), str::to_owned)
+    }
+
+    /// Makes the files readable by path: objects on object storage are read
+    /// (each exactly as listed, or the read fails) into a local folder of
+    /// this process, which [`InputFiles::base`] then names, and checked as
+    /// local files are. Local files: nothing to do.
+    pub fn fetch(&mut self) -> Result<()> {
+        #[cfg(feature = "s3")]
+        if let Some(remote) = &self.origin.remote {
+            if remote.local.is_some() {
+                return Ok(());
+            }
+            let dir = crate::job::objects::run_folder()?;
+            let objects: Vec<(crate::job::objects::Object, PathBuf)> = self
+                .files
+                .iter()
+                .map(|f| {
+                    let key = if remote.prefix.is_empty() { f.path.clone() } else { format!("{}/{}", remote.prefix, f.path) };
+                    (crate::job::objects::Object { key, size: f.size, etag: f.etag.clone() }, dir.path().join(&f.path))
+                })
+                .collect();
+            remote.bucket.download(&objects)?;
+            let shown = self.shown_base();
+            for (file, (_, local)) in self.files.iter().zip(&objects) {
+                let peek = peek_file(local)?;
+                refuse_empty(self.format, file, peek, &shown)?;
+            }
+            self.base = dir.path().to_path_buf();
+            let mut remote = remote.clone();
+            remote.local = Some(std::sync::Arc::new(dir));
+            self.origin.remote = Some(remote);
+        }
+        Ok(())
+    }
+
     /// The files' full paths, in order.
     pub fn paths(&self) -> Vec<PathBuf> {
         self.files.iter().map(|f| self.base.join(&f.path)).collect()
@@ -186,6 +290,20 @@ impl FileSource {
         if pattern.trim().is_empty() {
             return Err(err("is empty: expected a path or glob, e.g. files = \"bronze/orders/dt={run_date}/*.parquet\"".into()));
         }
+        if let Some(scheme) = url_scheme(pattern) {
+            if scheme != "s3" {
+                return Err(err(format!("{pattern:?}: {scheme}:// is not supported; file sources read local paths and s3:// URLs (S3 or an S3-compatible server)")));
+            }
+            if cfg!(not(feature = "s3")) {
+                return Err(err(format!(
+                    "{pattern:?}: this build of fixpoint reads local files only; files on S3 need the `s3` feature (cargo build --release --features fixpoint-cli/s3)"
+                )));
+            }
+            let bucket = pattern["s3://".len()..].split('/').next().unwrap_or_default();
+            if bucket.is_empty() || bucket.contains(['{', '*', '?', '[']) {
+                return Err(err(format!("{pattern:?} names no bucket: expected s3://bucket/path, e.g. s3://lake/bronze/orders/dt={{run_date}}/*.parquet")));
+            }
+        }
         let mut pieces = Vec::new();
         let mut rest = pattern;
         while let Some(open) = rest.find('{') {
@@ -230,7 +348,7 @@ impl FileSource {
                 return Err(("source.require_marker".to_owned(), format!("{m:?}: expected a file name, e.g. \"_SUCCESS\"")));
             }
         }
-        let source = FileSource { pattern: pattern.to_owned(), format, allow_missing, require_marker, pieces, dir };
+        let source = FileSource { pattern: pattern.to_owned(), format, allow_missing, require_marker, pieces, dir, s3_options: Vec::new() };
         // The pattern must be a valid glob whatever the date.
         let sample = source.expand(RunDate::parse("2026-01-31").expect("a date"));
         glob::Pattern::new(&sample.to_string_lossy()).map_err(|e| err(format!("{pattern:?} is not a valid glob: {}", e.msg)))?;
@@ -242,9 +360,18 @@ impl FileSource {
         self.pieces.iter().any(|p| matches!(p, Piece::Date(_)))
     }
 
-    /// The pattern with the run date filled in, made absolute from [`FileSource::dir`].
+    /// The pattern with the run date filled in, made absolute from
+    /// [`FileSource::dir`] (a URL as it is).
     pub fn expand(&self, run_date: RunDate) -> PathBuf {
-        self.dir.join(self.expand_text(run_date))
+        match self.is_remote() {
+            true => PathBuf::from(self.expand_text(run_date)),
+            false => self.dir.join(self.expand_text(run_date)),
+        }
+    }
+
+    /// Whether the files are objects on object storage (`s3://…`).
+    pub fn is_remote(&self) -> bool {
+        url_scheme(&self.pattern).is_some()
     }
 
     /// The pattern as written, with the run date filled in (not joined to the folder).
@@ -261,7 +388,13 @@ impl FileSource {
 
     /// The files of `run_date`: matched, checked and hashed. `Ok(None)` when
     /// none matched and `allow_missing` is set.
+    ///
+    /// Objects on object storage are listed, not read: their keys, sizes and
+    /// ETags make the fingerprint; [`InputFiles::fetch`] reads them.
     pub fn resolve(&self, run_date: RunDate) -> Result<Option<InputFiles>> {
+        if self.is_remote() {
+            return self.resolve_objects(run_date);
+        }
         let pattern = self.expand(run_date);
         // The fixed part: the job's folder, then every component of the
         // pattern before the first wildcard.
@@ -314,11 +447,8 @@ impl FileSource {
                 ));
             }
             let rel = relative(&path, &base);
-            if rel.contains(['*', '?', '[', ']', '{', '}']) {
-                return Err(refuse(
-                    format!("{rel} (in {}) has a name with a glob character (*, ?, [, ], {{ or }}), which the readers would take for a pattern; nothing was changed", base.display()),
-                    "rename the file without those characters",
-                ));
+            if rel.contains(GLOB_CHARS) {
+                return Err(glob_named(&rel, &base.display().to_string()));
             }
             let hidden = rel.split('/').any(|c| (c.starts_with('_') || c.starts_with('.')) && !literal.contains(&c));
             if hidden {
@@ -328,21 +458,10 @@ impl FileSource {
             }
         }
         if matched.is_empty() {
-            if self.allow_missing {
-                return Ok(None);
-            }
-            let message = if ignored.is_empty() {
-                format!("no file matches {shown} (the files of {run_date}); nothing was changed")
-            } else {
-                format!(
-                    "no loadable file matches {shown} (the files of {run_date}): only {} whose name starts with `_` or `.`, which are never loaded; nothing was changed",
-                    ignored.join(", ")
-                )
+            return match self.allow_missing {
+                true => Ok(None),
+                false => Err(nothing_matched(&shown, run_date, &ignored)),
             };
-            return Err(refuse(
-                message,
-                "check that the upstream delivered the day; if a day may have no files, set allow_missing = true under [source] (the day is then skipped, its partition left as it is)",
-            ));
         }
         matched.sort();
         // Each real file once; a symlink cycle refused.
@@ -353,10 +472,7 @@ impl FileSource {
             dirs.dedup();
             for d in dirs {
                 if !d.join(marker).is_file() {
-                    return Err(refuse(
-                        format!("{} has no {marker} marker: its files may still be being written; nothing was changed", d.display()),
-                        "run again once the upstream has finished the day (it writes the marker last); or drop require_marker from the job",
-                    ));
+                    return Err(no_marker(&d.display().to_string(), marker));
                 }
             }
         }
@@ -369,56 +485,174 @@ impl FileSource {
             .map(|(rel, path)| {
                 let size = std::fs::metadata(path).map_err(|e| Error::Io { path: path.clone(), source: e })?.len();
                 let (blake3, peek) = hash_file_with(path, lone)?;
-                Ok((InputFile { path: rel.clone(), size, blake3 }, peek))
+                Ok((InputFile { path: rel.clone(), size, blake3, etag: None }, peek))
             })
             .collect();
         // In path order, so that the error named is always the same one.
         let mut files = Vec::with_capacity(hashed.len());
+        let shown_base = base.display().to_string();
         for h in hashed {
             let (file, peek) = h?;
-            self.refuse_empty(&file, peek, &base)?;
+            refuse_empty(self.format, &file, peek, &shown_base)?;
             files.push(file);
         }
-        Ok(Some(InputFiles { checksum: combine(&files), files, base, format: self.format }))
+        Ok(Some(InputFiles { checksum: combine(&files), files, base, format: self.format, origin: Origin::default() }))
     }
 
-    /// Refuses a file that cannot be a day's input although it reads: empty
-    /// (0 bytes), or, uncompressed, a CSV file without a header line or a
-    /// JSON file without a value. (Compressed ones are checked by the
-    /// reader, which decompresses them.)
-    fn refuse_empty(&self, file: &InputFile, peek: Peek, base: &Path) -> Result<()> {
-        let shown = format!("{} (in {})", file.path, base.display());
-        if file.size == 0 {
-            let (has, hint) = match self.format {
-                FileFormat::Parquet => (
-                    "no Parquet footer (its schema)",
-                    "replace it with the complete file (a day without rows is a Parquet file with its schema and no row), or remove it, and run again; the target keeps its previous contents",
-                ),
-                FileFormat::Csv => (
-                    "no header line",
-                    "replace it with the complete file (a day without rows is a CSV file with its header line and no row), or remove it, and run again; the target keeps its previous contents",
-                ),
-                FileFormat::Json => (
-                    "no JSON object",
-                    "replace it with the complete file, or remove it, and run again (a JSON file cannot say which columns a day without rows has: deliver no file for such a day and set allow_missing = true under [source], which leaves the day as it is); the target keeps its previous contents",
-                ),
+    /// [`FileSource::resolve`] for `s3://` patterns: the objects below the
+    /// pattern's fixed part listed, matched as the glob says, and checked by
+    /// the rules of local files (names starting with `_` or `.`, glob
+    /// characters, `require_marker`, empty objects; the content checks wait
+    /// for [`InputFiles::fetch`]).
+    #[cfg(feature = "s3")]
+    fn resolve_objects(&self, run_date: RunDate) -> Result<Option<InputFiles>> {
+        use crate::job::objects::{split_s3_url, Bucket};
+        let text = self.expand_text(run_date);
+        let (bucket_name, key_pattern) = split_s3_url(&text).ok_or_else(|| Error::Internal(format!("{text:?} is not an s3:// URL")))?;
+        let parts: Vec<&str> = key_pattern.split('/').collect();
+        let mut fixed: Vec<&str> = parts.iter().take_while(|c| !is_wild(c)).copied().collect();
+        if fixed.len() == parts.len() {
+            fixed.pop();
+        }
+        let prefix = fixed.join("/");
+        let base_url = format!("s3://{bucket_name}/{prefix}");
+        let glob = glob::Pattern::new(key_pattern)
+            .map_err(|e| Error::Files { message: format!("{text:?} is not a valid glob: {}", e.msg), hint: Some("fix `files` under [source]".into()) })?;
+        let options = glob::MatchOptions { case_sensitive: true, require_literal_separator: true, require_literal_leading_dot: true };
+        let literal: Vec<&str> = parts.iter().filter(|c| !is_wild(c)).copied().collect();
+        let bucket = Bucket::open(bucket_name, &self.s3_options)?;
+        let listed = bucket.list(&prefix)?;
+        let keys: HashSet<&str> = listed.iter().map(|o| o.key.as_str()).collect();
+        let mut matched = Vec::new();
+        let mut ignored = Vec::new();
+        for o in &listed {
+            if o.key.ends_with('/') || !glob.matches_with(&o.key, options) {
+                continue;
+            }
+            let rel = if prefix.is_empty() { o.key.clone() } else { o.key[prefix.len() + 1..].to_owned() };
+            if rel.contains(GLOB_CHARS) {
+                return Err(glob_named(&rel, &base_url));
+            }
+            if rel.split('/').any(|c| (c.starts_with('_') || c.starts_with('.')) && !literal.contains(&c)) {
+                ignored.push(rel);
+            } else {
+                matched.push((rel, o));
+            }
+        }
+        if matched.is_empty() {
+            return match self.allow_missing {
+                true => Ok(None),
+                false => Err(nothing_matched(&text, run_date, &ignored)),
             };
-            return Err(Error::Files {
-                message: format!("{shown} is empty (0 bytes): it has {has}, so it cannot be read as a {} file; nothing was changed", self.format.name()),
-                hint: Some(hint.into()),
-            });
         }
-        if is_compressed(&file.path) {
-            return Ok(());
+        if let Some(marker) = &self.require_marker {
+            let mut dirs: Vec<&str> = matched.iter().map(|(_, o)| o.key.rsplit_once('/').map_or("", |(d, _)| d)).collect();
+            dirs.dedup();
+            for d in dirs {
+                let want = if d.is_empty() { marker.clone() } else { format!("{d}/{marker}") };
+                if !keys.contains(want.as_str()) {
+                    return Err(no_marker(&format!("s3://{bucket_name}/{d}"), marker));
+                }
+            }
         }
-        match self.format {
-            FileFormat::Csv if peek.blank_first_line => Err(headerless_csv(&shown)),
-            FileFormat::Json if peek.only_whitespace => Err(Error::Files {
-                message: format!("{shown} holds no JSON value (only whitespace), so it has no row and no column to read; nothing was changed"),
-                hint: Some("replace it with the complete file, or remove it, and run again; the target keeps its previous contents".into()),
-            }),
-            _ => Ok(()),
+        let mut files = Vec::with_capacity(matched.len());
+        for (rel, o) in matched {
+            let etag = o.etag.clone().ok_or_else(|| Error::Files {
+                message: format!("the server gives no ETag for s3://{bucket_name}/{}, so fixpoint cannot tell a changed object from the one it loaded; nothing was changed", o.key),
+                hint: Some("use a server that returns ETags (S3 and the S3-compatible servers do), or copy the day's files to a local folder".into()),
+            })?;
+            let file = InputFile { path: rel, size: o.size, blake3: String::new(), etag: Some(etag) };
+            refuse_empty(self.format, &file, Peek { blank_first_line: false, only_whitespace: false }, &base_url)?;
+            files.push(file);
         }
+        let origin = Origin { url: Some(base_url), remote: Some(Remote { bucket: std::sync::Arc::new(bucket), prefix, local: None }) };
+        Ok(Some(InputFiles { checksum: combine(&files), files, base: PathBuf::new(), format: self.format, origin }))
+    }
+
+    #[cfg(not(feature = "s3"))]
+    fn resolve_objects(&self, _run_date: RunDate) -> Result<Option<InputFiles>> {
+        Err(Error::Internal("s3:// file sources need the `s3` feature (refused when the job was read)".into()))
+    }
+}
+
+/// Characters a file's name may not hold (the readers take them for a pattern).
+const GLOB_CHARS: [char; 6] = ['*', '?', '[', ']', '{', '}'];
+
+/// `scheme` of a `scheme://…` pattern.
+fn url_scheme(pattern: &str) -> Option<&str> {
+    let (scheme, _) = pattern.split_once("://")?;
+    let ok = scheme.len() > 1 && scheme.starts_with(|c: char| c.is_ascii_alphabetic()) && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+    ok.then_some(scheme)
+}
+
+/// No loadable file for the day (the refusal when `allow_missing` is not set).
+fn nothing_matched(shown: &str, run_date: RunDate, ignored: &[String]) -> Error {
+    let message = if ignored.is_empty() {
+        format!("no file matches {shown} (the files of {run_date}); nothing was changed")
+    } else {
+        format!(
+            "no loadable file matches {shown} (the files of {run_date}): only {} whose name starts with `_` or `.`, which are never loaded; nothing was changed",
+            ignored.join(", ")
+        )
+    };
+    Error::Files {
+        message,
+        hint: Some("check that the upstream delivered the day; if a day may have no files, set allow_missing = true under [source] (the day is then skipped, its partition left as it is)".into()),
+    }
+}
+
+/// A folder of matched files without its `require_marker`.
+fn no_marker(folder: &str, marker: &str) -> Error {
+    Error::Files {
+        message: format!("{folder} has no {marker} marker: its files may still be being written; nothing was changed"),
+        hint: Some("run again once the upstream has finished the day (it writes the marker last); or drop require_marker from the job".into()),
+    }
+}
+
+/// A matched file whose name holds a glob character.
+fn glob_named(rel: &str, base: &str) -> Error {
+    Error::Files {
+        message: format!("{rel} (in {base}) has a name with a glob character (*, ?, [, ], {{ or }}), which the readers would take for a pattern; nothing was changed"),
+        hint: Some("rename the file without those characters".into()),
+    }
+}
+
+/// Refuses a file that cannot be a day's input although it reads: empty
+/// (0 bytes), or, uncompressed, a CSV file without a header line or a
+/// JSON file without a value. (Compressed ones are checked by the
+/// reader, which decompresses them.) `base`: where the file is, for messages.
+fn refuse_empty(format: FileFormat, file: &InputFile, peek: Peek, base: &str) -> Result<()> {
+    let shown = format!("{} (in {base})", file.path);
+    if file.size == 0 {
+        let (has, hint) = match format {
+            FileFormat::Parquet => (
+                "no Parquet footer (its schema)",
+                "replace it with the complete file (a day without rows is a Parquet file with its schema and no row), or remove it, and run again; the target keeps its previous contents",
+            ),
+            FileFormat::Csv => (
+                "no header line",
+                "replace it with the complete file (a day without rows is a CSV file with its header line and no row), or remove it, and run again; the target keeps its previous contents",
+            ),
+            FileFormat::Json => (
+                "no JSON object",
+                "replace it with the complete file, or remove it, and run again (a JSON file cannot say which columns a day without rows has: deliver no file for such a day and set allow_missing = true under [source], which leaves the day as it is); the target keeps its previous contents",
+            ),
+        };
+        return Err(Error::Files {
+            message: format!("{shown} is empty (0 bytes): it has {has}, so it cannot be read as a {} file; nothing was changed", format.name()),
+            hint: Some(hint.into()),
+        });
+    }
+    if is_compressed(&file.path) {
+        return Ok(());
+    }
+    match format {
+        FileFormat::Csv if peek.blank_first_line => Err(headerless_csv(&shown)),
+        FileFormat::Json if peek.only_whitespace => Err(Error::Files {
+            message: format!("{shown} holds no JSON value (only whitespace), so it has no row and no column to read; nothing was changed"),
+            hint: Some("replace it with the complete file, or remove it, and run again; the target keeps its previous contents".into()),
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -511,6 +745,55 @@ struct Peek {
     only_whitespace: bool,
 }
 
+impl Peek {
+    /// What nothing read yet says.
+    fn new() -> Peek {
+        Peek { blank_first_line: true, only_whitespace: true }
+    }
+
+    /// Takes in a block of the file (`first`: its first block).
+    fn see(&mut self, block: &[u8], first: bool) {
+        let block = if first { without_bom(block) } else { block };
+        if first {
+            let first_line = block.split(|b| *b == b'\n').next().unwrap_or_default();
+            self.blank_first_line = first_line.iter().all(|&b| matches!(b, b' ' | b'\t' | b'\r' | b',' | b'"'));
+        }
+        if self.only_whitespace {
+            self.only_whitespace = block.iter().all(|b| b.is_ascii_whitespace());
+        }
+    }
+}
+
+/// What [`Peek`] needs of a file, reading no more than that: its first
+/// block, then blocks until one holds more than whitespace.
+#[cfg_attr(not(feature = "s3"), allow(dead_code))]
+fn peek_file(path: &Path) -> Result<Peek> {
+    use std::io::Read;
+    let io = |e: std::io::Error| Error::Io { path: path.to_owned(), source: e };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let mut buf = vec![0u8; 64 << 10];
+    let mut peek = Peek::new();
+    let mut first = true;
+    loop {
+        let mut filled = 0;
+        while filled < buf.len() {
+            let n = file.read(&mut buf[filled..]).map_err(io)?;
+            if n == 0 {
+                break;
+            }
+            filled += n;
+        }
+        if filled == 0 {
+            return Ok(peek);
+        }
+        peek.see(&buf[..filled], first);
+        first = false;
+        if !peek.only_whitespace || filled < buf.len() {
+            return Ok(peek);
+        }
+    }
+}
+
 /// `bytes` without a leading UTF-8 byte order mark.
 fn without_bom(bytes: &[u8]) -> &[u8] {
     bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes)
@@ -535,7 +818,7 @@ fn hash_file_with(path: &Path, inner_parallel: bool) -> Result<(String, Peek)> {
     let mut h = blake3::Hasher::new();
     let mut buf = vec![0u8; (before.clamp(64 << 10, 16 << 20)) as usize];
     let mut read = 0u64;
-    let mut peek = Peek { blank_first_line: true, only_whitespace: true };
+    let mut peek = Peek::new();
     loop {
         let mut filled = 0;
         while filled < buf.len() {
@@ -548,14 +831,7 @@ fn hash_file_with(path: &Path, inner_parallel: bool) -> Result<(String, Peek)> {
         if filled == 0 {
             break;
         }
-        let block = if read == 0 { without_bom(&buf[..filled]) } else { &buf[..filled] };
-        if read == 0 {
-            let first_line = block.split(|b| *b == b'\n').next().unwrap_or_default();
-            peek.blank_first_line = first_line.iter().all(|&b| matches!(b, b' ' | b'\t' | b'\r' | b',' | b'"'));
-        }
-        if peek.only_whitespace {
-            peek.only_whitespace = block.iter().all(|b| b.is_ascii_whitespace());
-        }
+        peek.see(&buf[..filled], read == 0);
         read += filled as u64;
         if inner_parallel && filled >= 1 << 20 {
             h.update_rayon(&buf[..filled]);
@@ -582,6 +858,12 @@ pub fn combine(files: &[InputFile]) -> String {
         h.update(f.path.as_bytes());
         h.update(&f.size.to_le_bytes());
         h.update(f.blake3.as_bytes());
+        // Objects: their ETags (local files hash as they always have).
+        if let Some(etag) = &f.etag {
+            h.update(b"\0etag");
+            h.update(&(etag.len() as u64).to_le_bytes());
+            h.update(etag.as_bytes());
+        }
     }
     h.finalize().to_hex()[..32].to_owned()
 }

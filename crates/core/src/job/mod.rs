@@ -8,6 +8,8 @@ pub mod dialect;
 pub mod digest;
 pub mod files;
 pub mod ident;
+#[cfg(feature = "s3")]
+pub mod objects;
 pub mod spec;
 pub mod sql;
 pub mod sqlrefs;

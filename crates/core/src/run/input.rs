@@ -43,7 +43,8 @@ pub(crate) fn with_input<T>(
     let Some(source) = &job.source.files else {
         return body(engine, &RunInput { params, files: None, key_from_files: false }).map(Some);
     };
-    let Some(files) = source.resolve(run_date)? else { return Ok(None) };
+    let Some(mut files) = source.resolve(run_date)? else { return Ok(None) };
+    files.fetch()?;
     let staged = crate::engine::file_input(engine).and_then(|f| f.stage_files(&files));
     let result = match staged {
         Ok(relation) => {

@@ -412,7 +412,7 @@ pub fn files_changed(before: &InputFiles, now: &InputFiles) -> Vec<String> {
     for f in &now.files {
         match before.files.iter().find(|b| b.path == f.path) {
             None => out.push(format!("added {}", f.path)),
-            Some(b) if (b.size, &b.blake3) != (f.size, &f.blake3) => out.push(format!("changed {}", f.path)),
+            Some(b) if (b.size, &b.blake3, &b.etag) != (f.size, &f.blake3, &f.etag) => out.push(format!("changed {}", f.path)),
             Some(_) => {}
         }
     }

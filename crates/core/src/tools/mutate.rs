@@ -116,7 +116,8 @@ fn create_sandbox(engine: &mut dyn Engine, job: &Job, run_date: RunDate) -> Resu
 /// when there is none (the check is then inconclusive).
 fn mutated_table(job: &Job, run_date: RunDate, engine: &mut dyn Engine) -> Result<Option<(String, Vec<Column>)>> {
     if let Some(source) = &job.source.files {
-        let Some(files) = source.resolve(run_date)? else { return Ok(None) };
+        let Some(mut files) = source.resolve(run_date)? else { return Ok(None) };
+        files.fetch()?;
         let relation = crate::engine::file_input(engine).and_then(|f| f.stage_files(&files));
         let described = relation.and_then(|relation| {
             let mut sql = Sql::new();
@@ -347,9 +348,10 @@ fn check(
     let mut renames: Vec<(usize, usize, String)> = Vec::new();
     let files_table = TableName { schema: sb.schema.clone(), table: "input".into() };
     if let Some(source) = &job.source.files {
-        let Some(files) = source.resolve(run_date)? else {
+        let Some(mut files) = source.resolve(run_date)? else {
             return Ok((None, inconclusive(format!("no file matches {} (allow_missing = true), so there is no input row to change", source.expand(run_date).display()))));
         };
+        files.fetch()?;
         let relation = crate::engine::file_input(engine).and_then(|f| f.stage_files(&files));
         let loaded = relation.and_then(|relation| {
             let mut sql = Sql::new();
