@@ -221,4 +221,96 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
         assert!(!all(&refused).contains(secret));
         drop(fixpoint_delta::Delta::scratch_s3(&url, &options));
     }
+
+    /// A file source on S3 through the binary, into a DuckDB target: the
+    /// objects uploaded and their ETags read back by boto3 (Python, the
+    /// tests' virtualenv), a run, a skipped rerun, a changed object
+    /// reloaded, `status`, a missing day (exit 3) and a missing bucket
+    /// (exit 2); the secret never printed.
+    #[test]
+    fn files_on_s3_through_the_cli() {
+        let Some(endpoint) = fixpoint_delta::test_s3_endpoint() else { return };
+        let py = std::env::var("FIXPOINT_TEST_PYTHON")
+            .unwrap_or_else(|_| format!("{}/.cache/fixpoint/pyvenv/bin/python", std::env::var("HOME").unwrap_or_default()));
+        let boto = Command::new(&py).args(["-c", "import boto3"]).output().is_ok_and(|o| o.status.success());
+        if !boto {
+            assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "{py} with boto3 is missing under CI=true");
+            eprintln!("skipped: no Python with boto3 at {py} (set FIXPOINT_TEST_PYTHON, or create the virtualenv as .ci/run does)");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let secret = "s3cr3t-never-printed";
+        let prefix = format!("cli-files-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos());
+        let env: Vec<(&str, &str)> = vec![
+            ("AWS_ENDPOINT_URL", endpoint.as_str()),
+            ("AWS_ALLOW_HTTP", "true"),
+            ("AWS_ACCESS_KEY_ID", "test"),
+            ("AWS_SECRET_ACCESS_KEY", secret),
+            ("AWS_REGION", "us-east-1"),
+            ("FIXPOINT_CACHE_DIR", dir.join("cache").to_str().unwrap().to_owned().leak()),
+        ];
+        // boto3: uploads `local` as `key` (when given), prints the object's ETag.
+        let boto3 = |local: Option<&Path>, key: &str| -> String {
+            let script = "import sys, boto3\n\
+                s3 = boto3.client('s3', endpoint_url=sys.argv[1], aws_access_key_id='test', aws_secret_access_key='x', region_name='us-east-1')\n\
+                if sys.argv[3]: s3.upload_file(sys.argv[3], 'fixpoint-test', sys.argv[2])\n\
+                print(s3.head_object(Bucket='fixpoint-test', Key=sys.argv[2])['ETag'])\n";
+            let local = local.map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+            let o = Command::new(&py).args(["-c", script, &endpoint, key, &local]).output().unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            String::from_utf8(o.stdout).unwrap().trim().to_owned()
+        };
+        let part = |total: &str| -> std::path::PathBuf {
+            let path = dir.join(format!("part-{total}.parquet"));
+            let duck = duckdb::Connection::open_in_memory().unwrap();
+            duck.execute_batch(&format!(
+                "COPY (SELECT * FROM (VALUES (1, {total}::DECIMAL(12,2)), (2, 4.00::DECIMAL(12,2))) AS t(order_id, order_total)) TO '{}' (FORMAT parquet)",
+                path.display()
+            ))
+            .unwrap();
+            path
+        };
+        let key = format!("{prefix}/bronze/dt=2026-10-20/part-0.parquet");
+        let etag = boto3(Some(&part("2.50")), &key);
+        std::fs::write(
+            dir.join("job.toml"),
+            format!(
+                "name = \"orders_from_s3\"\ntarget = \"silver.orders\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n\n[source]\nfiles = \"s3://fixpoint-test/{prefix}/bronze/dt={{run_date}}/*.parquet\"\n"
+            ),
+        )
+        .unwrap();
+        let all = |o: &Output| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        let run = |date: &str| fixpoint(dir, &["run", "job.toml", "--date", date, "--db", "duckdb:wh.duckdb", "--output", "json"], &env);
+        let first = run("2026-10-20");
+        assert_eq!(first.status.code(), Some(0), "{}", all(&first));
+        assert!(!all(&first).contains(secret));
+        let report = json(&first);
+        assert_eq!((report["outcome"].as_str(), report["output"]["rows"].as_u64()), (Some("committed"), Some(2)), "{report}");
+        let files = &report["input_files"]["files"];
+        assert_eq!((files[0]["path"].as_str(), files[0]["etag"].as_str()), (Some("part-0.parquet"), Some(etag.as_str())), "{report}");
+        let again = run("2026-10-20");
+        assert_eq!(json(&again)["outcome"], "skipped", "{}", all(&again));
+        // The object rewritten with another total: reloaded, and the table holds it.
+        let new_etag = boto3(Some(&part("2.75")), &key);
+        assert_ne!(new_etag, etag);
+        let status = fixpoint(dir, &["status", "job.toml", "--from", "2026-10-20", "--to", "2026-10-20", "--db", "duckdb:wh.duckdb", "--output", "json"], &env);
+        assert!(all(&status).contains("changed part-0.parquet"), "{}", all(&status));
+        let reloaded = run("2026-10-20");
+        assert_eq!(json(&reloaded)["outcome"], "committed", "{}", all(&reloaded));
+        let duck = duckdb::Connection::open(dir.join("wh.duckdb")).unwrap();
+        let total: String = duck.query_row("SELECT CAST(sum(order_total) AS VARCHAR) FROM silver.orders WHERE dt = DATE '2026-10-20'", [], |r| r.get(0)).unwrap();
+        assert_eq!(total, "6.75");
+        drop(duck);
+        // A day without objects: refused data, exit 3.
+        let missing = run("2026-10-21");
+        assert_eq!(missing.status.code(), Some(3), "{}", all(&missing));
+        assert!(all(&missing).contains("no file matches s3://fixpoint-test/"), "{}", all(&missing));
+        // A bucket that does not exist: bad input, exit 2, naming it.
+        std::fs::write(dir.join("other.toml"), std::fs::read_to_string(dir.join("job.toml")).unwrap().replace("s3://fixpoint-test/", "s3://no-such-bucket-fixpoint/")).unwrap();
+        let refused = fixpoint(dir, &["run", "other.toml", "--date", "2026-10-20", "--db", "duckdb:wh.duckdb"], &env);
+        assert_eq!(refused.status.code(), Some(2), "{}", all(&refused));
+        assert!(all(&refused).contains("the bucket no-such-bucket-fixpoint does not exist"), "{}", all(&refused));
+        assert!(!all(&refused).contains(secret));
+    }
 }

@@ -219,7 +219,10 @@ impl InputFiles {
                 .iter()
                 .map(|f| {
                     let key = if remote.prefix.is_empty() { f.path.clone() } else { format!("{}/{}", remote.prefix, f.path) };
-                    (crate::job::objects::Object { key, size: f.size, etag: f.etag.clone() }, dir.path().join(&f.path))
+                    // The key's whole path below the folder: its `key=value`
+                    // folders (hive style) are columns, as for local files.
+                    let local = dir.path().join(&key);
+                    (crate::job::objects::Object { key, size: f.size, etag: f.etag.clone() }, local)
                 })
                 .collect();
             remote.bucket.download(&objects)?;
@@ -228,7 +231,7 @@ impl InputFiles {
                 let peek = peek_file(local)?;
                 refuse_empty(self.format, file, peek, &shown)?;
             }
-            self.base = dir.path().to_path_buf();
+            self.base = dir.path().join(&remote.prefix);
             let mut remote = remote.clone();
             remote.local = Some(std::sync::Arc::new(dir));
             self.origin.remote = Some(remote);
@@ -294,14 +297,14 @@ impl FileSource {
             if scheme != "s3" {
                 return Err(err(format!("{pattern:?}: {scheme}:// is not supported; file sources read local paths and s3:// URLs (S3 or an S3-compatible server)")));
             }
+            let bucket = pattern["s3://".len()..].split('/').next().unwrap_or_default();
+            if bucket.is_empty() || bucket.contains(['{', '*', '?', '[']) {
+                return Err(err(format!("{pattern:?} names no bucket: expected s3://bucket/path, e.g. s3://lake/bronze/orders/dt={{run_date}}/*.parquet")));
+            }
             if cfg!(not(feature = "s3")) {
                 return Err(err(format!(
                     "{pattern:?}: this build of fixpoint reads local files only; files on S3 need the `s3` feature (cargo build --release --features fixpoint-cli/s3)"
                 )));
-            }
-            let bucket = pattern["s3://".len()..].split('/').next().unwrap_or_default();
-            if bucket.is_empty() || bucket.contains(['{', '*', '?', '[']) {
-                return Err(err(format!("{pattern:?} names no bucket: expected s3://bucket/path, e.g. s3://lake/bronze/orders/dt={{run_date}}/*.parquet")));
             }
         }
         let mut pieces = Vec::new();
@@ -532,6 +535,12 @@ impl FileSource {
             let rel = if prefix.is_empty() { o.key.clone() } else { o.key[prefix.len() + 1..].to_owned() };
             if rel.contains(GLOB_CHARS) {
                 return Err(glob_named(&rel, &base_url));
+            }
+            if o.key.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+                return Err(Error::Files {
+                    message: format!("s3://{bucket_name}/{} has an empty, `.` or `..` folder in its key, which no local path can mirror; nothing was changed", o.key),
+                    hint: Some("rename the object (keys of a day's files are folder/…/file names)".into()),
+                });
             }
             if rel.split('/').any(|c| (c.starts_with('_') || c.starts_with('.')) && !literal.contains(&c)) {
                 ignored.push(rel);
@@ -899,6 +908,44 @@ mod tests {
         assert_eq!(s.expand(d("2026-01-05")), PathBuf::from("/data/2026/01/05/part-*.csv.gz"));
         assert_eq!(s.format, FileFormat::Csv);
         assert_eq!(src("x/*.jsonl", Path::new(".")).format, FileFormat::Json);
+    }
+
+    #[test]
+    fn urls_are_s3_or_refused_naming_what_is_supported() {
+        let refused = |p: &str| FileSource::parse(p, None, false, None, PathBuf::from("/jobs")).unwrap_err();
+        let (key, message) = refused("gs://lake/b/{run_date}/*.parquet");
+        assert_eq!(key, "source.files");
+        assert!(message.contains("gs:// is not supported") && message.contains("s3:// URLs"), "{message}");
+        assert!(refused("s3:///b/{run_date}/*.parquet").1.contains("names no bucket"));
+        assert!(refused("s3://{run_date}/x.parquet").1.contains("names no bucket"));
+        if cfg!(feature = "s3") {
+            let s = src("s3://lake/bronze/dt={run_date}/*.parquet", Path::new("/jobs"));
+            assert!(s.is_remote());
+            assert_eq!(s.expand(d("2026-10-20")), PathBuf::from("s3://lake/bronze/dt=2026-10-20/*.parquet"), "a URL is not joined to the job's folder");
+        } else {
+            let (_, message) = refused("s3://lake/bronze/dt={run_date}/*.parquet");
+            assert!(message.contains("the `s3` feature") && message.contains("--features fixpoint-cli/s3"), "{message}");
+        }
+        // A local path holding `://` further on is a path.
+        assert!(!src("b/x:/{run_date}/*.parquet", Path::new("/jobs")).is_remote());
+    }
+
+    #[test]
+    fn objects_hash_their_etags_and_local_files_hash_as_before() {
+        let file = |etag: Option<&str>| InputFile { path: "a.parquet".into(), size: 3, blake3: String::new(), etag: etag.map(str::to_owned) };
+        // Pinned: the combined hash of local files does not change with objects' support.
+        let local = InputFile { path: "a.parquet".into(), size: 3, blake3: "ab".into(), etag: None };
+        let mut h = blake3::Hasher::new();
+        h.update(b"fixpoint-files-v1");
+        h.update(&9u64.to_le_bytes());
+        h.update(b"a.parquet");
+        h.update(&3u64.to_le_bytes());
+        h.update(b"ab");
+        assert_eq!(combine(&[local]), h.finalize().to_hex()[..32].to_owned());
+        assert_ne!(combine(&[file(Some("\"1\""))]), combine(&[file(Some("\"2\""))]));
+        assert_ne!(combine(&[file(Some("\"1\""))]), combine(&[file(None)]));
+        let files = |etag| InputFiles { checksum: String::new(), files: vec![file(etag)], base: PathBuf::new(), format: FileFormat::Parquet, origin: Origin::default() };
+        assert_eq!((files(Some("\"1\"")).kind(), files(None).kind()), (OBJECTS_KIND, FILES_KIND));
     }
 
     #[test]
