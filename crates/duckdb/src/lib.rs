@@ -144,6 +144,15 @@ fn open_problem(msg: &str) -> Option<&'static str> {
     }
 }
 
+/// The settings of every database fixpoint opens: no extension is ever
+/// downloaded at run time (`autoinstall_known_extensions = false`). A
+/// statement that needs an extension neither bundled nor installed fails at
+/// once, naming it, instead of reaching for the network (and, offline,
+/// waiting on name lookups first); installed extensions still load.
+fn config() -> Result<duckdb::Config> {
+    duckdb::Config::default().with("autoinstall_known_extensions", "false").map_err(db_err("configuring DuckDB"))
+}
+
 impl DuckDb {
     /// Opens (or creates) a database file, waiting up to `wait` while another
     /// process holds its lock.
@@ -151,7 +160,7 @@ impl DuckDb {
         let deadline = Instant::now() + wait;
         let mut announced = false;
         loop {
-            match duckdb::Connection::open(path) {
+            match duckdb::Connection::open_with_flags(path, config()?) {
                 Ok(conn) => return Ok(DuckDb::new(conn, Some(path.to_owned()))),
                 Err(e) => {
                     let msg = e.to_string();
@@ -195,9 +204,9 @@ impl DuckDb {
         }
     }
 
-    /// An in-memory database (tests).
+    /// An in-memory database (tests, and the engines that compute in DuckDB).
     pub fn open_in_memory() -> Result<DuckDb> {
-        let conn = duckdb::Connection::open_in_memory().map_err(db_err("opening an in-memory database"))?;
+        let conn = duckdb::Connection::open_in_memory_with_flags(config()?).map_err(db_err("opening an in-memory database"))?;
         Ok(DuckDb::new(conn, None))
     }
 
