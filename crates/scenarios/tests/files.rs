@@ -756,43 +756,29 @@ mod s3_files {
         };
     }
 
-    on_s3!(duckdb, Some(fixpoint_scenarios::DuckDbUnderTest);
-        empty_and_headerless_files_are_refused_before_anything_changes,
-        a_json_array_is_one_row_per_element_and_other_values_are_refused,
-        a_files_own_column_must_agree_with_its_hive_folder,
-        a_join_with_a_table_keys_on_the_rows,
-        lookback_reloads_the_days_whose_files_changed,
-        a_day_of_parquet_files_loads_and_reloads,
-        incomplete_days_are_refused_and_change_nothing,
-        csv_and_json_lines_load_and_name_bad_lines,
-        cdc_files_merge,
-        types_map_faithfully,
-    );
-    on_s3!(postgres, fixpoint_scenarios::PgUnderTest::get();
-        empty_and_headerless_files_are_refused_before_anything_changes,
-        a_json_array_is_one_row_per_element_and_other_values_are_refused,
-        a_files_own_column_must_agree_with_its_hive_folder,
-        a_join_with_a_table_keys_on_the_rows,
-        lookback_reloads_the_days_whose_files_changed,
-        a_day_of_parquet_files_loads_and_reloads,
-        incomplete_days_are_refused_and_change_nothing,
-        csv_and_json_lines_load_and_name_bad_lines,
-        cdc_files_merge,
-        types_map_faithfully,
-    );
-    // Delta: all but the types scenario (a Delta table holds no TIME).
+    /// `$then!` over the scenarios that run on S3 on every engine, and `$extra`.
+    macro_rules! file_scenarios {
+        ($then:ident, $module:ident, $engine:expr; $($extra:ident),*) => {
+            $then!($module, $engine;
+                empty_and_headerless_files_are_refused_before_anything_changes,
+                a_json_array_is_one_row_per_element_and_other_values_are_refused,
+                a_files_own_column_must_agree_with_its_hive_folder,
+                a_join_with_a_table_keys_on_the_rows,
+                lookback_reloads_the_days_whose_files_changed,
+                a_day_of_parquet_files_loads_and_reloads,
+                incomplete_days_are_refused_and_change_nothing,
+                csv_and_json_lines_load_and_name_bad_lines,
+                cdc_files_merge
+                $(, $extra)*
+            );
+        };
+    }
+
+    file_scenarios!(on_s3, duckdb, Some(fixpoint_scenarios::DuckDbUnderTest); types_map_faithfully);
+    file_scenarios!(on_s3, postgres, fixpoint_scenarios::PgUnderTest::get(); types_map_faithfully);
+    // Delta: not the types scenario (a Delta table holds no TIME).
     #[cfg(feature = "delta")]
-    on_s3!(delta, Some(fixpoint_scenarios::DeltaUnderTest);
-        empty_and_headerless_files_are_refused_before_anything_changes,
-        a_json_array_is_one_row_per_element_and_other_values_are_refused,
-        a_files_own_column_must_agree_with_its_hive_folder,
-        a_join_with_a_table_keys_on_the_rows,
-        lookback_reloads_the_days_whose_files_changed,
-        a_day_of_parquet_files_loads_and_reloads,
-        incomplete_days_are_refused_and_change_nothing,
-        csv_and_json_lines_load_and_name_bad_lines,
-        cdc_files_merge,
-    );
+    file_scenarios!(on_s3, delta, Some(fixpoint_scenarios::DeltaUnderTest););
 
     /// The run key is made of the objects' keys, sizes and ETags as the
     /// server gives them (each ETag read back here with a HEAD request);

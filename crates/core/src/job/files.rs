@@ -777,21 +777,13 @@ impl Peek {
 /// block, then blocks until one holds more than whitespace.
 #[cfg_attr(not(feature = "s3"), allow(dead_code))]
 fn peek_file(path: &Path) -> Result<Peek> {
-    use std::io::Read;
     let io = |e: std::io::Error| Error::Io { path: path.to_owned(), source: e };
     let mut file = std::fs::File::open(path).map_err(io)?;
     let mut buf = vec![0u8; 64 << 10];
     let mut peek = Peek::new();
     let mut first = true;
     loop {
-        let mut filled = 0;
-        while filled < buf.len() {
-            let n = file.read(&mut buf[filled..]).map_err(io)?;
-            if n == 0 {
-                break;
-            }
-            filled += n;
-        }
+        let filled = fill(&mut file, &mut buf).map_err(io)?;
         if filled == 0 {
             return Ok(peek);
         }
@@ -801,6 +793,20 @@ fn peek_file(path: &Path) -> Result<Peek> {
             return Ok(peek);
         }
     }
+}
+
+/// Reads into `buf` until it is full or the file ends; the bytes read.
+fn fill(file: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    use std::io::Read;
+    let mut filled = 0;
+    while filled < buf.len() {
+        let n = file.read(&mut buf[filled..])?;
+        if n == 0 {
+            break;
+        }
+        filled += n;
+    }
+    Ok(filled)
 }
 
 /// `bytes` without a leading UTF-8 byte order mark.
@@ -820,7 +826,6 @@ pub fn hash_file(path: &Path) -> Result<String> {
 /// hash each block on every core (for a lone file; many files are hashed
 /// one per core instead).
 fn hash_file_with(path: &Path, inner_parallel: bool) -> Result<(String, Peek)> {
-    use std::io::Read;
     let io = |e: std::io::Error| Error::Io { path: path.to_owned(), source: e };
     let mut file = std::fs::File::open(path).map_err(io)?;
     let before = file.metadata().map_err(io)?.len();
@@ -829,14 +834,7 @@ fn hash_file_with(path: &Path, inner_parallel: bool) -> Result<(String, Peek)> {
     let mut read = 0u64;
     let mut peek = Peek::new();
     loop {
-        let mut filled = 0;
-        while filled < buf.len() {
-            let n = file.read(&mut buf[filled..]).map_err(io)?;
-            if n == 0 {
-                break;
-            }
-            filled += n;
-        }
+        let filled = fill(&mut file, &mut buf).map_err(io)?;
         if filled == 0 {
             break;
         }
