@@ -382,25 +382,38 @@ impl Delta {
         let groups: Vec<Vec<Option<String>>> = if partitions.is_empty() {
             vec![Vec::new()]
         } else {
-            let list: Vec<String> = partitions.iter().map(|p| format!("CAST({} AS VARCHAR)", quote_ident(p))).collect();
-            let rows = self.duck.query(&Sql::raw(format!("SELECT DISTINCT {} FROM {relation}", list.join(", "))))?;
+            // The distinct values first, then their text (a cast per group, not per row).
+            let list: Vec<String> = partitions.iter().map(|p| format!("CAST({0} AS VARCHAR) AS {0}", quote_ident(p))).collect();
+            let keys: Vec<String> = partitions.iter().map(|p| quote_ident(p)).collect();
+            let rows = self.duck.query(&Sql::raw(format!("SELECT {} FROM (SELECT DISTINCT {} FROM {relation})", list.join(", "), keys.join(", "))))?;
             rows.rows.into_iter().map(|r| r.into_iter().map(|v| v.as_str().map(str::to_owned)).collect()).collect()
         };
         let mut out: Vec<DataFile> = Vec::new();
+        // One group (a day, or an unpartitioned table): every row is in it,
+        // and the rows are written straight from `relation`.
+        let only_one = groups.len() == 1;
         for group in groups {
             let mut sql = Sql::new();
-            sql.push(&format!("CREATE OR REPLACE TEMPORARY TABLE \"__fixpoint_part\" AS SELECT {} FROM {relation}", data.join(", ")));
             let mut folder = String::new();
             let mut values = HashMap::new();
+            if only_one {
+                sql.push(&format!("SELECT {} FROM {relation}", data.join(", ")));
+            } else {
+                sql.push(&format!("CREATE OR REPLACE TEMPORARY TABLE \"__fixpoint_part\" AS SELECT {} FROM {relation}", data.join(", ")));
+            }
             for (i, (p, v)) in partitions.iter().zip(&group).enumerate() {
+                if only_one {
+                    folder.push_str(&format!("{}={}/", safe_segment(p), v.as_deref().map_or_else(|| "__HIVE_DEFAULT_PARTITION__".to_owned(), safe_segment)));
+                    values.insert(p.clone(), v.clone());
+                    continue;
+                }
                 sql.push(if i == 0 { " WHERE " } else { " AND " });
                 sql.push(&format!("CAST({} AS VARCHAR) IS NOT DISTINCT FROM ", quote_ident(p)));
                 sql.param(v.clone().map_or(Value::Null, Value::Text));
                 folder.push_str(&format!("{}={}/", safe_segment(p), v.as_deref().map_or_else(|| "__HIVE_DEFAULT_PARTITION__".to_owned(), safe_segment)));
                 values.insert(p.clone(), v.clone());
             }
-            let rows = self.duck.execute(&sql)?;
-            if rows == 0 {
+            if !only_one && self.duck.execute(&sql)? == 0 {
                 continue;
             }
             let rel = format!("{folder}part-00000-{}-c000.snappy.parquet", uuid::Uuid::new_v4());
@@ -408,7 +421,20 @@ impl Delta {
             if let Some(parent) = path.parent() {
                 std::fs::create_dir_all(parent).map_err(|e| Error::Io { path: parent.to_owned(), source: e })?;
             }
-            self.duck.execute(&Sql::raw(format!("COPY \"__fixpoint_part\" TO {} (FORMAT parquet)", literal(&path.to_string_lossy()))))?;
+            let from = if only_one { format!("({})", sql.text) } else { "\"__fixpoint_part\"".to_owned() };
+            let written = self.duck.execute(&Sql::raw(format!("COPY {from} TO {} (FORMAT parquet)", literal(&path.to_string_lossy()))));
+            match written {
+                // An empty relation (one group holds every row: none here) writes no file.
+                Ok(0) if only_one => {
+                    let _ = std::fs::remove_file(&path);
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    let _ = std::fs::remove_file(&path);
+                    return Err(e);
+                }
+            }
             let size = std::fs::metadata(&path).map_err(|e| Error::Io { path: path.clone(), source: e })?.len() as i64;
             if let Some(s3) = &self.s3 {
                 if let Err(e) = self.rt.block_on(s3.upload(&path, &format!("{}/{rel}", Self::rel(name)))) {
