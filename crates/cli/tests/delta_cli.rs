@@ -26,6 +26,21 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
         c.output().expect("runs")
     }
 
+    /// The tests' Python (`FIXPOINT_TEST_PYTHON`, else the virtualenv
+    /// `.ci/run` makes) when it has `module`; else `None` after saying
+    /// `skipped` (under `CI=true` it must have it).
+    fn python_with(module: &str) -> Option<String> {
+        let py = std::env::var("FIXPOINT_TEST_PYTHON")
+            .unwrap_or_else(|_| format!("{}/.cache/fixpoint/pyvenv/bin/python", std::env::var("HOME").unwrap_or_default()));
+        let ok = Command::new(&py).args(["-c", &format!("import {module}")]).output().is_ok_and(|o| o.status.success());
+        if !ok {
+            assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "{py} with {module} is missing under CI=true");
+            eprintln!("skipped: no Python with {module} at {py} (set FIXPOINT_TEST_PYTHON, or create the virtualenv as .ci/run does)");
+            return None;
+        }
+        Some(py)
+    }
+
     fn json(o: &Output) -> serde_json::Value {
         serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
     }
@@ -248,14 +263,7 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
     #[test]
     fn files_on_s3_through_the_cli() {
         let Some(endpoint) = fixpoint_delta::test_s3_endpoint() else { return };
-        let py = std::env::var("FIXPOINT_TEST_PYTHON")
-            .unwrap_or_else(|_| format!("{}/.cache/fixpoint/pyvenv/bin/python", std::env::var("HOME").unwrap_or_default()));
-        let boto = Command::new(&py).args(["-c", "import boto3"]).output().is_ok_and(|o| o.status.success());
-        if !boto {
-            assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "{py} with boto3 is missing under CI=true");
-            eprintln!("skipped: no Python with boto3 at {py} (set FIXPOINT_TEST_PYTHON, or create the virtualenv as .ci/run does)");
-            return;
-        }
+        let Some(py) = python_with("boto3") else { return };
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         let secret = "s3cr3t-never-printed";
@@ -340,14 +348,7 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
     #[test]
     fn delta_kill_9_on_s3() {
         let Some(endpoint) = fixpoint_delta::test_s3_endpoint() else { return };
-        let py = std::env::var("FIXPOINT_TEST_PYTHON")
-            .unwrap_or_else(|_| format!("{}/.cache/fixpoint/pyvenv/bin/python", std::env::var("HOME").unwrap_or_default()));
-        let ok = Command::new(&py).args(["-c", "import deltalake"]).output().is_ok_and(|o| o.status.success());
-        if !ok {
-            assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "{py} with deltalake is missing under CI=true");
-            eprintln!("skipped: no Python with deltalake at {py}");
-            return;
-        }
+        let Some(py) = python_with("deltalake") else { return };
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         let url = format!("s3://fixpoint-test/kill-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos());
