@@ -41,6 +41,20 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
         Some(py)
     }
 
+    /// The environment of a `fixpoint` process using the local S3 server:
+    /// its endpoint, credentials (the secret given) and region, and `cache`
+    /// as fixpoint's cache folder.
+    fn s3_env<'a>(endpoint: &'a str, secret: &'a str, cache: &'a Path) -> Vec<(&'a str, &'a str)> {
+        vec![
+            ("AWS_ENDPOINT_URL", endpoint),
+            ("AWS_ALLOW_HTTP", "true"),
+            ("AWS_ACCESS_KEY_ID", "test"),
+            ("AWS_SECRET_ACCESS_KEY", secret),
+            ("AWS_REGION", "us-east-1"),
+            ("FIXPOINT_CACHE_DIR", cache.to_str().unwrap()),
+        ]
+    }
+
     fn json(o: &Output) -> serde_json::Value {
         serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
     }
@@ -212,14 +226,7 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
         let cache = dir.join("cache");
         let secret = "s3cr3t-never-printed";
         let url = format!("s3://fixpoint-test/cli-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos());
-        let env: Vec<(&str, &str)> = vec![
-            ("AWS_ENDPOINT_URL", endpoint.as_str()),
-            ("AWS_ALLOW_HTTP", "true"),
-            ("AWS_ACCESS_KEY_ID", "test"),
-            ("AWS_SECRET_ACCESS_KEY", secret),
-            ("AWS_REGION", "us-east-1"),
-            ("FIXPOINT_CACHE_DIR", cache.to_str().unwrap()),
-        ];
+        let env = s3_env(&endpoint, secret, &cache);
         let options: Vec<(String, String)> = env[..5].iter().map(|(k, v)| (k.to_ascii_lowercase(), (*v).to_owned())).collect();
         std::fs::write(dir.join("job.toml"), JOB).unwrap();
         {
@@ -268,14 +275,8 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
         let dir = tmp.path();
         let secret = "s3cr3t-never-printed";
         let prefix = format!("cli-files-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos());
-        let env: Vec<(&str, &str)> = vec![
-            ("AWS_ENDPOINT_URL", endpoint.as_str()),
-            ("AWS_ALLOW_HTTP", "true"),
-            ("AWS_ACCESS_KEY_ID", "test"),
-            ("AWS_SECRET_ACCESS_KEY", secret),
-            ("AWS_REGION", "us-east-1"),
-            ("FIXPOINT_CACHE_DIR", dir.join("cache").to_str().unwrap().to_owned().leak()),
-        ];
+        let cache = dir.join("cache");
+        let env = s3_env(&endpoint, secret, &cache);
         // boto3: uploads `local` as `key` (when given), prints the object's ETag.
         let boto3 = |local: Option<&Path>, key: &str| -> String {
             let script = "import sys, boto3\n\
@@ -353,14 +354,7 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
         let dir = tmp.path();
         let url = format!("s3://fixpoint-test/kill-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos());
         let cache = dir.join("cache");
-        let env: Vec<(&str, &str)> = vec![
-            ("AWS_ENDPOINT_URL", endpoint.as_str()),
-            ("AWS_ALLOW_HTTP", "true"),
-            ("AWS_ACCESS_KEY_ID", "test"),
-            ("AWS_SECRET_ACCESS_KEY", "test"),
-            ("AWS_REGION", "us-east-1"),
-            ("FIXPOINT_CACHE_DIR", cache.to_str().unwrap()),
-        ];
+        let env = s3_env(&endpoint, "test", &cache);
         let options: Vec<(String, String)> = env[..5].iter().map(|(k, v)| (k.to_ascii_lowercase(), (*v).to_owned())).collect();
         let storage = serde_json::Value::Object(options.iter().map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))).collect()).to_string();
         std::fs::write(dir.join("job.toml"), JOB).unwrap();
