@@ -388,4 +388,204 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
         assert!(killed >= 2, "at least the two aborts were kills: {killed}");
         drop(fixpoint_delta::Delta::scratch_s3(&url, &options));
     }
+
+    const HISTORY_JOB: &str = r#"name = "dim"
+target = "silver.dim"
+strategy = "history"
+key = ["k"]
+version = "v"
+deleted = "op = 'D'"
+track = ["a"]
+on_tie = "deterministic"
+
+[source]
+sql = "SELECT k, v, a, op FROM bronze.changes WHERE batch = :run_date"
+"#;
+
+    /// The batches of the history trials: new keys, a change, a tombstone,
+    /// an unchanged re-send (kept in the log), a reopening, a late older
+    /// version.
+    const BATCHES: &str = "INSERT INTO bronze.changes VALUES \
+        (DATE '2026-10-01', 1, 1, 'x', 'U'), (DATE '2026-10-01', 2, 1, 'y', 'U'), \
+        (DATE '2026-10-02', 1, 2, 'z', 'U'), (DATE '2026-10-02', 2, 2, NULL, 'D'), \
+        (DATE '2026-10-03', 1, 3, 'z', 'U'), (DATE '2026-10-03', 3, 1, 'w', 'U'), \
+        (DATE '2026-10-04', 2, 3, 'y', 'U'), (DATE '2026-10-04', 1, 0, 'q', 'U'), \
+        (DATE '2026-10-05', 1, 4, 'x', 'U'), (DATE '2026-10-05', 3, 2, NULL, 'D')";
+
+    /// A Delta table's rows (`select`, over `t`) as its log makes them,
+    /// read independently: the active files from the `_delta_log` JSON
+    /// (adds minus removes), read by DuckDB; empty when it has no log.
+    fn table_rows(table: &Path, select: &str) -> Vec<Vec<String>> {
+        if !table.join("_delta_log").is_dir() {
+            return Vec::new();
+        }
+        let mut active: Vec<String> = Vec::new();
+        let mut logs: Vec<_> = std::fs::read_dir(table.join("_delta_log")).unwrap().flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "json")).collect();
+        logs.sort();
+        for log in logs {
+            for line in std::fs::read_to_string(&log).unwrap().lines() {
+                let a: serde_json::Value = serde_json::from_str(line).unwrap();
+                if let Some(add) = a.get("add") {
+                    active.push(add["path"].as_str().unwrap().to_owned());
+                }
+                if let Some(rm) = a.get("remove") {
+                    active.retain(|p| p != rm["path"].as_str().unwrap());
+                }
+            }
+        }
+        if active.is_empty() {
+            return Vec::new();
+        }
+        let files: Vec<String> = active.iter().map(|p| format!("'{}'", table.join(p).display())).collect();
+        let db = duckdb::Connection::open_in_memory().unwrap();
+        rows_of(&db, &format!("{select} FROM read_parquet([{}], union_by_name = true) AS t ORDER BY ALL", files.join(", ")))
+    }
+
+    /// How many commits in `table`'s `_delta_log` carry fixpoint's commit
+    /// info for the app id `app`.
+    fn commits_of(table: &Path, app: &str) -> usize {
+        let mut n = 0;
+        let Ok(log) = std::fs::read_dir(table.join("_delta_log")) else { return 0 };
+        for e in log.flatten() {
+            if e.path().extension().is_none_or(|x| x != "json") {
+                continue;
+            }
+            for line in std::fs::read_to_string(e.path()).unwrap().lines() {
+                let a: serde_json::Value = serde_json::from_str(line).unwrap();
+                let mut info = a["commitInfo"]["fixpoint"].clone();
+                if let Some(text) = info.as_str() {
+                    info = serde_json::from_str(text).unwrap();
+                }
+                if info["app_id"] == app {
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    /// The rows of `sql`, every value as text.
+    fn rows_of(db: &duckdb::Connection, sql: &str) -> Vec<Vec<String>> {
+        let mut st = db.prepare(sql).unwrap();
+        let mut rows = st.query([]).unwrap();
+        let mut out = Vec::new();
+        while let Some(r) = rows.next().unwrap() {
+            let n = r.as_ref().column_count();
+            out.push((0..n).map(|i| r.get::<_, Option<String>>(i).unwrap().unwrap_or_else(|| "NULL".into())).collect());
+        }
+        out
+    }
+
+    const TABLE_SELECT: &str = "SELECT CAST(k AS VARCHAR), CAST(v AS VARCHAR), a, CAST(valid_from AS VARCHAR), CAST(valid_to AS VARCHAR)";
+    const LOG_SELECT: &str = "SELECT CAST(k AS VARCHAR), CAST(v AS VARCHAR), a, CAST(__fixpoint_deleted AS VARCHAR)";
+
+    /// kill -9 of history runs on a Delta warehouse: before the commits,
+    /// between the table's commit and its log's (the run's two tables are
+    /// two Delta commits), and at random moments. The table and its log,
+    /// read from the files their `_delta_log`s name, are each the old or
+    /// the new state of a clean run on DuckDB (the reference, run by the
+    /// same binary on a DuckDB file); once a process has opened the
+    /// warehouse, the log is the one that goes with the table; the rerun
+    /// converges.
+    #[test]
+    fn delta_history_kill_9_before_between_and_after_its_commits() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        std::fs::write(dir.join("hjob.toml"), HISTORY_JOB).unwrap();
+        {
+            use fixpoint_core::Engine;
+            let mut w = fixpoint_delta::Delta::open(&dir.join("wh")).unwrap();
+            for stmt in ["CREATE TABLE bronze.changes (batch DATE, k BIGINT, v BIGINT, a VARCHAR, op VARCHAR)", BATCHES] {
+                w.execute(&fixpoint_core::job::sql::Sql::raw(stmt.to_owned())).unwrap();
+            }
+        }
+        let days = ["2026-10-01", "2026-10-02", "2026-10-03", "2026-10-04", "2026-10-05"];
+        // The reference: each day's state after clean runs on DuckDB.
+        let reference = duckdb::Connection::open(dir.join("ref.duckdb")).unwrap();
+        reference.execute_batch(&format!("CREATE SCHEMA bronze; CREATE TABLE bronze.changes (batch DATE, k BIGINT, v BIGINT, a VARCHAR, op VARCHAR); {BATCHES};")).unwrap();
+        drop(reference);
+        let mut states = vec![(Vec::new(), Vec::new())];
+        for day in days {
+            let o = fixpoint(dir, &["run", "hjob.toml", "--date", day, "--db", "duckdb:ref.duckdb"], &[]);
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let reference = duckdb::Connection::open(dir.join("ref.duckdb")).unwrap();
+            let t = rows_of(&reference, &format!("{TABLE_SELECT} FROM silver.dim AS t ORDER BY ALL"));
+            let l = rows_of(&reference, &format!("{LOG_SELECT} FROM fixpoint.history__silver__dim AS t ORDER BY ALL"));
+            states.push((t, l));
+        }
+        let (table, log) = (dir.join("wh/silver/dim"), dir.join("wh/fixpoint/history__silver__dim"));
+        let read = || (table_rows(&table, TABLE_SELECT), table_rows(&log, LOG_SELECT));
+        let mut seed: u64 = 0x2545f4914f6cdd1d;
+        let mut killed = 0;
+        // Each day in order, then each again forced (a new commit of the same rows).
+        let trials: Vec<(usize, bool)> = (0..days.len()).map(|i| (i, false)).chain((0..days.len()).map(|i| (i, true))).collect();
+        for (trial, &(i, forced)) in trials.iter().enumerate() {
+            let (old, new) = if forced { (&states[5], &states[5]) } else { (&states[i], &states[i + 1]) };
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_fixpoint"));
+            cmd.args(["run", "hjob.toml", "--date", days[i], "--db", "delta:wh"]).current_dir(dir).env("FIXPOINT_TEST_MODE", "1");
+            if forced {
+                cmd.arg("--force");
+            }
+            cmd.env_remove("FIXPOINT_FAIL_AT").env_remove("FIXPOINT_DELTA_FAULT").env_remove("FIXPOINT_DB");
+            cmd.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+            match trial {
+                0 | 5 => {
+                    cmd.env("FIXPOINT_FAIL_AT", "before_commit").env("FIXPOINT_FAIL_MODE", "abort");
+                }
+                // Between the table's commit and its log's.
+                1 | 2 | 6 => {
+                    cmd.env("FIXPOINT_DELTA_FAULT", "abort_after_commit");
+                }
+                _ => {}
+            }
+            let mut child = cmd.spawn().unwrap();
+            if !matches!(trial, 0 | 1 | 2 | 5 | 6) {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                std::thread::sleep(std::time::Duration::from_millis(seed % 900));
+                let _ = child.kill();
+            }
+            let status = child.wait().unwrap();
+            if status.code().is_none() {
+                killed += 1;
+            }
+            let (t, l) = read();
+            assert!(t == old.0 || t == new.0, "trial {trial} ({}): the table is neither the old nor the new one: {t:?}", days[i]);
+            assert!(l == old.1 || l == new.1, "trial {trial} ({}): the log is neither the old nor the new one: {l:?}", days[i]);
+            if matches!(trial, 0 | 5) {
+                assert_eq!((&t, &l), (&old.0, &old.1), "trial {trial}: killed before its commits");
+            }
+            if matches!(trial, 1 | 2) {
+                assert_eq!(t, new.0, "trial {trial}: killed after the table's commit");
+                if old.1 != new.1 {
+                    assert_eq!(l, old.1, "trial {trial}: killed before the log's commit");
+                }
+            }
+            // A process that opens the warehouse finishes the log's commit.
+            let ledger = ledger_rows(dir);
+            let (t2, l2) = read();
+            assert_eq!(t2, t, "trial {trial}: opening the warehouse changed the table");
+            let state = if t == new.0 { new } else { old };
+            assert_eq!(l2, state.1, "trial {trial} ({}): the log goes with the table once the warehouse is opened", days[i]);
+            let app = format!("fixpoint:dim:{}", days[i]);
+            let recorded = ledger.iter().filter(|e| e["run_date"] == days[i]).count();
+            // A forced rerun of an earlier day may change nothing (later days
+            // changed its keys' rows): a ledger row without a commit.
+            if forced {
+                assert!(recorded >= commits_of(&table, &app), "trial {trial} ({}): a ledger row for every commit of the table", days[i]);
+            } else {
+                assert_eq!(recorded, commits_of(&table, &app), "trial {trial} ({}): one ledger row per commit of the table", days[i]);
+            }
+            let rerun = fixpoint(dir, &["run", "hjob.toml", "--date", days[i], "--db", "delta:wh", "--output", "json"], &[]);
+            assert_eq!(rerun.status.code(), Some(0), "trial {trial}: {}", String::from_utf8_lossy(&rerun.stderr));
+            assert_eq!(read(), *new, "trial {trial} ({}): the rerun converges", days[i]);
+            if !forced {
+                let expected = if t == new.0 { "skipped" } else { "committed" };
+                assert_eq!(json(&rerun)["outcome"], expected, "trial {trial} ({})", days[i]);
+            }
+        }
+        eprintln!("history: {killed} of {} runs died by a signal", trials.len());
+        assert!(killed >= 5, "at least the five aborts were kills: {killed}");
+    }
 }

@@ -44,6 +44,9 @@ pub struct Delta {
     /// The version of each table whose newest commit's ledger row is known
     /// to be written.
     checked: HashMap<TableName, i64>,
+    /// A run holds its lease: writes to tables other than its target and
+    /// the ledger (a merge's tombstones) wait for the run's commit.
+    in_run: bool,
 }
 
 impl Drop for Delta {
@@ -128,7 +131,7 @@ impl Delta {
         // The leased plans guard a row inside their write with Spark's
         // `raise_error`; DuckDB calls it `error`.
         duck.execute(&Sql::raw("CREATE OR REPLACE TEMPORARY MACRO raise_error(message) AS error(message)"))?;
-        let mut delta = Delta { duck, root, s3, rt, tables: HashMap::new(), fault: None, scratch: false, checked: HashMap::new() };
+        let mut delta = Delta { duck, root, s3, rt, tables: HashMap::new(), fault: None, scratch: false, checked: HashMap::new(), in_run: false };
         delta.discover()?;
         delta.repair_ledger()?;
         Ok(delta)
@@ -478,6 +481,13 @@ impl Delta {
         if rows == 0 {
             return Ok(0);
         }
+        if self.in_run && *name != ledger_name() {
+            // Committed with the run's commit (recorded by the target's).
+            let files = self.write_files(name, relation)?;
+            self.tables.get_mut(name).expect("loaded").files.extend(files);
+            self.register(name)?;
+            return Ok(rows);
+        }
         if self.tables[name].has_pending() {
             return Err(Error::Internal(format!("an append to {name} while this run's changes to it are not committed")));
         }
@@ -505,43 +515,218 @@ impl Delta {
         let unwritten: Vec<String> = t.files.iter().filter(|f| f.pending).map(|f| f.path.clone()).collect();
         t.files.retain(|f| !f.pending);
         t.removes.clear();
+        t.creation = None;
         for rel in unwritten {
             self.remove_written(name, &rel);
         }
     }
 
-    /// Commits the run's changes (one commit per changed table, each with
-    /// the run's `txn` and its ledger entry as commit info), then appends
-    /// the ledger row.
+    /// Commits the run's changes, then appends the ledger row. The job's
+    /// target is committed first, with the run's `txn` and its ledger entry
+    /// as commit info; that commit also records what the run changes in
+    /// its other tables (a history's log, a merge's tombstones), each then
+    /// committed with its own `txn`. Delta commits one table at a time: a
+    /// crash between the target's commit and the others' leaves them to be
+    /// finished from the target's record by the next process that opens
+    /// the warehouse (`repair_ledger`), before anything reads them.
     fn publish(&mut self, entry: serde_json::Map<String, serde_json::Value>) -> Result<()> {
         let text = |k: &str| entry.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
         let app = format!("fixpoint:{}:{}", text("job"), text("run_date"));
         let mut names: Vec<TableName> = self.tables.iter().filter(|(_, t)| t.has_pending()).map(|(n, _)| n.clone()).collect();
         names.sort_by_key(|n| n.to_string());
-        let mut record = true;
-        for name in names {
-            record &= self.commit_run(&name, &app, &entry)?;
+        let target = TableName::parse(&text("target")).ok().filter(|t| names.contains(t));
+        let Some(target) = target else {
+            // Nothing of the target changed: each changed table on its own.
+            let mut record = true;
+            for name in names {
+                record &= self.commit_run(&name, &app, &entry, Vec::new())?;
+            }
+            if record {
+                self.append_ledger(&entry)?;
+            }
+            return Ok(());
+        };
+        let mut companions = Vec::new();
+        for name in names.iter().filter(|n| **n != target) {
+            companions.push(self.companion(name, &app)?);
         }
-        if record {
-            self.append_ledger(&entry)?;
+        let others: Vec<TableName> = names.iter().filter(|n| **n != target).cloned().collect();
+        let outcome = self.commit_run(&target, &app, &entry, companions.clone());
+        match &outcome {
+            Ok(true) => {}
+            // Another run's identical commit landed first (it finishes its
+            // own), or another writer's commit came first: nothing of this
+            // run landed.
+            Ok(false) | Err(Error::Busy { .. }) => {
+                for name in &others {
+                    self.discard(name);
+                    self.reload(name)?;
+                }
+                return outcome.map(|_| ());
+            }
+            Err(_) => {
+                // The target's commit may have landed (its answer lost): the
+                // other tables' files are named by it and stay, for the
+                // next process to commit.
+                for name in &others {
+                    if let Some(t) = self.tables.get_mut(name) {
+                        t.files.retain(|f| !f.pending);
+                        t.removes.clear();
+                        t.creation = None;
+                    }
+                    self.reload(name)?;
+                }
+                return outcome.map(|_| ());
+            }
         }
+        for c in &companions {
+            self.finish_companion(c, &entry)?;
+        }
+        self.append_ledger(&entry)
+    }
+
+    /// What this run changes in `name` besides the target, as the target's
+    /// commit records it: the `txn` it will carry, the files it removes and
+    /// adds, and the table's schema when the run creates it.
+    fn companion(&mut self, name: &TableName, app: &str) -> Result<serde_json::Value> {
+        let t = &self.tables[name];
+        let next = match t.creation {
+            Some(_) => 1,
+            None => self.rt.block_on(table::txn_version(t, app))?.unwrap_or(0) + 1,
+        };
+        let file = |f: &DataFile| serde_json::json!({ "path": f.path, "size": f.size, "partition_values": f.partition_values });
+        Ok(serde_json::json!({
+            "table": name.to_string(),
+            "schema": name.schema,
+            "name": name.table,
+            "app_id": app,
+            "txn_version": next,
+            "read_version": t.version(),
+            "create": t.creation.as_ref().map(|c| serde_json::json!({ "fields": c.fields, "partition": c.partition })),
+            "removes": t.removes.iter().map(file).collect::<Vec<_>>(),
+            "adds": t.files.iter().filter(|f| f.pending).map(file).collect::<Vec<_>>(),
+        }))
+    }
+
+    /// Commits `companion` (recorded by the target's commit) unless its
+    /// `txn` is in its table already. Its files are never removed: the
+    /// target's commit names them, and a failure here leaves the commit to
+    /// the next process that opens the warehouse.
+    fn finish_companion(&mut self, companion: &serde_json::Value, entry: &serde_json::Map<String, serde_json::Value>) -> Result<()> {
+        let name = companion_table(companion)?;
+        let app = companion["app_id"].as_str().unwrap_or_default().to_owned();
+        let version = companion["txn_version"].as_i64().ok_or_else(|| Error::Internal(format!("a commit's record of the changes to {name} has no transaction version")))?;
+        // This run's pending state of the table is what the record says.
+        if let Some(t) = self.tables.get_mut(&name) {
+            t.files.retain(|f| !f.pending);
+            t.removes.clear();
+            t.creation = None;
+        }
+        let info = HashMap::from([("fixpoint_companion".to_owned(), serde_json::json!({ "run_key": entry.get("run_key"), "app_id": app, "txn_version": version }))]);
+        let result = self.commit_companion(&name, &app, version, companion, info);
+        self.reload(&name)?;
+        result
+    }
+
+    /// Commits the recorded changes `companion` to `name` with `txn(app,
+    /// version)`, unless that version is committed already.
+    fn commit_companion(&mut self, name: &TableName, app: &str, version: i64, companion: &serde_json::Value, info: HashMap<String, serde_json::Value>) -> Result<()> {
+        let files = |k: &str| -> Vec<DataFile> {
+            companion[k]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|f| DataFile {
+                            path: f["path"].as_str().unwrap_or_default().to_owned(),
+                            size: f["size"].as_i64().unwrap_or_default(),
+                            partition_values: serde_json::from_value(f["partition_values"].clone()).unwrap_or_default(),
+                            pending: true,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let dir = self.table_dir(name);
+        let place = self.place(name, &dir)?;
+        let exists = self.has_log(name)?;
+        let mut t = match (&companion["create"], exists) {
+            (serde_json::Value::Object(create), false) => {
+                let fields: Vec<deltalake_core::kernel::StructField> =
+                    serde_json::from_value(create["fields"].clone()).map_err(|e| Error::Internal(format!("a commit's record of the schema of {name}: {e}")))?;
+                let partition = create["partition"].as_str().map(str::to_owned);
+                let mut t = table::pending(name, &place, &[], None)?;
+                t.creation = Some(table::Creation { fields, partition: partition.clone() });
+                t.partitions = partition.into_iter().collect();
+                t
+            }
+            (_, true) => self.rt.block_on(table::load(name, &place))?,
+            (_, false) => return Err(Error::Internal(format!("the Delta table {name} is gone, and a run's changes to it are still to be committed"))),
+        };
+        if exists && self.rt.block_on(table::txn_version(&t, app))?.unwrap_or(0) >= version {
+            return Ok(());
+        }
+        let removes = files("removes");
+        for r in &removes {
+            if !t.files.iter().any(|f| f.path == r.path) {
+                return Err(Error::Internal(format!(
+                    "a run's changes to {name} cannot be committed: its file {} is no longer part of the table (written by another tool since?)",
+                    r.path
+                )));
+            }
+        }
+        t.files.retain(|f| !removes.iter().any(|r| r.path == f.path));
+        t.removes = removes.into_iter().map(|mut f| { f.pending = false; f }).collect();
+        t.files.extend(files("adds"));
+        match self.rt.block_on(table::commit(&t, Some((app.to_owned(), version)), info, 0, false))? {
+            Committed::Version(_) => Ok(()),
+            Committed::Conflict => {
+                // Finished by another process meanwhile, or changed under it.
+                let t = self.rt.block_on(table::load(name, &place))?;
+                if self.rt.block_on(table::txn_version(&t, app))?.unwrap_or(0) >= version {
+                    return Ok(());
+                }
+                Err(Error::Busy { message: format!("another writer committed to the Delta table {name} while a run's changes to it were being committed; run again to finish them") })
+            }
+        }
+    }
+
+    /// Reloads `name` from its log; forgets it when it has none (a table
+    /// this run was to create).
+    fn reload(&mut self, name: &TableName) -> Result<()> {
+        if self.has_log(name)? {
+            return self.load(name);
+        }
+        self.tables.remove(name);
+        self.duck.execute(&Sql::raw(format!("DROP VIEW IF EXISTS {}", name.quoted())))?;
+        // The folder a run made for it, when nothing is left in it.
+        remove_empty_dirs(&self.table_dir(name));
         Ok(())
     }
 
     /// Commits the run's changes to `name`; `false` when another run's
     /// identical commit landed first (nothing to do, and nothing to record).
-    fn commit_run(&mut self, name: &TableName, app: &str, entry: &serde_json::Map<String, serde_json::Value>) -> Result<bool> {
+    fn commit_run(&mut self, name: &TableName, app: &str, entry: &serde_json::Map<String, serde_json::Value>, companions: Vec<serde_json::Value>) -> Result<bool> {
         let read = self.tables[name].version();
-        let next = self.rt.block_on(table::txn_version(&self.tables[name], app))?.unwrap_or(0) + 1;
+        let next = match self.tables[name].creation {
+            Some(_) => 1,
+            None => self.rt.block_on(table::txn_version(&self.tables[name], app))?.unwrap_or(0) + 1,
+        };
         let run_key = entry.get("run_key").cloned().unwrap_or_default();
-        let info = HashMap::from([("fixpoint".to_owned(), serde_json::json!({ "run_key": run_key, "app_id": app, "txn_version": next, "entry": entry }))]);
+        let mut record = serde_json::json!({ "run_key": run_key, "app_id": app, "txn_version": next, "entry": entry });
+        if !companions.is_empty() {
+            record["companions"] = serde_json::Value::Array(companions);
+        }
+        let info = HashMap::from([("fixpoint".to_owned(), record)]);
         let committed = self.rt.block_on(table::commit(&self.tables[name], Some((app.to_owned(), next)), info, 0, false));
         match committed {
             Ok(Committed::Version(_)) => {
                 if self.fault == Some(DeltaFault::LoseCommitAck) {
                     // The commit landed; this process forgets it as if the
                     // store's answer had been lost.
-                    self.tables.get_mut(name).expect("loaded").files.retain(|f| !f.pending);
+                    let t = self.tables.get_mut(name).expect("loaded");
+                    t.files.retain(|f| !f.pending);
+                    t.removes.clear();
+                    t.creation = None;
                     return Err(Error::Transient { engine: "delta", context: format!("committing to {name}"), message: "injected: the commit's acknowledgement was lost".into() });
                 }
                 if self.fault == Some(DeltaFault::AbortAfterCommit) {
@@ -552,7 +737,10 @@ impl Delta {
             }
             Ok(Committed::Conflict) => {
                 self.discard(name);
-                self.load(name)?;
+                self.reload(name)?;
+                if !self.tables.contains_key(name) {
+                    return Err(Error::Busy { message: format!("the Delta table {name} could not be created (another writer?); nothing of this run was committed; run it again") });
+                }
                 let same = |i: &serde_json::Value| {
                     let e = &i["entry"];
                     i["run_key"] == run_key && ["job", "run_date", "output_rows", "output_checksum"].iter().all(|k| e[*k] == entry[*k])
@@ -575,6 +763,16 @@ impl Delta {
                 let t = self.tables.get_mut(name).expect("loaded");
                 let written: Vec<String> = t.files.iter().filter(|f| f.pending).map(|f| f.path.clone()).collect();
                 t.files.retain(|f| !f.pending);
+                t.removes.clear();
+                t.creation = None;
+                if !self.has_log(name)? {
+                    // A table this run was to create, and did not.
+                    for rel in written {
+                        self.remove_written(name, &rel);
+                    }
+                    self.reload(name)?;
+                    return Err(e);
+                }
                 self.load(name)?;
                 let infos = self.rt.block_on(table::fixpoint_infos(&self.tables[name].delta, read))?;
                 let ours = |i: &serde_json::Value| i["run_key"] == run_key && i["app_id"] == app && i["txn_version"] == next && i["entry"]["finished_at"] == entry["finished_at"];
@@ -627,8 +825,20 @@ impl Delta {
             if self.checked.get(&name) == Some(&version) {
                 continue;
             }
-            self.checked.insert(name.clone(), version);
             let infos = self.rt.block_on(table::fixpoint_infos(&self.tables[&name].delta, version - 1))?;
+            // The run's changes to its other tables, finished first (a
+            // crash between its commits).
+            for c in infos.first().and_then(|i| i.get("companions")).and_then(|c| c.as_array()).cloned().unwrap_or_default() {
+                let companion = companion_table(&c)?;
+                let app = c["app_id"].as_str().unwrap_or_default().to_owned();
+                let v = c["txn_version"].as_i64().unwrap_or(i64::MAX);
+                let run_key = infos.first().and_then(|i| i.get("run_key")).cloned().unwrap_or_default();
+                let info = HashMap::from([("fixpoint_companion".to_owned(), serde_json::json!({ "run_key": run_key, "app_id": app, "txn_version": v, "repaired": true }))]);
+                let done = self.commit_companion(&companion, &app, v, &c, info);
+                self.reload(&companion)?;
+                done?;
+            }
+            self.checked.insert(name.clone(), version);
             let Some(entry) = infos.first().and_then(|i| i.get("entry")).and_then(|e| e.as_object()).cloned() else { continue };
             let s = |k: &str| Value::Text(entry.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_owned());
             if self.is_table(&ledger)? {
@@ -777,6 +987,20 @@ impl Delta {
                         self.load(&to)?;
                         Ok(Some(0))
                     }
+                    [AlterTableOperation::AddColumn { if_not_exists, column_def, .. }] => {
+                        let column = Column {
+                            name: if column_def.name.quote_style.is_some() { column_def.name.value.clone() } else { column_def.name.value.to_lowercase() },
+                            ty: column_def.data_type.to_string(),
+                        };
+                        if self.tables[&name].columns.iter().any(|c| c.name == column.name) {
+                            if *if_not_exists {
+                                return Ok(Some(0));
+                            }
+                            return Err(Error::Schema { message: format!("the Delta table {name} has a column {} already", column.name), hint: Some("use ADD COLUMN IF NOT EXISTS".into()) });
+                        }
+                        Engine::add_column(self, &name, &column)?;
+                        Ok(Some(0))
+                    }
                     _ => Err(Error::Unsupported { engine: "delta", capability: format!("this ALTER TABLE on the Delta table {name} (fixpoint renames Delta tables and adds columns)") }),
                 }
             }
@@ -902,7 +1126,7 @@ impl Delta {
             self.discard(name);
         }
         self.duck.execute(&Sql::raw("DROP TABLE IF EXISTS \"__fixpoint_rewrite\""))?;
-        self.load(name)?;
+        self.reload(name)?;
         result
     }
 
@@ -927,6 +1151,14 @@ impl Delta {
     }
 }
 
+/// The table a commit's record of a run's other changes names.
+fn companion_table(record: &serde_json::Value) -> Result<TableName> {
+    match (record["schema"].as_str(), record["name"].as_str()) {
+        (Some(schema), Some(table)) => Ok(TableName { schema: schema.to_owned(), table: table.to_owned() }),
+        _ => Err(Error::Internal(format!("a Delta commit's record of a run's changes names no table: {record}"))),
+    }
+}
+
 /// A `CREATE TABLE` statement without its trailing `PARTITIONED BY (col)`,
 /// and the column; other statements as they are.
 fn split_partitioned_by(text: &str) -> (&str, Option<String>) {
@@ -942,6 +1174,18 @@ fn split_partitioned_by(text: &str) -> (&str, Option<String>) {
         return (text, None);
     }
     (&trimmed[..at], Some(column.to_owned()))
+}
+
+/// Removes `dir` and the folders below it that hold no file.
+fn remove_empty_dirs(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.path().is_dir() {
+                remove_empty_dirs(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
 }
 
 /// The sub-folders of `dir`.
@@ -1021,6 +1265,13 @@ impl Engine for Delta {
         if self.tables[table].columns.iter().any(|c| c.name == column.name) {
             return Ok(());
         }
+        if let Some(t) = self.tables.get_mut(table).filter(|t| t.creation.is_some()) {
+            // Created by this run: the column is part of its first commit.
+            let ty = table::delta_type(table, column)?;
+            t.creation.as_mut().expect("checked").fields.push(deltalake_core::kernel::StructField::new(column.name.clone(), ty, true));
+            t.columns.push(column.clone());
+            return self.register(table);
+        }
         if self.tables[table].has_pending() {
             return Err(Error::Internal(format!("a column added to {table} while this run's changes to it are not committed")));
         }
@@ -1061,26 +1312,38 @@ impl Leases for Delta {
     /// second to commit finds the first's commit and stops.
     /// The run starts from the newest snapshot of every table.
     fn acquire_lease(&mut self, _scope: &str, _wait: bool) -> Result<std::result::Result<(), String>> {
+        self.in_run = false;
         self.refresh()?;
         // A commit whose answer was lost (this process's earlier attempt, or
         // another's) has its ledger row written before the run looks.
         self.repair_ledger()?;
+        self.in_run = true;
         Ok(Ok(()))
     }
 
     /// A run that ends without its commit (a failure, a refusal) leaves
     /// nothing: its files are removed and the tables read as before.
     fn release_lease(&mut self, _scope: &str) -> Result<()> {
+        self.in_run = false;
         let pending: Vec<TableName> = self.tables.iter().filter(|(_, t)| t.has_pending()).map(|(n, _)| n.clone()).collect();
         for name in pending {
             self.discard(&name);
-            self.load(&name)?;
+            self.reload(&name)?;
         }
         Ok(())
     }
 
+    /// The table is created by the run's commit, with its first rows (a
+    /// run that fails before leaves no table).
     fn create_table(&mut self, table: &TableName, columns: &[Column], partition: Option<&str>) -> Result<()> {
-        self.create_table_now(table, columns, partition)
+        if self.is_table(table)? {
+            return Err(Error::Schema { message: format!("the Delta table {table} exists already"), hint: None });
+        }
+        let dir = self.table_dir(table);
+        let place = self.place(table, &dir)?;
+        let t = table::pending(table, &place, columns, partition)?;
+        self.tables.insert(table.clone(), t);
+        self.register(table)
     }
 
     fn partition_columns(&mut self, table: &TableName) -> Result<Vec<String>> {

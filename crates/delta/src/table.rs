@@ -42,6 +42,16 @@ pub(crate) struct Table {
     pub files: Vec<DataFile>,
     /// Files of the snapshot this run removes.
     pub removes: Vec<DataFile>,
+    /// The table does not exist yet: this run creates it, in the same
+    /// commit as its first rows (its schema and partition column).
+    pub creation: Option<Creation>,
+}
+
+/// A table a run creates with its first commit.
+#[derive(Debug, Clone)]
+pub(crate) struct Creation {
+    pub fields: Vec<StructField>,
+    pub partition: Option<String>,
 }
 
 impl Table {
@@ -52,7 +62,7 @@ impl Table {
 
     /// Whether the run changed anything not committed yet.
     pub fn has_pending(&self) -> bool {
-        !self.removes.is_empty() || self.files.iter().any(|f| f.pending)
+        self.creation.is_some() || !self.removes.is_empty() || self.files.iter().any(|f| f.pending)
     }
 }
 
@@ -108,7 +118,7 @@ pub(crate) fn from_delta(name: &TableName, dir: &Path, delta: DeltaTable) -> Res
         .iter()
         .map(|f| DataFile { path: f.path().into_owned(), size: f.size(), partition_values: f.partition_values_map(), pending: false })
         .collect();
-    Ok(Table { name: name.clone(), dir: dir.to_owned(), delta, columns, partitions, files, removes: Vec::new() })
+    Ok(Table { name: name.clone(), dir: dir.to_owned(), delta, columns, partitions, files, removes: Vec::new(), creation: None })
 }
 
 /// Refuses a table using a feature fixpoint cannot honour, naming it.
@@ -229,6 +239,32 @@ pub(crate) async fn create(name: &TableName, place: &Place<'_>, columns: &[Colum
     from_delta(name, dir, delta)
 }
 
+/// The table `name` at `place` with `columns`, partitioned by
+/// `partition`, as a run creates it: nothing is written until the run's
+/// commit, which creates it with its first rows (one commit, version 0).
+pub(crate) fn pending(name: &TableName, place: &Place<'_>, columns: &[Column], partition: Option<&str>) -> Result<Table> {
+    let mut fields = Vec::new();
+    let mut typed = Vec::new();
+    for c in columns {
+        let ty = delta_type(name, c)?;
+        let json = serde_json::to_value(&ty).map_err(|e| Error::Internal(format!("the Delta type of {}: {e}", c.name)))?;
+        typed.push(Column { name: c.name.clone(), ty: duckdb_type(name, &c.name, &json)? });
+        fields.push(StructField::new(c.name.clone(), ty, true));
+    }
+    std::fs::create_dir_all(place.dir).map_err(|e| Error::Io { path: place.dir.to_owned(), source: e })?;
+    let delta = place.table().map_err(|e| delta_error(format!("creating the Delta table {name}"), e))?;
+    Ok(Table {
+        name: name.clone(),
+        dir: place.dir.to_owned(),
+        delta,
+        columns: typed,
+        partitions: partition.map(str::to_owned).into_iter().collect(),
+        files: Vec::new(),
+        removes: Vec::new(),
+        creation: Some(Creation { fields, partition: partition.map(str::to_owned) }),
+    })
+}
+
 /// Adds a nullable column to the table (a commit of its own).
 pub(crate) async fn add_column(table: Table, column: &Column) -> Result<Table> {
     let field = StructField::new(column.name.clone(), delta_type(&table.name, column)?, true);
@@ -269,6 +305,32 @@ pub(crate) async fn commit(table: &Table, txn: Option<(String, i64)>, info: Hash
     let mut props = CommitProperties::default().with_max_retries(retries).with_create_checkpoint(false).with_metadata(info);
     if let Some((app, version)) = txn {
         props = props.with_application_transaction(Transaction::new(app, version));
+    }
+    if let Some(creation) = &table.creation {
+        // The table's first commit: its schema and the run's rows together.
+        // Never retried: a table another writer created first is a conflict.
+        let mut create = table
+            .delta
+            .create()
+            .with_table_name(table.name.table.clone())
+            .with_columns(creation.fields.clone())
+            .with_save_mode(SaveMode::ErrorIfExists)
+            .with_actions(actions)
+            .with_commit_properties(props.with_max_retries(0));
+        if let Some(p) = &creation.partition {
+            create = create.with_partition_columns([p.clone()]);
+        }
+        return match create.await {
+            Ok(done) => Ok(Committed::Version(done.version().map_or(0, |v| v as i64))),
+            Err(DeltaTableError::VersionAlreadyExists(_)) | Err(DeltaTableError::Transaction { source: TransactionError::MaxCommitAttempts(_) | TransactionError::CommitConflict(_) }) => {
+                Ok(Committed::Conflict)
+            }
+            Err(e) => match table.delta.log_store().is_delta_table_location().await {
+                // Created by another writer between the run's look and its commit.
+                Ok(true) => Ok(Committed::Conflict),
+                _ => Err(delta_error(format!("creating the Delta table {}", table.name), e)),
+            },
+        };
     }
     let snapshot = table.delta.snapshot().map_err(|e| delta_error(format!("reading {}", table.name), e))?;
     let operation = DeltaOperation::Write {

@@ -133,14 +133,14 @@ fn an_independent_reader_sees_the_rows_one_commit_per_run_and_the_transaction_ve
             vec!["6", "18.40", "2026-10-21 02:14:00+00:00", "2026-10-20"],
         ]
     );
-    // History, newest first: three data commits (the 19th, the forced
-    // rerun, the first run) and the table's creation; no commit for the
-    // two skipped runs.
+    // History, newest first: one commit per committed run (the 19th, the
+    // forced rerun, the first run, which also created the table); no
+    // commit for the two skipped runs, none of its own for the creation.
     let commits = read["commits"].as_array().unwrap();
-    eprintln!("{read}");
     let keys: Vec<Option<&str>> = commits.iter().map(|c| c["run_key"].as_str()).collect();
-    assert_eq!(keys, vec![Some(other_day.run_key.as_str()), Some(first.run_key.as_str()), Some(first.run_key.as_str()), None], "{commits:?}");
-    assert_eq!(commits.iter().filter(|c| c["operation"] == "WRITE").count(), 3, "{commits:?}");
+    assert_eq!(keys, vec![Some(other_day.run_key.as_str()), Some(first.run_key.as_str()), Some(first.run_key.as_str())], "{commits:?}");
+    let operations: Vec<&str> = commits.iter().map(|c| c["operation"].as_str().unwrap_or_default()).collect();
+    assert_eq!(operations, vec!["WRITE", "WRITE", "CREATE TABLE"], "{commits:?}");
     assert_eq!(read["txn"]["fixpoint:silver_orders:2026-10-20"], 2, "two committed runs of the 20th");
     assert_eq!(read["txn"]["fixpoint:silver_orders:2026-10-19"], 1);
     assert!(read["txn"]["fixpoint:silver_orders:2026-10-21"].is_null());
@@ -177,8 +177,9 @@ fn a_lost_commit_acknowledgement_is_a_no_op_when_retried() {
     assert_eq!(retry.outcome, "skipped");
     assert_eq!(retry.run_key, entries[0].run_key);
     let read = read_with_python(&py, &folder.0.join("silver/orders"), &["order_id"], &["fixpoint:silver_orders:2026-10-20"]);
-    let writes = read["commits"].as_array().unwrap().iter().filter(|c| c["operation"] == "WRITE").count();
-    assert_eq!(writes, 2, "one commit for the 19th, one for the 20th: the retry committed nothing: {read}");
+    let runs: Vec<&str> = read["commits"].as_array().unwrap().iter().map(|c| c["run_key"].as_str().unwrap_or("none")).collect();
+    assert_eq!(runs.len(), 2, "one commit for the 19th (which created the table), one for the 20th: the retry committed nothing: {read}");
+    assert!(!runs.contains(&"none"), "every commit is a run's: {read}");
     assert_eq!(read["txn"]["fixpoint:silver_orders:2026-10-20"], 1);
     assert_eq!(read["rows"].as_array().unwrap().len(), 6);
 }
@@ -516,7 +517,8 @@ mod s3 {
             ]
         );
         let commits = read["commits"].as_array().unwrap();
-        assert_eq!(commits.iter().filter(|c| c["operation"] == "WRITE").count(), 3, "{commits:?}");
+        assert_eq!(commits.len(), 3, "one commit per committed run, the first creating the table: {commits:?}");
+        assert!(commits.iter().all(|c| c["run_key"].is_string()), "{commits:?}");
         assert_eq!(read["txn"]["fixpoint:silver_orders:2026-10-20"], 2);
         assert_eq!(read["txn"]["fixpoint:silver_orders:2026-10-19"], 1);
         assert_eq!(ledger::entries(&mut db, Some("silver_orders"), None, None).unwrap().len(), 3);
@@ -538,7 +540,8 @@ mod s3 {
         assert_eq!(ledger::entries(&mut db, Some("silver_orders"), Some(d("2026-10-20")), None).unwrap().len(), 1);
         assert_eq!(job.load(d("2026-10-20"), &mut db).unwrap().outcome, "skipped");
         let read = read_url_with_python(&py, &format!("{}/silver/orders", wh.0), &storage(&s3), &["order_id"], &["fixpoint:silver_orders:2026-10-20"]);
-        assert_eq!(read["commits"].as_array().unwrap().iter().filter(|c| c["operation"] == "WRITE").count(), 2, "{read}");
+        assert_eq!(read["commits"].as_array().unwrap().len(), 2, "{read}");
+        assert!(read["commits"].as_array().unwrap().iter().all(|c| c["run_key"].is_string()), "{read}");
         assert_eq!(read["txn"]["fixpoint:silver_orders:2026-10-20"], 1);
         assert_eq!(read["rows"].as_array().unwrap().len(), 6);
     }
@@ -583,4 +586,141 @@ mod s3 {
         assert_eq!(read["txn"]["fixpoint:silver_orders:2026-10-20"], 2, "two commits of the 20th: {read}");
         assert_eq!(read["rows"].as_array().unwrap().len(), 7);
     }
+}
+
+/// A failed first run leaves no table: the target is created by the run's
+/// commit, with its first rows.
+#[test]
+fn a_failed_first_run_leaves_no_table() {
+    let folder = Folder::new("failed-first");
+    let mut db = folder.open();
+    exec(&mut db, BRONZE);
+    let job = job(SILVER_JOB);
+    for point in FailPoint::ALL {
+        let opts = RunOptions { fault: Some((point, FaultAction::Error)), ..Default::default() };
+        let err = job.load_with(d("2026-10-20"), &mut db, &opts).unwrap_err();
+        assert!(matches!(err, Error::Injected(_)), "{point}: {err}");
+        assert!(!folder.0.join("silver/orders/_delta_log").exists(), "{point}: no table");
+        assert!(db.table_columns(&fixpoint_core::TableName::parse("silver.orders").unwrap()).unwrap().is_none(), "{point}");
+    }
+    let ok = job.load(d("2026-10-20"), &mut db).unwrap();
+    assert_eq!((ok.outcome.as_str(), ok.created_target), ("committed", true));
+    let log: Vec<_> = std::fs::read_dir(folder.0.join("silver/orders/_delta_log")).unwrap().flatten().filter(|e| e.path().extension().is_some_and(|x| x == "json")).collect();
+    assert_eq!(log.len(), 1, "one commit: the table and its first rows");
+}
+
+const CUSTOMERS: &str = "CREATE SCHEMA bronze;
+CREATE TABLE bronze.customers (batch DATE, k BIGINT, v BIGINT, city VARCHAR, op VARCHAR);
+INSERT INTO bronze.customers VALUES (DATE '2026-10-01', 1, 1, 'Paris', 'U'), (DATE '2026-10-01', 2, 1, 'Rome', 'U'),
+ (DATE '2026-10-02', 1, 2, 'Lyon', 'U'), (DATE '2026-10-02', 2, 2, 'Rome', 'U'),
+ (DATE '2026-10-03', 2, 3, NULL, 'D'),
+ (DATE '2026-10-04', 1, 0, 'Nice', 'U')";
+
+const DIM_JOB: &str = r#"
+name = "dim"
+target = "silver.dim"
+strategy = "history"
+key = ["k"]
+version = "v"
+deleted = "op = 'D'"
+track = ["city"]
+
+[source]
+sql = "SELECT k, v, city, op FROM bronze.customers WHERE batch = :run_date"
+"#;
+
+const DIM_DAYS: [&str; 4] = ["2026-10-01", "2026-10-02", "2026-10-03", "2026-10-04"];
+
+/// The history after the four days, as the Python package prints it: (k,
+/// city, valid_from, valid_to). The Tuesday re-send of 2 changed nothing
+/// tracked, and 2's tombstone ends its row: both are kept in the log.
+fn dim_expected() -> Vec<Vec<String>> {
+    let r = |k: &str, city: &str, from: &str, to: &str| vec![k.to_owned(), city.to_owned(), from.to_owned(), to.to_owned()];
+    vec![r("1", "Lyon", "2", "None"), r("1", "Nice", "0", "1"), r("1", "Paris", "1", "2"), r("2", "Rome", "1", "3")]
+}
+
+fn dim_log_expected() -> Vec<Vec<String>> {
+    vec![vec!["2".into(), "2".into(), "Rome".into(), "False".into()], vec!["2".into(), "3".into(), "None".into(), "True".into()]]
+}
+
+/// What the Python package reads of the history and its log: the rows,
+/// the target's commits (one per committed run, the first creating the
+/// table), each day's transaction version in the target and in the log.
+fn check_dim(py: &Path, root: &Path, runs: &[String]) {
+    let apps: Vec<String> = DIM_DAYS.iter().map(|d| format!("fixpoint:dim:{d}")).collect();
+    let apps: Vec<&str> = apps.iter().map(String::as_str).collect();
+    let target = read_with_python(py, &root.join("silver/dim"), &["k", "city", "valid_from", "valid_to"], &apps);
+    let rows: Vec<Vec<String>> = serde_json::from_value(target["rows"].clone()).unwrap();
+    assert_eq!(rows, dim_expected(), "{target}");
+    let keys: Vec<&str> = target["commits"].as_array().unwrap().iter().map(|c| c["run_key"].as_str().unwrap_or("none")).collect();
+    let mut newest_first: Vec<&str> = runs.iter().map(String::as_str).collect();
+    newest_first.reverse();
+    assert_eq!(keys, newest_first, "one commit per committed run: {target}");
+    assert_eq!(target["commits"].as_array().unwrap().last().unwrap()["operation"], "CREATE TABLE", "{target}");
+    for a in &apps {
+        assert_eq!(target["txn"][a], 1, "{a}: {target}");
+    }
+    let log = read_with_python(py, &root.join("fixpoint/history__silver__dim"), &["k", "v", "city", "__fixpoint_deleted"], &apps);
+    let rows: Vec<Vec<String>> = serde_json::from_value(log["rows"].clone()).unwrap();
+    assert_eq!(rows, dim_log_expected(), "{log}");
+    // The log changed on the first three days (created; the re-send; the tombstone).
+    let txn: Vec<serde_json::Value> = apps.iter().map(|a| log["txn"][a].clone()).collect();
+    assert_eq!(txn, vec![serde_json::json!(1), serde_json::json!(1), serde_json::json!(1), serde_json::Value::Null], "{log}");
+}
+
+/// A history on Delta: one commit of the table per committed run (the
+/// first creates it), its log committed right after with the same app id,
+/// read back by the Python package; a replay commits nothing.
+#[test]
+fn a_history_is_one_commit_per_run_read_back_by_an_independent_reader() {
+    let Some(py) = python() else { return };
+    let folder = Folder::new("history");
+    let mut db = folder.open();
+    exec(&mut db, CUSTOMERS);
+    let job = job(DIM_JOB);
+    let mut runs = Vec::new();
+    for day in DIM_DAYS {
+        let r = job.load(d(day), &mut db).unwrap();
+        assert_eq!(r.outcome, "committed", "{day}");
+        runs.push(r.run_key);
+    }
+    // A replay is skipped (its keys' rows as it left them) or changes
+    // nothing (a later day changed them): no commit either way.
+    let mut recorded = 4;
+    for day in DIM_DAYS {
+        let r = job.load(d(day), &mut db).unwrap();
+        assert!(r.outcome == "skipped" || (r.rows_inserted, r.rows_deleted, r.rows_updated) == (0, 0, 0), "{day}: {r:?}");
+        recorded += usize::from(r.outcome == "committed");
+    }
+    assert_eq!(job.load(d(DIM_DAYS[3]), &mut db).unwrap().outcome, "skipped", "the last day's rows are as it left them");
+    drop(db);
+    check_dim(&py, &folder.0, &runs);
+    let mut db = folder.open();
+    assert_eq!(ledger::entries(&mut db, Some("dim"), None, None).unwrap().len(), recorded);
+}
+
+/// Every commit's acknowledgement lost, on the first run (which creates
+/// the table and its log) and after: the table's commit lands, the log's
+/// does not; the run's retry opens the table, finds the commit's record of
+/// the log's changes, commits them, writes the ledger row and is skipped.
+/// The result is the clean run's, with one commit per run.
+#[test]
+fn a_history_with_lost_acknowledgements_ends_as_a_clean_one() {
+    let Some(py) = python() else { return };
+    let folder = Folder::new("history-lost-ack");
+    let mut db = folder.open();
+    exec(&mut db, CUSTOMERS);
+    drop(db);
+    let job = job(DIM_JOB);
+    let mut lossy = folder.open().with_fault(Some(DeltaFault::LoseCommitAck));
+    let mut runs = Vec::new();
+    for day in DIM_DAYS {
+        let r = job.load(d(day), &mut lossy).unwrap();
+        assert_eq!(r.outcome, "skipped", "{day}: the retry finds the commit");
+        runs.push(r.run_key);
+    }
+    drop(lossy);
+    check_dim(&py, &folder.0, &runs);
+    let mut db = folder.open();
+    assert_eq!(ledger::entries(&mut db, Some("dim"), None, None).unwrap().len(), 4);
 }

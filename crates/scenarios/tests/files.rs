@@ -68,6 +68,17 @@ impl Lake {
         self.sync();
     }
 
+    /// Writes `rel` again with the same bytes (on S3: uploaded again, a
+    /// new object with the same content).
+    fn rewrite(&self, rel: &str) {
+        let bytes = std::fs::read(self.path(rel)).unwrap();
+        std::fs::write(self.path(rel), &bytes).unwrap();
+        #[cfg(feature = "s3")]
+        if let Some(s3) = &self.s3 {
+            s3.put(rel, bytes);
+        }
+    }
+
     /// Removes `rel`.
     fn remove(&self, rel: &str) {
         std::fs::remove_file(self.path(rel)).unwrap();
@@ -696,7 +707,135 @@ files = "h/dt={run_date}/*.parquet"
     assert_eq!(rows(db, read), loaded);
 }
 
+/// One change to a day's files, or a run of the day.
+#[derive(Debug, Clone)]
+enum FileOp {
+    /// File `n` written with these (id, amount) rows.
+    Put(usize, Vec<(i64, i64)>),
+    /// File `n` written again with the same bytes.
+    Rewrite(usize),
+    Remove(usize),
+    /// The `_SUCCESS` marker written or removed.
+    Marker(bool),
+    Run,
+    Force,
+}
+
+fn file_op() -> impl proptest::strategy::Strategy<Value = FileOp> {
+    use proptest::prelude::*;
+    let rows = proptest::collection::vec((1i64..6, 0i64..100), 1..4);
+    prop_oneof![
+        3 => (0usize..3, rows).prop_map(|(n, r)| FileOp::Put(n, r)),
+        1 => (0usize..3).prop_map(FileOp::Rewrite),
+        1 => (0usize..3).prop_map(FileOp::Remove),
+        1 => proptest::bool::weighted(0.8).prop_map(FileOp::Marker),
+        4 => Just(FileOp::Run),
+        1 => Just(FileOp::Force),
+    ]
+}
+
+/// Cases of [`random_file_changes_match_the_model`]: 12, or `FIXPOINT_FILE_CASES`.
+fn file_cases() -> u32 {
+    std::env::var("FIXPOINT_FILE_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(12)
+}
+
+/// Random changes to a day's CSV files (new content, the same bytes
+/// written again, files removed, the marker written and removed) between
+/// runs and forced runs: each run is refused (no marker, no file), skipped
+/// (the files as the last committed run read them) or committed, as a
+/// model of the files says; the day holds exactly the rows of the files
+/// the last committed run read; one ledger row per commit; a refused run
+/// changes nothing. Locally and (`s3_files::`) on S3, where a file written
+/// again is a new object with the same ETag.
+fn random_file_changes_match_the_model(e: &dyn EngineUnderTest) {
+    use proptest::test_runner::{Config, TestCaseError, TestRunner};
+    let ops = proptest::collection::vec(file_op(), 1..14);
+    let mut runner = TestRunner::new(Config { cases: file_cases(), failure_persistence: None, ..Config::default() });
+    let result = runner.run(&ops, |ops| {
+        let lake = Lake::new();
+        let job = lake.job(
+            r#"
+name = "events"
+target = "silver.events"
+strategy = "replace_partition"
+partition = "dt"
+
+[source]
+files = "ev/dt={run_date}/*.csv"
+require_marker = "_SUCCESS"
+sql = "SELECT CAST(id AS BIGINT) AS id, CAST(amount AS BIGINT) AS amount, :run_date AS dt FROM input"
+"#,
+        );
+        let mut db = e.fresh();
+        let db = db.as_mut();
+        let file = |n: usize| format!("ev/dt=2026-10-20/f{n}.csv");
+        let mut files: std::collections::BTreeMap<usize, Vec<(i64, i64)>> = Default::default();
+        let mut marker = false;
+        let mut loaded: Option<std::collections::BTreeMap<usize, Vec<(i64, i64)>>> = None;
+        let mut commits = 0;
+        for (i, op) in ops.iter().enumerate() {
+            match op {
+                FileOp::Put(n, rows) => {
+                    let body: String = rows.iter().map(|(id, a)| format!("{id},{a}\n")).collect();
+                    lake.text(&file(*n), &format!("id,amount\n{body}"));
+                    files.insert(*n, rows.clone());
+                }
+                FileOp::Rewrite(n) if files.contains_key(n) => lake.rewrite(&file(*n)),
+                FileOp::Remove(n) if files.contains_key(n) => {
+                    lake.remove(&file(*n));
+                    files.remove(n);
+                }
+                FileOp::Marker(on) if *on != marker => {
+                    if *on {
+                        lake.put("ev/dt=2026-10-20/_SUCCESS", b"");
+                    } else {
+                        lake.remove("ev/dt=2026-10-20/_SUCCESS");
+                    }
+                    marker = *on;
+                }
+                FileOp::Run | FileOp::Force => {
+                    let force = matches!(op, FileOp::Force);
+                    let ledger_rows = |db: &mut dyn fixpoint_core::Engine| ledger::entries(db, Some("events"), None, None).map(|e| e.len()).unwrap_or(0);
+                    let before = ledger_rows(db);
+                    let result = job.load_with(d("2026-10-20"), db, &fixpoint_core::RunOptions { force, ..Default::default() });
+                    let expected = if !marker || files.is_empty() {
+                        "refused"
+                    } else if !force && loaded.as_ref() == Some(&files) {
+                        "skipped"
+                    } else {
+                        "committed"
+                    };
+                    let got = match &result {
+                        Ok(r) => r.outcome.clone(),
+                        Err(e) if e.class() == ErrorClass::Data => "refused".to_owned(),
+                        Err(e) => return Err(TestCaseError::fail(format!("step {i} {op:?}: {e}"))),
+                    };
+                    proptest::prop_assert_eq!(&got, expected, "step {} {:?} of {:?}: {:?}", i, op, &ops, result.as_ref().err().map(|e| e.to_string()));
+                    if got == "committed" {
+                        commits += 1;
+                        loaded = Some(files.clone());
+                    } else if got == "refused" {
+                        proptest::prop_assert_eq!(ledger_rows(db), before, "a refused run wrote a ledger row");
+                    }
+                    if let Some(l) = &loaded {
+                        let mut want: Vec<Vec<String>> = l.values().flatten().map(|(id, a)| vec![id.to_string(), a.to_string()]).collect();
+                        want.sort();
+                        proptest::prop_assert_eq!(rows(db, "SELECT id, amount FROM silver.events WHERE dt = DATE '2026-10-20'"), want, "step {} {:?} of {:?}", i, op, &ops);
+                        proptest::prop_assert_eq!(ledger::entries(db, Some("events"), None, None).unwrap().len(), commits, "step {} of {:?}", i, &ops);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
 scenarios!(
+    random_file_changes_match_the_model,
     empty_and_headerless_files_are_refused_before_anything_changes,
     a_symlink_cycle_is_refused_and_each_file_loads_once,
     a_json_array_is_one_row_per_element_and_other_values_are_refused,
@@ -768,7 +907,8 @@ mod s3_files {
                 a_day_of_parquet_files_loads_and_reloads,
                 incomplete_days_are_refused_and_change_nothing,
                 csv_and_json_lines_load_and_name_bad_lines,
-                cdc_files_merge
+                cdc_files_merge,
+                random_file_changes_match_the_model
                 $(, $extra)*
             );
         };

@@ -1,4 +1,5 @@
-//! history (SCD type 2) scenarios, run on every transactional engine, and
+//! history (SCD type 2) scenarios, run on every transactional engine and on
+//! Delta, and
 //! a randomized test against a plain-Rust model of the version log.
 
 use fixpoint_core::run::ledger;
@@ -308,6 +309,18 @@ scenarios!(
     failure_at_any_step_changes_nothing,
 );
 
+delta_scenarios!(
+    output_is_the_tables_rows,
+    snapshots_in_any_order,
+    tools_work_on_a_history,
+    in_order_late_and_tombstones,
+    any_order_same_table,
+    replay_is_skipped_and_force_rewrites_the_same,
+    ties_error_or_deterministic,
+    wrong_input_changes_nothing,
+    failure_at_any_step_changes_nothing,
+);
+
 /// The randomized model test: random batches (new keys, changes, unchanged
 /// re-sends, tombstones and reopenings, late older versions, in-batch
 /// duplicates) applied in a random order with replays, forced reruns and
@@ -548,6 +561,15 @@ sql = "SELECT k, v, a, b, op FROM m.changes WHERE batch = :run_date"
         }
     }
 
+    #[cfg(feature = "delta")]
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: super::delta_model_cases(), ..ProptestConfig::default() })]
+        #[test]
+        fn delta_history_matches_the_model(batches in batches(), steps in steps(), strict in proptest::bool::weighted(0.3)) {
+            check(batches, steps, strict, &fixpoint_scenarios::DeltaUnderTest)?;
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: super::model_cases(), ..ProptestConfig::default() })]
         #[test]
@@ -742,6 +764,15 @@ INSERT INTO bronze.snap VALUES (DATE '2026-10-19', 1, 'Paris'), (DATE '2026-10-1
         }
     }
 
+    #[cfg(feature = "delta")]
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: super::delta_model_cases(), ..ProptestConfig::default() })]
+        #[test]
+        fn delta_snapshots_match_the_model(snaps in proptest::collection::vec(snap(), 1..5), steps in proptest::collection::vec((0usize..5, proptest::bool::weighted(0.15)), 1..9), absent in proptest::bool::ANY) {
+            check(snaps, steps, absent, &fixpoint_scenarios::DeltaUnderTest)?;
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig { cases: super::model_cases(), ..ProptestConfig::default() })]
         #[test]
@@ -756,6 +787,13 @@ INSERT INTO bronze.snap VALUES (DATE '2026-10-19', 1, 'Paris'), (DATE '2026-10-1
 /// Cases per engine of the model tests: 256, or `FIXPOINT_HISTORY_CASES`.
 fn model_cases() -> u32 {
     std::env::var("FIXPOINT_HISTORY_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(256)
+}
+
+/// Cases of the model tests on Delta (each run is a commit of Parquet
+/// files): an eighth of [`model_cases`].
+#[cfg(feature = "delta")]
+fn delta_model_cases() -> u32 {
+    (model_cases() / 8).max(1)
 }
 
 fn snapshots_in_any_order(e: &dyn EngineUnderTest) {

@@ -31,16 +31,23 @@ use crate::job::spec::Job;
 use crate::run::protocol::RunOptions;
 use crate::run::report::RunReport;
 
-/// Runs `job` for `run_date` with the plan the engine can carry.
+/// Runs `job` for `run_date` with the plan the engine can carry: in the
+/// run's transaction, or under a lease where the engine replaces a table's
+/// rows in one atomic step at the run's end (Delta: one commit).
 pub(crate) fn history(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
     let started = Instant::now();
-    if engine.leases().is_some() {
-        return Err(Error::Unsupported {
-            engine: engine.name(),
-            capability: "strategy = \"history\" yet (it runs on DuckDB and PostgreSQL)".into(),
-        });
+    if let Some(leases) = engine.leases() {
+        if !leases.replaces_rows() {
+            return Err(Error::Unsupported {
+                engine: leases.name(),
+                capability: "strategy = \"history\" yet (it runs on DuckDB, PostgreSQL and Delta: a history's rows are rewritten key by key, which this engine cannot do in one atomic step)".into(),
+            });
+        }
     }
-    let report = crate::run::input::with_input(job, run_date, engine, |engine, input| transactional::history_with(job, run_date, engine, opts, input, started))?;
+    let report = crate::run::input::with_input(job, run_date, engine, |engine, input| match engine.leases() {
+        Some(leases) => crate::plans::lease::leased(leases, job, "all", opts, |leases| transactional::history_with(job, run_date, leases, opts, input, started)),
+        None => transactional::history_with(job, run_date, engine, opts, input, started),
+    })?;
     Ok(report.unwrap_or_else(|| crate::run::report::no_files_report(job, run_date, started)))
 }
 

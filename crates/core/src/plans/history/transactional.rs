@@ -1,11 +1,15 @@
-//! The history plan on an engine with transactions: every step in the
+//! The history plan. On an engine with transactions every step is in the
 //! run's transaction, so a failure anywhere leaves the table, its log and
-//! the ledger as they were.
+//! the ledger as they were. On an engine that replaces a table's rows in
+//! one atomic step (Delta), the same steps run under the run's lease, and
+//! the table and its log are each changed by one [`Leases::replace_rows`]
+//! of the rows the run recomputes, published with the ledger row (Delta:
+//! the target's commit records the log's, see the engine).
 
 use std::time::Instant;
 
 use crate::engine::measure::{fingerprint_select, FingerprintSelect, FP_ROWS, FP_SUM};
-use crate::engine::{Column, Engine};
+use crate::engine::{Column, Engine, Leases};
 use crate::error::{AuditResult, Error, FailPoint, Result};
 use crate::fingerprint::runkey::run_key;
 use crate::fingerprint::{Fingerprint, Method};
@@ -27,6 +31,11 @@ use crate::job::date::RunDate;
 fn count_created(engine: &mut dyn Engine, name: &str, select: &str) -> Result<u64> {
     engine.create_temp_table_as(name, &Sql::raw(select.to_owned()))?;
     count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {name}")))
+}
+
+/// The engine's leased plans (the run is leased: they exist).
+fn leases(engine: &mut dyn Engine) -> Result<&mut dyn Leases> {
+    engine.leases().ok_or_else(|| Error::Internal("a leased history run on an engine without leases".into()))
 }
 
 /// What a run changed in the table: rows removed, given a new end,
@@ -63,6 +72,8 @@ struct Run<'a> {
     log: TableName,
     job_hash: String,
     trace: Trace,
+    /// Under a lease ([`Leases`]), not in a transaction.
+    leased: bool,
 }
 
 pub(super) fn history_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions, run_input: &RunInput, started: Instant) -> Result<RunReport> {
@@ -109,8 +120,9 @@ pub(super) fn history_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine
         log: log_table(&job.target),
         job_hash: job.definition_hash(),
         trace,
+        leased: engine.leases().is_some(),
     };
-    let report = in_transaction(engine, |engine| run.run(engine, started_at))?;
+    let report = if run.leased { run.run(engine, started_at)? } else { in_transaction(engine, |engine| run.run(engine, started_at))? };
     run.trace.step("commit");
     Ok(RunReport { elapsed_ms: elapsed_ms(started), ..report })
 }
@@ -207,7 +219,7 @@ impl Run<'_> {
         self.trace.step("cut");
         self.resolve(engine)?;
         self.opts.step(FailPoint::AfterGuards)?;
-        let Written { deleted, updated, inserted, kept } = self.write(engine)?;
+        let Written { deleted, updated, inserted, kept } = if self.leased { self.write_leased(engine)? } else { self.write(engine)? };
         let checks = self.well_formed(engine)?;
         // The touched keys' rows as written: those the run did not read,
         // as they were, and the tail as the run leaves it.
@@ -230,9 +242,16 @@ impl Run<'_> {
         report.duplicates_collapsed = input.rows - batch_rows;
         report.created_target = self.created_target;
         report.method = "history".into();
+        if self.leased {
+            // The ledger row publishes the run's changes: the last point
+            // where a failure leaves everything as it was.
+            self.opts.step(FailPoint::BeforeCommit)?;
+        }
         ledger::record(engine, &entry(self.job, &self.job_hash, &report, started_at))?;
         self.trace.step("ledger");
-        self.opts.step(FailPoint::BeforeCommit)?;
+        if !self.leased {
+            self.opts.step(FailPoint::BeforeCommit)?;
+        }
         self.cleanup(engine)?;
         Ok(report)
     }
@@ -249,7 +268,8 @@ impl Run<'_> {
     }
 
     /// The target and its log, created or given the source's new columns.
-    /// A target this run creates starts with an empty log.
+    /// A target this run creates starts with an empty log. Under a lease
+    /// the engine creates them with the run's first write.
     fn prepare(&mut self, engine: &mut dyn Engine) -> Result<()> {
         let (job, h) = (self.job, self.h);
         crate::run::schema::append(engine, &job.target, &self.added)?;
@@ -257,18 +277,32 @@ impl Run<'_> {
         if self.created_target {
             engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&job.target.schema))))?;
             // A snapshot history's version column is valid_from itself.
-            let interval: Vec<String> =
-                [&h.valid_from, &h.valid_to].into_iter().filter(|c| !h.snapshot || *c != &h.valid_from).map(|c| format!("{} {}", quote_ident(c), self.version_type)).collect();
-            engine.execute(&Sql::raw(format!("CREATE TABLE {} ({}, {})", job.target.quoted(), cols.join(", "), interval.join(", "))))?;
+            let interval: Vec<Column> =
+                [&h.valid_from, &h.valid_to].into_iter().filter(|c| !h.snapshot || *c != &h.valid_from).map(|c| Column { name: c.clone(), ty: self.version_type.clone() }).collect();
+            if self.leased {
+                let columns: Vec<Column> = self.source_cols.iter().chain(&interval).cloned().collect();
+                leases(engine)?.create_table(&job.target, &columns, None)?;
+            } else {
+                let interval: Vec<String> = interval.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
+                engine.execute(&Sql::raw(format!("CREATE TABLE {} ({}, {})", job.target.quoted(), cols.join(", "), interval.join(", "))))?;
+            }
         }
         match engine.table_columns(&self.log)? {
+            None if self.leased => {
+                let columns: Vec<Column> = self.source_cols.iter().cloned().chain([Column { name: DELETED.into(), ty: "BOOLEAN".into() }]).collect();
+                leases(engine)?.create_table(&self.log, &columns, None)?;
+            }
             None => {
                 engine.execute(&Sql::raw(format!("CREATE TABLE {} ({}, {} BOOLEAN)", self.log.quoted(), cols.join(", "), quote_ident(DELETED))))?;
             }
             Some(log_cols) => {
                 let missing: Vec<Column> = self.source_cols.iter().filter(|c| !log_cols.iter().any(|l| l.name == c.name)).cloned().collect();
                 crate::run::schema::append(engine, &self.log, &missing)?;
-                if self.created_target {
+                if self.created_target && self.leased {
+                    let names: Vec<String> = self.source_cols.iter().map(|c| c.name.clone()).chain([DELETED.to_owned()]).collect();
+                    let none = format!("SELECT {} FROM {} WHERE false", names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", "), self.log.quoted());
+                    leases(engine)?.replace_rows(&self.log, &names, &Sql::raw("true"), &Sql::raw(none))?;
+                } else if self.created_target {
                     engine.execute(&Sql::raw(format!("DELETE FROM {}", self.log.quoted())))?;
                 }
             }
@@ -426,6 +460,112 @@ impl Run<'_> {
         Ok(Written { deleted, updated, inserted, kept: starts.saturating_sub(inserted + updated) })
     }
 
+    /// 4, under a lease. The same plan as [`Run::write`]; the table's rows
+    /// the run removes or gives a new end, and the log's entries it
+    /// removes, are counted in the table first (each must be one row), then
+    /// the table and the log each replace those rows with the new ones in
+    /// one step ([`Leases::replace_rows`]), published with the ledger row.
+    fn write_leased(&mut self, engine: &mut dyn Engine) -> Result<Written> {
+        let (target, log) = (self.job.target.quoted(), self.log.quoted());
+        let (vf, vt) = (&self.h.valid_from, &self.h.valid_to);
+        let same = |a: &str, n: &str, with_start: bool| -> String {
+            let mut conds = vec![keys_match(a, n, &self.spec.key)];
+            if with_start {
+                conds.push(format!("{} = {}", q(a, vf), q(n, &self.spec.version)));
+            }
+            conds.extend(self.cols.names.iter().filter(|c| !self.spec.key.contains(c)).map(|c| format!("{} IS NOT DISTINCT FROM {}", q(a, c), q(n, c))));
+            conds.join(" AND ")
+        };
+        let key_and = |alias: &str, col: &str| self.spec.key.iter().map(|k| q(alias, k)).chain([q(alias, col)]).collect::<Vec<_>>().join(", ");
+        let retimed = count_created(
+            engine,
+            RETIMED,
+            &format!(
+                "SELECT {}, n.\"{TO}\" FROM {WIN} AS t JOIN {NEW} AS n ON n.\"{START}\" AND {} AND {} IS DISTINCT FROM n.\"{TO}\"",
+                key_and("t", vf),
+                same("t", "n", true),
+                q("t", vt)
+            ),
+        )?;
+        let row_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE n.\"{START}\" AND {})", same("t", "n", true));
+        let gone = count_created(engine, GONE, &format!("SELECT {} FROM {WIN} AS t WHERE NOT {row_kept}", key_and("t", vf)))?;
+        let on = |a: &str, b: &str, col: &str| format!("{} AND {} = {}", keys_match(a, b, &self.spec.key), q(a, col), q(b, col));
+        let dropped = format!("(EXISTS (SELECT 1 FROM {GONE} AS g WHERE {}) OR EXISTS (SELECT 1 FROM {RETIMED} AS r WHERE {}))", on("t", "g", vf), on("t", "r", vf));
+        let held = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {target} AS t WHERE {dropped}")))?;
+        if held != gone + retimed {
+            return Err(self.not_one_row("removal from the table", held, gone + retimed));
+        }
+        let in_rows = format!("EXISTS (SELECT 1 FROM {WIN} AS t WHERE {})", same("t", "n", true));
+        let planned = count_created(engine, INS, &format!("SELECT n.* FROM {NEW} AS n WHERE n.\"{START}\" AND NOT {in_rows}"))?;
+        if gone + retimed + planned > 0 {
+            let columns: Vec<String> = self.target_cols.iter().map(|c| c.name.clone()).collect();
+            let retimed_rows = self
+                .target_cols
+                .iter()
+                .map(|c| match &c.name == vt {
+                    true => format!("CAST(r.\"{TO}\" AS {}) AS {}", c.ty, quote_ident(vt)),
+                    false => q("t", &c.name),
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            let select = format!(
+                "SELECT {retimed_rows} FROM {WIN} AS t JOIN {RETIMED} AS r ON {} UNION ALL SELECT {} FROM {INS} AS n",
+                on("t", "r", vf),
+                self.inserted_columns()
+            );
+            leases(engine)?.replace_rows(&self.job.target, &columns, &Sql::raw(dropped), &Sql::raw(select))?;
+        }
+        self.opts.step(FailPoint::AfterDelete)?;
+        self.trace.step("table");
+        let del = quote_ident(DELETED);
+        let version = self.spec.version.clone();
+        let entry_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE NOT n.\"{START}\" AND n.{del} = l.{del} AND {})", same("l", "n", false));
+        let log_gone =
+            count_created(engine, LOG_GONE, &format!("SELECT {} FROM {} AND NOT {entry_kept}", key_and("l", &version), self.cols.window_from(&log, "l", &version)))?;
+        let log_dropped = format!("EXISTS (SELECT 1 FROM {LOG_GONE} AS g WHERE {})", on("t", "g", &version));
+        let log_held = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {log} AS t WHERE {log_dropped}")))?;
+        if log_held != log_gone {
+            return Err(self.not_one_row("removal from the log", log_held, log_gone));
+        }
+        self.opts.step(FailPoint::MidInsert)?;
+        // A new entry the log holds already (and keeps) is not written again.
+        let values = self.cols.names.iter().map(|c| q("n", c)).collect::<Vec<_>>().join(", ");
+        let in_log = format!("EXISTS (SELECT 1 FROM {log} AS l WHERE l.{del} = n.{del} AND {})", same("l", "n", false));
+        let entries = format!("SELECT {values}, n.{del} FROM {NEW} AS n WHERE NOT n.\"{START}\" AND NOT {in_log}");
+        let new_entries = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM ({entries}) AS e")))?;
+        if log_gone + new_entries > 0 {
+            let columns: Vec<String> = self.cols.names.iter().cloned().chain([DELETED.to_owned()]).collect();
+            leases(engine)?.replace_rows(&self.log, &columns, &Sql::raw(log_dropped), &Sql::raw(entries))?;
+        }
+        self.trace.step("log");
+        self.opts.step(FailPoint::AfterInsert)?;
+        self.after(engine)?;
+        let starts = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {NEW} WHERE \"{START}\"")))?;
+        Ok(Written { deleted: gone, updated: retimed, inserted: planned, kept: starts.saturating_sub(planned + retimed) })
+    }
+
+    /// The select list of an inserted row (alias `n`, from [`INS`]) with
+    /// the target's columns, cast to their types.
+    fn inserted_columns(&self) -> String {
+        let (vf, vt) = (&self.h.valid_from, &self.h.valid_to);
+        self.target_cols
+            .iter()
+            .map(|c| {
+                let value = if &c.name == vt {
+                    format!("n.\"{TO}\"")
+                } else if self.cols.names.contains(&c.name) {
+                    q("n", &c.name)
+                } else if &c.name == vf {
+                    q("n", &self.spec.version)
+                } else {
+                    "NULL".to_owned()
+                };
+                format!("CAST({value} AS {}) AS {}", c.ty, quote_ident(&c.name))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// 5. The touched keys' rows as written, checked: a violation refuses
     ///    the run (nothing is published).
     fn well_formed(&mut self, engine: &mut dyn Engine) -> Result<AuditResult> {
@@ -505,23 +645,7 @@ impl Run<'_> {
             })
             .collect::<Vec<_>>()
             .join(", ");
-        let inserted = self
-            .target_cols
-            .iter()
-            .map(|c| {
-                let value = if &c.name == vt {
-                    format!("n.\"{TO}\"")
-                } else if self.cols.names.contains(&c.name) {
-                    q("n", &c.name)
-                } else if &c.name == vf {
-                    q("n", &self.spec.version)
-                } else {
-                    "NULL".to_owned()
-                };
-                format!("CAST({value} AS {}) AS {}", c.ty, quote_ident(&c.name))
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
+        let inserted = self.inserted_columns();
         let on = |a: &str| format!("{} AND {a}.{} = t.{}", keys_match(a, "t", &self.spec.key), quote_ident(vf), quote_ident(vf));
         engine.create_temp_table_as(
             AFTER,
