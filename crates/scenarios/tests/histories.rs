@@ -177,9 +177,9 @@ enum Plans {
     /// tombstones are recorded just before it.
     Spark,
     /// Delta (feature `delta`): the leased plans of Spark, but a run's
-    /// changes are one commit made with its ledger row, so every failure
-    /// point comes before it; a merge's tombstones are appended before its
-    /// rewrite, and a failure after that leaves them recorded.
+    /// changes are committed with its ledger row (a merge's tombstones in
+    /// the commit after the target's), so every failure point comes before
+    /// them and leaves nothing.
     Delta,
 }
 
@@ -199,7 +199,6 @@ impl Plans {
     fn tombstones_before(self, p: FailPoint) -> bool {
         match self {
             Plans::Spark => matches!(p, FailPoint::AfterDelete | FailPoint::MidInsert),
-            Plans::Delta => matches!(p, FailPoint::AfterDelete | FailPoint::MidInsert | FailPoint::AfterInsert | FailPoint::BeforeCommit),
             _ => false,
         }
     }
