@@ -1030,8 +1030,11 @@ impl Delta {
                         None => quote_ident(&c.name),
                     })
                     .collect();
+                // Counted with the new values computed too: the statement's
+                // parameters are numbered over both.
+                let values: Vec<String> = set.values().map(|e| format!("({e})")).collect();
                 let mut count = Sql::new();
-                count.push(&format!("SELECT count(*) AS \"n\" FROM {} WHERE {cond}", name.quoted()));
+                count.push(&format!("SELECT count(*) AS \"n\" FROM (SELECT {cond} AS \"__fixpoint_hit\", {} FROM {}) AS u WHERE \"__fixpoint_hit\"", values.join(", "), name.quoted()));
                 count.params = sql.params.clone();
                 let changed = fixpoint_core::engine::query_count(&mut self.duck, &count, "n", "the rows to update")?;
                 let mut select = Sql::new();
@@ -1290,7 +1293,7 @@ impl Engine for Delta {
     }
 
     fn dialect(&self) -> &dyn Dialect {
-        self.duck.dialect()
+        self
     }
 
     fn file_input(&mut self) -> Option<&mut dyn FileInput> {
@@ -1303,6 +1306,50 @@ impl Engine for Delta {
 
     fn accelerator(&mut self) -> Option<&mut dyn Accelerator> {
         Some(self)
+    }
+}
+
+/// DuckDB's SQL (the engine computes in DuckDB), but a table's rows have
+/// no row id: they live in the table's files.
+impl Dialect for Delta {
+    fn native_row_hash(&self, alias: &str, columns: &[Column]) -> Option<String> {
+        self.duck.native_row_hash(alias, columns)
+    }
+
+    fn portable_value(&self, expr: &str, column: &Column) -> (String, &'static str) {
+        self.duck.portable_value(expr, column)
+    }
+
+    fn portable_row_hash(&self, text_expr: &str) -> String {
+        self.duck.portable_row_hash(text_expr)
+    }
+
+    fn portable_row_hash_direct(&self, alias: &str, columns: &[Column]) -> Option<String> {
+        self.duck.portable_row_hash_direct(alias, columns)
+    }
+
+    fn same_native_hash(&self, from: &str, to: &str) -> bool {
+        self.duck.same_native_hash(from, to)
+    }
+
+    fn text_type(&self) -> &'static str {
+        Dialect::text_type(&self.duck)
+    }
+
+    fn read_sum(&self, v: &Value) -> Result<i128> {
+        self.duck.read_sum(v)
+    }
+
+    fn row_id(&self) -> Option<(&'static str, &'static str, bool)> {
+        None
+    }
+
+    fn fingerprint_before_writing(&self) -> bool {
+        self.duck.fingerprint_before_writing()
+    }
+
+    fn plan_key_lookups(&self) -> Option<&'static str> {
+        self.duck.plan_key_lookups()
     }
 }
 

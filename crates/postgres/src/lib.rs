@@ -647,8 +647,8 @@ impl Dialect for Postgres {
         Some(self.portable_row_hash(&text))
     }
 
-    fn row_id(&self) -> (&'static str, &'static str, bool) {
-        ("ctid", "tid", false)
+    fn row_id(&self) -> Option<(&'static str, &'static str, bool)> {
+        Some(("ctid", "tid", false))
     }
 
     fn fingerprint_before_writing(&self) -> bool {

@@ -1,4 +1,4 @@
-//! `prove`'s mutation check and `diff`, run on every engine.
+//! `prove`'s mutation check and `diff`, run on every engine (Delta included).
 
 use fixpoint_core::tools::diff::{diff, DiffOptions, Sides};
 use fixpoint_core::tools::prove::{prove, ProveOptions};
@@ -289,6 +289,17 @@ INSERT INTO s.narrow VALUES (1, 1.50, 'a'), (2, 2.50, 'b')",
 }
 
 scenarios!(
+    order_check_catches_a_row_number_over_ties,
+    mutation_changes_one_output_row,
+    mutation_catches_a_per_day_total_in_every_row,
+    merge_mutation_changes_one_key,
+    diff_finds_exactly_the_differences,
+    prove_keeps_a_users_fixpoint_sandbox_schema,
+    a_refused_mutate_key_changes_nothing,
+    diff_refuses_columns_of_different_type_families
+);
+
+delta_scenarios!(
     order_check_catches_a_row_number_over_ties,
     mutation_changes_one_output_row,
     mutation_catches_a_per_day_total_in_every_row,

@@ -51,9 +51,10 @@ pub trait Dialect {
 
     /// A pseudo-column naming one row of a table (DuckDB `rowid`, PostgreSQL
     /// `ctid`), its type, and whether it stays the same when the row is
-    /// updated (for the sandboxed mutation check of `prove`).
-    fn row_id(&self) -> (&'static str, &'static str, bool) {
-        ("rowid", "BIGINT", true)
+    /// updated (for the sandboxed mutation check of `prove`); `None` where
+    /// a table has none (the check then names a row by its values).
+    fn row_id(&self) -> Option<(&'static str, &'static str, bool)> {
+        Some(("rowid", "BIGINT", true))
     }
 
     /// Whether `replace_partition` should fingerprint the source in its guard

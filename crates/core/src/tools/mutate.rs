@@ -520,9 +520,18 @@ fn check(
     };
 
     // 4. Candidate rows, in a deterministic order (by row hash).
-    let (rid, rid_type, rid_stable) = engine.dialect().row_id();
+    // A row is named by the engine's row id, or (where it has none: a
+    // Delta table's rows live in files) by the text of its values.
+    let row_id = engine.dialect().row_id();
+    let Some(row_hash) = engine.dialect().native_row_hash("t", &main_cols) else {
+        return Ok((Some(order), inconclusive(format!("{} cannot order the rows of {main}", engine.name()))));
+    };
+    let id_expr = match row_id {
+        Some((rid, _, _)) => format!("CAST(t.{rid} AS VARCHAR)"),
+        None => format!("CAST({row_hash} AS VARCHAR)"),
+    };
     let mut cand = Sql::new();
-    cand.push(&format!("SELECT CAST(t.{rid} AS VARCHAR), CAST(t.{} AS VARCHAR) FROM {} AS t WHERE t.{} IS NOT NULL", quote_ident(&column.name), main_copy.quoted(), quote_ident(&column.name)));
+    cand.push(&format!("SELECT {id_expr}, CAST(t.{} AS VARCHAR) FROM {} AS t WHERE t.{} IS NOT NULL", quote_ident(&column.name), main_copy.quoted(), quote_ident(&column.name)));
     if let (Strategy::ReplacePartition, Some(p)) = (job.strategy, job.partition.as_deref()) {
         if main_cols.iter().any(|c| c.name == p) {
             cand.push(" AND t.").ident(p).push(" = ").typed_param(Value::Date(run_date.date()), "DATE");
@@ -537,8 +546,7 @@ fn check(
         }
         cand.push(" AND CAST(t.").ident(k).push(" AS VARCHAR) = ").typed_param(Value::Text(v.clone()), "VARCHAR");
     }
-    let by_hash = engine.dialect().native_row_hash("t", &main_cols).map(|h| format!("{h}, ")).unwrap_or_default();
-    cand.push(&format!(" ORDER BY {by_hash}CAST(t.{rid} AS VARCHAR) LIMIT {CANDIDATES}"));
+    cand.push(&format!(" ORDER BY {row_hash}, {id_expr} LIMIT {CANDIDATES}"));
     let candidates = engine.query(&cand)?.rows;
     if candidates.is_empty() {
         return Ok((
@@ -555,7 +563,7 @@ fn check(
     for (tried, c) in candidates.iter().enumerate() {
         let (id, original) = (text(&c[0]), c[1].clone());
         let mut row_sql = Sql::new();
-        row_sql.push(&format!("SELECT * FROM {} AS t WHERE t.{rid} = ", main_copy.quoted())).typed_param(Value::Text(id.clone()), rid_type);
+        row_sql.push(&format!("SELECT * FROM {} AS t WHERE {id_expr} = ", main_copy.quoted())).typed_param(Value::Text(id.clone()), "VARCHAR");
         let row_rows = engine.query(&row_sql)?;
         let row: Vec<String> = row_rows
             .columns
@@ -563,26 +571,70 @@ fn check(
             .zip(row_rows.rows.first().cloned().unwrap_or_default())
             .map(|(n, v)| format!("{n}={}", v.display()))
             .collect();
-        let mut update = Sql::new();
-        update.push(&format!("UPDATE {} SET {} = {change} WHERE {rid} = ", main_copy.quoted(), quote_ident(&column.name)));
-        update.typed_param(Value::Text(id.clone()), rid_type);
-        let new_id = if rid_stable {
-            engine.execute(&update)?;
-            id.clone()
-        } else {
-            update.push(&format!(" RETURNING CAST({rid} AS VARCHAR)"));
-            engine.query(&update)?.rows.first().map(|r| text(&r[0])).ok_or_else(|| Error::Internal("the mutated row vanished".into()))?
+        let table = main_copy.quoted();
+        let col = quote_ident(&column.name);
+        let (removed, added, sample) = match row_id {
+            Some((rid, rid_type, rid_stable)) => {
+                let mut update = Sql::new();
+                update.push(&format!("UPDATE {table} SET {col} = {change} WHERE {rid} = "));
+                update.typed_param(Value::Text(id.clone()), rid_type);
+                let new_id = if rid_stable {
+                    engine.execute(&update)?;
+                    id.clone()
+                } else {
+                    update.push(&format!(" RETURNING CAST({rid} AS VARCHAR)"));
+                    engine.query(&update)?.rows.first().map(|r| text(&r[0])).ok_or_else(|| Error::Internal("the mutated row vanished".into()))?
+                };
+                run(engine)?;
+                let (removed, added, sample) = compare(engine)?;
+                if removed + added == 0 {
+                    // This row does not feed the output: put it back, try the next.
+                    let mut revert = Sql::new();
+                    revert.push(&format!("UPDATE {table} SET {col} = "));
+                    revert.typed_param(original, &column.ty).push(&format!(" WHERE {rid} = ")).typed_param(Value::Text(new_id), rid_type);
+                    engine.execute(&revert)?;
+                    continue;
+                }
+                (removed, added, sample)
+            }
+            None => {
+                // The row's values as text, each column matched by them (an
+                // identical row is the same row).
+                let mut values = Sql::new();
+                values.push("SELECT ");
+                for (i, c) in main_cols.iter().enumerate() {
+                    values.push(if i > 0 { ", " } else { "" }).push(&format!("CAST(t.{} AS VARCHAR)", quote_ident(&c.name)));
+                }
+                values.push(&format!(" FROM {table} AS t WHERE {id_expr} = ")).typed_param(Value::Text(id.clone()), "VARCHAR");
+                let texts: Vec<Value> = engine.query(&values)?.rows.into_iter().next().ok_or_else(|| Error::Internal("the picked row vanished".into()))?;
+                let matching = |sql: &mut Sql, texts: &[Value]| {
+                    for (i, (c, v)) in main_cols.iter().zip(texts).enumerate() {
+                        sql.push(if i > 0 { " AND " } else { "" }).push(&format!("CAST({} AS VARCHAR) IS NOT DISTINCT FROM ", quote_ident(&c.name)));
+                        sql.typed_param(v.clone(), "VARCHAR");
+                    }
+                };
+                let mut update = Sql::new();
+                update.push(&format!("UPDATE {table} SET {col} = {change} WHERE "));
+                matching(&mut update, &texts);
+                engine.execute(&update)?;
+                run(engine)?;
+                let (removed, added, sample) = compare(engine)?;
+                if removed + added == 0 {
+                    // Put it back: the rows as changed, matched by their new value.
+                    let at = main_cols.iter().position(|c| c.name == column.name).expect("a column of the table");
+                    let mut changed = Sql::new();
+                    changed.push(&format!("SELECT CAST({change} AS VARCHAR) FROM (SELECT CAST(")).typed_param(texts[at].clone(), "VARCHAR").push(&format!(" AS {}) AS {col}) AS x", column.ty));
+                    let mut now = texts.clone();
+                    now[at] = engine.query(&changed)?.rows.into_iter().next().and_then(|r| r.into_iter().next()).unwrap_or(Value::Null);
+                    let mut revert = Sql::new();
+                    revert.push(&format!("UPDATE {table} SET {col} = CAST(")).typed_param(texts[at].clone(), "VARCHAR").push(&format!(" AS {}) WHERE ", column.ty));
+                    matching(&mut revert, &now);
+                    engine.execute(&revert)?;
+                    continue;
+                }
+                (removed, added, sample)
+            }
         };
-        run(engine)?;
-        let (removed, added, sample) = compare(engine)?;
-        if removed + added == 0 {
-            // This row does not feed the output: put it back, try the next.
-            let mut revert = Sql::new();
-            revert.push(&format!("UPDATE {} SET {} = ", main_copy.quoted(), quote_ident(&column.name)));
-            revert.typed_param(original, &column.ty).push(&format!(" WHERE {rid} = ")).typed_param(Value::Text(new_id), rid_type);
-            engine.execute(&revert)?;
-            continue;
-        }
         let keys_changed = match &key_cols {
             Some(keys) => {
                 let list = keys.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
