@@ -341,6 +341,55 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
         assert!(!all(&refused).contains(secret));
     }
 
+    /// kill -9 of runs whose input is a file source on S3 (the local
+    /// S3-compatible server) into a Delta warehouse in a local folder:
+    /// before the commit, right after it, and at random moments (while the
+    /// objects are listed, downloaded or read). The day is the old one or
+    /// the new one, the rerun converges, and the run folders the killed
+    /// processes left in the cache are removed by the next run.
+    #[test]
+    fn delta_kill_9_with_files_on_s3() {
+        let Some(endpoint) = fixpoint_delta::test_s3_endpoint() else { return };
+        let Some(py) = python_with("boto3") else { return };
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let prefix = format!("kill-files-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos());
+        let cache = dir.join("cache");
+        let env = s3_env(&endpoint, "test", &cache);
+        std::fs::write(
+            dir.join("job.toml"),
+            format!(
+                "name = \"silver_orders\"\ntarget = \"silver.orders\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n\n[source]\nfiles = \"s3://fixpoint-test/{prefix}/bronze/dt={{run_date}}/*.parquet\"\n"
+            ),
+        )
+        .unwrap();
+        // The day's object, with order 2's total as given, uploaded by boto3.
+        let bronze = |total: &str| {
+            let path = dir.join("part.parquet");
+            let duck = duckdb::Connection::open_in_memory().unwrap();
+            duck.execute_batch(&format!(
+                "COPY (SELECT * FROM (VALUES (2, {total}::DECIMAL(12,2)), (3, 3.50::DECIMAL(12,2))) AS t(order_id, order_total)) TO '{}' (FORMAT parquet)",
+                path.display()
+            ))
+            .unwrap();
+            let script = "import sys, boto3\n\
+                s3 = boto3.client('s3', endpoint_url=sys.argv[1], aws_access_key_id='test', aws_secret_access_key='x', region_name='us-east-1')\n\
+                s3.upload_file(sys.argv[3], 'fixpoint-test', sys.argv[2])\n";
+            let key = format!("{prefix}/bronze/dt=2026-10-20/part-0.parquet");
+            let o = Command::new(&py).args(["-c", script, &endpoint, &key, &path.to_string_lossy()]).output().unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        };
+        bronze("2.50");
+        let first = fixpoint(dir, &["run", "job.toml", "--date", "2026-10-20", "--db", "delta:wh"], &env);
+        assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+        let table = dir.join("wh/silver/orders");
+        assert_eq!(day_rows(&table, "2026-10-20"), vec![(2, "2.50".to_owned()), (3, "3.50".to_owned())]);
+        let killed = kill_9_trials(dir, "delta:wh", &env, 10, 700, &bronze, &|| day_rows(&table, "2026-10-20"));
+        assert!(killed >= 2, "at least the two aborts were kills: {killed}");
+        let left: Vec<String> = std::fs::read_dir(cache.join("files")).map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default();
+        assert_eq!(left, Vec::<String>::new(), "no run folder is left once a run has swept them");
+    }
+
     /// kill -9 of runs on a warehouse on S3 (the local S3-compatible
     /// server): before the commit, right after it, and at random moments.
     /// The day, read by the Python `deltalake` package from the bucket (the
