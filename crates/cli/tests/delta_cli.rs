@@ -55,6 +55,12 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
         ]
     }
 
+    /// `label-<pid>-<nanoseconds>`: a prefix in the tests' bucket no other
+    /// test uses.
+    fn unique(label: &str) -> String {
+        format!("{label}-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos())
+    }
+
     fn json(o: &Output) -> serde_json::Value {
         serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}\n{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
     }
@@ -225,7 +231,7 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
         let dir = tmp.path();
         let cache = dir.join("cache");
         let secret = "s3cr3t-never-printed";
-        let url = format!("s3://fixpoint-test/cli-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos());
+        let url = format!("s3://fixpoint-test/{}", unique("cli"));
         let env = s3_env(&endpoint, secret, &cache);
         let options: Vec<(String, String)> = env[..5].iter().map(|(k, v)| (k.to_ascii_lowercase(), (*v).to_owned())).collect();
         std::fs::write(dir.join("job.toml"), JOB).unwrap();
@@ -274,7 +280,7 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         let secret = "s3cr3t-never-printed";
-        let prefix = format!("cli-files-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos());
+        let prefix = unique("cli-files");
         let cache = dir.join("cache");
         let env = s3_env(&endpoint, secret, &cache);
         // boto3: uploads `local` as `key` (when given), prints the object's ETag.
@@ -353,7 +359,7 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
         let Some(py) = python_with("boto3") else { return };
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        let prefix = format!("kill-files-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos());
+        let prefix = unique("kill-files");
         let cache = dir.join("cache");
         let env = s3_env(&endpoint, "test", &cache);
         std::fs::write(
@@ -401,7 +407,7 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
         let Some(py) = python_with("deltalake") else { return };
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        let url = format!("s3://fixpoint-test/kill-{}-{}", std::process::id(), std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos());
+        let url = format!("s3://fixpoint-test/{}", unique("kill"));
         let cache = dir.join("cache");
         let env = s3_env(&endpoint, "test", &cache);
         let options: Vec<(String, String)> = env[..5].iter().map(|(k, v)| (k.to_ascii_lowercase(), (*v).to_owned())).collect();

@@ -47,6 +47,14 @@ struct Written {
     kept: u64,
 }
 
+/// What step 4 plans to change (see [`Run::plan_writes`]).
+struct Planned {
+    retimed: u64,
+    gone: u64,
+    log_gone: u64,
+    inserts: u64,
+}
+
 /// The name of the checks every run makes of the rows it wrote.
 const WELL_FORMED: &str = "history_well_formed";
 
@@ -372,6 +380,76 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// A row (or entry) `a` and a new one `n` alike in key and values; with
+    /// `with_start`, `a` also starting at `n`'s version.
+    fn same(&self, a: &str, n: &str, with_start: bool) -> String {
+        let mut conds = vec![keys_match(a, n, &self.spec.key)];
+        if with_start {
+            conds.push(format!("{} = {}", q(a, &self.h.valid_from), q(n, &self.spec.version)));
+        }
+        conds.extend(self.cols.names.iter().filter(|c| !self.spec.key.contains(c)).map(|c| format!("{} IS NOT DISTINCT FROM {}", q(a, c), q(n, c))));
+        conds.join(" AND ")
+    }
+
+    /// `alias`'s key columns and `col`, as a select list.
+    fn key_and(&self, alias: &str, col: &str) -> String {
+        self.spec.key.iter().map(|k| q(alias, k)).chain([q(alias, col)]).collect::<Vec<_>>().join(", ")
+    }
+
+    /// `a` and `b` alike in key and `col`.
+    fn on(&self, a: &str, b: &str, col: &str) -> String {
+        format!("{} AND {} = {}", keys_match(a, b, &self.spec.key), q(a, col), q(b, col))
+    }
+
+    /// The plan of step 4, as temporary tables: the window's rows that
+    /// only end elsewhere now, by key and start (unique in a well-formed
+    /// table), with their new end ([`RETIMED`]); those no new row repeats,
+    /// to remove ([`GONE`]); the log's entries no new entry keeps
+    /// ([`LOG_GONE`]); the new rows the table does not hold yet ([`INS`]).
+    fn plan_writes(&mut self, engine: &mut dyn Engine) -> Result<Planned> {
+        let (vf, vt) = (&self.h.valid_from, &self.h.valid_to);
+        let retimed = count_created(
+            engine,
+            RETIMED,
+            &format!(
+                "SELECT {}, n.\"{TO}\" FROM {WIN} AS t JOIN {NEW} AS n ON n.\"{START}\" AND {} AND {} IS DISTINCT FROM n.\"{TO}\"",
+                self.key_and("t", vf),
+                self.same("t", "n", true),
+                q("t", vt)
+            ),
+        )?;
+        let row_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE n.\"{START}\" AND {})", self.same("t", "n", true));
+        let gone = count_created(engine, GONE, &format!("SELECT {} FROM {WIN} AS t WHERE NOT {row_kept}", self.key_and("t", vf)))?;
+        let del = quote_ident(DELETED);
+        let version = &self.spec.version;
+        let entry_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE NOT n.\"{START}\" AND n.{del} = l.{del} AND {})", self.same("l", "n", false));
+        let log_gone = count_created(
+            engine,
+            LOG_GONE,
+            &format!("SELECT {} FROM {} AND NOT {entry_kept}", self.key_and("l", version), self.cols.window_from(&self.log.quoted(), "l", version)),
+        )?;
+        let in_rows = format!("EXISTS (SELECT 1 FROM {WIN} AS t WHERE {})", self.same("t", "n", true));
+        let inserts = count_created(engine, INS, &format!("SELECT n.* FROM {NEW} AS n WHERE n.\"{START}\" AND NOT {in_rows}"))?;
+        self.trace.step("plan");
+        Ok(Planned { retimed, gone, log_gone, inserts })
+    }
+
+    /// The new hidden entries the log does not hold yet (it keeps those it
+    /// holds: what is left of its window after [`LOG_GONE`]), with the
+    /// log's columns.
+    fn new_entries(&self) -> String {
+        let del = quote_ident(DELETED);
+        let values = self.cols.names.iter().map(|c| q("n", c)).collect::<Vec<_>>().join(", ");
+        let in_log = format!("EXISTS (SELECT 1 FROM {} AS l WHERE l.{del} = n.{del} AND {})", self.log.quoted(), self.same("l", "n", false));
+        format!("SELECT {values}, n.{del} FROM {NEW} AS n WHERE NOT n.\"{START}\" AND NOT {in_log}")
+    }
+
+    /// How many entries of the window are new starts of rows.
+    fn kept(&self, engine: &mut dyn Engine, p: &Planned) -> Result<u64> {
+        let starts = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {NEW} WHERE \"{START}\"")))?;
+        Ok(starts.saturating_sub(p.inserts + p.retimed))
+    }
+
     /// 4. The table and its log made to hold the new rows and hidden
     ///    entries of the touched keys from where the run recomputes: rows
     ///    that stay the same are left alone, rows that only end elsewhere
@@ -380,84 +458,44 @@ impl Run<'_> {
     fn write(&mut self, engine: &mut dyn Engine) -> Result<Written> {
         let (target, log) = (self.job.target.quoted(), self.log.quoted());
         let (vf, vt) = (&self.h.valid_from, &self.h.valid_to);
-        let names = self.cols.names_list();
-        // A row and a new row alike in key, start and values (and, with
-        // `with_end`, in end).
-        let same = |a: &str, n: &str, with_start: bool, with_end: bool| -> String {
-            let mut conds = vec![keys_match(a, n, &self.spec.key)];
-            if with_start {
-                conds.push(format!("{} = {}", q(a, vf), q(n, &self.spec.version)));
-            }
-            if with_end {
-                conds.push(format!("{} IS NOT DISTINCT FROM {n}.\"{TO}\"", q(a, vt)));
-            }
-            conds.extend(self.cols.names.iter().filter(|c| !self.spec.key.contains(c)).map(|c| format!("{} IS NOT DISTINCT FROM {}", q(a, c), q(n, c))));
-            conds.join(" AND ")
-        };
-        let key_and = |alias: &str, col: &str| self.spec.key.iter().map(|k| q(alias, k)).chain([q(alias, col)]).collect::<Vec<_>>().join(", ");
-        // The rows from where the run recomputes that only end elsewhere
-        // now (by key and start, unique in a well-formed table), with
-        // their new end; and those no new row repeats, to remove.
-        let retimed = count_created(
-            engine,
-            RETIMED,
-            &format!(
-                "SELECT {}, n.\"{TO}\" FROM {WIN} AS t JOIN {NEW} AS n ON n.\"{START}\" AND {} AND {} IS DISTINCT FROM n.\"{TO}\"",
-                key_and("t", vf),
-                same("t", "n", true, false),
-                q("t", vt)
-            ),
-        )?;
-        let row_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE n.\"{START}\" AND {})", same("t", "n", true, false));
-        let gone = count_created(engine, GONE, &format!("SELECT {} FROM {WIN} AS t WHERE NOT {row_kept}", key_and("t", vf)))?;
-        let on = |a: &str, b: &str, col: &str| format!("{} AND {} = {}", keys_match(a, b, &self.spec.key), q(a, col), q(b, col));
-        let deleted = if gone > 0 { engine.execute(&Sql::raw(format!("DELETE FROM {target} AS t USING {GONE} AS g WHERE {}", on("t", "g", vf))))? } else { 0 };
-        if deleted != gone {
-            return Err(self.not_one_row("removal from the table", deleted, gone));
+        let p = self.plan_writes(engine)?;
+        let deleted = if p.gone > 0 { engine.execute(&Sql::raw(format!("DELETE FROM {target} AS t USING {GONE} AS g WHERE {}", self.on("t", "g", vf))))? } else { 0 };
+        if deleted != p.gone {
+            return Err(self.not_one_row("removal from the table", deleted, p.gone));
         }
-        let updated = if retimed > 0 {
-            engine.execute(&Sql::raw(format!("UPDATE {target} AS t SET {} = r.\"{TO}\" FROM {RETIMED} AS r WHERE {}", quote_ident(vt), on("t", "r", vf))))?
+        let updated = if p.retimed > 0 {
+            engine.execute(&Sql::raw(format!("UPDATE {target} AS t SET {} = r.\"{TO}\" FROM {RETIMED} AS r WHERE {}", quote_ident(vt), self.on("t", "r", vf))))?
         } else {
             0
         };
-        if updated != retimed {
-            return Err(self.not_one_row("new ends in the table", updated, retimed));
+        if updated != p.retimed {
+            return Err(self.not_one_row("new ends in the table", updated, p.retimed));
         }
         self.opts.step(FailPoint::AfterDelete)?;
-        let del = quote_ident(DELETED);
-        let entry_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE NOT n.\"{START}\" AND n.{del} = l.{del} AND {})", same("l", "n", false, false));
-        let version = self.spec.version.clone();
-        let log_gone =
-            count_created(engine, LOG_GONE, &format!("SELECT {} FROM {} AND NOT {entry_kept}", key_and("l", &version), self.cols.window_from(&log, "l", &version)))?;
-        let log_deleted = if log_gone > 0 { engine.execute(&Sql::raw(format!("DELETE FROM {log} AS l USING {LOG_GONE} AS g WHERE {}", on("l", "g", &version))))? } else { 0 };
-        if log_deleted != log_gone {
-            return Err(self.not_one_row("removal from the log", log_deleted, log_gone));
+        let version = &self.spec.version;
+        let log_deleted = if p.log_gone > 0 { engine.execute(&Sql::raw(format!("DELETE FROM {log} AS l USING {LOG_GONE} AS g WHERE {}", self.on("l", "g", version))))? } else { 0 };
+        if log_deleted != p.log_gone {
+            return Err(self.not_one_row("removal from the log", log_deleted, p.log_gone));
         }
         self.trace.step("delete");
-        let in_rows = format!("EXISTS (SELECT 1 FROM {WIN} AS t WHERE {})", same("t", "n", true, false));
+        let names = self.cols.names_list();
         let values = self.cols.names.iter().map(|c| q("n", c)).collect::<Vec<_>>().join(", ");
         // A snapshot history's version is valid_from itself.
         let insert = if self.h.snapshot {
             format!("INSERT INTO {target} ({names}, {}) SELECT {values}, n.\"{TO}\"", quote_ident(vt))
         } else {
-            format!("INSERT INTO {target} ({names}, {}, {}) SELECT {values}, n.{}, n.\"{TO}\"", quote_ident(vf), quote_ident(vt), quote_ident(&self.spec.version))
+            format!("INSERT INTO {target} ({names}, {}, {}) SELECT {values}, n.{}, n.\"{TO}\"", quote_ident(vf), quote_ident(vt), quote_ident(version))
         };
-        let planned = count_created(engine, INS, &format!("SELECT n.* FROM {NEW} AS n WHERE n.\"{START}\" AND NOT {in_rows}"))?;
-        let inserted = if planned > 0 { engine.execute(&Sql::raw(format!("{insert} FROM {INS} AS n")))? } else { 0 };
-        if inserted != planned {
-            return Err(Error::Internal(format!("the history's insert into {} wrote {inserted} rows where {planned} were planned; rolled back, nothing changed", self.job.target)));
+        let inserted = if p.inserts > 0 { engine.execute(&Sql::raw(format!("{insert} FROM {INS} AS n")))? } else { 0 };
+        if inserted != p.inserts {
+            return Err(Error::Internal(format!("the history's insert into {} wrote {inserted} rows where {} were planned; rolled back, nothing changed", self.job.target, p.inserts)));
         }
         self.opts.step(FailPoint::MidInsert)?;
-        // What is left of the log's window after the removal is what the new entries keep.
-        let in_log = format!("EXISTS (SELECT 1 FROM {log} AS l WHERE l.{del} = n.{del} AND {})", same("l", "n", false, false));
-        engine.execute(&Sql::raw(format!(
-            "INSERT INTO {log} ({names}, {del}) SELECT {values}, n.{del} FROM {NEW} AS n WHERE NOT n.\"{START}\" AND NOT {in_log}"
-        )))?;
+        engine.execute(&Sql::raw(format!("INSERT INTO {log} ({names}, {}) {}", quote_ident(DELETED), self.new_entries())))?;
         self.trace.step("insert");
         self.opts.step(FailPoint::AfterInsert)?;
         self.after(engine)?;
-        let starts = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {NEW} WHERE \"{START}\"")))?;
-        Ok(Written { deleted, updated, inserted, kept: starts.saturating_sub(inserted + updated) })
+        Ok(Written { deleted, updated, inserted, kept: self.kept(engine, &p)? })
     }
 
     /// 4, under a lease. The same plan as [`Run::write`]; the table's rows
@@ -468,36 +506,18 @@ impl Run<'_> {
     fn write_leased(&mut self, engine: &mut dyn Engine) -> Result<Written> {
         let (target, log) = (self.job.target.quoted(), self.log.quoted());
         let (vf, vt) = (&self.h.valid_from, &self.h.valid_to);
-        let same = |a: &str, n: &str, with_start: bool| -> String {
-            let mut conds = vec![keys_match(a, n, &self.spec.key)];
-            if with_start {
-                conds.push(format!("{} = {}", q(a, vf), q(n, &self.spec.version)));
-            }
-            conds.extend(self.cols.names.iter().filter(|c| !self.spec.key.contains(c)).map(|c| format!("{} IS NOT DISTINCT FROM {}", q(a, c), q(n, c))));
-            conds.join(" AND ")
-        };
-        let key_and = |alias: &str, col: &str| self.spec.key.iter().map(|k| q(alias, k)).chain([q(alias, col)]).collect::<Vec<_>>().join(", ");
-        let retimed = count_created(
-            engine,
-            RETIMED,
-            &format!(
-                "SELECT {}, n.\"{TO}\" FROM {WIN} AS t JOIN {NEW} AS n ON n.\"{START}\" AND {} AND {} IS DISTINCT FROM n.\"{TO}\"",
-                key_and("t", vf),
-                same("t", "n", true),
-                q("t", vt)
-            ),
-        )?;
-        let row_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE n.\"{START}\" AND {})", same("t", "n", true));
-        let gone = count_created(engine, GONE, &format!("SELECT {} FROM {WIN} AS t WHERE NOT {row_kept}", key_and("t", vf)))?;
-        let on = |a: &str, b: &str, col: &str| format!("{} AND {} = {}", keys_match(a, b, &self.spec.key), q(a, col), q(b, col));
-        let dropped = format!("(EXISTS (SELECT 1 FROM {GONE} AS g WHERE {}) OR EXISTS (SELECT 1 FROM {RETIMED} AS r WHERE {}))", on("t", "g", vf), on("t", "r", vf));
+        let p = self.plan_writes(engine)?;
+        let dropped = format!("(EXISTS (SELECT 1 FROM {GONE} AS g WHERE {}) OR EXISTS (SELECT 1 FROM {RETIMED} AS r WHERE {}))", self.on("t", "g", vf), self.on("t", "r", vf));
         let held = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {target} AS t WHERE {dropped}")))?;
-        if held != gone + retimed {
-            return Err(self.not_one_row("removal from the table", held, gone + retimed));
+        if held != p.gone + p.retimed {
+            return Err(self.not_one_row("removal from the table", held, p.gone + p.retimed));
         }
-        let in_rows = format!("EXISTS (SELECT 1 FROM {WIN} AS t WHERE {})", same("t", "n", true));
-        let planned = count_created(engine, INS, &format!("SELECT n.* FROM {NEW} AS n WHERE n.\"{START}\" AND NOT {in_rows}"))?;
-        if gone + retimed + planned > 0 {
+        let log_dropped = format!("EXISTS (SELECT 1 FROM {LOG_GONE} AS g WHERE {})", self.on("t", "g", &self.spec.version));
+        let log_held = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {log} AS t WHERE {log_dropped}")))?;
+        if log_held != p.log_gone {
+            return Err(self.not_one_row("removal from the log", log_held, p.log_gone));
+        }
+        if p.gone + p.retimed + p.inserts > 0 {
             let columns: Vec<String> = self.target_cols.iter().map(|c| c.name.clone()).collect();
             let retimed_rows = self
                 .target_cols
@@ -510,38 +530,24 @@ impl Run<'_> {
                 .join(", ");
             let select = format!(
                 "SELECT {retimed_rows} FROM {WIN} AS t JOIN {RETIMED} AS r ON {} UNION ALL SELECT {} FROM {INS} AS n",
-                on("t", "r", vf),
+                self.on("t", "r", vf),
                 self.inserted_columns()
             );
             leases(engine)?.replace_rows(&self.job.target, &columns, &Sql::raw(dropped), &Sql::raw(select))?;
         }
         self.opts.step(FailPoint::AfterDelete)?;
         self.trace.step("table");
-        let del = quote_ident(DELETED);
-        let version = self.spec.version.clone();
-        let entry_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE NOT n.\"{START}\" AND n.{del} = l.{del} AND {})", same("l", "n", false));
-        let log_gone =
-            count_created(engine, LOG_GONE, &format!("SELECT {} FROM {} AND NOT {entry_kept}", key_and("l", &version), self.cols.window_from(&log, "l", &version)))?;
-        let log_dropped = format!("EXISTS (SELECT 1 FROM {LOG_GONE} AS g WHERE {})", on("t", "g", &version));
-        let log_held = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {log} AS t WHERE {log_dropped}")))?;
-        if log_held != log_gone {
-            return Err(self.not_one_row("removal from the log", log_held, log_gone));
-        }
         self.opts.step(FailPoint::MidInsert)?;
-        // A new entry the log holds already (and keeps) is not written again.
-        let values = self.cols.names.iter().map(|c| q("n", c)).collect::<Vec<_>>().join(", ");
-        let in_log = format!("EXISTS (SELECT 1 FROM {log} AS l WHERE l.{del} = n.{del} AND {})", same("l", "n", false));
-        let entries = format!("SELECT {values}, n.{del} FROM {NEW} AS n WHERE NOT n.\"{START}\" AND NOT {in_log}");
+        let entries = self.new_entries();
         let new_entries = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM ({entries}) AS e")))?;
-        if log_gone + new_entries > 0 {
+        if p.log_gone + new_entries > 0 {
             let columns: Vec<String> = self.cols.names.iter().cloned().chain([DELETED.to_owned()]).collect();
             leases(engine)?.replace_rows(&self.log, &columns, &Sql::raw(log_dropped), &Sql::raw(entries))?;
         }
         self.trace.step("log");
         self.opts.step(FailPoint::AfterInsert)?;
         self.after(engine)?;
-        let starts = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {NEW} WHERE \"{START}\"")))?;
-        Ok(Written { deleted: gone, updated: retimed, inserted: planned, kept: starts.saturating_sub(planned + retimed) })
+        Ok(Written { deleted: p.gone, updated: p.retimed, inserted: p.inserts, kept: self.kept(engine, &p)? })
     }
 
     /// The select list of an inserted row (alias `n`, from [`INS`]) with
