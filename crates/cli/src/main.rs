@@ -402,7 +402,7 @@ pub(crate) fn open_engine(url: &str, wait: Duration) -> Result<Box<dyn Engine>, 
         });
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        return Ok(Box::new(fixpoint_postgres::Postgres::connect_waiting(url, wait)?));
+        return Ok(Box::new(postgres_switches(fixpoint_postgres::Postgres::connect_waiting(url, wait)?)?));
     }
     #[cfg(feature = "spark")]
     if fixpoint_spark::is_spark_url(url) {
@@ -452,34 +452,55 @@ fn delta_fault() -> Result<Option<fixpoint_delta::DeltaFault>, Error> {
 /// `FIXPOINT_FAIL_AT` obeyed.
 const TEST_MODE: &str = "FIXPOINT_TEST_MODE";
 
-/// `FIXPOINT_TEST_SWITCHES=switch,…`: turn off DuckDB's fast paths so the
-/// kill -9 trials reach the plans' fallbacks (`untapped_day_insert`: the
-/// day insert is not tapped, so the guards are scanned after the delete;
-/// `two_statement_merge`: no one-statement merge; `no_taps`: no
-/// accelerator at all). Obeyed only with `FIXPOINT_TEST_MODE=1`, like
-/// fault injection; ignored with a warning otherwise.
-fn duckdb_switches(mut duck: fixpoint_duckdb::DuckDb) -> Result<fixpoint_duckdb::DuckDb, Error> {
-    let Ok(spec) = std::env::var("FIXPOINT_TEST_SWITCHES") else { return Ok(duck) };
+/// The test switches that turn off an engine's fast paths, so the kill -9
+/// trials reach the plans' fallbacks.
+const SWITCHES_HINT: &str = "use untapped_day_insert, two_statement_merge or no_taps, separated by commas";
+
+/// `FIXPOINT_TEST_SWITCHES=switch,…`, when the process is in test mode:
+/// the switches named (each checked against `known`, the whole list). Like
+/// fault injection, obeyed only with `FIXPOINT_TEST_MODE=1`; ignored with a
+/// warning otherwise.
+fn test_switches() -> Result<Vec<String>, Error> {
+    let Ok(spec) = std::env::var("FIXPOINT_TEST_SWITCHES") else { return Ok(Vec::new()) };
     if std::env::var(TEST_MODE).as_deref() != Ok("1") {
         eprintln!(
             "fixpoint: warning: FIXPOINT_TEST_SWITCHES={spec:?} is ignored: test switches need {TEST_MODE}=1 as well (unset FIXPOINT_TEST_SWITCHES to silence this)"
         );
-        return Ok(duck);
+        return Ok(Vec::new());
     }
-    for switch in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        duck = match switch {
+    let switches: Vec<String> = spec.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect();
+    for s in &switches {
+        if !["untapped_day_insert", "two_statement_merge", "no_taps"].contains(&s.as_str()) {
+            return Err(Error::argument(format!("FIXPOINT_TEST_SWITCHES: {s:?} is not a test switch"), Some(SWITCHES_HINT)));
+        }
+    }
+    Ok(switches)
+}
+
+/// DuckDB's switches (`untapped_day_insert`: the day insert is not tapped,
+/// so the guards are scanned after the delete; `two_statement_merge`: no
+/// one-statement merge; `no_taps`: no accelerator at all).
+fn duckdb_switches(mut duck: fixpoint_duckdb::DuckDb) -> Result<fixpoint_duckdb::DuckDb, Error> {
+    for switch in test_switches()? {
+        duck = match switch.as_str() {
             "untapped_day_insert" => duck.without_tapped_day_insert(),
             "two_statement_merge" => duck.without_one_statement_merge(),
             "no_taps" => duck.without_taps(),
-            other => {
-                return Err(Error::argument(
-                    format!("FIXPOINT_TEST_SWITCHES: {other:?} is not a test switch"),
-                    Some("use untapped_day_insert, two_statement_merge or no_taps, separated by commas"),
-                ))
-            }
+            _ => duck,
         };
     }
     Ok(duck)
+}
+
+/// PostgreSQL's switch (`no_taps`: no accelerator, the portable plans
+/// only; DuckDB's other switches name plans PostgreSQL does not have).
+fn postgres_switches(mut pg: fixpoint_postgres::Postgres) -> Result<fixpoint_postgres::Postgres, Error> {
+    for switch in test_switches()? {
+        if switch == "no_taps" {
+            pg = pg.without_accelerator();
+        }
+    }
+    Ok(pg)
 }
 
 /// `FIXPOINT_FAIL_AT=point[@date]` and `FIXPOINT_FAIL_MODE=error|abort|pause:MS`:

@@ -1273,6 +1273,22 @@ fn postgres_partition_exchange_killed_at_random_moments() {
     );
 }
 
+/// Without `deleted`: the one-statement merge (its writes and checks in
+/// one statement).
+#[test]
+fn postgres_merge_one_statement_killed_at_random_moments() {
+    pg_plan(
+        "merge1",
+        &KillPlan {
+            steps: &["merge statement"],
+            not_steps: &["rolled back", "stage"],
+            ..merge_plan("postgres merge, one statement", MERGE_JOB, merge_batch_plain, "merge, one statement")
+        },
+    );
+}
+
+/// With `deleted`: the one-statement merge declines before writing, and
+/// the portable plan runs.
 #[test]
 fn postgres_merge_killed_at_random_moments() {
     pg_plan(

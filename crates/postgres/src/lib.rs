@@ -11,8 +11,9 @@
 use std::error::Error as StdError;
 
 mod files;
+mod merge;
 
-use fixpoint_core::engine::{Column, DayPartition, Dialect, Engine, FileInput, Locks, PartitionExchange, Rows};
+use fixpoint_core::engine::{Accelerated, Accelerator, Column, DayInsert, DayPartition, Dialect, Engine, FileInput, Locks, MergeRequest, Merged, PartitionExchange, Rows, RunSteps, TappedDay};
 use fixpoint_core::job::ident::{quote_ident, TableName};
 use fixpoint_core::job::sql::{Sql, Value};
 use fixpoint_core::{DbFailure, Error, Result};
@@ -38,6 +39,10 @@ pub struct Postgres {
     /// A transaction has begun and run no statement yet: its snapshot is
     /// not taken (see [`Engine::lock_scope`]).
     fresh: bool,
+    /// Whether the accelerated plans are offered (the day insert returning
+    /// what it wrote, the one-statement merge); tests turn them off to run
+    /// the portable plans where they would run.
+    accelerated: bool,
 }
 
 /// The lock wait of [`Postgres::connect`]: the CLI's `--wait` default.
@@ -169,7 +174,7 @@ impl Postgres {
             .map_err(pg_err("reading the session's process id"))?;
         let (pid, isolation): (i32, String) = (row.get(0), row.get(1));
         let begin = if isolation == "serializable" { "BEGIN ISOLATION LEVEL SERIALIZABLE" } else { "BEGIN ISOLATION LEVEL REPEATABLE READ" };
-        Ok(Postgres { client: Some(client), url: url.to_owned(), version: None, scratch: None, wait, pid, begin, fresh: false })
+        Ok(Postgres { client: Some(client), url: url.to_owned(), version: None, scratch: None, wait, pid, begin, fresh: false, accelerated: true })
     }
 
     /// A lock timeout becomes a [`Error::Busy`] that says how long it waited
@@ -232,6 +237,13 @@ impl Postgres {
     /// hand-written side of benchmarks; runs in the caller's transaction.
     pub fn copy_files_into(&mut self, files: &fixpoint_core::job::files::InputFiles, table: &TableName) -> Result<u64> {
         files::copy_files(self.client(), files, Some(&table.quoted()))
+    }
+
+    /// Without the accelerated plans: every run takes the portable plans
+    /// (tests compare the two, and force each in turn).
+    pub fn without_accelerator(mut self) -> Postgres {
+        self.accelerated = false;
+        self
     }
 
     /// The URL this engine connected to (it may hold a password: never print it unredacted).
@@ -550,6 +562,48 @@ impl Engine for Postgres {
 
     fn file_input(&mut self) -> Option<&mut dyn FileInput> {
         Some(self)
+    }
+
+    fn accelerator(&mut self) -> Option<&mut dyn Accelerator> {
+        if self.accelerated {
+            Some(self)
+        } else {
+            None
+        }
+    }
+}
+
+/// PostgreSQL's accelerated plans: `replace_partition`'s insert returning
+/// what it wrote (its guards and fingerprint counted from that, no scan of
+/// their own), and the merge of an upsert-only batch in one statement
+/// ([`merge`]); anything else declines before writing, and the portable
+/// plan runs.
+impl Accelerator for Postgres {
+    fn insert_day(&mut self, day: &DayInsert<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<TappedDay>> {
+        // The rows as inserted, hashed over the target's columns of the
+        // same names and types as the source's (the plan defers its guards
+        // only then): the same text, so the same hash as the source's rows.
+        let Some(hash) = self.native_row_hash(&day.target.quoted(), day.hashed) else {
+            return Ok(Accelerated::Declined("no row hash"));
+        };
+        let column = format!("{}.{}", day.target.quoted(), quote_ident(day.column));
+        let mut sql = Sql::new();
+        sql.push("WITH \"w\" AS (").append(&(day.insert)(&Sql::raw(day.partition.clone())));
+        sql.push(&format!(" RETURNING {hash} AS \"h\", {column} AS \"p\") SELECT count(*) AS \"rows\", count(*) FILTER (WHERE \"p\" IS DISTINCT FROM "));
+        sql.typed_param(Value::Date(day.day), "DATE");
+        sql.push(") AS \"outside\", sum(\"h\") AS \"sum\" FROM \"w\"");
+        let rows = self.query(&sql)?;
+        steps.step("insert (guards and fingerprint returned)");
+        let row = rows.single("the insert")?;
+        let sum = self.read_sum(row.value("sum")?)?;
+        Ok(Accelerated::Done(TappedDay { inserted: row.count("rows")?, outside: row.count("outside")?, sum }))
+    }
+
+    fn merge(&mut self, m: &MergeRequest<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<Merged>> {
+        if !merge::fits(self, m)? {
+            return Ok(Accelerated::Declined("tombstones or audits: the portable plan"));
+        }
+        merge::merge(self, m, steps)
     }
 }
 

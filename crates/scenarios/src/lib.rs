@@ -62,6 +62,8 @@ impl EngineUnderTest for DuckDbUntappedInsertUnderTest {
 /// each `fresh()` is a new database, dropped when the engine is dropped.
 pub struct PgUnderTest {
     admin: String,
+    /// Without the accelerated plans: the portable ones run.
+    portable: bool,
 }
 
 static PG_COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -79,7 +81,7 @@ impl PgUnderTest {
         let url = Self::url();
         let r = REACHABLE.get_or_init(|| fixpoint_postgres::Postgres::connect(&url).map(|_| ()).map_err(|e| e.to_string()));
         match r {
-            Ok(()) => Some(PgUnderTest { admin: url }),
+            Ok(()) => Some(PgUnderTest { admin: url, portable: false }),
             Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("postgres is unreachable under CI=true: {e}"),
             Err(e) => {
                 eprintln!("skipped: postgres is unreachable ({e}); set FIXPOINT_TEST_PG or start the server");
@@ -94,7 +96,20 @@ impl PgUnderTest {
     pub fn fresh_pg(&self) -> fixpoint_postgres::Postgres {
         let n = PG_COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let name = format!("fixpoint_test_{}_{n}", std::process::id());
-        fixpoint_postgres::Postgres::scratch(&self.admin, &name).unwrap_or_else(|e| panic!("{e}"))
+        let pg = fixpoint_postgres::Postgres::scratch(&self.admin, &name).unwrap_or_else(|e| panic!("{e}"));
+        if self.portable {
+            pg.without_accelerator()
+        } else {
+            pg
+        }
+    }
+
+    /// The same server without its accelerated plans: where the
+    /// one-statement merge would run, the plan with every check a join of
+    /// its own does; where the day's insert would return its guards and
+    /// fingerprint, the guard scan runs first.
+    pub fn portable(self) -> PgUnderTest {
+        PgUnderTest { portable: true, ..self }
     }
 }
 
@@ -313,6 +328,25 @@ macro_rules! scenarios_on {
                 #[test]
                 fn $name() {
                     super::$name(&$engine);
+                }
+            )*
+        }
+    };
+}
+
+/// Instantiates scenario functions `fn(&dyn EngineUnderTest)` again on
+/// PostgreSQL without its accelerated plans, in the module
+/// `postgres_portable`.
+#[macro_export]
+macro_rules! postgres_portable_scenarios {
+    ($($name:ident),* $(,)?) => {
+        mod postgres_portable {
+            $(
+                #[test]
+                fn $name() {
+                    if let Some(pg) = $crate::PgUnderTest::get() {
+                        super::$name(&pg.portable());
+                    }
                 }
             )*
         }

@@ -168,8 +168,12 @@ enum Plans {
     OneStatement,
     /// DuckDB without the one-statement plan.
     TwoStatements,
-    /// The plan with joins of its own (DuckDB without taps, PostgreSQL).
+    /// The plan with joins of its own (DuckDB without taps, PostgreSQL
+    /// with its one-statement merge off).
     Join,
+    /// PostgreSQL: one statement where eligible (no `deleted`, no
+    /// tombstone table, no audits), else the join plan.
+    PgOneStatement,
     /// Spark: no transactions; replace_partition overwrites the day,
     /// merges rewrite the partitions they touch (the whole table without
     /// `partition`). The commit point is the overwrite: a failure after it
@@ -229,6 +233,8 @@ impl Plans {
             // where it declines, the portable one.
             Plans::OneStatement if !m.deleted => &["merge, one statement", "merge"],
             Plans::OneStatement => &["merge, checks in the statement", "merge"],
+            Plans::PgOneStatement if !m.deleted => &["merge, one statement", "merge"],
+            Plans::PgOneStatement => &["merge"],
         }
     }
 }
@@ -1255,11 +1261,26 @@ fn duckdb_join_plan_histories_match_the_model() {
     );
 }
 
-/// PostgreSQL, plain targets.
+/// PostgreSQL, plain targets: merges in one statement where eligible.
 #[test]
 fn postgres_histories_match_the_model() {
     if let Some(pg) = PgUnderTest::get() {
-        run_histories(&pg, "postgres", "postgres_histories_match_the_model", Ctx { plans: Plans::Join, layout: Layout::Plain }, 50);
+        run_histories(&pg, "postgres", "postgres_histories_match_the_model", Ctx { plans: Plans::PgOneStatement, layout: Layout::Plain }, 50);
+    }
+}
+
+/// PostgreSQL, plain targets, its one-statement merge off: every merge
+/// takes the join plan.
+#[test]
+fn postgres_join_plan_histories_match_the_model() {
+    if let Some(pg) = PgUnderTest::get() {
+        run_histories(
+            &pg.portable(),
+            "postgres (join plan)",
+            "postgres_join_plan_histories_match_the_model",
+            Ctx { plans: Plans::Join, layout: Layout::Plain },
+            50,
+        );
     }
 }
 
@@ -1272,7 +1293,7 @@ fn postgres_partitioned_histories_match_the_model() {
             &pg,
             "postgres (partitioned targets)",
             "postgres_partitioned_histories_match_the_model",
-            Ctx { plans: Plans::Join, layout: Layout::Partitioned },
+            Ctx { plans: Plans::PgOneStatement, layout: Layout::Partitioned },
             50,
         );
     }
