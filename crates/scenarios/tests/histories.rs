@@ -188,9 +188,10 @@ enum Plans {
 }
 
 impl Plans {
-    /// Whether replace_partition can take the tapped path (DuckDB's taps).
+    /// Whether replace_partition can take the tapped path (DuckDB's taps,
+    /// PostgreSQL's insert returning what it wrote).
     fn taps(self) -> bool {
-        matches!(self, Plans::OneStatement | Plans::TwoStatements)
+        matches!(self, Plans::OneStatement | Plans::TwoStatements | Plans::PgOneStatement)
     }
 
     /// Whether the plans are the leased ones (Spark, Delta).
