@@ -1264,26 +1264,11 @@ fn duckdb_merge_join_plan_killed_at_random_moments() {
     });
 }
 
-/// A plain target, `--force`: the delete, then the insert returning what it
-/// wrote (its guards and fingerprint counted from that).
-#[test]
-fn postgres_returning_insert_killed_at_random_moments() {
-    pg_plan(
-        "rp",
-        &KillPlan {
-            extra: &["--force"],
-            steps: &["insert (guards and fingerprint returned)"],
-            not_steps: &["guards"],
-            ..rp_plan("postgres replace_partition, insert returning its guards")
-        },
-    );
-}
-
-/// A plain target after the day's first load, without `--force`: the guard
-/// scan (the input fingerprint decides a skip), then delete + insert.
+/// A plain target: the guard scan (guards and input fingerprint), then
+/// delete + insert.
 #[test]
 fn postgres_guard_scan_insert_killed_at_random_moments() {
-    pg_plan("rp2", &KillPlan { steps: &["guards", "insert"], not_steps: &["insert (guards and fingerprint returned)"], ..rp_plan("postgres replace_partition, guard scan") });
+    pg_plan("rp", &KillPlan { steps: &["guards", "insert"], ..rp_plan("postgres replace_partition, delete + insert") });
 }
 
 /// A target `PARTITION BY LIST (dt)`: the day swapped in whole.

@@ -13,7 +13,7 @@ use std::error::Error as StdError;
 mod files;
 mod merge;
 
-use fixpoint_core::engine::{Accelerated, Accelerator, Column, DayInsert, DayPartition, Dialect, Engine, FileInput, Locks, MergeRequest, Merged, PartitionExchange, Rows, RunSteps, TappedDay};
+use fixpoint_core::engine::{Accelerated, Accelerator, Column, DayPartition, Dialect, Engine, FileInput, Locks, MergeRequest, Merged, PartitionExchange, Rows, RunSteps};
 use fixpoint_core::job::ident::{quote_ident, TableName};
 use fixpoint_core::job::sql::{Sql, Value};
 use fixpoint_core::{DbFailure, Error, Result};
@@ -573,32 +573,12 @@ impl Engine for Postgres {
     }
 }
 
-/// PostgreSQL's accelerated plans: `replace_partition`'s insert returning
-/// what it wrote (its guards and fingerprint counted from that, no scan of
-/// their own), and the merge of an upsert-only batch in one statement
-/// ([`merge`]); anything else declines before writing, and the portable
-/// plan runs.
+/// PostgreSQL's accelerated plan: the merge of an upsert-only batch in one
+/// statement ([`merge`]); anything else declines before writing, and the
+/// portable plan runs. (`replace_partition`'s insert is not accelerated:
+/// an `INSERT … RETURNING` that hashes each row as it is written costs
+/// more than the guard scan, which PostgreSQL runs on parallel workers.)
 impl Accelerator for Postgres {
-    fn insert_day(&mut self, day: &DayInsert<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<TappedDay>> {
-        // The rows as inserted, hashed over the target's columns of the
-        // same names and types as the source's (the plan defers its guards
-        // only then): the same text, so the same hash as the source's rows.
-        let Some(hash) = self.native_row_hash(&day.target.quoted(), day.hashed) else {
-            return Ok(Accelerated::Declined("no row hash"));
-        };
-        let column = format!("{}.{}", day.target.quoted(), quote_ident(day.column));
-        let mut sql = Sql::new();
-        sql.push("WITH \"w\" AS (").append(&(day.insert)(&Sql::raw(day.partition.clone())));
-        sql.push(&format!(" RETURNING {hash} AS \"h\", {column} AS \"p\") SELECT count(*) AS \"rows\", count(*) FILTER (WHERE \"p\" IS DISTINCT FROM "));
-        sql.typed_param(Value::Date(day.day), "DATE");
-        sql.push(") AS \"outside\", sum(\"h\") AS \"sum\" FROM \"w\"");
-        let rows = self.query(&sql)?;
-        steps.step("insert (guards and fingerprint returned)");
-        let row = rows.single("the insert")?;
-        let sum = self.read_sum(row.value("sum")?)?;
-        Ok(Accelerated::Done(TappedDay { inserted: row.count("rows")?, outside: row.count("outside")?, sum }))
-    }
-
     fn merge(&mut self, m: &MergeRequest<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<Merged>> {
         if !merge::fits(self, m)? {
             return Ok(Accelerated::Declined("tombstones or audits: the portable plan"));

@@ -104,10 +104,9 @@ impl PgUnderTest {
         }
     }
 
-    /// The same server without its accelerated plans: where the
+    /// The same server without its accelerated plan: where the
     /// one-statement merge would run, the plan with every check a join of
-    /// its own does; where the day's insert would return its guards and
-    /// fingerprint, the guard scan runs first.
+    /// its own does.
     pub fn portable(self) -> PgUnderTest {
         PgUnderTest { portable: true, ..self }
     }

@@ -188,10 +188,9 @@ enum Plans {
 }
 
 impl Plans {
-    /// Whether replace_partition can take the tapped path (DuckDB's taps,
-    /// PostgreSQL's insert returning what it wrote).
+    /// Whether replace_partition can take the tapped path (DuckDB's taps).
     fn taps(self) -> bool {
-        matches!(self, Plans::OneStatement | Plans::TwoStatements | Plans::PgOneStatement)
+        matches!(self, Plans::OneStatement | Plans::TwoStatements)
     }
 
     /// Whether the plans are the leased ones (Spark, Delta).

@@ -49,12 +49,6 @@ pub struct DayInsert<'a> {
     /// Writes the `INSERT … SELECT`, with the given expression selected as
     /// the partition column.
     pub insert: &'a dyn Fn(&Sql) -> Sql,
-    /// The table the rows go into, whose columns `hashed` names too (the
-    /// plan defers its guards only when the target's fingerprinted columns
-    /// are the source's).
-    pub target: &'a crate::job::ident::TableName,
-    /// The partition column's name in `target`.
-    pub column: &'a str,
 }
 
 /// What the tapped insert saw.

@@ -219,17 +219,17 @@ impl Day<'_> {
     /// both back: no scan of its own.
     fn guard(&mut self, engine: &mut dyn Engine, exchange: bool, for_skip: bool, for_key: bool) -> Result<Guarded> {
         let (job, partition, shape) = (self.job, self.partition, &self.shape);
-        let needed_before = for_skip || (for_key && job.source.template().uses_any(&[RunParam::RunKey])) || shape.output != shape.input;
+        let before_writing = for_skip
+            || (for_key && job.source.template().uses_any(&[RunParam::RunKey]))
+            || shape.output != shape.input
+            || engine.dialect().fingerprint_before_writing();
         let is_date = |cols: &[Column]| cols.iter().any(|c| c.name == partition && c.ty.eq_ignore_ascii_case("DATE"));
-        let deferred = !needed_before
+        let deferred = !before_writing
             && !exchange
             && !matches!(self.opts.fault, Some((FailPoint::MidInsert, _)))
             && is_date(&shape.source)
             && shape.target.as_deref().is_none_or(is_date)
             && engine.accelerator().is_some();
-        // Not deferred, an engine that would find the day's rows again in
-        // the target by another scan fingerprints the source in this one.
-        let before_writing = needed_before || (!deferred && engine.dialect().fingerprint_before_writing());
         let fp = if before_writing {
             fingerprint_select(engine, Method::Native, "s", &shape.input)?
         } else {
@@ -359,15 +359,7 @@ impl Day<'_> {
         let tapped = match engine.accelerator() {
             Some(acc) => {
                 let insert = |tap: &Sql| insert_sql(job, shape, params, partition, &job.target, None, Some(tap));
-                let day = DayInsert {
-                    partition: format!("s.{}", quote_ident(partition)),
-                    alias: "s",
-                    hashed: &shape.input,
-                    day: self.run_date.date(),
-                    insert: &insert,
-                    target: &job.target,
-                    column: partition,
-                };
+                let day = DayInsert { partition: format!("s.{}", quote_ident(partition)), alias: "s", hashed: &shape.input, day: self.run_date.date(), insert: &insert };
                 acc.insert_day(&day, &mut Steps { opts: self.opts, trace: &mut self.trace })?
             }
             None => Accelerated::Declined("no accelerator"),
