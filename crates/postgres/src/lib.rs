@@ -576,8 +576,9 @@ impl Engine for Postgres {
 /// PostgreSQL's accelerated plan: the merge of an upsert-only batch in one
 /// statement ([`merge`]); anything else declines before writing, and the
 /// portable plan runs. (`replace_partition`'s insert is not accelerated:
-/// an `INSERT … RETURNING` that hashes each row as it is written costs
-/// more than the guard scan, which PostgreSQL runs on parallel workers.)
+/// an `INSERT … RETURNING` that hashes each row as it is written measured
+/// no faster than the guard scan, which PostgreSQL runs on parallel
+/// workers; see BENCHMARKS.md.)
 impl Accelerator for Postgres {
     fn merge(&mut self, m: &MergeRequest<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<Merged>> {
         if !merge::fits(self, m)? {
