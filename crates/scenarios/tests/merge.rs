@@ -488,21 +488,30 @@ scenarios!(
     merge_failure_keeps_previous_contents,
 );
 
+/// Calls `$callback!(<prefix> <the merge scenarios>, <extra>)`: the list
+/// of scenarios run again where an engine's fast plans are off, written
+/// once for every such engine.
+macro_rules! with_join_plan_scenarios {
+    ($callback:ident ! ($($prefix:tt)*) $(, $extra:ident)*) => {
+        $callback!($($prefix)*
+            written_types_differ_from_the_source,
+            merge_backfills_batch_by_batch,
+            merge_without_tombstones_or_partition,
+            seed_feed_replays_and_out_of_order,
+            tombstones_delete_and_never_resurrect,
+            ties_error_or_deterministic,
+            null_keys_and_versions_are_refused,
+            pruning_refuses_keys_in_untouched_partitions,
+            merge_failure_keeps_previous_contents,
+            $($extra),*
+        );
+    };
+}
+
 // Every merge scenario again on DuckDB without its taps: the plan the
 // other transactional engines run, on the engine whose default plans fold
 // the checks into their statements.
-scenarios_on!(duckdb_without_taps, fixpoint_scenarios::DuckDbWithoutTapsUnderTest;
-    written_types_differ_from_the_source,
-    merge_backfills_batch_by_batch,
-    merge_without_tombstones_or_partition,
-    seed_feed_replays_and_out_of_order,
-    tombstones_delete_and_never_resurrect,
-    ties_error_or_deterministic,
-    null_keys_and_versions_are_refused,
-    pruning_refuses_keys_in_untouched_partitions,
-    merge_failure_keeps_previous_contents,
-    both_duckdb_plans_agree,
-);
+with_join_plan_scenarios!(scenarios_on!(duckdb_without_taps, fixpoint_scenarios::DuckDbWithoutTapsUnderTest;), both_duckdb_plans_agree);
 
 /// The two DuckDB plans (checks folded into the statements; checks as
 /// joins of their own) give the same reports — counts, input and output
@@ -557,17 +566,7 @@ fn both_duckdb_plans_agree(_: &dyn EngineUnderTest) {
 
 // Every merge scenario again on PostgreSQL with the one-statement merge
 // off: the portable plan runs where it would.
-postgres_portable_scenarios!(
-    written_types_differ_from_the_source,
-    merge_backfills_batch_by_batch,
-    merge_without_tombstones_or_partition,
-    seed_feed_replays_and_out_of_order,
-    tombstones_delete_and_never_resurrect,
-    ties_error_or_deterministic,
-    null_keys_and_versions_are_refused,
-    pruning_refuses_keys_in_untouched_partitions,
-    merge_failure_keeps_previous_contents,
-);
+with_join_plan_scenarios!(postgres_portable_scenarios!());
 
 // The scenarios whose jobs can take the one-statement plan, again on
 // DuckDB with that plan off: the two-statement plan runs them.
