@@ -2,6 +2,7 @@
 //! prove it.
 
 mod demo;
+mod lineage;
 mod output;
 
 use std::path::PathBuf;
@@ -46,6 +47,61 @@ struct DbArgs {
     /// Seconds to wait while another process holds the database.
     #[arg(long, default_value_t = 60)]
     wait: u64,
+}
+
+/// OpenLineage events of `run` and `backfill` (docs/lineage.md).
+#[derive(Args, Clone)]
+struct LineageArgs {
+    /// Append an OpenLineage event per line to this file: START, then
+    /// COMPLETE or FAIL, for every run (also sent to $OPENLINEAGE_URL when set).
+    #[arg(long, value_name = "PATH")]
+    lineage_file: Option<PathBuf>,
+    /// The scheduler's try number (1 for the first try): the same attempt
+    /// of a run always has the same lineage run id, a retry another.
+    #[arg(long, env = "FIXPOINT_ATTEMPT", default_value_t = 1)]
+    attempt: u32,
+}
+
+impl LineageArgs {
+    /// The lineage of this process, when asked for ($OPENLINEAGE_URL or
+    /// --lineage-file); its queue is flushed when the guard is dropped.
+    fn start(&self, db_url: &str) -> Result<LineageGuard, Error> {
+        match lineage::Config::from_env(self.lineage_file.clone(), self.attempt, db_url)? {
+            None => Ok(LineageGuard(None)),
+            Some(config) => Ok(LineageGuard(Some(lineage::Lineage::start(config)?))),
+        }
+    }
+}
+
+/// Flushes the lineage events (bounded by their timeout) when dropped.
+struct LineageGuard(Option<std::sync::Arc<lineage::Lineage>>);
+
+impl LineageGuard {
+    /// The observer to put in the run's options.
+    fn observer(&self) -> Option<fixpoint_core::Observer> {
+        self.0.as_ref().map(|l| fixpoint_core::Observer(l.clone() as std::sync::Arc<dyn fixpoint_core::RunObserver>))
+    }
+
+    /// A run of `job` for each of `dates` that failed before it started
+    /// (the database could not be opened, the lint gate refused it): a
+    /// START and a FAIL event each.
+    fn failed_before(&self, job: &Job, dates: &[RunDate], e: &Error) {
+        use fixpoint_core::RunObserver;
+        if let Some(l) = &self.0 {
+            for &d in dates {
+                l.started(job, d);
+                l.finished(job, d, Err(e), None);
+            }
+        }
+    }
+}
+
+impl Drop for LineageGuard {
+    fn drop(&mut self) {
+        if let Some(l) = &self.0 {
+            l.close();
+        }
+    }
 }
 
 /// The database when neither --db nor FIXPOINT_DB names one.
@@ -114,6 +170,8 @@ enum Command {
         #[arg(long)]
         no_wait: bool,
         #[command(flatten)]
+        lineage: LineageArgs,
+        #[command(flatten)]
         common: Common,
     },
     /// Run a job for every date of a range (inclusive), skipping dates already done.
@@ -152,6 +210,8 @@ enum Command {
         /// When another run of the job holds its lock (PostgreSQL), exit 5 at once instead of waiting.
         #[arg(long)]
         no_wait: bool,
+        #[command(flatten)]
+        lineage: LineageArgs,
         #[command(flatten)]
         db: DbArgs,
         #[command(flatten)]
@@ -631,7 +691,7 @@ fn lint_gate(job: &Job, db_url: &str, engine: &mut dyn Engine, allow: bool) -> R
 /// (on stdout), `Err` with an error not yet reported.
 fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
     match command {
-        Command::Run { job, date, db, force, allow_nondeterministic, no_wait, .. } => {
+        Command::Run { job, date, db, force, allow_nondeterministic, no_wait, lineage, .. } => {
             interrupt::watch(out.is_json());
             let Some(date) = date else {
                 return Err(Error::argument(
@@ -641,11 +701,16 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
             };
             let run_date = RunDate::parse(&date)?;
             let job = Job::from_file(&job)?;
-            interrupt::run(&job.name, run_date, job.lookback);
-            let mut engine = db.open()?;
-            interrupt::engine_opened(engine.leases().is_none());
-            lint_gate(&job, db.url(), engine.as_mut(), allow_nondeterministic)?;
             let (fault, fault_date) = fault_from_env()?;
+            let lineage = lineage.start(db.url())?;
+            interrupt::run(&job.name, run_date, job.lookback);
+            let opened = (|| -> Result<Box<dyn Engine>, Error> {
+                let mut engine = db.open()?;
+                interrupt::engine_opened(engine.leases().is_none());
+                lint_gate(&job, db.url(), engine.as_mut(), allow_nondeterministic)?;
+                Ok(engine)
+            })();
+            let mut engine = opened.inspect_err(|e| lineage.failed_before(&job, &[run_date], e))?;
             if job.start.is_some_and(|s| run_date < s) {
                 return Err(Error::argument(
                     format!("--date {run_date} is before the job's start {}", job.start.expect("checked")),
@@ -653,7 +718,7 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
                 ));
             }
             if job.lookback > 0 {
-                let opts = RunOptions { force, fault, no_wait };
+                let opts = RunOptions { force, fault, no_wait, observer: lineage.observer() };
                 let (report, failure) = fixpoint_core::tools::lookback::run_window(&job, run_date, engine.as_mut(), &opts, fault_date);
                 interrupt::over();
                 out.window(&report, &job, failure.as_ref());
@@ -669,7 +734,7 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
                 };
             }
             let fault = if fault_date.is_some_and(|d| d != run_date) { None } else { fault };
-            let opts = RunOptions { force, fault, no_wait };
+            let opts = RunOptions { force, fault, no_wait, observer: lineage.observer() };
             let report = job.load_with(run_date, engine.as_mut(), &opts)?;
             interrupt::over();
             out.run_report(&report, &job);
@@ -711,7 +776,7 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
             out.fingerprint(&table, &fp);
             Ok(ExitStatus::Success)
         }
-        Command::Backfill { job, from, to, parallel, force, keep_going, allow_nondeterministic, no_wait, max_dates, db, .. } => {
+        Command::Backfill { job, from, to, parallel, force, keep_going, allow_nondeterministic, no_wait, max_dates, db, lineage, .. } => {
             interrupt::watch(out.is_json());
             let (from, to) = (RunDate::parse(&from)?, RunDate::parse(&to)?);
             if from > to {
@@ -725,16 +790,21 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
             check_range(from, to, count, max_dates, "check --from and --to")?;
             let first = job.start.map_or(from, |s| s.max(from));
             let dates = if count == 0 { Vec::new() } else { RunDate::range(first, to) };
+            let lineage = lineage.start(db.url())?;
             interrupt::backfill(&job.name, &dates, false);
-            let mut engine = db.open()?;
+            let opened = (|| -> Result<Box<dyn Engine>, Error> {
+                let mut engine = db.open()?;
+                interrupt::engine_opened(engine.leases().is_none());
+                lint_gate(&job, db.url(), engine.as_mut(), allow_nondeterministic)?;
+                Ok(engine)
+            })();
+            let mut engine = opened.inspect_err(|e| lineage.failed_before(&job, &dates, e))?;
             let transactional = engine.leases().is_none();
-            interrupt::engine_opened(transactional);
-            lint_gate(&job, db.url(), engine.as_mut(), allow_nondeterministic)?;
             if parallel > 1 && engine.name() == "duckdb" {
                 eprintln!("fixpoint: duckdb allows one writer per database file; running the dates one at a time");
             }
             let (fault, fault_date) = fault_from_env()?;
-            let opts = fixpoint_core::tools::backfill::BackfillOptions { run: RunOptions { force, fault, no_wait }, keep_going, fault_date };
+            let opts = fixpoint_core::tools::backfill::BackfillOptions { run: RunOptions { force, fault, no_wait, observer: lineage.observer() }, keep_going, fault_date };
             if let Some(start) = job.start {
                 let left_out = date_count(from, to, None) - count;
                 if left_out > 0 {

@@ -90,7 +90,7 @@ pub fn exit_code(e: &Error) -> u8 {
     ExitStatus::of(e).code()
 }
 
-fn class_name(c: ErrorClass) -> &'static str {
+pub fn class_name(c: ErrorClass) -> &'static str {
     match c {
         ErrorClass::Input => "input",
         ErrorClass::Data => "data",

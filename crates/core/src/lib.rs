@@ -25,5 +25,5 @@ pub use job::date::RunDate;
 pub use job::ident::TableName;
 pub use job::spec::{Job, Strategy};
 pub use job::sql::{Sql, Value};
-pub use run::protocol::{FaultAction, RunOptions};
+pub use run::protocol::{FaultAction, Observer, RunObserver, RunOptions};
 pub use run::report::RunReport;

@@ -33,7 +33,7 @@ fn interrupted_backfill_resumes_to_the_uninterrupted_state(e: &dyn EngineUnderTe
         let mut db = e.fresh();
         exec(db.as_mut(), BRONZE);
         let failing = BackfillOptions {
-            run: RunOptions { force: false, fault: Some((point, FaultAction::Error)), no_wait: false },
+            run: RunOptions { force: false, fault: Some((point, FaultAction::Error)), no_wait: false, ..RunOptions::default() },
             keep_going: false,
             fault_date: Some(d("2026-10-20")),
         };
@@ -64,7 +64,7 @@ fn overlapping_backfill_leaves_done_days_alone(e: &dyn EngineUnderTest) {
     assert_eq!(day_fp(db, "silver.orders", "2026-10-20", &["load_id"]), yesterday.output());
     // --force rewrites every date; the fingerprints stay.
     let before = all_rows(db);
-    let forced = BackfillOptions { run: RunOptions { force: true, fault: None, no_wait: false }, ..Default::default() };
+    let forced = BackfillOptions { run: RunOptions { force: true, fault: None, no_wait: false, ..RunOptions::default() }, ..Default::default() };
     let o = backfill(&job, &range("2026-10-19", "2026-10-21"), db, &forced, |_| {});
     assert_eq!(outcomes(&o), ["committed"; 3]);
     assert_eq!(all_rows(db), before);

@@ -244,7 +244,7 @@ fn different_days_run_at_once_and_swap_one_after_the_other() {
                 let mut conn = Postgres::connect(&url).unwrap();
                 let mut last = None;
                 for _ in 0..3 {
-                    let overlap = RunOptions { force: true, fault: Some((FailPoint::AfterInsert, FaultAction::Pause(100))), no_wait: true };
+                    let overlap = RunOptions { force: true, fault: Some((FailPoint::AfterInsert, FaultAction::Pause(100))), no_wait: true, ..RunOptions::default() };
                     last = Some(job.load_with(d(day), &mut conn, &overlap).unwrap());
                 }
                 last.unwrap()
@@ -304,7 +304,7 @@ fn a_parallel_backfill_ends_as_the_sequential_one() {
     done.sort();
     assert_eq!(done, ["2026-10-18", "2026-10-19", "2026-10-21"], "the changed 20th is not done");
     let opts = BackfillOptions {
-        run: RunOptions { force: true, fault: Some((FailPoint::AfterDelete, FaultAction::Error)), no_wait: false },
+        run: RunOptions { force: true, fault: Some((FailPoint::AfterDelete, FaultAction::Error)), no_wait: false, ..RunOptions::default() },
         keep_going: false,
         fault_date: Some(d("2026-10-20")),
     };

@@ -28,7 +28,7 @@ fn double_fired_runs_serialize_and_equal_one_run() {
                 let mut conn = Postgres::connect(&url).unwrap();
                 for _ in 0..5 {
                     // Pause between the delete and the insert, so the runs overlap.
-                    let overlap = RunOptions { force: true, fault: Some((FailPoint::AfterDelete, FaultAction::Pause(50))), no_wait: false };
+                    let overlap = RunOptions { force: true, fault: Some((FailPoint::AfterDelete, FaultAction::Pause(50))), no_wait: false, ..RunOptions::default() };
                     job.load_with(d("2026-10-20"), &mut conn, &overlap).unwrap();
                 }
             })
@@ -48,13 +48,13 @@ fn no_wait_fails_at_once_while_another_run_holds_the_lock() {
     let mut holder = Postgres::connect(db.url()).unwrap();
     holder.begin().unwrap();
     assert!(holder.lock_scope("fixpoint:silver_orders:silver.orders:2026-10-20", true).unwrap());
-    let err = job.load_with(d("2026-10-20"), &mut db, &RunOptions { force: true, fault: None, no_wait: true }).unwrap_err();
+    let err = job.load_with(d("2026-10-20"), &mut db, &RunOptions { force: true, fault: None, no_wait: true, ..RunOptions::default() }).unwrap_err();
     assert!(matches!(err, Error::Busy { .. }), "{err}");
     assert_eq!(err.to_string(), "another run of job silver_orders holds the lock on silver.orders (2026-10-20); --no-wait was given");
     // Another partition is not blocked.
-    job.load_with(d("2026-10-21"), &mut db, &RunOptions { force: true, fault: None, no_wait: true }).unwrap();
+    job.load_with(d("2026-10-21"), &mut db, &RunOptions { force: true, fault: None, no_wait: true, ..RunOptions::default() }).unwrap();
     holder.rollback().unwrap();
-    job.load_with(d("2026-10-20"), &mut db, &RunOptions { force: true, fault: None, no_wait: true }).unwrap();
+    job.load_with(d("2026-10-20"), &mut db, &RunOptions { force: true, fault: None, no_wait: true, ..RunOptions::default() }).unwrap();
 }
 
 #[test]
@@ -69,7 +69,7 @@ fn a_connection_killed_mid_run_leaves_the_previous_contents() {
         std::thread::spawn(move || {
             let mut conn = Postgres::connect(&url).unwrap();
             // Stops after the insert, inside the open transaction.
-            let slow = RunOptions { force: true, fault: Some((FailPoint::AfterInsert, FaultAction::Pause(3000))), no_wait: false };
+            let slow = RunOptions { force: true, fault: Some((FailPoint::AfterInsert, FaultAction::Pause(3000))), no_wait: false, ..RunOptions::default() };
             job.load_with(d("2026-10-20"), &mut conn, &slow)
         })
     };
@@ -110,7 +110,7 @@ fn a_serialization_failure_is_retried_and_converges() {
         let (url, job) = (url.clone(), job.clone());
         std::thread::spawn(move || {
             let mut conn = Postgres::connect(&url).unwrap();
-            let slow = RunOptions { force: true, fault: Some((FailPoint::AfterGuards, FaultAction::Pause(700))), no_wait: false };
+            let slow = RunOptions { force: true, fault: Some((FailPoint::AfterGuards, FaultAction::Pause(700))), no_wait: false, ..RunOptions::default() };
             job.load_with(d("2026-10-20"), &mut conn, &slow)
         })
     };
@@ -138,7 +138,7 @@ fn a_target_locked_by_another_session_is_waited_for_at_most_the_wait() {
     for (wait, no_wait, at_most) in [(2_000, false, 15_000), (60_000, true, 15_000)] {
         let mut runner = Postgres::connect_waiting(db.url(), std::time::Duration::from_millis(wait)).unwrap();
         let started = std::time::Instant::now();
-        let err = job.load_with(d("2026-10-20"), &mut runner, &RunOptions { force: false, fault: None, no_wait }).unwrap_err();
+        let err = job.load_with(d("2026-10-20"), &mut runner, &RunOptions { force: false, fault: None, no_wait, ..RunOptions::default() }).unwrap_err();
         let took = started.elapsed().as_millis();
         assert!(matches!(err, Error::Busy { .. }), "{err}");
         assert!(took < at_most, "waited {took} ms");
@@ -167,7 +167,7 @@ fn a_source_row_committed_during_a_run_is_in_neither_its_fingerprint_nor_its_wri
         let (url, job) = (url.clone(), job.clone());
         std::thread::spawn(move || {
             let mut conn = Postgres::connect(&url).unwrap();
-            let slow = RunOptions { force: true, fault: Some((FailPoint::AfterGuards, FaultAction::Pause(1500))), no_wait: false };
+            let slow = RunOptions { force: true, fault: Some((FailPoint::AfterGuards, FaultAction::Pause(1500))), no_wait: false, ..RunOptions::default() };
             job.load_with(d("2026-10-20"), &mut conn, &slow)
         })
     };

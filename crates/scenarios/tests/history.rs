@@ -244,7 +244,7 @@ fn failure_at_any_step_changes_nothing(e: &dyn EngineUnderTest) {
             job.load(d(day), db).unwrap();
         }
         let before = (table(db), log(db));
-        let opts = RunOptions { force: false, fault: Some((point, FaultAction::Error)), no_wait: false };
+        let opts = RunOptions { force: false, fault: Some((point, FaultAction::Error)), no_wait: false, ..RunOptions::default() };
         for day in ["2026-10-22", "2026-10-23"] {
             let err = job.load_with(d(day), db, &opts).unwrap_err();
             assert!(matches!(err, Error::Injected(p) if p == point), "{point}: {err}");

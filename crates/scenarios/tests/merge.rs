@@ -315,7 +315,7 @@ fn merge_failure_keeps_previous_contents(e: &dyn EngineUnderTest) {
         let job = upsert_job();
         job.load(d("2026-10-19"), db).unwrap();
         let before = target(db);
-        let opts = RunOptions { force: false, fault: Some((point, FaultAction::Error)), no_wait: false };
+        let opts = RunOptions { force: false, fault: Some((point, FaultAction::Error)), no_wait: false, ..RunOptions::default() };
         let err = job.load_with(d("2026-10-20"), db, &opts).unwrap_err();
         assert!(matches!(err, Error::Injected(p) if p == point), "{point}: {err}");
         if before_commit_point(db, point) {
@@ -334,7 +334,7 @@ fn merge_failure_keeps_previous_contents(e: &dyn EngineUnderTest) {
         let job = job(MERGE_JOB);
         job.load(d("2026-10-19"), db).unwrap();
         let before = target(db);
-        let opts = RunOptions { force: false, fault: Some((point, FaultAction::Error)), no_wait: false };
+        let opts = RunOptions { force: false, fault: Some((point, FaultAction::Error)), no_wait: false, ..RunOptions::default() };
         let err = job.load_with(d("2026-10-21"), db, &opts).unwrap_err();
         assert!(matches!(err, Error::Injected(p) if p == point), "{point}: {err}");
         if before_commit_point(db, point) {

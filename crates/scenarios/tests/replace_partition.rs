@@ -60,7 +60,7 @@ fn failure_at_any_step_keeps_previous_contents(e: &dyn EngineUnderTest) {
         // New input for the day: one order changes, one arrives.
         change_order_3(db);
         exec(db, "INSERT INTO bronze.orders VALUES (8, 16, 1.00, 'EUR', TIMESTAMP '2026-10-20 13:00:00', DATE '2026-10-20')");
-        let opts = RunOptions { force: false, fault: Some((point, FaultAction::Error)), no_wait: false };
+        let opts = RunOptions { force: false, fault: Some((point, FaultAction::Error)), no_wait: false, ..RunOptions::default() };
         let err = job.load_with(d("2026-10-20"), db, &opts).unwrap_err();
         assert!(matches!(err, Error::Injected(p) if p == point), "{point}: {err}");
         let entries = ledger::entries(db, Some("silver_orders"), None, None).unwrap();
@@ -284,7 +284,7 @@ fn failure_at_any_step_without_run_key(e: &dyn EngineUnderTest) {
         job.load(d("2026-10-20"), db).unwrap();
         let before_rows = rows(db, "SELECT * FROM silver.orders ORDER BY order_id");
         change_order_3(db);
-        let opts = RunOptions { force: true, fault: Some((point, FaultAction::Error)), no_wait: false };
+        let opts = RunOptions { force: true, fault: Some((point, FaultAction::Error)), no_wait: false, ..RunOptions::default() };
         let err = job.load_with(d("2026-10-20"), db, &opts).unwrap_err();
         assert!(matches!(err, Error::Injected(p) if p == point), "{point}: {err}");
         if before_commit_point(db, point) {

@@ -24,6 +24,17 @@ impl Job {
 
     /// [`Job::load`] with options.
     pub fn load_with(&self, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
+        let Some(observer) = &opts.observer else {
+            return self.load_retrying(run_date, engine, opts);
+        };
+        observer.0.started(self, run_date);
+        let result = self.load_retrying(run_date, engine, opts);
+        observer.0.finished(self, run_date, result.as_ref(), Some(engine));
+        result
+    }
+
+    /// [`Job::load_with`] without the observer's calls around it.
+    fn load_retrying(&self, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
         // Before anything is read or written: a target in fixpoint's own
         // schema, a source that reads the target (also refused at load).
         self.check_target()?;

@@ -1,11 +1,14 @@
 //! The run protocol: options (fail points for tests), the fence of a run's
 //! scope, its transaction, and step timings.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::engine::{Engine, RunSteps};
 use crate::error::{Error, FailPoint, Result};
+use crate::job::date::RunDate;
 use crate::job::spec::Job;
+use crate::run::report::RunReport;
 
 /// What to do at a fail point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +31,36 @@ pub struct RunOptions {
     pub fault: Option<(FailPoint, FaultAction)>,
     /// When another run holds the job's lock, fail at once (exit 5) instead of waiting.
     pub no_wait: bool,
+    /// Told when the run starts, when its run key is known and when it
+    /// ends (lineage events). Not passed on to the runs of `prove`.
+    pub observer: Option<Observer>,
+}
+
+/// What a run tells whoever watches it (the CLI's lineage events). Each
+/// call is made on the thread running the date; a backfill with
+/// `--parallel` calls from several threads at once.
+pub trait RunObserver: Send + Sync {
+    /// The run of `job` for `run_date` begins (nothing read yet).
+    fn started(&self, job: &Job, run_date: RunDate);
+    /// The run has read its input and knows its run key; nothing of it is
+    /// committed yet. May be called again when a run rolled back by a
+    /// serialization failure is retried.
+    fn run_key_known(&self, job: &Job, run_date: RunDate, run_key: &str);
+    /// The run ended: committed or skipped (`Ok`), or failed and rolled
+    /// back (`Err`). `engine` is the run's connection, outside any
+    /// transaction, to read what the run left (the target's columns); none
+    /// when the run failed before it had one.
+    fn finished(&self, job: &Job, run_date: RunDate, result: std::result::Result<&RunReport, &Error>, engine: Option<&mut dyn Engine>);
+}
+
+/// A shared [`RunObserver`].
+#[derive(Clone)]
+pub struct Observer(pub Arc<dyn RunObserver>);
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Observer(..)")
+    }
 }
 
 /// Takes the run's lock (inside its transaction): one job, one scope at a time.
@@ -41,6 +74,13 @@ pub(crate) fn fence(engine: &mut dyn Engine, job: &Job, scope: &str, opts: &RunO
 }
 
 impl RunOptions {
+    /// Tells the observer, if any, that the run's key is known.
+    pub(crate) fn run_key_known(&self, job: &Job, run_date: RunDate, run_key: &str) {
+        if let Some(o) = &self.observer {
+            o.0.run_key_known(job, run_date, run_key);
+        }
+    }
+
     pub(crate) fn step(&self, at: FailPoint) -> Result<()> {
         match self.fault {
             Some((p, FaultAction::Error)) if p == at => Err(Error::Injected(at)),

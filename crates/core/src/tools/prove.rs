@@ -297,7 +297,7 @@ pub fn prove(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Prove
     } else {
         scope_fp(job, run_date, engine, &cols)?
     };
-    let force = RunOptions { force: true, fault: None, no_wait: false };
+    let force = RunOptions { force: true, fault: None, no_wait: false, ..RunOptions::default() };
     let mut runs = Vec::new();
     let mut failures = Vec::new();
     let mut first: Option<Fingerprint> = None;
@@ -331,7 +331,7 @@ pub fn prove(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Prove
         for point in FailPoint::ALL {
             let previous = scope_fp(job, run_date, engine, &cols)?;
             let ledger_before = ledger::entries(engine, Some(&job.name), Some(run_date), None)?.len();
-            let faulty = RunOptions { force: true, fault: Some((point, FaultAction::Error)), no_wait: false };
+            let faulty = RunOptions { force: true, fault: Some((point, FaultAction::Error)), no_wait: false, ..RunOptions::default() };
             let failed_as_injected = matches!(job.load_with(run_date, engine, &faulty), Err(Error::Injected(p)) if p == point);
             let previous_kept = failed_as_injected && scope_fp(job, run_date, engine, &cols)? == previous;
             let ledger_clean = ledger::entries(engine, Some(&job.name), Some(run_date), None)?.len() == ledger_before;

@@ -199,6 +199,7 @@ impl Run<'_> {
         self.trace.step("prepare");
         let input = self.stage(engine)?;
         let key = self.run_input.file_key(&self.job_hash, self.run_date).unwrap_or_else(|| run_key(&self.job_hash, self.run_date, &input));
+        self.opts.run_key_known(self.job, self.run_date, &key);
         let batch_rows = self.dedup(engine)?;
         if let Some(hint) = engine.dialect().plan_key_lookups() {
             engine.query(&Sql::raw(hint.to_owned()))?;

@@ -454,6 +454,7 @@ impl Cow<'_> {
         let job = self.job;
         let job_hash = job.definition_hash();
         let key = self.run_input.file_key(&job_hash, self.run_date).unwrap_or_else(|| run_key(&job_hash, self.run_date, &input));
+        self.opts.run_key_known(self.job, self.run_date, &key);
         let mut report = RunReport::new(job, self.run_date, key, "committed", &input, &output);
         report.audits = audits;
         report.input_files = self.run_input.files.clone();

@@ -198,6 +198,7 @@ fn publish(engine: &mut dyn Engine, plan: &Plan<'_>, m: Merged, trace: &mut Trac
     };
     let job_hash = job.definition_hash();
     let key = plan.run_input.file_key(&job_hash, plan.run_date).unwrap_or_else(|| run_key(&job_hash, plan.run_date, &m.input));
+    plan.opts.run_key_known(job, plan.run_date, &key);
     let mut report = RunReport::new(job, plan.run_date, key, "committed", &m.input, &m.output);
     report.audits = audits;
     report.input_files = plan.run_input.files.clone();

@@ -71,6 +71,7 @@ impl Overwrite<'_> {
         let job_hash = self.job.definition_hash();
         let key = self.run_input.file_key(&job_hash, self.run_date).unwrap_or_else(|| run_key(&job_hash, self.run_date, &input));
         self.params.run_key = key.clone();
+        self.opts.run_key_known(self.job, self.run_date, &key);
         // 2. A retry over the same input, the day still as recorded:
         //    nothing to do.
         let rows_before = match self.rows_before(engine, &shape, &key)? {

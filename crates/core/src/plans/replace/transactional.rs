@@ -122,6 +122,7 @@ impl Day<'_> {
         //    the same files, with the partition as recorded, reads no row.
         let file_key = self.run_input.file_key(&self.job_hash, self.run_date);
         if let Some(key) = &file_key {
+            self.opts.run_key_known(self.job, self.run_date, key);
             self.params.run_key = key.clone();
             if let Some(last) = &last {
                 if let Some(now) = unchanged(engine, &layout, &self.scope(), &self.shape.output, last, key)? {
@@ -139,6 +140,7 @@ impl Day<'_> {
         //    recorded output, has nothing to do.
         if let (Some(input), None) = (&guarded.input, &file_key) {
             self.params.run_key = run_key(&self.job_hash, self.run_date, input);
+            self.opts.run_key_known(self.job, self.run_date, &self.params.run_key);
             if let Some(last) = last.as_ref().filter(|l| l.fingerprint_kind == input.kind) {
                 if let Some(now) = unchanged(engine, &layout, &self.scope(), &self.shape.output, last, &self.params.run_key)? {
                     self.trace.step("target fp");
@@ -158,6 +160,7 @@ impl Day<'_> {
         // 6. The output fingerprint, checked against the input.
         let (input, output) = self.fingerprints(engine, &guarded, &written)?;
         let key = file_key.unwrap_or_else(|| run_key(&self.job_hash, self.run_date, &input));
+        self.opts.run_key_known(self.job, self.run_date, &key);
 
         // 7. Audits of the day as it will be published, 8. the ledger row.
         let audits = self.audit(engine, written.rows_deleted)?;
