@@ -176,9 +176,13 @@ impl Store {
         if let Some(rest) = url.strip_prefix("postgres://").or_else(|| url.strip_prefix("postgresql://")) {
             let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
             let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-            let (host, port) = match hostport.rsplit_once(':') {
-                Some((h, p)) if !h.ends_with(']') || hostport.starts_with('[') => (h.to_owned(), p.parse().unwrap_or(5432)),
-                _ => (hostport.to_owned(), 5432),
+            // host, host:port, [v6] or [v6]:port
+            let (host, port) = match hostport.strip_prefix('[').and_then(|h| h.split_once(']')) {
+                Some((v6, rest)) => (format!("[{v6}]"), rest.strip_prefix(':').and_then(|p| p.parse().ok()).unwrap_or(5432)),
+                None => match hostport.rsplit_once(':') {
+                    Some((h, p)) => (h.to_owned(), p.parse().unwrap_or(5432)),
+                    None => (hostport.to_owned(), 5432),
+                },
             };
             let database = path.split('?').next().unwrap_or("").to_owned();
             let user = authority.rsplit_once('@').map(|(u, _)| u.split(':').next().unwrap_or("").to_owned()).unwrap_or_default();
@@ -326,9 +330,9 @@ impl Lineage {
                         for (what, body) in rx {
                             let mut req = agent.post(&endpoint).header("Content-Type", "application/json");
                             if let Some(k) = &api_key {
-                                req = req.header("Authorization", &format!("Bearer {k}"));
+                                req = req.header("Authorization", format!("Bearer {k}"));
                             }
-                            if let Err(e) = req.send(&body) {
+                            if let Err(e) = req.send(body.as_str()) {
                                 eprintln!("fixpoint: lineage: the {what} event was not delivered to {}: {e}; the run is not affected", output::redact_url(&endpoint));
                             }
                             let (n, cv) = &*done;
@@ -645,6 +649,8 @@ mod tests {
             Store::Postgres { host: "db.example.com".into(), port: 6543, database: "warehouse".into() }
         );
         assert_eq!(Store::of_url("postgres://root@127.0.0.1/test"), Store::Postgres { host: "127.0.0.1".into(), port: 5432, database: "test".into() });
+        assert_eq!(Store::of_url("postgres://u:p@[::1]:6000/db"), Store::Postgres { host: "[::1]".into(), port: 6000, database: "db".into() });
+        assert_eq!(Store::of_url("postgres://u@[::1]/db"), Store::Postgres { host: "[::1]".into(), port: 5432, database: "db".into() });
         let pg = Store::of_url("postgres://root@127.0.0.1:5432/test");
         assert_eq!(pg.table(&["silver".into(), "orders".into()]), ("postgres://127.0.0.1:5432".into(), "test.silver.orders".into()));
         assert_eq!(pg.table(&["orders".into()]).1, "test.public.orders");

@@ -1217,3 +1217,63 @@ fn a_history_job_reports_and_refuses_like_the_others() {
     assert!(tie.stderr.contains("at the same version (v) in the batch") && tie.stderr.contains("on_tie = \"deterministic\""), "{}", tie.stderr);
     assert_eq!(rows(dir), want, "nothing changed");
 }
+
+fn fixpoint_env(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Out {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_fixpoint"));
+    c.args(args).current_dir(dir).env_remove("FIXPOINT_DB").env_remove("FIXPOINT_FAIL_AT").env_remove("FIXPOINT_TEST_MODE");
+    for k in ["OPENLINEAGE_URL", "OPENLINEAGE_PARENT_ID", "OPENLINEAGE_ROOT_PARENT_ID", "OPENLINEAGE_NAMESPACE", "FIXPOINT_ATTEMPT"] {
+        c.env_remove(k);
+    }
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let o = c.output().expect("runs");
+    Out { code: o.status.code().unwrap_or(-1), stdout: String::from_utf8_lossy(&o.stdout).into_owned(), stderr: String::from_utf8_lossy(&o.stderr).into_owned() }
+}
+
+#[test]
+fn lineage_events_name_each_run_and_a_dead_endpoint_never_fails_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    setup(tmp.path());
+    let run = |extra: &[&str], env: &[(&str, &str)]| {
+        let mut args = vec!["run", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--output", "json", "--lineage-file", "events.jsonl"];
+        args.extend_from_slice(extra);
+        let out = fixpoint_env(tmp.path(), &args, env);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        serde_json::from_str::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let first = run(&[], &[]);
+    let again = run(&[], &[]);
+    let retry = run(&["--attempt", "2"], &[]);
+    // An endpoint nothing listens on: the run succeeds, stderr says what was lost.
+    let dead = fixpoint_env(
+        tmp.path(),
+        &["run", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--force"],
+        &[("OPENLINEAGE_URL", "http://127.0.0.1:9"), ("FIXPOINT_LINEAGE_TIMEOUT_MS", "2000")],
+    );
+    assert_eq!(dead.code, 0, "{}", dead.stderr);
+    assert!(dead.stderr.contains("lineage") && dead.stderr.contains("not delivered"), "{}", dead.stderr);
+    let events: Vec<serde_json::Value> =
+        std::fs::read_to_string(tmp.path().join("events.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e["eventType"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["START", "COMPLETE", "START", "COMPLETE", "START", "COMPLETE"]);
+    let ids: Vec<&str> = events.iter().map(|e| e["run"]["runId"].as_str().unwrap()).collect();
+    assert!(ids[0] == ids[1] && ids[1] == ids[2] && ids[2] == ids[3], "one attempt, one id: {ids:?}");
+    assert!(ids[4] == ids[5] && ids[4] != ids[0], "the next attempt, another id: {ids:?}");
+    let fx = &events[1]["run"]["facets"]["fixpoint"];
+    assert_eq!(fx["runKey"], first["run_key"]);
+    assert_eq!(fx["output"]["checksum"], first["output"]["checksum"]);
+    assert_eq!(events[3]["run"]["facets"]["fixpoint"]["skipped"], true);
+    assert_eq!(again["outcome"], "skipped");
+    assert_eq!(retry["outcome"], "skipped");
+    assert_eq!(events[0]["job"]["name"], "silver_orders");
+    assert_eq!(events[0]["job"]["namespace"], "fixpoint");
+    let out = &events[1]["outputs"][0];
+    assert!(out["namespace"].as_str().unwrap().starts_with("duckdb:///"), "{out}");
+    assert_eq!(out["name"], "w.silver.orders");
+    assert_eq!(events[0]["inputs"][0]["name"], "w.bronze.orders");
+    // A malformed setting is refused before the run.
+    let bad = fixpoint_env(tmp.path(), &["run", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--lineage-file", "missing/e.jsonl"], &[]);
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+    assert!(bad.stderr.contains("missing"), "{}", bad.stderr);
+}
