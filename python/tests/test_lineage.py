@@ -111,7 +111,7 @@ def test_committed_skipped_refused_failed(duck: Duck, receiver: Receiver) -> Non
     with pytest.raises(fixpoint.Refused):
         fixpoint.run(wide, D20, db=duck.url)
     with pytest.raises(fixpoint.EngineError):
-        fixpoint.run(job, D20, db=duck.url, force=True, env={"FIXPOINT_TEST_MODE": "1", "FIXPOINT_FAIL_AT": "after_insert"})
+        fixpoint.run(job, D20, db=duck.url, force=True, env={"FIXPOINT_TEST_MODE": "1", "FIXPOINT_FAIL_AT": "before_commit"})
 
     ev = receiver.events
     for e in ev:
