@@ -100,7 +100,7 @@ def _env(db: Optional[str], attempt: Optional[int], extra: Optional[Mapping[str,
     return env
 
 
-def _lineage(args: List[str], lineage_file: Optional[PathLike]) -> None:
+def _lineage_args(args: List[str], lineage_file: Optional[PathLike]) -> None:
     if lineage_file is not None:
         args += ["--lineage-file", path_arg(lineage_file, "lineage_file")]
 
@@ -133,7 +133,7 @@ def run(
         args.append("--allow-nondeterministic")
     if no_wait:
         args.append("--no-wait")
-    _lineage(args, lineage_file)
+    _lineage_args(args, lineage_file)
     r = invoke(args, env=_env(db, attempt, env), cwd=cwd, timeout=timeout, on_start=on_start)
     return _report_or_raise(r, RunReport.from_json)
 
@@ -172,7 +172,7 @@ def backfill(
         args.append("--allow-nondeterministic")
     if no_wait:
         args.append("--no-wait")
-    _lineage(args, lineage_file)
+    _lineage_args(args, lineage_file)
     r = invoke(args, env=_env(db, attempt, env), cwd=cwd, timeout=timeout, on_start=on_start)
     return _report_or_raise(r, BackfillReport.from_json)
 

@@ -16,8 +16,8 @@ output fingerprints. A partition already loaded from the same input is
 skipped by fixpoint, and its materialization says so.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: Dagster reads the asset
+# function's `context` annotation as a type.
 import glob
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
