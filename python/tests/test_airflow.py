@@ -28,7 +28,7 @@ except ImportError:
 from fixpoint.airflow import FixpointOperator
 
 with DAG("fixpoint_orders", schedule="@daily", start_date=pendulum.datetime(2026, 10, 1, tz="UTC"), catchup=False):
-    load = FixpointOperator(task_id="load", job={job!r}, db={db!r})
+    load = FixpointOperator(task_id="load", job={job!r}, db={db!r}, lineage_file={events!r})
 
     @task
     def record(ti=None):
@@ -51,7 +51,8 @@ def test_operator_three_dates_twice(duck: Duck, tmp_path: Path) -> None:
         unavailable("apache-airflow", str(e))
     job = job_file(duck.folder, "orders", REPLACE_JOB)
     out = tmp_path / "reports.jsonl"
-    Path(dags, "fixpoint_orders.py").write_text(textwrap.dedent(DAG).format(job=str(job), db=duck.url, out=str(out)))
+    events = tmp_path / "lineage.jsonl"
+    Path(dags, "fixpoint_orders.py").write_text(textwrap.dedent(DAG).format(job=str(job), db=duck.url, out=str(out), events=str(events)))
     airflow_cli = str(Path(sys.executable).parent / "airflow")
     days = ["2026-10-19", "2026-10-20", "2026-10-21"]
     for _ in range(2):
@@ -66,3 +67,11 @@ def test_operator_three_dates_twice(duck: Duck, tmp_path: Path) -> None:
     q = "SELECT order_id, CAST(order_total AS VARCHAR), note, CAST(dt AS VARCHAR) FROM {} ORDER BY order_id"
     assert duck.sql(q.format("silver.orders")) == duck.sql(q.format(f"bronze.orders WHERE dt IN ({marks})"))
     assert duck.sql("SELECT count(*) FROM fixpoint.runs") == [(3,)]
+    # The task instance is the parent of each run's lineage events.
+    lineage = [json.loads(x) for x in events.read_text().splitlines()]
+    assert [e["eventType"] for e in lineage] == ["START", "COMPLETE"] * 6
+    parents = [e["run"]["facets"]["parent"] for e in lineage]
+    assert {p["job"]["name"] for p in parents} == {"fixpoint_orders.load"}
+    assert {p["root"]["job"]["name"] for p in parents} == {"fixpoint_orders"}
+    first_pass = [p["run"]["runId"] for p in parents[:6:2]]
+    assert len(set(first_pass)) == 3, "each date's task instance is its own parent run"

@@ -4,6 +4,7 @@ rows of those dates, the metadata against the runs."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,8 @@ def test_partitions_rematerialized_and_backfilled(duck: Duck) -> None:
     from fixpoint.dagster import fixpoint_asset, fixpoint_assets
 
     job = job_file(duck.folder, "orders", REPLACE_JOB)
-    asset = fixpoint_asset(job, DailyPartitionsDefinition(start_date="2026-10-01"), db=duck.url)
+    events = duck.folder / "lineage.jsonl"
+    asset = fixpoint_asset(job, DailyPartitionsDefinition(start_date="2026-10-01"), db=duck.url, lineage_file=str(events))
     assert "replaces the run date's partition" in asset.descriptions_by_key[asset.key]
     instance = DagsterInstance.ephemeral()
 
@@ -67,6 +69,12 @@ def test_partitions_rematerialized_and_backfilled(duck: Duck) -> None:
     assert ranged["2026-10-22"]["outcome"] == "committed" and ranged["2026-10-22"]["rows_inserted"] == 0
     assert table(duck) == expected(duck, days + ["2026-10-22"])
     assert duck.sql("SELECT count(*) FROM fixpoint.runs") == [(4,)]
+
+    # Each Dagster run is the parent of its runs' lineage events.
+    lineage = [json.loads(x) for x in events.read_text().splitlines()]
+    assert len(lineage) == 2 * (3 + 3 + 3)
+    parents = {(e["run"]["facets"]["parent"]["job"]["name"], e["run"]["facets"]["parent"]["run"]["runId"]) for e in lineage}
+    assert {name for name, _ in parents} == {"silver_orders"} and len(parents) == 7, "six single runs and one ranged run"
 
     both = fixpoint_assets(Path(job).parent, DailyPartitionsDefinition(start_date="2026-10-01"), db=duck.url)
     assert [a.key.path[-1] for a in both] == ["silver_orders"]

@@ -81,6 +81,16 @@ impl RunOptions {
         }
     }
 
+    /// Tells the observer, if any, of a run that was found done without
+    /// running it (a backfill's date whose target already holds its
+    /// output): it started and ended, skipped, with `report`.
+    pub(crate) fn observe_done(&self, job: &Job, run_date: RunDate, report: &RunReport, engine: Option<&mut dyn Engine>) {
+        if let Some(o) = &self.observer {
+            o.0.started(job, run_date);
+            o.0.finished(job, run_date, Ok(report), engine);
+        }
+    }
+
     pub(crate) fn step(&self, at: FailPoint) -> Result<()> {
         match self.fault {
             Some((p, FaultAction::Error)) if p == at => Err(Error::Injected(at)),

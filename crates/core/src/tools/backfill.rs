@@ -201,6 +201,7 @@ pub fn backfill(
             continue;
         }
         if let Some(report) = done.remove(&d) {
+            opts.run.observe_done(job, d, &report, Some(&mut *engine));
             let outcome = DateOutcome::Done(report);
             progress(&outcome);
             out.push(outcome);
@@ -250,6 +251,7 @@ pub fn backfill_parallel(
     for (i, d) in dates.iter().enumerate() {
         match done.remove(d) {
             Some(report) => {
+                opts.run.observe_done(job, *d, &report, None);
                 let outcome = DateOutcome::Done(report);
                 progress(&outcome);
                 out[i] = Some(outcome);
