@@ -100,9 +100,12 @@ def _env(db: Optional[str], attempt: Optional[int], extra: Optional[Mapping[str,
     return env
 
 
-def _lineage_args(args: List[str], lineage_file: Optional[PathLike]) -> None:
+def _run_flags(force: bool, allow_nondeterministic: bool, no_wait: bool, lineage_file: Optional[PathLike]) -> List[str]:
+    """The flags `run` and `backfill` share."""
+    flags = [f for f, on in (("--force", force), ("--allow-nondeterministic", allow_nondeterministic), ("--no-wait", no_wait)) if on]
     if lineage_file is not None:
-        args += ["--lineage-file", path_arg(lineage_file, "lineage_file")]
+        flags += ["--lineage-file", path_arg(lineage_file, "lineage_file")]
+    return flags
 
 
 def run(
@@ -126,14 +129,7 @@ def run(
     Raises the exception of the exit code on failure; for a job with
     ``lookback`` whose window had a failed day, the exception's ``report``
     holds the window."""
-    args = ["run", path_arg(job), "--date", date_arg(date)]
-    if force:
-        args.append("--force")
-    if allow_nondeterministic:
-        args.append("--allow-nondeterministic")
-    if no_wait:
-        args.append("--no-wait")
-    _lineage_args(args, lineage_file)
+    args = ["run", path_arg(job), "--date", date_arg(date), *_run_flags(force, allow_nondeterministic, no_wait, lineage_file)]
     r = invoke(args, env=_env(db, attempt, env), cwd=cwd, timeout=timeout, on_start=on_start)
     return _report_or_raise(r, RunReport.from_json)
 
@@ -162,17 +158,11 @@ def backfill(
     fails, raises the exception of its exit code with the backfill's report
     as ``report`` (with ``keep_going``, after the other dates ran)."""
     args = ["backfill", path_arg(job), "--from", date_arg(start, "start"), "--to", date_arg(end, "end"), "--parallel", str(int(parallel))]
-    if force:
-        args.append("--force")
+    args += _run_flags(force, allow_nondeterministic, no_wait, lineage_file)
     if keep_going:
         args.append("--keep-going")
     if max_dates is not None:
         args += ["--max-dates", str(int(max_dates))]
-    if allow_nondeterministic:
-        args.append("--allow-nondeterministic")
-    if no_wait:
-        args.append("--no-wait")
-    _lineage_args(args, lineage_file)
     r = invoke(args, env=_env(db, attempt, env), cwd=cwd, timeout=timeout, on_start=on_start)
     return _report_or_raise(r, BackfillReport.from_json)
 

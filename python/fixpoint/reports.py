@@ -26,6 +26,27 @@ def _int(d: Dict[str, Any], k: str) -> int:
     return int(d.get(k) or 0)
 
 
+def _run_fields(d: Dict[str, Any]) -> Dict[str, Any]:
+    """The fields a run's report and its ledger entry share."""
+    return dict(
+        job=str(d.get("job", "")),
+        target=str(d.get("target", "")),
+        strategy=str(d.get("strategy", "")),
+        run_date=_dt.date.fromisoformat(d["run_date"]),
+        outcome=str(d.get("outcome", "")),
+        input=Fingerprint.from_json(d.get("input")),
+        output=Fingerprint.from_json(d.get("output")),
+        rows_deleted=_int(d, "rows_deleted"),
+        rows_inserted=_int(d, "rows_inserted"),
+        rows_updated=_int(d, "rows_updated"),
+        rows_unchanged=_int(d, "rows_unchanged"),
+        duplicates_collapsed=_int(d, "duplicates_collapsed"),
+        audits=[AuditResult.from_json(a) for a in d.get("audits") or []],
+        input_files=d.get("input_files"),
+        raw=d,
+    )
+
+
 @dataclass(frozen=True)
 class Fingerprint:
     """A row count and an order-independent checksum (``kind``: how it was made)."""
@@ -165,28 +186,14 @@ class RunReport:
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "RunReport":
         return cls(
-            job=str(d.get("job", "")),
-            target=str(d.get("target", "")),
-            strategy=str(d.get("strategy", "")),
-            run_date=_dt.date.fromisoformat(d["run_date"]),
+            **_run_fields(d),
             run_key=d.get("run_key"),
-            outcome=str(d.get("outcome", "")),
             skip_reason=d.get("skip_reason"),
-            rows_deleted=_int(d, "rows_deleted"),
-            rows_inserted=_int(d, "rows_inserted"),
-            rows_updated=_int(d, "rows_updated"),
-            rows_unchanged=_int(d, "rows_unchanged"),
-            duplicates_collapsed=_int(d, "duplicates_collapsed"),
-            input=Fingerprint.from_json(d.get("input")),
-            output=Fingerprint.from_json(d.get("output")),
             created_target=bool(d.get("created_target")),
             method=str(d.get("method", "")),
             method_note=d.get("method_note"),
-            audits=[AuditResult.from_json(a) for a in d.get("audits") or []],
-            input_files=d.get("input_files"),
             elapsed_ms=_int(d, "elapsed_ms"),
             window=Window.from_json(d.get("window")),
-            raw=d,
         )
 
 
@@ -266,26 +273,12 @@ class LedgerEntry:
     @classmethod
     def from_json(cls, d: Dict[str, Any]) -> "LedgerEntry":
         return cls(
+            **_run_fields(d),
             run_key=str(d.get("run_key", "")),
-            job=str(d.get("job", "")),
             job_hash=str(d.get("job_hash", "")),
-            strategy=str(d.get("strategy", "")),
-            target=str(d.get("target", "")),
-            run_date=_dt.date.fromisoformat(d["run_date"]),
-            outcome=str(d.get("outcome", "")),
-            input=Fingerprint.from_json(d.get("input")),
-            output=Fingerprint.from_json(d.get("output")),
-            rows_deleted=_int(d, "rows_deleted"),
-            rows_inserted=_int(d, "rows_inserted"),
-            rows_updated=_int(d, "rows_updated"),
-            rows_unchanged=_int(d, "rows_unchanged"),
-            duplicates_collapsed=_int(d, "duplicates_collapsed"),
             started_at=_datetime(d.get("started_at")),
             finished_at=_datetime(d.get("finished_at")),
             fixpoint_version=str(d.get("fixpoint_version", "")),
-            audits=[AuditResult.from_json(a) for a in d.get("audits") or []],
-            input_files=d.get("input_files"),
-            raw=d,
         )
 
 
