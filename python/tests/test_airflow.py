@@ -75,3 +75,47 @@ def test_operator_three_dates_twice(duck: Duck, tmp_path: Path) -> None:
     assert {p["root"]["job"]["name"] for p in parents} == {"fixpoint_orders"}
     first_pass = [p["run"]["runId"] for p in parents[:6:2]]
     assert len(set(first_pass)) == 3, "each date's task instance is its own parent run"
+
+
+def test_skip_when_done_and_on_kill(duck: Duck) -> None:
+    try:
+        from fixpoint.airflow import AirflowSkipException, FixpointOperator
+    except ImportError as e:
+        unavailable("apache-airflow", str(e))
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    import fixpoint
+
+    job = job_file(duck.folder, "orders", REPLACE_JOB)
+    ti = SimpleNamespace(dag_id="d", task_id="t", run_id="manual__1", try_number=1, map_index=-1)
+    done = FixpointOperator(task_id="t", job=str(job), db=duck.url, date="2026-10-20")
+    assert done.execute({"ti": ti})["outcome"] == "committed"
+    assert done.execute({"ti": ti})["outcome"] == "skipped", "a skipped run succeeds by default"
+    skipper = FixpointOperator(task_id="t2", job=str(job), db=duck.url, date="2026-10-20", skip_when_done=True)
+    with pytest.raises(AirflowSkipException):
+        skipper.execute({"ti": ti})
+
+    # on_kill interrupts the run, which rolls back: the day stays as it was.
+    before = duck.sql("SELECT count(*), sum(order_id) FROM silver.orders")
+    slow = FixpointOperator(
+        task_id="t3",
+        job=str(job),
+        db=duck.url,
+        date="2026-10-20",
+        force=True,
+        env={"FIXPOINT_TEST_MODE": "1", "FIXPOINT_FAIL_AT": "after_delete", "FIXPOINT_FAIL_MODE": "pause:20000"},
+    )
+    failure: list = []
+    t = threading.Thread(target=lambda: failure.append(pytest.raises(fixpoint.Interrupted, slow.execute, {"ti": ti})))
+    started = time.monotonic()
+    t.start()
+    while slow._proc is None and time.monotonic() - started < 30:
+        time.sleep(0.05)
+    time.sleep(1.0)
+    slow.on_kill()
+    t.join(timeout=60)
+    assert failure and time.monotonic() - started < 15, "on_kill ended the run well before its pause"
+    assert duck.sql("SELECT count(*), sum(order_id) FROM silver.orders") == before
+    assert duck.sql("SELECT count(*) FROM fixpoint.runs") == [(1,)]

@@ -1277,3 +1277,32 @@ fn lineage_events_name_each_run_and_a_dead_endpoint_never_fails_it() {
     assert_eq!(bad.code, 2, "{}", bad.stderr);
     assert!(bad.stderr.contains("missing"), "{}", bad.stderr);
 }
+
+#[test]
+fn lineage_names_a_file_sources_files_as_its_inputs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::create_dir_all(dir.join("bronze/dt=2026-10-20")).unwrap();
+    std::fs::write(dir.join("bronze/dt=2026-10-20/a.csv"), "order_id,order_total\n1,1.50\n").unwrap();
+    std::fs::write(dir.join("bronze/dt=2026-10-20/b.csv"), "order_id,order_total\n2,2.50\n").unwrap();
+    std::fs::write(
+        dir.join("job.toml"),
+        "name = \"csv_orders\"\ntarget = \"silver.orders\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n\n[source]\nfiles = \"bronze/dt={run_date}/*.csv\"\n",
+    )
+    .unwrap();
+    let out = fixpoint_env(dir, &["run", "job.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--lineage-file", "events.jsonl"], &[]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let events: Vec<serde_json::Value> =
+        std::fs::read_to_string(dir.join("events.jsonl")).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let complete = events.iter().find(|e| e["eventType"] == "COMPLETE").expect("a COMPLETE event");
+    let real = dir.canonicalize().unwrap();
+    let names: Vec<(String, String)> = complete["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| (i["namespace"].as_str().unwrap().to_owned(), std::fs::canonicalize(i["name"].as_str().unwrap()).unwrap().display().to_string()))
+        .collect();
+    let file = |f: &str| ("file".to_owned(), real.join("bronze/dt=2026-10-20").join(f).display().to_string());
+    assert_eq!(names, [file("a.csv"), file("b.csv")], "the day's files, not the `input` relation: {complete}");
+    assert_eq!(complete["outputs"][0]["outputFacets"]["outputStatistics"]["rowCount"], 2);
+}
