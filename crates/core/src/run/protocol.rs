@@ -8,6 +8,7 @@ use crate::engine::{Engine, RunSteps};
 use crate::error::{Error, FailPoint, Result};
 use crate::job::date::RunDate;
 use crate::job::spec::Job;
+pub(crate) use crate::run::report::elapsed_ms;
 use crate::run::report::RunReport;
 
 /// What to do at a fail point.
@@ -121,12 +122,6 @@ impl RunSteps for Steps<'_> {
     }
 }
 
-/// A run's wall time in whole milliseconds, rounded to the nearest (not
-/// truncated: the benchmarks compare it with times measured in fractions of
-/// a millisecond, and truncating would shave ~0.5 ms off every run).
-pub(crate) fn elapsed_ms(started: Instant) -> u64 {
-    (started.elapsed().as_secs_f64() * 1000.0).round() as u64
-}
 
 /// Step timings on stderr when `FIXPOINT_TRACE` is set (for profiling),
 /// with the process's minor page faults (first touches of memory) of each
