@@ -174,7 +174,6 @@ fn cases() -> Vec<Case> {
     let with = |c: Case, s: Special| Case { special: s, ..c };
     let h = |from: &str, to: &str| Some(HISTORY.replace(from, to));
     let hsrc = |sql: &str| h("SELECT order_id, order_total, updated_at FROM bronze.orders WHERE dt = :run_date", sql);
-    let no_history = "spark does not support strategy = \"history\" yet";
     vec![
         // The job file.
         case("malformed TOML", r("name = \"silver_orders\"", "name = \"silver_orders"), RUN, 2, "case.toml: name: "),
@@ -280,14 +279,14 @@ fn cases() -> Vec<Case> {
         case("rows outside the partition", src("SELECT order_id, order_total, dt FROM bronze.orders WHERE dt <= :run_date"), RUN, 3, "1 source row(s) have dt other than the run date 2026-10-20; nothing was changed"),
         case("too few rows", r("partition = \"dt\"", "partition = \"dt\"\nmin_rows = 100"), RUN, 3, "100"),
         // A history (SCD type 2) job.
-        case("history: a key the source lacks", h("key = [\"order_id\"]", "key = [\"nope\"]"), RUN, 2, "the source query of job dim_orders has no column \"nope\" (the job's key)").on(Eng::Spark, no_history),
-        case("history: a version the source lacks", h("version = \"updated_at\"", "version = \"nope\""), RUN, 2, "the source query of job dim_orders has no column \"nope\" (the job's version)").on(Eng::Spark, no_history),
-        case("history: a tracked column the source lacks", h("track = [\"order_total\"]", "track = [\"nope\"]"), RUN, 2, "track: the source query has no column \"nope\" to track (it returns order_id, order_total, updated_at); nothing was changed").on(Eng::Spark, no_history),
+        case("history: a key the source lacks", h("key = [\"order_id\"]", "key = [\"nope\"]"), RUN, 2, "the source query of job dim_orders has no column \"nope\" (the job's key)"),
+        case("history: a version the source lacks", h("version = \"updated_at\"", "version = \"nope\""), RUN, 2, "the source query of job dim_orders has no column \"nope\" (the job's version)"),
+        case("history: a tracked column the source lacks", h("track = [\"order_total\"]", "track = [\"nope\"]"), RUN, 2, "track: the source query has no column \"nope\" to track (it returns order_id, order_total, updated_at); nothing was changed"),
         case("history: a NULL key", hsrc("SELECT order_id, order_total, updated_at FROM bronze.nulls WHERE kind = 'key'"), RUN, 3, "1 source row(s) have a NULL in the key (order_id); one of them: {order_id: NULL").not_on(Eng::Spark),
         case("history: a NULL version", hsrc("SELECT order_id, order_total, updated_at FROM bronze.nulls WHERE kind = 'version'"), RUN, 3, "1 source row(s) have a NULL version (updated_at); one of them: {order_id: 7").not_on(Eng::Spark),
-        case("history: a target that is not a history table", h("target = \"silver.dim_orders\"", "target = \"silver.orders_m\""), RUN, 2, "the target silver.orders_m has no column \"valid_from\", so it is not a history table").on(Eng::Spark, no_history),
-        case("history: the source returns the interval's column", hsrc("SELECT order_id, order_total, updated_at, dt AS valid_from FROM bronze.orders WHERE dt = :run_date"), RUN, 2, "valid_from: the source query returns a column \"valid_from\", which is the interval column fixpoint writes; nothing was changed").on(Eng::Spark, no_history),
-        case("history: a partition", h("track =", "partition = \"dt\"\ntrack ="), RUN, 2, "partition: does not apply to strategy = \"history\""),
+        case("history: a target that is not a history table", h("target = \"silver.dim_orders\"", "target = \"silver.orders_m\""), RUN, 2, "the target silver.orders_m has no column \"valid_from\", so it is not a history table"),
+        case("history: the source returns the interval's column", hsrc("SELECT order_id, order_total, updated_at, dt AS valid_from FROM bronze.orders WHERE dt = :run_date"), RUN, 2, "valid_from: the source query returns a column \"valid_from\", which is the interval column fixpoint writes; nothing was changed"),
+        case("history: partitioned by an interval column", h("track =", "partition = \"valid_to\"\ntrack ="), RUN, 2, "partition: \"valid_to\" is an interval column"),
         case("history: deletes = \"absent\" with a version", h("track =", "deletes = \"absent\"\ntrack ="), RUN, 2, "deletes: \"absent\" only applies to a snapshot history (one without `version`)"),
         // Dates and other arguments.
         case("no date", Some(REPLACE.into()), &["run", "case.toml", "--db", "duckdb:w.duckdb"], 2, "--date"),

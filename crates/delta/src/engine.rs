@@ -1424,6 +1424,11 @@ impl Leases for Delta {
         true
     }
 
+    /// The run's changes are committed with its ledger row (see `publish`).
+    fn publishes_with_ledger_row(&self) -> bool {
+        true
+    }
+
     fn replace_rows(&mut self, table: &TableName, columns: &[String], dropped: &Sql, select: &Sql) -> Result<()> {
         if !self.is_table(table)? {
             return Err(Error::Internal(format!("replacing rows of {table}, which is not a Delta table of the warehouse")));

@@ -117,6 +117,11 @@ impl Client {
         Ok(Client { runtime, service, session_id: uuid::Uuid::new_v4().to_string() })
     }
 
+    /// This session's id (a UUID).
+    pub fn session_id(&self) -> &str {
+        &self.session_id
+    }
+
     fn user() -> Option<pb::UserContext> {
         Some(pb::UserContext { user_id: "fixpoint".into(), user_name: "fixpoint".into(), extensions: Vec::new() })
     }

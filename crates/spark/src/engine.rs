@@ -28,6 +28,8 @@ pub struct Spark {
     wait: Duration,
     /// Renews the leases held, once the first is taken.
     renewer: Option<Renewer>,
+    /// The tables behind the relations [`Leases::stage_copy`] made: name -> table.
+    copies: std::collections::HashMap<String, TableName>,
 }
 
 /// How long a lease lasts unless its run renews it: a run that dies keeps
@@ -83,6 +85,7 @@ impl Spark {
             lease: lease_from_env()?,
             wait: Duration::from_secs(60),
             renewer: None,
+            copies: Default::default(),
         };
         set_up(&mut spark.client).map_err(err("setting up the session"))?;
         Ok(spark)
@@ -259,6 +262,10 @@ impl Engine for Spark {
 }
 
 impl Dialect for Spark {
+    fn materialized(&self) -> &'static str {
+        ""
+    }
+
     fn native_row_hash(&self, alias: &str, columns: &[Column]) -> Option<String> {
         // Spark's xxhash64 skips NULL arguments, so (NULL, 'a') would hash
         // as ('a', NULL): each value is followed by its NULL flag.
@@ -367,7 +374,100 @@ impl Leases for Spark {
     fn unstage(&mut self, name: &str) -> Result<()> {
         // Dropping a cached temporary view uncaches it.
         let stmt = format!("DROP VIEW IF EXISTS {name}");
-        self.client.execute(&stmt, &[]).map_err(err(&stmt))
+        self.client.execute(&stmt, &[]).map_err(err(&stmt))?;
+        if let Some(table) = self.copies.remove(name) {
+            let stmt = format!("DROP TABLE IF EXISTS {}", table.quoted());
+            self.client.execute(&stmt, &[]).map_err(err(&stmt))?;
+        }
+        Ok(())
+    }
+
+    /// A table of its own in the ledger's schema (named after this session,
+    /// so concurrent runs never share one), written once, behind a
+    /// temporary view `name`: a cached view would be computed again from
+    /// the new rows once a table it read is overwritten. A run killed
+    /// before it drops them leaves `fixpoint.stage__…` tables, which no run
+    /// reads again.
+    fn stage_copy(&mut self, name: &str, query: &Sql) -> Result<()> {
+        self.unstage(name)?;
+        let bare: String = name.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        let session: String = self.client.session_id().chars().filter(char::is_ascii_hexdigit).take(12).collect();
+        let table = TableName { schema: fixpoint_core::run::ledger::SCHEMA.into(), table: format!("stage__{session}__{}", bare.trim_start_matches('_')) };
+        let drop = format!("DROP TABLE IF EXISTS {}", table.quoted());
+        self.client.execute(&drop, &[]).map_err(err(&drop))?;
+        let text = format!("CREATE TABLE {} USING parquet AS {}", table.quoted(), query.text);
+        self.client.execute(&text, &query.params).map_err(err(&text))?;
+        self.copies.insert(name.to_owned(), table.clone());
+        let view = format!("CREATE TEMPORARY VIEW {name} AS SELECT * FROM {}", table.quoted());
+        self.client.execute(&view, &[]).map_err(err(&view))
+    }
+
+    /// The partitions holding a dropped row or taking a new one, written
+    /// over in one `INSERT OVERWRITE` with their rows as they will be
+    /// (copied first: the statement must not read the table it writes);
+    /// those left without rows dropped after. Only a table partitioned by
+    /// one column.
+    fn replace_rows(&mut self, table: &TableName, columns: &[String], dropped: &Sql, select: &Sql) -> Result<()> {
+        const REPLACED: &str = "\"__fixpoint_replaced\"";
+        let parts = self.described_partitions(table)?;
+        let [p] = parts.as_slice() else {
+            return Err(Error::Schema {
+                message: format!("{table} is partitioned by {} column(s): on spark rows are replaced partition by partition, in a table partitioned by one column", parts.len()),
+                hint: Some(format!("recreate {table} with PARTITIONED BY (<one column>)")),
+            });
+        };
+        let pc = quote_ident(p);
+        let cols = columns.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
+        let mut touched = Sql::new();
+        touched.push(&format!("SELECT DISTINCT t.{pc} FROM {} AS t WHERE ", table.quoted()));
+        touched.append(dropped);
+        touched.push(&format!(" UNION SELECT s.{pc} FROM ("));
+        touched.append(select);
+        touched.push(") AS s");
+        let values: Vec<Value> = self.query(&touched)?.rows.into_iter().map(|mut r| r.remove(0)).collect();
+        if values.is_empty() {
+            return Ok(());
+        }
+        let mut rows = Sql::new();
+        rows.push(&format!("SELECT {cols} FROM {} AS t WHERE (false", table.quoted()));
+        let known: Vec<&Value> = values.iter().filter(|v| !matches!(v, Value::Null)).collect();
+        if !known.is_empty() {
+            rows.push(&format!(" OR t.{pc} IN ("));
+            for (i, v) in known.iter().enumerate() {
+                if i > 0 {
+                    rows.push(", ");
+                }
+                rows.param((*v).clone());
+            }
+            rows.push(")");
+        }
+        if known.len() < values.len() {
+            rows.push(&format!(" OR t.{pc} IS NULL"));
+        }
+        rows.push(") AND NOT coalesce((");
+        rows.append(dropped);
+        rows.push(&format!("), false) UNION ALL SELECT {cols} FROM ("));
+        rows.append(select);
+        rows.push(") AS s");
+        let result = (|| {
+            self.stage_copy(REPLACED, &rows)?;
+            let left: Vec<Value> = self.query(&Sql::raw(format!("SELECT DISTINCT {pc} FROM {REPLACED}")))?.rows.into_iter().map(|mut r| r.remove(0)).collect();
+            if known.len() < values.len() && !left.contains(&Value::Null) {
+                // An overwrite leaves a partition it has no rows for alone,
+                // and the NULL partition cannot be dropped by value.
+                return Err(Error::Schema {
+                    message: format!("this run would leave {table}'s partition of NULL {p} without rows, which spark cannot drop by value; nothing was changed"),
+                    hint: Some(format!("partition {table} by a column that is never NULL, such as a column of the key")),
+                });
+            }
+            self.overwrite_partitions(table, columns, &Sql::raw(format!("SELECT {cols} FROM {REPLACED}")))?;
+            for v in known.iter().filter(|v| !left.contains(**v)) {
+                self.drop_partition_value(table, p, v, "")?;
+            }
+            Ok(())
+        })();
+        let dropped_copy = self.unstage(REPLACED);
+        result.and(dropped_copy)
     }
 
     fn create_table(&mut self, table: &TableName, columns: &[Column], partition: Option<&str>) -> Result<()> {

@@ -72,4 +72,11 @@ pub trait Dialect {
     fn plan_key_lookups(&self) -> Option<&'static str> {
         None
     }
+
+    /// The keyword that makes a common table expression be computed once
+    /// (`WITH x AS MATERIALIZED (…)`: PostgreSQL, DuckDB), or `""` where
+    /// the engine has none (Spark).
+    fn materialized(&self) -> &'static str {
+        "MATERIALIZED "
+    }
 }

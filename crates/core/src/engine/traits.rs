@@ -207,6 +207,23 @@ pub trait Leases: Engine {
         self.create_temp_table_as(name, query).map(|_| ())
     }
 
+    /// Materializes `query` once as the relation `name` (already quoted),
+    /// as its rows are now: unlike [`Leases::stage`], it keeps them when a
+    /// table it read is written later in the run (Spark recomputes a cached
+    /// view whose tables were overwritten; here a table of its own is
+    /// written). [`Leases::unstage`] drops it.
+    fn stage_copy(&mut self, name: &str, query: &Sql) -> Result<()> {
+        self.stage(name, query)
+    }
+
+    /// Whether the run's writes are published only with its ledger row, all
+    /// at once (Delta: one commit), rather than each as it is made (Spark),
+    /// so a plan that writes two tables need not order its writes for a
+    /// failure between them.
+    fn publishes_with_ledger_row(&self) -> bool {
+        false
+    }
+
     /// Drops what [`Leases::stage`] made (nothing when it is gone).
     fn unstage(&mut self, name: &str) -> Result<()> {
         self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {name}"))).map(|_| ())
@@ -254,6 +271,14 @@ pub trait Leases: Engine {
     /// holding a dropped row is rewritten (Delta: the files holding one are
     /// removed, and their other rows written again with the new rows, in
     /// one commit). A row for which `dropped` is NULL is kept.
+    ///
+    /// Where [`Leases::replaces_rows`] is false, only a table partitioned by
+    /// one column can be changed this way: the partitions holding a dropped
+    /// row or taking a new one are written over with their rows as they will
+    /// be (Spark: one `INSERT OVERWRITE`, each partition swapped in whole),
+    /// and those left without rows dropped; an unpartitioned table is
+    /// refused. `dropped` and `select` must not read relations made by
+    /// [`Leases::stage`] from `table` (use [`Leases::stage_copy`]).
     fn replace_rows(&mut self, table: &TableName, columns: &[String], dropped: &Sql, select: &Sql) -> Result<()> {
         let _ = (table, columns, dropped, select);
         Err(Error::Unsupported { engine: self.name(), capability: "replacing rows of an unpartitioned table in one atomic step".into() })

@@ -455,17 +455,17 @@ impl Job {
         let history = match strategy {
             Strategy::History => {
                 let m = merge.as_ref().expect("history has keys");
-                if partition.is_some() {
-                    return Err(spec_err(
-                        "partition",
-                        "does not apply to strategy = \"history\": a run rewrites the history rows of the keys its batch touches, wherever they are".into(),
-                        Some("remove `partition`; the run date reaches the source query as :run_date"),
-                    ));
-                }
                 let valid_from = column("valid_from", raw.valid_from.as_deref().unwrap_or("valid_from"))?;
                 let valid_to = column("valid_to", raw.valid_to.as_deref().unwrap_or("valid_to"))?;
                 if valid_from == valid_to {
                     return Err(spec_err("valid_to", format!("{valid_to:?} is also valid_from: the interval needs two columns"), None));
+                }
+                if let Some(p) = partition.as_ref().filter(|p| **p == valid_from || **p == valid_to) {
+                    return Err(spec_err(
+                        "partition",
+                        format!("{p:?} is an interval column: a history table is stored partitioned by a column of its source (on Spark), and an interval column would move rows between partitions at every change"),
+                        Some("partition by a column of the key, e.g. partition = \"customer_id\""),
+                    ));
                 }
                 let snapshot = snapshot_history;
                 let absent_deletes = match raw.deletes.as_deref() {

@@ -25,7 +25,7 @@ mod transactional;
 use std::time::Instant;
 
 use crate::engine::Engine;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::job::date::RunDate;
 use crate::job::spec::Job;
 use crate::run::protocol::RunOptions;
@@ -33,17 +33,10 @@ use crate::run::report::RunReport;
 
 /// Runs `job` for `run_date` with the plan the engine can carry: in the
 /// run's transaction, or under a lease where the engine replaces a table's
-/// rows in one atomic step at the run's end (Delta: one commit).
+/// rows in one atomic step at the run's end (Delta: one commit) or
+/// rewrites the partitions holding them (Spark).
 pub(crate) fn history(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
     let started = Instant::now();
-    if let Some(leases) = engine.leases() {
-        if !leases.replaces_rows() {
-            return Err(Error::Unsupported {
-                engine: leases.name(),
-                capability: "strategy = \"history\" yet (it runs on DuckDB, PostgreSQL and Delta: a history's rows are rewritten key by key, which this engine cannot do in one atomic step)".into(),
-            });
-        }
-    }
     let report = crate::run::input::with_input(job, run_date, engine, |engine, input| match engine.leases() {
         Some(leases) => crate::plans::lease::leased(leases, job, "all", opts, |leases| transactional::history_with(job, run_date, leases, opts, input, started)),
         None => transactional::history_with(job, run_date, engine, opts, input, started),

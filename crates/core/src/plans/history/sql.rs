@@ -33,6 +33,9 @@ pub(super) const SUMMARY: &str = "__fixpoint_summary";
 pub(super) const SUMMARY_ROWS: &str = "__fixpoint_summary_rows";
 /// In [`TAIL`]'s summary row: the sum of their row hashes.
 pub(super) const SUMMARY_SUM: &str = "__fixpoint_summary_sum";
+/// Under a lease: [`TAIL`] with its [`SUMMARY`] row, which [`TAIL`] then
+/// leaves out (a staged relation has no rows to delete).
+pub(super) const TAIL_ALL: &str = "\"__fixpoint_htailall\"";
 /// The rows of [`TAIL`] from where the run recomputes (the window).
 pub(super) const WIN: &str = "\"__fixpoint_hwin\"";
 /// The table's rows the run removes (key and valid_from).
@@ -81,6 +84,8 @@ pub(super) struct Cols<'a> {
     /// An entry's columns with their types (the source's, and in a
     /// snapshot history its version, `valid_from`).
     pub types: Vec<Column>,
+    /// The engine's keyword for a CTE computed once ([`crate::engine::Dialect::materialized`]).
+    pub materialized: &'static str,
 }
 
 impl Cols<'_> {
@@ -174,7 +179,7 @@ impl Cols<'_> {
             self.key_list(None),
             keys_match("t", "c", &self.spec.key)
         );
-        let (head, tail) = with_summary(&touched, columns, fp);
+        let (head, tail) = with_summary(&touched, columns, fp, self.materialized);
         let mut sql = Sql::new();
         sql.push(&head).push(&format!("t.{vt} IS NULL OR t.{vt} >= t.\"{CUT_AT}\" OR t.{vf} >= t.\"{CUT_AT}\"")).push(&tail);
         sql
@@ -184,7 +189,7 @@ impl Cols<'_> {
     /// ending at the run's version `day` or after it, and the [`SUMMARY`].
     pub fn snapshot_tail(&self, target: &str, day: &Value, columns: &[String], fp: &str) -> Sql {
         let (vf, vt) = (quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to));
-        let (head, tail) = with_summary(&format!("SELECT t.* FROM {}", self.touched_from(target)), columns, fp);
+        let (head, tail) = with_summary(&format!("SELECT t.* FROM {}", self.touched_from(target)), columns, fp, self.materialized);
         let mut sql = Sql::new();
         sql.push(&head).push(&format!("t.{vt} IS NULL OR t.{vt} >= "));
         sql.typed_param(day.clone(), "TIMESTAMP");
@@ -231,10 +236,11 @@ impl Cols<'_> {
         };
         let names = self.names_list();
         format!(
-            "WITH f AS MATERIALIZED (SELECT {names}, {del}, CASE WHEN {del} THEN false WHEN row_number() {w} = 1 THEN true WHEN lag({del}) {w} THEN true WHEN {changed} THEN true ELSE false END AS \"{START}\" FROM {resolved}), \
+            "WITH f AS {m}(SELECT {names}, {del}, CASE WHEN {del} THEN false WHEN row_number() {w} = 1 THEN true WHEN lag({del}) {w} THEN true WHEN {changed} THEN true ELSE false END AS \"{START}\" FROM {resolved}), \
              g AS (SELECT {names}, {del}, \"{START}\", CASE WHEN \"{START}\" THEN lead({v}) {w} END AS \"{TO}\" FROM f WHERE {del} OR \"{START}\") \
              SELECT {names}, {del}, \"{START}\", \"{TO}\" FROM g \
-             UNION ALL SELECT {names}, {del}, \"{START}\", CAST(NULL AS {version_type}) AS \"{TO}\" FROM f WHERE NOT {del} AND NOT \"{START}\""
+             UNION ALL SELECT {names}, {del}, \"{START}\", CAST(NULL AS {version_type}) AS \"{TO}\" FROM f WHERE NOT {del} AND NOT \"{START}\"",
+            m = self.materialized
         )
     }
 
@@ -372,11 +378,11 @@ impl Cols<'_> {
 /// `columns`, and one summary row of all of them by the fingerprint's
 /// select list `fp`: one read of the touched rows (a materialized CTE).
 /// Returns the SQL before the filter and after it.
-fn with_summary(touched: &str, columns: &[String], fp: &str) -> (String, String) {
+fn with_summary(touched: &str, columns: &[String], fp: &str, materialized: &str) -> (String, String) {
     let cols = columns.iter().map(|c| q("t", c)).collect::<Vec<_>>().join(", ");
     let nulls = columns.iter().map(|c| format!("NULL AS {}", quote_ident(c))).collect::<Vec<_>>().join(", ");
     (
-        format!("WITH t AS MATERIALIZED ({touched}) SELECT {cols}, false AS \"{SUMMARY}\", NULL AS \"{SUMMARY_ROWS}\", NULL AS \"{SUMMARY_SUM}\" FROM t WHERE ("),
+        format!("WITH t AS {materialized}({touched}) SELECT {cols}, false AS \"{SUMMARY}\", NULL AS \"{SUMMARY_ROWS}\", NULL AS \"{SUMMARY_SUM}\" FROM t WHERE ("),
         format!(") UNION ALL SELECT {nulls}, true, s.\"{FP_ROWS}\", s.\"{FP_SUM}\" FROM (SELECT {fp} FROM t) AS s"),
     )
 }

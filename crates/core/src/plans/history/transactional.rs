@@ -4,7 +4,12 @@
 //! one atomic step (Delta), the same steps run under the run's lease, and
 //! the table and its log are each changed by one [`Leases::replace_rows`]
 //! of the rows the run recomputes, published with the ledger row (Delta:
-//! the target's commit records the log's, see the engine).
+//! the target's commit records the log's, see the engine). On an engine
+//! whose writes land one by one (Spark: the partitions holding the rows
+//! rewritten), the log and the table are written in an order that keeps
+//! every entry of the version log stored at every point (see
+//! [`Run::write_leased`]), so a failure between two writes loses nothing
+//! and the retry converges.
 
 use std::time::Instant;
 
@@ -16,7 +21,7 @@ use crate::fingerprint::{Fingerprint, Method};
 use crate::job::ident::{quote_ident, TableName};
 use crate::job::spec::{HistorySpec, Job, MergeSpec, OnTie};
 use crate::job::sql::{RunParams, Sql, Value};
-use crate::plans::history::sql::{log_table, Cols, AFTER, ALL, BATCH, CUT, GONE, INS, KEYS, RETIMED, LOG_GONE, NEW, ORIGIN, STAGE, START, SUMMARY, SUMMARY_ROWS, SUMMARY_SUM, TAIL, TO, WIN};
+use crate::plans::history::sql::{log_table, Cols, AFTER, ALL, BATCH, CUT, FROM, GONE, INS, KEYS, RETIMED, LOG_GONE, NEW, ORIGIN, STAGE, START, SUMMARY, SUMMARY_ROWS, SUMMARY_SUM, TAIL, TAIL_ALL, TO, WIN};
 use crate::plans::merge::refusals::{check_source, deleted_error};
 use crate::plans::merge::sql::{count, keys_match, q, DELETED};
 use crate::plans::merge::steps::{flagged_source, scan_stage};
@@ -26,12 +31,6 @@ use crate::run::protocol::{elapsed_ms, fence, in_transaction, RunOptions, Trace}
 use crate::run::report::{entry, skipped, RunReport};
 use crate::run::sqlerror::first_row;
 use crate::job::date::RunDate;
-
-/// Creates the temporary table `name` from `select`; returns its rows.
-fn count_created(engine: &mut dyn Engine, name: &str, select: &str) -> Result<u64> {
-    engine.create_temp_table_as(name, &Sql::raw(select.to_owned()))?;
-    count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {name}")))
-}
 
 /// The engine's leased plans (the run is leased: they exist).
 fn leases(engine: &mut dyn Engine) -> Result<&mut dyn Leases> {
@@ -82,6 +81,9 @@ struct Run<'a> {
     trace: Trace,
     /// Under a lease ([`Leases`]), not in a transaction.
     leased: bool,
+    /// The column the table and its log are stored partitioned by, where
+    /// the engine rewrites whole partitions (Spark).
+    stored_by: Option<String>,
 }
 
 pub(super) fn history_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions, run_input: &RunInput, started: Instant) -> Result<RunReport> {
@@ -104,6 +106,10 @@ pub(super) fn history_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine
         None => None,
     };
     let added = crate::run::schema::reconcile(engine, job, &described, existing.as_deref())?;
+    let stored_by = match engine.leases() {
+        Some(leases) if !leases.replaces_rows() => Some(storage_partition(job, leases, target_cols.is_some(), &source_cols)?),
+        _ => None,
+    };
     trace.step("describe");
     let names: Vec<String> = source_cols.iter().map(|c| c.name.clone()).collect();
     let is_meta = |c: &String| job.metadata.contains(c);
@@ -114,7 +120,7 @@ pub(super) fn history_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine
         job,
         spec,
         h,
-        cols: Cols { spec, h, names, compared, tracked, meta, types: source_cols.clone() },
+        cols: Cols { spec, h, names, compared, tracked, meta, types: source_cols.clone(), materialized: engine.dialect().materialized() },
         run_date,
         opts,
         run_input,
@@ -129,10 +135,74 @@ pub(super) fn history_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine
         job_hash: job.definition_hash(),
         trace,
         leased: engine.leases().is_some(),
+        stored_by,
     };
     let report = if run.leased { run.run(engine, started_at)? } else { in_transaction(engine, |engine| run.run(engine, started_at))? };
     run.trace.step("commit");
     Ok(RunReport { elapsed_ms: elapsed_ms(started), ..report })
+}
+
+/// On an engine that rewrites whole partitions (Spark), the one column the
+/// table and its log are stored partitioned by: the existing table's, else
+/// the job's `partition` (the table is created so). A run rewrites the
+/// partitions holding the keys its batch touches, so a column of the key
+/// keeps that to the batch's keys' partitions.
+fn storage_partition(job: &Job, leases: &mut dyn Leases, exists: bool, source_cols: &[Column]) -> Result<String> {
+    let engine = leases.name();
+    let first_key = job.merge.as_ref().and_then(|m| m.key.first()).cloned().unwrap_or_default();
+    let p = if exists {
+        match leases.partition_columns(&job.target)?.as_slice() {
+            [p] => {
+                if let Some(wanted) = job.partition.as_ref().filter(|w| *w != p) {
+                    return Err(Error::Schema {
+                        message: format!("{} is stored partitioned by {p}, but the job's `partition` is {wanted}; nothing was changed", job.target),
+                        hint: Some(format!("set partition = \"{p}\" in the job, or recreate {} partitioned by {wanted}", job.target)),
+                    });
+                }
+                p.clone()
+            }
+            [] => {
+                return Err(Error::Schema {
+                    message: format!(
+                        "{} is not partitioned: on {engine} a history's rows are rewritten partition by partition, and only a partitioned table is rewritten without first deleting its files; nothing was changed",
+                        job.target
+                    ),
+                    hint: Some(format!("recreate {} with PARTITIONED BY ({first_key}) (a column of the key keeps each key's rows in one partition), or point `target` at a new table and set partition = \"{first_key}\"", job.target)),
+                })
+            }
+            many => {
+                return Err(Error::Schema {
+                    message: format!("{} is partitioned by {} columns ({}): on {engine} a history rewrites partitions of one column; nothing was changed", job.target, many.len(), many.join(", ")),
+                    hint: Some(format!("recreate {} partitioned by one column of the key, e.g. {first_key}", job.target)),
+                })
+            }
+        }
+    } else {
+        job.partition.clone().ok_or_else(|| {
+            job.spec_error(
+                "partition",
+                format!("missing: on {engine} a history table is stored partitioned by a column, and a run rewrites the partitions that hold the keys its batch touches"),
+                format!("set partition = \"{first_key}\" (a column of the key keeps each key's rows in one partition; for many keys, select a bucket such as pmod(hash({first_key}), 64) AS bucket, add it to `key` and partition by it)"),
+            )
+        })?
+    };
+    if !source_cols.iter().any(|c| c.name == p) {
+        return Err(Error::Schema {
+            message: format!("{} is partitioned by {p}, which the source query does not return; its log (the versions the table cannot show) must be partitioned by it too; nothing was changed", job.target),
+            hint: Some(format!("select {p} in the source query")),
+        });
+    }
+    let log = log_table(&job.target);
+    if leases.table_columns(&log)?.is_some() {
+        let parts = leases.partition_columns(&log)?;
+        if parts != [p.clone()] {
+            return Err(Error::Schema {
+                message: format!("the history's log {log} is partitioned by ({}), not by {p} as {} is; nothing was changed", parts.join(", "), job.target),
+                hint: Some(format!("rewrite the log partitioned by {p} (CREATE TABLE … PARTITIONED BY ({p}) AS SELECT * FROM {log}, then swap the names); it holds versions the table cannot show, so do not drop it")),
+            });
+        }
+    }
+    Ok(p)
 }
 
 /// The tracked columns are the source's; the interval's columns are not.
@@ -209,12 +279,19 @@ impl Run<'_> {
         // where each key's recomputed rows start.
         let (target, log) = (self.job.target.quoted(), self.log.quoted());
         let keys = if self.h.snapshot { self.cols.snapshot_keys(&target, &log, &self.day(), self.h.absent_deletes) } else { Sql::raw(self.cols.batch_keys()) };
-        engine.create_temp_table_as(KEYS, &keys)?;
+        self.make(engine, KEYS, &keys)?;
         let fp = self.output_select(engine)?;
         let columns: Vec<String> = self.target_cols.iter().map(|c| c.name.clone()).collect();
         let tail = if self.h.snapshot { self.cols.snapshot_tail(&target, &self.day(), &columns, &fp.select) } else { self.cols.tail(&target, &columns, &fp.select) };
-        engine.create_temp_table_as(TAIL, &tail)?;
-        let before = self.summary(engine)?;
+        let before = if self.leased {
+            self.make(engine, TAIL_ALL, &tail)?;
+            let before = self.summary(engine, TAIL_ALL)?;
+            self.make(engine, TAIL, &Sql::raw(format!("SELECT * FROM {TAIL_ALL} WHERE NOT \"{SUMMARY}\"")))?;
+            before
+        } else {
+            engine.create_temp_table_as(TAIL, &tail)?;
+            self.summary(engine, TAIL)?
+        };
         self.trace.step("tail");
         if let Some(last) = last.filter(|l| l.run_key == key && l.fingerprint_kind == input.kind) {
             let now = fp.of(before.0, before.1);
@@ -224,7 +301,7 @@ impl Run<'_> {
             }
         }
         let cut = if self.h.snapshot { self.cols.snapshot_cut(TAIL, &self.day()) } else { Sql::raw(self.cols.cut(TAIL)) };
-        engine.create_temp_table_as(CUT, &cut)?;
+        self.make(engine, CUT, &cut)?;
         self.trace.step("cut");
         self.resolve(engine)?;
         self.opts.step(FailPoint::AfterGuards)?;
@@ -290,7 +367,7 @@ impl Run<'_> {
                 [&h.valid_from, &h.valid_to].into_iter().filter(|c| !h.snapshot || *c != &h.valid_from).map(|c| Column { name: c.clone(), ty: self.version_type.clone() }).collect();
             if self.leased {
                 let columns: Vec<Column> = self.source_cols.iter().chain(&interval).cloned().collect();
-                leases(engine)?.create_table(&job.target, &columns, None)?;
+                leases(engine)?.create_table(&job.target, &columns, self.stored_by.as_deref())?;
             } else {
                 let interval: Vec<String> = interval.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
                 engine.execute(&Sql::raw(format!("CREATE TABLE {} ({}, {})", job.target.quoted(), cols.join(", "), interval.join(", "))))?;
@@ -299,7 +376,7 @@ impl Run<'_> {
         match engine.table_columns(&self.log)? {
             None if self.leased => {
                 let columns: Vec<Column> = self.source_cols.iter().cloned().chain([Column { name: DELETED.into(), ty: "BOOLEAN".into() }]).collect();
-                leases(engine)?.create_table(&self.log, &columns, None)?;
+                leases(engine)?.create_table(&self.log, &columns, self.stored_by.as_deref())?;
             }
             None => {
                 engine.execute(&Sql::raw(format!("CREATE TABLE {} ({}, {} BOOLEAN)", self.log.quoted(), cols.join(", "), quote_ident(DELETED))))?;
@@ -324,7 +401,7 @@ impl Run<'_> {
     fn stage(&mut self, engine: &mut dyn Engine) -> Result<Fingerprint> {
         self.drop_temps(engine)?;
         let sql = if self.h.snapshot { self.snapshot_source() } else { flagged_source(self.job, self.spec, &self.params) };
-        engine.create_temp_table_as(STAGE, &sql).map_err(|e| deleted_error(self.job, self.spec, &self.described, e))?;
+        self.make(engine, STAGE, &sql).map_err(|e| deleted_error(self.job, self.spec, &self.described, e))?;
         self.trace.step("stage");
         let input_cols: Vec<Column> = self.described.iter().filter(|c| !self.job.metadata.contains(&c.name)).cloned().collect();
         let input = scan_stage(engine, self.spec, STAGE, &self.cols.names_list(), &input_cols)?;
@@ -336,7 +413,7 @@ impl Run<'_> {
     ///    different upserts of a key at one version refused. Returns the
     ///    batch's entries.
     fn dedup(&mut self, engine: &mut dyn Engine) -> Result<u64> {
-        engine.create_temp_table_as(BATCH, &Sql::raw(self.cols.first_per_version(STAGE, &[])))?;
+        self.make(engine, BATCH, &Sql::raw(self.cols.first_per_version(STAGE, &[])))?;
         let rows = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {BATCH}")))?;
         if self.spec.on_tie == OnTie::Error {
             let tie = self.cols.tie("a", "b");
@@ -352,7 +429,7 @@ impl Run<'_> {
     ///    the batch's, resolved (a tie with a recorded version refused with
     ///    `on_tie = "error"`) and walked into rows and hidden entries.
     fn resolve(&mut self, engine: &mut dyn Engine) -> Result<()> {
-        engine.create_temp_table_as(WIN, &Sql::raw(self.cols.window_rows(TAIL)))?;
+        self.make(engine, WIN, &Sql::raw(self.cols.window_rows(TAIL)))?;
         self.trace.step("window");
         let all = if self.h.snapshot {
             // The next committed snapshot after this one: a key of this
@@ -365,7 +442,7 @@ impl Run<'_> {
         } else {
             Sql::raw(self.cols.all(WIN, &self.log.quoted()))
         };
-        engine.create_temp_table_as(ALL, &all)?;
+        self.make(engine, ALL, &all)?;
         self.trace.step("entries");
         // A snapshot history's run owns its version: nothing recorded there is kept to tie with.
         if self.spec.on_tie == OnTie::Error && !self.h.snapshot {
@@ -376,7 +453,7 @@ impl Run<'_> {
         }
         self.trace.step("ties");
         let resolved = format!("({}) AS r", self.cols.first_per_version(ALL, &[]));
-        engine.create_temp_table_as(NEW, &Sql::raw(self.cols.walk(&resolved, &self.version_type)))?;
+        self.make(engine, NEW, &Sql::raw(self.cols.walk(&resolved, &self.version_type)))?;
         self.trace.step("resolve");
         Ok(())
     }
@@ -409,7 +486,7 @@ impl Run<'_> {
     /// ([`LOG_GONE`]); the new rows the table does not hold yet ([`INS`]).
     fn plan_writes(&mut self, engine: &mut dyn Engine) -> Result<Planned> {
         let (vf, vt) = (&self.h.valid_from, &self.h.valid_to);
-        let retimed = count_created(
+        let retimed = self.made(
             engine,
             RETIMED,
             &format!(
@@ -420,17 +497,17 @@ impl Run<'_> {
             ),
         )?;
         let row_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE n.\"{START}\" AND {})", self.same("t", "n", true));
-        let gone = count_created(engine, GONE, &format!("SELECT {} FROM {WIN} AS t WHERE NOT {row_kept}", self.key_and("t", vf)))?;
+        let gone = self.made(engine, GONE, &format!("SELECT {} FROM {WIN} AS t WHERE NOT {row_kept}", self.key_and("t", vf)))?;
         let del = quote_ident(DELETED);
         let version = &self.spec.version;
         let entry_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE NOT n.\"{START}\" AND n.{del} = l.{del} AND {})", self.same("l", "n", false));
-        let log_gone = count_created(
+        let log_gone = self.made(
             engine,
             LOG_GONE,
             &format!("SELECT {} FROM {} AND NOT {entry_kept}", self.key_and("l", version), self.cols.window_from(&self.log.quoted(), "l", version)),
         )?;
         let in_rows = format!("EXISTS (SELECT 1 FROM {WIN} AS t WHERE {})", self.same("t", "n", true));
-        let inserts = count_created(engine, INS, &format!("SELECT n.* FROM {NEW} AS n WHERE n.\"{START}\" AND NOT {in_rows}"))?;
+        let inserts = self.made(engine, INS, &format!("SELECT n.* FROM {NEW} AS n WHERE n.\"{START}\" AND NOT {in_rows}"))?;
         self.trace.step("plan");
         Ok(Planned { retimed, gone, log_gone, inserts })
     }
@@ -502,14 +579,25 @@ impl Run<'_> {
     /// 4, under a lease. The same plan as [`Run::write`]; the table's rows
     /// the run removes or gives a new end, and the log's entries it
     /// removes, are counted in the table first (each must be one row), then
-    /// the table and the log each replace those rows with the new ones in
-    /// one step ([`Leases::replace_rows`]), published with the ledger row.
+    /// the table and the log each replace those rows with the new ones
+    /// ([`Leases::replace_rows`]).
+    ///
+    /// Where the writes are published with the ledger row (Delta), one
+    /// replacement each. Where each lands as it is made (Spark), three, so
+    /// that every entry of the version log is stored (as a row or in the
+    /// log) after each: the log first takes the new hidden entries and
+    /// loses those a new entry replaces at their version; then the table is
+    /// written; then the log loses the entries that now start rows. A
+    /// failure between them leaves entries stored twice (a row and its log
+    /// entry), which the next run of the key removes, never one lost.
     fn write_leased(&mut self, engine: &mut dyn Engine) -> Result<Written> {
-        let (target, log) = (self.job.target.quoted(), self.log.quoted());
+        if !leases(engine)?.publishes_with_ledger_row() {
+            return self.write_in_steps(engine);
+        }
+        let log = self.log.quoted();
         let (vf, vt) = (&self.h.valid_from, &self.h.valid_to);
         let p = self.plan_writes(engine)?;
-        let dropped = format!("(EXISTS (SELECT 1 FROM {GONE} AS g WHERE {}) OR EXISTS (SELECT 1 FROM {RETIMED} AS r WHERE {}))", self.on("t", "g", vf), self.on("t", "r", vf));
-        let held = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {target} AS t WHERE {dropped}")))?;
+        let (dropped, held) = self.dropped_rows(engine)?;
         if held != p.gone + p.retimed {
             return Err(self.not_one_row("removal from the table", held, p.gone + p.retimed));
         }
@@ -519,21 +607,7 @@ impl Run<'_> {
             return Err(self.not_one_row("removal from the log", log_held, p.log_gone));
         }
         if p.gone + p.retimed + p.inserts > 0 {
-            let columns: Vec<String> = self.target_cols.iter().map(|c| c.name.clone()).collect();
-            let retimed_rows = self
-                .target_cols
-                .iter()
-                .map(|c| match &c.name == vt {
-                    true => format!("CAST(r.\"{TO}\" AS {}) AS {}", c.ty, quote_ident(vt)),
-                    false => q("t", &c.name),
-                })
-                .collect::<Vec<_>>()
-                .join(", ");
-            let select = format!(
-                "SELECT {retimed_rows} FROM {WIN} AS t JOIN {RETIMED} AS r ON {} UNION ALL SELECT {} FROM {INS} AS n",
-                self.on("t", "r", vf),
-                self.inserted_columns()
-            );
+            let (columns, select) = self.written_rows(vf, vt);
             leases(engine)?.replace_rows(&self.job.target, &columns, &Sql::raw(dropped), &Sql::raw(select))?;
         }
         self.opts.step(FailPoint::AfterDelete)?;
@@ -549,6 +623,85 @@ impl Run<'_> {
         self.opts.step(FailPoint::AfterInsert)?;
         self.after(engine)?;
         Ok(Written { deleted: p.gone, updated: p.retimed, inserted: p.inserts, kept: self.kept(engine, &p)? })
+    }
+
+    /// [`Run::write_leased`] where each write lands as it is made.
+    fn write_in_steps(&mut self, engine: &mut dyn Engine) -> Result<Written> {
+        let (vf, vt) = (&self.h.valid_from, &self.h.valid_to);
+        let p = self.plan_writes(engine)?;
+        let (dropped, held) = self.dropped_rows(engine)?;
+        if held != p.gone + p.retimed {
+            return Err(self.not_one_row("removal from the table", held, p.gone + p.retimed));
+        }
+        let log = self.log.quoted();
+        let log_dropped = format!("EXISTS (SELECT 1 FROM {LOG_GONE} AS g WHERE {})", self.on("t", "g", &self.spec.version));
+        let log_held = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {log} AS t WHERE {log_dropped}")))?;
+        if log_held != p.log_gone {
+            return Err(self.not_one_row("removal from the log", log_held, p.log_gone));
+        }
+        let log_columns: Vec<String> = self.cols.names.iter().cloned().chain([DELETED.to_owned()]).collect();
+        let del = quote_ident(DELETED);
+        // A log entry (alias `t`) in the window, and one the new entries
+        // hold as they are (hidden or starting a row).
+        let in_window = format!(
+            "EXISTS (SELECT 1 FROM {CUT} AS c WHERE {} AND t.{} >= c.\"{FROM}\")",
+            keys_match("t", "c", &self.spec.key),
+            quote_ident(&self.spec.version)
+        );
+        let held_new = |start: &str| format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE {start}n.{del} = t.{del} AND {})", self.same("t", "n", false));
+        // 1. The log: the new hidden entries in, the entries a new one
+        //    replaces at their version out.
+        let entries = self.new_entries();
+        let new_entries = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM ({entries}) AS e")))?;
+        let replaced = format!("{in_window} AND NOT {}", held_new(""));
+        let now_rows = format!("{in_window} AND {}", held_new(&format!("n.\"{START}\" AND ")));
+        let replaced_n = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {log} AS t WHERE {replaced}")))?;
+        if new_entries + replaced_n > 0 {
+            leases(engine)?.replace_rows(&self.log, &log_columns, &Sql::raw(replaced), &Sql::raw(entries))?;
+        }
+        self.opts.step(FailPoint::AfterDelete)?;
+        // 2. The table.
+        if p.gone + p.retimed + p.inserts > 0 {
+            let (columns, select) = self.written_rows(vf, vt);
+            leases(engine)?.replace_rows(&self.job.target, &columns, &Sql::raw(dropped), &Sql::raw(select))?;
+        }
+        self.trace.step("table");
+        self.opts.step(FailPoint::MidInsert)?;
+        // 3. The log: the entries that now start rows out.
+        if count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {log} AS t WHERE {now_rows}")))? > 0 {
+            let none = format!("SELECT {} FROM {NEW} WHERE false", log_columns.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", "));
+            leases(engine)?.replace_rows(&self.log, &log_columns, &Sql::raw(now_rows), &Sql::raw(none))?;
+        }
+        self.trace.step("log");
+        self.opts.step(FailPoint::AfterInsert)?;
+        self.after(engine)?;
+        Ok(Written { deleted: p.gone, updated: p.retimed, inserted: p.inserts, kept: self.kept(engine, &p)? })
+    }
+
+    /// The condition (alias `t`) on the table's rows the run removes or
+    /// gives a new end, and how many the table holds.
+    fn dropped_rows(&self, engine: &mut dyn Engine) -> Result<(String, u64)> {
+        let vf = &self.h.valid_from;
+        let dropped = format!("(EXISTS (SELECT 1 FROM {GONE} AS g WHERE {}) OR EXISTS (SELECT 1 FROM {RETIMED} AS r WHERE {}))", self.on("t", "g", vf), self.on("t", "r", vf));
+        let held = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {} AS t WHERE {dropped}", self.job.target.quoted())))?;
+        Ok((dropped, held))
+    }
+
+    /// The table's columns, and the rows that replace those
+    /// [`Run::dropped_rows`] names: the rows given a new end, and the new ones.
+    fn written_rows(&self, vf: &str, vt: &str) -> (Vec<String>, String) {
+        let columns: Vec<String> = self.target_cols.iter().map(|c| c.name.clone()).collect();
+        let retimed_rows = self
+            .target_cols
+            .iter()
+            .map(|c| match c.name == vt {
+                true => format!("CAST(r.\"{TO}\" AS {}) AS {}", c.ty, quote_ident(vt)),
+                false => q("t", &c.name),
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let select = format!("SELECT {retimed_rows} FROM {WIN} AS t JOIN {RETIMED} AS r ON {} UNION ALL SELECT {} FROM {INS} AS n", self.on("t", "r", vf), self.inserted_columns());
+        (columns, select)
     }
 
     /// The select list of an inserted row (alias `n`, from [`INS`]) with
@@ -614,12 +767,15 @@ impl Run<'_> {
         fingerprint_select(engine, Method::Native, "t", &cols)
     }
 
-    /// [`TAIL`]'s summary row (the touched keys' row count and hash sum),
-    /// read and removed.
-    fn summary(&mut self, engine: &mut dyn Engine) -> Result<(u64, i128)> {
-        let rows = engine.query(&Sql::raw(format!("SELECT \"{SUMMARY_ROWS}\" AS \"n\", \"{SUMMARY_SUM}\" AS \"s\" FROM {TAIL} WHERE \"{SUMMARY}\"")))?;
+    /// The summary row of `tail` ([`TAIL`], or [`TAIL_ALL`] under a lease):
+    /// the touched keys' row count and hash sum; removed from [`TAIL`].
+    fn summary(&mut self, engine: &mut dyn Engine, tail: &str) -> Result<(u64, i128)> {
+        let rows = engine.query(&Sql::raw(format!("SELECT \"{SUMMARY_ROWS}\" AS \"n\", \"{SUMMARY_SUM}\" AS \"s\" FROM {tail} WHERE \"{SUMMARY}\"")))?;
         let row = rows.single("the touched keys' fingerprint")?;
         let parts = (row.count("n")?, engine.dialect().read_sum(row.value("s")?)?);
+        if tail != TAIL {
+            return Ok(parts);
+        }
         let removed = engine.execute(&Sql::raw(format!("DELETE FROM {TAIL} WHERE \"{SUMMARY}\"")))?;
         if removed != 1 {
             return Err(Error::Internal(format!("the touched keys' fingerprint of {} came in {removed} rows", self.job.target)));
@@ -654,7 +810,8 @@ impl Run<'_> {
             .join(", ");
         let inserted = self.inserted_columns();
         let on = |a: &str| format!("{} AND {a}.{} = t.{}", keys_match(a, "t", &self.spec.key), quote_ident(vf), quote_ident(vf));
-        engine.create_temp_table_as(
+        self.make(
+            engine,
             AFTER,
             &Sql::raw(format!(
                 "SELECT {kept} FROM {TAIL} AS t LEFT JOIN {RETIMED} AS r ON {} WHERE NOT EXISTS (SELECT 1 FROM {GONE} AS g WHERE {}) \
@@ -737,10 +894,35 @@ impl Run<'_> {
     }
 
     fn drop_temps(&mut self, engine: &mut dyn Engine) -> Result<()> {
-        for t in [AFTER, INS, LOG_GONE, GONE, RETIMED, NEW, ALL, WIN, CUT, TAIL, KEYS, BATCH, STAGE] {
-            engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {t}")))?;
+        for t in [AFTER, INS, LOG_GONE, GONE, RETIMED, NEW, ALL, WIN, CUT, TAIL, TAIL_ALL, KEYS, BATCH, STAGE] {
+            match self.leased {
+                true => leases(engine)?.unstage(t)?,
+                false => {
+                    engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {t}")))?;
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Makes the relation `name` from `sql`: a temporary table in the run's
+    /// transaction; under a lease a staged relation ([`Leases::stage`]), or
+    /// where the run reads it after its first write and it derives from the
+    /// table or its log, a copy of its rows as they are now
+    /// ([`Leases::stage_copy`]), which the run's writes do not change.
+    fn make(&self, engine: &mut dyn Engine, name: &str, sql: &Sql) -> Result<()> {
+        let read_after_writes = [TAIL, WIN, CUT, NEW, GONE, RETIMED, INS].contains(&name) || (name == KEYS && self.h.snapshot);
+        match (self.leased, read_after_writes) {
+            (true, true) => leases(engine)?.stage_copy(name, sql),
+            (true, false) => leases(engine)?.stage(name, sql),
+            (false, _) => engine.create_temp_table_as(name, sql).map(|_| ()),
+        }
+    }
+
+    /// [`Run::make`] of `select`; returns its rows.
+    fn made(&self, engine: &mut dyn Engine, name: &str, select: &str) -> Result<u64> {
+        self.make(engine, name, &Sql::raw(select.to_owned()))?;
+        count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {name}")))
     }
 
     fn cleanup(&mut self, engine: &mut dyn Engine) -> Result<()> {
