@@ -393,8 +393,6 @@ impl Leases for Spark {
         let bare: String = name.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
         let session: String = self.client.session_id().chars().filter(char::is_ascii_hexdigit).take(12).collect();
         let table = TableName { schema: fixpoint_core::run::ledger::SCHEMA.into(), table: format!("stage__{session}__{}", bare.trim_start_matches('_')) };
-        let drop = format!("DROP TABLE IF EXISTS {}", table.quoted());
-        self.client.execute(&drop, &[]).map_err(err(&drop))?;
         let text = format!("CREATE TABLE {} USING parquet AS {}", table.quoted(), query.text);
         self.client.execute(&text, &query.params).map_err(err(&text))?;
         self.copies.insert(name.to_owned(), table.clone());

@@ -137,7 +137,19 @@ pub(super) fn history_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine
         leased: engine.leases().is_some(),
         stored_by,
     };
-    let report = if run.leased { run.run(engine, started_at)? } else { in_transaction(engine, |engine| run.run(engine, started_at))? };
+    let report = if run.leased {
+        // No transaction rolls the staged relations back: dropped here
+        // whatever the outcome (Spark's copies are tables).
+        let result = run.run(engine, started_at);
+        if result.is_err() {
+            if let Err(e) = run.drop_temps(engine) {
+                eprintln!("fixpoint: {}: could not drop the run's staged relations: {e}", job.name);
+            }
+        }
+        result?
+    } else {
+        in_transaction(engine, |engine| run.run(engine, started_at))?
+    };
     run.trace.step("commit");
     Ok(RunReport { elapsed_ms: elapsed_ms(started), ..report })
 }
