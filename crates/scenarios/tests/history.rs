@@ -343,11 +343,13 @@ spark_scenarios!(
 /// re-send, which then starts a row again (its entry leaves the log); 1 in
 /// Lyon just before Tuesday's move to Lyon, which then starts no row (its
 /// row leaves the table for the log).
+#[cfg_attr(not(feature = "spark"), allow(dead_code))]
 fn add_turin(db: &mut dyn fixpoint_core::Engine) {
     add(db, "2026-10-24", &["2, 'b@x', 'Turin', 3, TIMESTAMP '2026-10-19 12:00:00', 'U'", "1, 'a@x', 'Lyon', 9, TIMESTAMP '2026-10-20 07:00:00', 'U'"]);
 }
 
 /// The table after Monday, Tuesday and the day of late versions.
+#[cfg_attr(not(feature = "spark"), allow(dead_code))]
 fn expected_with_turin() -> Vec<Vec<String>> {
     let mut e = vec![
         r(1, "a@x", "Paris", 1, "19 08", Some("20 07")),
@@ -366,6 +368,7 @@ fn expected_with_turin() -> Vec<Vec<String>> {
 /// run makes it, and no ledger row; its retry commits exactly the table the
 /// run makes, its log as it would be. (The model test on Spark fails runs
 /// at every point, each followed by its retry.)
+#[cfg_attr(not(feature = "spark"), allow(dead_code))]
 fn spark_failure_then_retry_converges(e: &dyn EngineUnderTest) {
     for point in [FailPoint::AfterDelete, FailPoint::MidInsert] {
         let mut db = e.fresh();
@@ -397,6 +400,7 @@ fn spark_failure_then_retry_converges(e: &dyn EngineUnderTest) {
 /// On Spark a history table is partitioned: a new one by the job's
 /// `partition`, which a job for a new table must name; an existing
 /// unpartitioned table is refused before anything is written.
+#[cfg_attr(not(feature = "spark"), allow(dead_code))]
 fn spark_target_must_be_partitioned(e: &dyn EngineUnderTest) {
     let mut db = e.fresh();
     let db = db.as_mut();
