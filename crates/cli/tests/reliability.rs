@@ -1331,3 +1331,281 @@ fn postgres_snapshot_history_killed_at_random_moments() {
 fn postgres_file_source_killed_at_random_moments() {
     pg_plan("files", &files_plan("postgres replace_partition, CSV files"));
 }
+
+/// kill -9 on Spark (feature `spark`): a history run, killed at random
+/// moments. Spark has no transaction around a run's three writes (the
+/// log, the table, the log again: docs/engines.md), so what is checked
+/// differs from the plans above: the twin is a DuckDB file running the same
+/// job on the same input (its after state; the two engines' rows compared
+/// as text), and after each kill — once the killed run's lease has lapsed,
+/// so that no statement of it is still running — a plain-SQL reader finds
+/// the table holding exactly the old or the new rows; every version stored
+/// before (a row's start or a log entry) still stored, and none that
+/// neither state holds; the run's ledger row only with the new table and
+/// log; and the rerun (which waits for the lease) reaching exactly the
+/// twin's table and log, with one ledger row of the run.
+///
+/// Trials: `FIXPOINT_SPARK_CRASH_TRIALS` (default 5: a Spark history run
+/// takes 10–15 s, and each trial waits out a lease).
+#[cfg(feature = "spark")]
+mod spark {
+    use super::{base_seed, duck_strings, fixpoint_command, name_hash, Rng, KILL_DAY, KILL_SPAN_PCT};
+    use fixpoint_core::{Engine, Sql};
+    use std::collections::BTreeSet;
+    use std::path::Path;
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    const JOB: &str = r#"name = "kill_history"
+target = "silver.h"
+strategy = "history"
+key = ["bucket", "id"]
+partition = "bucket"
+version = "v"
+deleted = "op = 'D'"
+track = ["amount"]
+
+[source]
+sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_date"
+"#;
+    const KEYS: i64 = 2_000;
+    const BUCKETS: i64 = 8;
+    const LEASE_SECONDS: u64 = 10;
+
+    fn trials() -> usize {
+        std::env::var("FIXPOINT_SPARK_CRASH_TRIALS").ok().and_then(|v| v.parse().ok()).unwrap_or(5)
+    }
+
+    /// The integers `from..=to` as a relation with one column `i`.
+    fn spark_series(from: i64, to: i64) -> String {
+        format!("(SELECT id AS i FROM range({from}, {})) AS r", to + 1)
+    }
+
+    fn duck_series(from: i64, to: i64) -> String {
+        format!("range({from}, {}) AS r(i)", to + 1)
+    }
+
+    /// Batch t, as `reliability.rs`'s other history batches (versions 10t + 5,
+    /// tombstones, versions that start no row, versions between the last
+    /// batch's and this one, late versions older than the last batch's, new
+    /// keys), with the bucket the table is partitioned by.
+    fn batch(series: fn(i64, i64) -> String, t: usize) -> String {
+        let keys = series(0, KEYS - 1);
+        let first_new = KEYS + 50 * t as i64;
+        let new_keys = series(first_new, first_new + 49);
+        let picked = format!("(i + {t}) % 5 <> 0");
+        let amount = format!("CAST(CASE WHEN i % 3 = 0 THEN i % 1000 ELSE i % 1000 + {t} END AS DECIMAL(18,2))");
+        let (v, between, late) = (10 * t + 5, 10 * t + 2, (10 * t).saturating_sub(7));
+        let b = format!("CAST(i % {BUCKETS} AS INT)");
+        format!(
+            "SELECT {b}, i, {amount}, 'n' || CAST(i AS STRING) || '-{t}', CAST({v} AS BIGINT), CASE WHEN (i + {t}) % 11 = 0 THEN 'D' ELSE 'U' END, DATE '{KILL_DAY}' FROM {keys} WHERE {picked}
+             UNION ALL SELECT {b}, i, CAST(-1 AS DECIMAL(18,2)), 'between', CAST({between} AS BIGINT), 'U', DATE '{KILL_DAY}' FROM {keys} WHERE {picked} AND i % 7 = 0
+             UNION ALL SELECT {b}, i, CAST(-2 AS DECIMAL(18,2)), 'late', CAST({late} AS BIGINT), 'U', DATE '{KILL_DAY}' FROM {keys} WHERE i % 13 = 0 AND {t} > 0
+             UNION ALL SELECT {b}, i, CAST(i % 1000 AS DECIMAL(18,2)), 'new ' || CAST(i AS STRING), CAST({v} AS BIGINT), 'U', DATE '{KILL_DAY}' FROM {new_keys}"
+        )
+    }
+
+    const TABLE_TEXT: &str = "SELECT CAST(bucket AS STRING) || '|' || CAST(id AS STRING) || '|' || CAST(amount AS STRING) || '|' || note || '|' || CAST(v AS STRING) || '|' || op || '|' || CAST(valid_from AS STRING) || '|' || coalesce(CAST(valid_to AS STRING), '-') FROM silver.h";
+    const LOG_TEXT: &str = "SELECT CAST(bucket AS STRING) || '|' || CAST(id AS STRING) || '|' || CAST(amount AS STRING) || '|' || note || '|' || CAST(v AS STRING) || '|' || op || '|' || CAST(__fixpoint_deleted AS STRING) FROM fixpoint.history__silver__h";
+
+    /// The table's rows and the log's entries, one text value each, sorted.
+    #[derive(Clone, PartialEq, Debug)]
+    struct State {
+        table: Vec<String>,
+        log: Vec<String>,
+    }
+
+    impl State {
+        /// Every version stored: each row's start, each log entry's
+        /// version, as `bucket|id@version`.
+        fn versions(&self) -> BTreeSet<String> {
+            let field = |r: &String, i: usize| r.split('|').nth(i).unwrap_or_else(|| panic!("{r}")).to_owned();
+            let rows = self.table.iter().map(|r| format!("{}|{}@{}", field(r, 0), field(r, 1), field(r, 6)));
+            let entries = self.log.iter().map(|r| format!("{}|{}@{}", field(r, 0), field(r, 1), field(r, 4)));
+            rows.chain(entries).collect()
+        }
+    }
+
+    fn spark_strings(db: &mut fixpoint_spark::Spark, sql: &str) -> Vec<String> {
+        let rows = db.query(&Sql::raw(sql)).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let mut out: Vec<String> = rows.rows.iter().map(|r| r[0].as_str().unwrap_or_else(|| panic!("{sql}: a NULL or non-text value {:?}", r[0])).to_owned()).collect();
+        out.sort();
+        out
+    }
+
+    /// This session lists a table's files once and keeps the list; the
+    /// runs are other sessions.
+    fn refresh(db: &mut fixpoint_spark::Spark, table: &str) {
+        let sql = format!("REFRESH TABLE {table}");
+        db.execute(&Sql::raw(sql.clone())).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    fn spark_state(db: &mut fixpoint_spark::Spark) -> State {
+        refresh(db, "silver.h");
+        refresh(db, "fixpoint.history__silver__h");
+        State { table: spark_strings(db, TABLE_TEXT), log: spark_strings(db, LOG_TEXT) }
+    }
+
+    fn duck_state(path: &Path) -> State {
+        let get = |sql: &str| {
+            let mut v = duck_strings(path, sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+            v.sort();
+            v
+        };
+        State { table: get(TABLE_TEXT), log: get(LOG_TEXT) }
+    }
+
+    fn ledger_rows(db: &mut fixpoint_spark::Spark) -> i128 {
+        refresh(db, "fixpoint.runs");
+        let sql = format!("SELECT count(*) FROM fixpoint.runs WHERE job = 'kill_history' AND run_date = DATE '{KILL_DAY}'");
+        db.query(&Sql::raw(sql.clone())).unwrap_or_else(|e| panic!("{sql}: {e}")).rows[0][0].as_i128().expect("a count")
+    }
+
+    #[derive(Default)]
+    struct Tally {
+        finished: usize,
+        old_table: usize,
+        new_table: usize,
+        log_between: usize,
+        killed_after: std::collections::BTreeMap<String, usize>,
+    }
+
+    #[test]
+    fn history_killed_at_random_moments() {
+        let url = std::env::var("FIXPOINT_TEST_SPARK").unwrap_or_else(|_| "sc://127.0.0.1:15002".into());
+        let mut db = match fixpoint_spark::Spark::connect(&url, Duration::from_secs(10)) {
+            Ok(db) => db,
+            Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("spark is unreachable under CI=true: {e}"),
+            Err(e) => {
+                eprintln!("skipped: spark is unreachable ({e})");
+                return;
+            }
+        };
+        let exec = |db: &mut fixpoint_spark::Spark, sql: &str| db.execute(&Sql::raw(sql)).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        for schema in ["bronze", "silver", "fixpoint"] {
+            exec(&mut db, &format!("DROP DATABASE IF EXISTS {schema} CASCADE"));
+        }
+        exec(&mut db, "CREATE DATABASE bronze");
+        exec(&mut db, "CREATE TABLE bronze.m (bucket INT, id BIGINT, amount DECIMAL(18,2), note STRING, v BIGINT, op STRING, batch DATE) USING parquet");
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let twin = dir.join("twin.duckdb");
+        let duck = |sql: &str| duckdb::Connection::open(&twin).and_then(|c| c.execute_batch(sql)).unwrap_or_else(|e| panic!("{e}\n{sql}"));
+        duck("CREATE SCHEMA bronze; CREATE TABLE bronze.m (bucket INT, id BIGINT, amount DECIMAL(18,2), note VARCHAR, v BIGINT, op VARCHAR, batch DATE)");
+        std::fs::write(dir.join("job.toml"), JOB).unwrap();
+        let args = |db_url: &str| -> Vec<String> {
+            ["run", "job.toml", "--date", KILL_DAY, "--db", db_url, "--output", "json"].iter().map(|s| s.to_string()).collect()
+        };
+        let twin_url = format!("duckdb:{}", twin.display());
+        let command = |db_url: &str, trace: bool| {
+            let mut c = fixpoint_command(dir, &args(db_url), trace, None);
+            c.env("FIXPOINT_SPARK_LEASE_SECONDS", LEASE_SECONDS.to_string());
+            c
+        };
+        let run = |db_url: &str| -> (serde_json::Value, Duration) {
+            let t0 = Instant::now();
+            let out = command(db_url, false).output().unwrap();
+            let took = t0.elapsed();
+            assert!(out.status.success(), "a run on {db_url} failed: {}", String::from_utf8_lossy(&out.stderr));
+            let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("the report is not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)));
+            (report, took)
+        };
+        let input = |db: &mut fixpoint_spark::Spark, t: usize| {
+            exec(db, &format!("INSERT OVERWRITE TABLE bronze.m {}", batch(spark_series, t)));
+            duck(&format!("DELETE FROM bronze.m; INSERT INTO bronze.m {}", batch(duck_series, t)));
+        };
+
+        // The first load, unkilled, on both.
+        input(&mut db, 0);
+        run(&twin_url);
+        let (_, mut span) = run(&url);
+        let mut current = spark_state(&mut db);
+        assert!(!current.table.is_empty() && !current.log.is_empty(), "the first load wrote no rows or no log entries: {current:?}");
+        assert!(current == duck_state(&twin), "Spark's first load differs from DuckDB's");
+        let mut recorded = ledger_rows(&mut db);
+        assert_eq!(recorded, 1);
+
+        let seed = base_seed();
+        let mut rng = Rng((seed ^ name_hash("spark history")) | 1);
+        let mut tally = Tally::default();
+        let n = trials();
+        for t in 1..=n {
+            input(&mut db, t);
+            let (report, _) = run(&twin_url);
+            assert_eq!(report["outcome"].as_str(), Some("committed"), "trial {t}: the twin's run: {report}");
+            let after = duck_state(&twin);
+            assert!(after != current, "trial {t}: the new input must change the table");
+
+            let delay = Duration::from_micros(rng.below(span.as_micros() as u64 * KILL_SPAN_PCT / 100));
+            let log = dir.join("killed.stderr");
+            let mut child = command(&url, true).stdout(Stdio::null()).stderr(Stdio::from(std::fs::File::create(&log).unwrap())).spawn().unwrap();
+            std::thread::sleep(delay);
+            let finished = child.try_wait().unwrap().is_some();
+            let _ = child.kill(); // SIGKILL
+            let status = child.wait().unwrap();
+            let killed_log = std::fs::read_to_string(&log).unwrap_or_default();
+            if finished {
+                assert!(status.success(), "trial {t}: the run the kill came too late for failed: {killed_log}");
+            }
+            let last_step = killed_log.lines().filter_map(|l| l.strip_prefix("fixpoint: ")).filter(|l| l.ends_with("faults")).last().map(|l| l.split(" ms ").next().unwrap_or(l).trim().to_owned());
+            let at = format!("seed {seed}, kill after {delay:?}, last step {last_step:?}");
+            // The killed run's lease lapses; a statement it had sent ends.
+            std::thread::sleep(Duration::from_secs(LEASE_SECONDS + 2));
+
+            let seen = spark_state(&mut db);
+            let new_table = if seen.table == after.table {
+                true
+            } else if seen.table == current.table {
+                false
+            } else {
+                panic!("trial {t} ({at}): the table is neither the old nor the new rows: {}", super::differ(&seen.table, &current.table, &after.table));
+            };
+            let (was, is, will) = (current.versions(), seen.versions(), after.versions());
+            let lost: Vec<&String> = was.difference(&is).take(5).collect();
+            assert!(lost.is_empty(), "trial {t} ({at}): versions stored before the run are stored nowhere now: {lost:?}");
+            let strange: Vec<&String> = is.iter().filter(|v| !was.contains(*v) && !will.contains(*v)).take(5).collect();
+            assert!(strange.is_empty(), "trial {t} ({at}): versions of neither state: {strange:?}");
+            let in_ledger = ledger_rows(&mut db);
+            assert!(in_ledger == recorded || in_ledger == recorded + 1, "trial {t} ({at}): {in_ledger} ledger rows after {recorded}");
+            if in_ledger == recorded + 1 {
+                assert!(seen == after, "trial {t} ({at}): the run's ledger row without its table and log: log {}", super::differ(&seen.log, &current.log, &after.log));
+            }
+            if finished {
+                assert_eq!(in_ledger, recorded + 1, "trial {t} ({at}): the run finished before the kill without its ledger row");
+                tally.finished += 1;
+            } else {
+                if new_table {
+                    tally.new_table += 1;
+                } else {
+                    tally.old_table += 1;
+                }
+                if seen.log != current.log && seen.log != after.log {
+                    tally.log_between += 1;
+                }
+                *tally.killed_after.entry(last_step.map_or_else(|| "before the first step".to_owned(), |s| format!("after {s}"))).or_default() += 1;
+            }
+
+            // The rerun (waiting for a lease still held) converges.
+            let (report, took) = run(&url);
+            if report["outcome"].as_str() == Some("committed") {
+                span = took;
+            }
+            let converged = spark_state(&mut db);
+            assert!(converged.table == after.table, "trial {t} ({at}): the rerun did not reach the new rows: {}", super::differ(&converged.table, &current.table, &after.table));
+            assert!(converged.log == after.log, "trial {t} ({at}): the rerun did not reach the new log: {}", super::differ(&converged.log, &current.log, &after.log));
+            recorded += 1;
+            assert_eq!(ledger_rows(&mut db), recorded, "trial {t} ({at}): one ledger row of the run after the rerun");
+            current = after;
+        }
+        eprintln!(
+            "kill -9 spark history: {n} trials: finished before the kill {}, killed with the old table {}, killed with the new table {} \
+             (the log between the two states {}); kills landed {:?}; seed {seed} (FIXPOINT_SEED); last committed run {:.0} ms",
+            tally.finished,
+            tally.old_table,
+            tally.new_table,
+            tally.log_between,
+            tally.killed_after,
+            span.as_secs_f64() * 1000.0
+        );
+    }
+}

@@ -276,9 +276,23 @@ pub fn sandbox_checks(job: &Job, run_date: RunDate, engine: &mut dyn Engine, mut
     Ok(SandboxEvidence { order, mutation })
 }
 
+/// `to` made empty with `from`'s columns, and where tables are stored
+/// partitioned by value (Spark) with its partitioning: the plans there
+/// refuse an unpartitioned target.
+fn create_empty_like(engine: &mut dyn Engine, from: &TableName, to: &TableName) -> Result<()> {
+    if let Some(leases) = engine.leases() {
+        let parts = leases.partition_columns(from)?;
+        if let [p] = parts.as_slice() {
+            let columns = leases.table_columns(from)?.ok_or_else(|| Error::Internal(format!("{from} vanished while the sandbox was made")))?;
+            return leases.create_table(to, &columns, Some(p));
+        }
+    }
+    engine.execute(&Sql::raw(format!("CREATE TABLE {} AS SELECT * FROM {} WHERE 1 = 0", to.quoted(), from.quoted()))).map(|_| ())
+}
+
 /// Drops what this check created (each step tried; the first error returned).
 fn cleanup(engine: &mut dyn Engine, sb: &Sandbox) -> Result<()> {
-    let baseline = engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {}", sb.baseline))).map(|_| ());
+    let baseline = crate::tools::drop_snapshot(engine, &sb.baseline);
     let mut tombstones = Ok(());
     for side in [&sb.tombstones, &sb.history_log] {
         let dropped = match engine.table_columns(side) {
@@ -290,7 +304,12 @@ fn cleanup(engine: &mut dyn Engine, sb: &Sandbox) -> Result<()> {
     }
     let schema = engine.execute(&Sql::raw(format!("DROP SCHEMA IF EXISTS {} CASCADE", quote_ident(&sb.schema)))).map(|_| ());
     let ledger_table = TableName { schema: ledger::SCHEMA.into(), table: ledger::TABLE.into() };
+    // Spark's ledger is a plain parquet table: removing rows would rewrite
+    // it, racing the rows concurrent runs append. The sandbox's rows stay
+    // there, under `<job>~mutation~<hex>`, a name no job can have.
+    let keeps_rows = engine.leases().is_some_and(|l| !l.replaces_rows());
     let ledger_rows = match engine.table_columns(&ledger_table) {
+        Ok(Some(_)) if keeps_rows => Ok(()),
         Ok(Some(_)) => {
             let mut sql = Sql::new();
             sql.push("DELETE FROM ").push(&ledger_table.quoted()).push(" WHERE job = ").typed_param(Value::Text(sb.job_name.clone()), "VARCHAR");
@@ -380,7 +399,7 @@ fn check(
     let target = sb.table(&job.target);
     let reset_target = !tables.contains(&job.target) && engine.table_columns(&job.target)?.is_some();
     if reset_target {
-        engine.execute(&Sql::raw(format!("CREATE TABLE {} AS SELECT * FROM {} WHERE 1 = 0", target.quoted(), job.target.quoted())))?;
+        create_empty_like(engine, &job.target, &target)?;
     }
     let mut sql = job.source.sql.clone();
     renames.sort_by_key(|r| std::cmp::Reverse(r.0));
@@ -397,18 +416,32 @@ fn check(
     sandbox.source.files = None;
     let force = RunOptions { force: true, ..Default::default() };
 
+    // Where a table cannot lose rows in place (Spark's parquet tables),
+    // the sandbox's tables are emptied by making them again.
+    let remade = engine.leases().is_some_and(|l| !l.replaces_rows());
+    let empty = |engine: &mut dyn Engine, t: &TableName, like: Option<&TableName>| -> Result<()> {
+        match (remade, like) {
+            (true, like) => {
+                engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {}", t.quoted())))?;
+                like.map_or(Ok(()), |like| create_empty_like(engine, like, t))
+            }
+            (false, _) => engine.execute(&Sql::raw(format!("DELETE FROM {}", t.quoted()))).map(|_| ()),
+        }
+    };
     let run = |engine: &mut dyn Engine| -> Result<()> {
         if reset_target && job.strategy == Strategy::Merge {
-            engine.execute(&Sql::raw(format!("DELETE FROM {}", target.quoted())))?;
+            empty(engine, &target, Some(&job.target))?;
         }
         // A history is a function of every batch it has seen: each sandbox
         // run starts from an empty table and log, so runs differ only by
-        // their input.
+        // their input. (A log dropped is made again by the run, stored as
+        // the table is.)
         if job.strategy == Strategy::History {
-            for t in [&target, &sb.history_log] {
-                if engine.table_columns(t)?.is_some() {
-                    engine.execute(&Sql::raw(format!("DELETE FROM {}", t.quoted())))?;
-                }
+            if engine.table_columns(&target)?.is_some() {
+                empty(engine, &target, Some(&job.target))?;
+            }
+            if engine.table_columns(&sb.history_log)?.is_some() {
+                empty(engine, &sb.history_log, None)?;
             }
         }
         sandbox.load_with(run_date, engine, &force).map(|_| ())
@@ -429,7 +462,7 @@ fn check(
     let mut baseline = Sql::new();
     scope_rows(&mut baseline);
     let baseline_table = sb.baseline.as_str();
-    engine.create_temp_table_as(baseline_table, &baseline)?;
+    crate::tools::snapshot(engine, baseline_table, &baseline)?;
     let diff = |removed: bool, what: &str| {
         let mut sql = Sql::new();
         sql.push(&format!("SELECT {what} FROM ("));

@@ -309,7 +309,7 @@ pub fn prove(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Prove
         match &first {
             None => {
                 let rows = scope_rows_sql(job, run_date, &cols);
-                engine.create_temp_table_as(&snapshot, &rows)?;
+                crate::tools::snapshot(engine, &snapshot, &rows)?;
                 first = Some(fp.clone());
             }
             Some(f) if *f != fp => {
@@ -352,7 +352,7 @@ pub fn prove(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Prove
             crash.push(CrashEvidence { point, previous_kept, ledger_clean, converged });
         }
     }
-    engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {snapshot}")))?;
+    crate::tools::drop_snapshot(engine, &snapshot)?;
     let (order, mutation) = if opts.mutate {
         let s = crate::tools::mutate::sandbox_checks(job, run_date, engine, &opts.mutate_key)?;
         (s.order, Some(s.mutation))
