@@ -266,6 +266,11 @@ impl Dialect for Spark {
         ""
     }
 
+    /// A parquet table's rows live in files: no row id.
+    fn row_id(&self) -> Option<(&'static str, &'static str, bool)> {
+        None
+    }
+
     fn native_row_hash(&self, alias: &str, columns: &[Column]) -> Option<String> {
         // Spark's xxhash64 skips NULL arguments, so (NULL, 'a') would hash
         // as ('a', NULL): each value is followed by its NULL flag.

@@ -276,6 +276,32 @@ pub fn sandbox_checks(job: &Job, run_date: RunDate, engine: &mut dyn Engine, mut
     Ok(SandboxEvidence { order, mutation })
 }
 
+/// `UPDATE table SET column = value WHERE cond` on a sandbox copy; where
+/// a table cannot change rows in place (Spark's parquet tables) the copy
+/// is written again with the change and swapped in (it is the sandbox's
+/// own: nothing else reads or writes it).
+fn set_where(engine: &mut dyn Engine, table: &TableName, columns: &[Column], column: &str, value: &Sql, cond: &Sql) -> Result<()> {
+    let mut sql = Sql::new();
+    if !engine.leases().is_some_and(|l| !l.replaces_rows()) {
+        sql.push(&format!("UPDATE {} SET {} = ", table.quoted(), quote_ident(column))).append(value).push(" WHERE ").append(cond);
+        return engine.execute(&sql).map(|_| ());
+    }
+    let new = TableName { schema: table.schema.clone(), table: format!("{}__mutated", table.table) };
+    sql.push(&format!("CREATE TABLE {} AS SELECT ", new.quoted()));
+    for (i, c) in columns.iter().enumerate() {
+        sql.push(if i > 0 { ", " } else { "" });
+        if c.name == column {
+            sql.push("CASE WHEN ").append(cond).push(" THEN ").append(value).push(&format!(" ELSE {0} END AS {0}", quote_ident(column)));
+        } else {
+            sql.push(&quote_ident(&c.name));
+        }
+    }
+    sql.push(&format!(" FROM {}", table.quoted()));
+    engine.execute(&sql)?;
+    engine.execute(&Sql::raw(format!("DROP TABLE {}", table.quoted())))?;
+    engine.execute(&Sql::raw(format!("ALTER TABLE {} RENAME TO {}", new.quoted(), quote_ident(&table.table)))).map(|_| ())
+}
+
 /// `to` made empty with `from`'s columns, and where tables are stored
 /// partitioned by value (Spark) with its partitioning: the plans there
 /// refuse an unpartitioned target.
@@ -646,10 +672,9 @@ fn check(
                         sql.typed_param(v.clone(), "VARCHAR");
                     }
                 };
-                let mut update = Sql::new();
-                update.push(&format!("UPDATE {table} SET {col} = {change} WHERE "));
-                matching(&mut update, &texts);
-                engine.execute(&update)?;
+                let mut cond = Sql::new();
+                matching(&mut cond, &texts);
+                set_where(engine, &main_copy, &main_cols, &column.name, &Sql::raw(change.clone()), &cond)?;
                 run(engine)?;
                 let (removed, added, sample) = compare(engine)?;
                 if removed + added == 0 {
@@ -659,10 +684,11 @@ fn check(
                     changed.push(&format!("SELECT CAST({change} AS VARCHAR) FROM (SELECT CAST(")).typed_param(texts[at].clone(), "VARCHAR").push(&format!(" AS {}) AS {col}) AS x", column.ty));
                     let mut now = texts.clone();
                     now[at] = engine.query(&changed)?.rows.into_iter().next().and_then(|r| r.into_iter().next()).unwrap_or(Value::Null);
-                    let mut revert = Sql::new();
-                    revert.push(&format!("UPDATE {table} SET {col} = CAST(")).typed_param(texts[at].clone(), "VARCHAR").push(&format!(" AS {}) WHERE ", column.ty));
-                    matching(&mut revert, &now);
-                    engine.execute(&revert)?;
+                    let mut value = Sql::new();
+                    value.push("CAST(").typed_param(texts[at].clone(), "VARCHAR").push(&format!(" AS {})", column.ty));
+                    let mut cond = Sql::new();
+                    matching(&mut cond, &now);
+                    set_where(engine, &main_copy, &main_cols, &column.name, &value, &cond)?;
                     continue;
                 }
                 (removed, added, sample)
