@@ -1547,7 +1547,7 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
             if finished {
                 assert!(status.success(), "trial {t}: the run the kill came too late for failed: {killed_log}");
             }
-            let last_step = killed_log.lines().filter_map(|l| l.strip_prefix("fixpoint: ")).filter(|l| l.ends_with("faults")).last().map(|l| l.split(" ms ").next().unwrap_or(l).trim().to_owned());
+            let last_step = super::trace_steps(&killed_log).last().cloned();
             let at = format!("seed {seed}, kill after {delay:?}, last step {last_step:?}");
             // The killed run's lease lapses; a statement it had sent ends.
             std::thread::sleep(Duration::from_secs(LEASE_SECONDS + 2));
