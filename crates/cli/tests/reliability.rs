@@ -1473,7 +1473,10 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
     #[test]
     fn history_killed_at_random_moments() {
         let url = std::env::var("FIXPOINT_TEST_SPARK").unwrap_or_else(|_| "sc://127.0.0.1:15002".into());
-        let mut db = match fixpoint_spark::Spark::connect(&url, Duration::from_secs(10)) {
+        // A session left idle while a run goes on can lose its connection
+        // (a transport error): the reader connects again before each read.
+        let connect = || fixpoint_spark::Spark::connect(&url, Duration::from_secs(10));
+        let mut db = match connect() {
             Ok(db) => db,
             Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("spark is unreachable under CI=true: {e}"),
             Err(e) => {
@@ -1530,6 +1533,7 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
         let mut tally = Tally::default();
         let n = trials();
         for t in 1..=n {
+            db = connect().expect("the reader connects again");
             input(&mut db, t);
             let (report, _) = run(&twin_url);
             assert_eq!(report["outcome"].as_str(), Some("committed"), "trial {t}: the twin's run: {report}");
@@ -1552,6 +1556,7 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
             // The killed run's lease lapses; a statement it had sent ends.
             std::thread::sleep(Duration::from_secs(LEASE_SECONDS + 2));
 
+            db = connect().expect("the reader connects again");
             let seen = spark_state(&mut db);
             let new_table = if seen.table == after.table {
                 true
@@ -1590,6 +1595,7 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
             if report["outcome"].as_str() == Some("committed") {
                 span = took;
             }
+            db = connect().expect("the reader connects again");
             let converged = spark_state(&mut db);
             assert!(converged.table == after.table, "trial {t} ({at}): the rerun did not reach the new rows: {}", super::differ(&converged.table, &current.table, &after.table));
             assert!(converged.log == after.log, "trial {t} ({at}): the rerun did not reach the new log: {}", super::differ(&converged.log, &current.log, &after.log));
