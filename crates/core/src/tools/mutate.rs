@@ -302,11 +302,11 @@ fn set_where(engine: &mut dyn Engine, table: &TableName, columns: &[Column], col
     engine.execute(&Sql::raw(format!("ALTER TABLE {} RENAME TO {}", new.quoted(), quote_ident(&table.table)))).map(|_| ())
 }
 
-/// `to` made empty with `from`'s columns, and where tables are stored
-/// partitioned by value (Spark) with its partitioning: the plans there
+/// `to` made empty with `from`'s columns, and where a table is rewritten
+/// partition by partition (Spark) with its partitioning: the plans there
 /// refuse an unpartitioned target.
 fn create_empty_like(engine: &mut dyn Engine, from: &TableName, to: &TableName) -> Result<()> {
-    if let Some(leases) = engine.leases() {
+    if let Some(leases) = engine.leases().filter(|l| !l.replaces_rows()) {
         let parts = leases.partition_columns(from)?;
         if let [p] = parts.as_slice() {
             let columns = leases.table_columns(from)?.ok_or_else(|| Error::Internal(format!("{from} vanished while the sandbox was made")))?;
