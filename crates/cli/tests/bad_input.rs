@@ -544,6 +544,8 @@ mod spark {
                 return;
             }
         };
+        // Cached relations of runs killed earlier (see the scenarios' `fresh`).
+        db.execute(&Sql::raw("CLEAR CACHE")).unwrap();
         for d in ["bronze", "silver", "views", "fixpoint"] {
             db.execute(&Sql::raw(format!("DROP DATABASE IF EXISTS {d} CASCADE"))).unwrap();
         }

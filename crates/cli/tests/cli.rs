@@ -1013,6 +1013,8 @@ mod spark {
     /// with `columns` holding `values`.
     fn bronze(db: &mut fixpoint_spark::Spark, columns: &str, values: &str) {
         for stmt in [
+            // Cached relations of runs killed earlier (see the scenarios' `fresh`).
+            "CLEAR CACHE".to_owned(),
             "DROP DATABASE IF EXISTS bronze CASCADE".to_owned(),
             "DROP DATABASE IF EXISTS silver CASCADE".to_owned(),
             "DROP DATABASE IF EXISTS fixpoint CASCADE".to_owned(),

@@ -175,6 +175,11 @@ impl SparkUnderTest {
 impl EngineUnderTest for SparkUnderTest {
     fn fresh(&self) -> Box<dyn Engine> {
         let mut spark = self.session();
+        // A run killed by an earlier test leaves its cached relations in
+        // the server (shared by every session) until its session expires;
+        // writing a table they read recomputes them, which fails once their
+        // schema is dropped.
+        spark.execute(&Sql::raw("CLEAR CACHE")).unwrap_or_else(|e| panic!("{e}"));
         let dbs = spark.query(&Sql::raw("SHOW DATABASES")).unwrap_or_else(|e| panic!("{e}"));
         for r in dbs.rows {
             let name = r[0].display().trim_matches('"').to_owned();
