@@ -276,13 +276,20 @@ pub fn sandbox_checks(job: &Job, run_date: RunDate, engine: &mut dyn Engine, mut
     Ok(SandboxEvidence { order, mutation })
 }
 
+/// Whether the engine's tables cannot lose or change rows in place
+/// (Spark's parquet tables: no UPDATE or DELETE), so the sandbox's tables
+/// are written again instead.
+fn rewrites_tables(engine: &mut dyn Engine) -> bool {
+    engine.leases().is_some_and(|l| !l.replaces_rows())
+}
+
 /// `UPDATE table SET column = value WHERE cond` on a sandbox copy; where
 /// a table cannot change rows in place (Spark's parquet tables) the copy
 /// is written again with the change and swapped in (it is the sandbox's
 /// own: nothing else reads or writes it).
 fn set_where(engine: &mut dyn Engine, table: &TableName, columns: &[Column], column: &str, value: &Sql, cond: &Sql) -> Result<()> {
     let mut sql = Sql::new();
-    if !engine.leases().is_some_and(|l| !l.replaces_rows()) {
+    if !rewrites_tables(engine) {
         sql.push(&format!("UPDATE {} SET {} = ", table.quoted(), quote_ident(column))).append(value).push(" WHERE ").append(cond);
         return engine.execute(&sql).map(|_| ());
     }
@@ -306,7 +313,10 @@ fn set_where(engine: &mut dyn Engine, table: &TableName, columns: &[Column], col
 /// partition by partition (Spark) with its partitioning: the plans there
 /// refuse an unpartitioned target.
 fn create_empty_like(engine: &mut dyn Engine, from: &TableName, to: &TableName) -> Result<()> {
-    if let Some(leases) = engine.leases().filter(|l| !l.replaces_rows()) {
+    if !rewrites_tables(engine) {
+        return engine.execute(&Sql::raw(format!("CREATE TABLE {} AS SELECT * FROM {} WHERE 1 = 0", to.quoted(), from.quoted()))).map(|_| ());
+    }
+    if let Some(leases) = engine.leases() {
         let parts = leases.partition_columns(from)?;
         if let [p] = parts.as_slice() {
             let columns = leases.table_columns(from)?.ok_or_else(|| Error::Internal(format!("{from} vanished while the sandbox was made")))?;
@@ -333,7 +343,7 @@ fn cleanup(engine: &mut dyn Engine, sb: &Sandbox) -> Result<()> {
     // Spark's ledger is a plain parquet table: removing rows would rewrite
     // it, racing the rows concurrent runs append. The sandbox's rows stay
     // there, under `<job>~mutation~<hex>`, a name no job can have.
-    let keeps_rows = engine.leases().is_some_and(|l| !l.replaces_rows());
+    let keeps_rows = rewrites_tables(engine);
     let ledger_rows = match engine.table_columns(&ledger_table) {
         Ok(Some(_)) if keeps_rows => Ok(()),
         Ok(Some(_)) => {
@@ -444,7 +454,7 @@ fn check(
 
     // Where a table cannot lose rows in place (Spark's parquet tables),
     // the sandbox's tables are emptied by making them again.
-    let remade = engine.leases().is_some_and(|l| !l.replaces_rows());
+    let remade = rewrites_tables(engine);
     let empty = |engine: &mut dyn Engine, t: &TableName, like: Option<&TableName>| -> Result<()> {
         match (remade, like) {
             (true, like) => {

@@ -298,61 +298,68 @@ pub fn prove(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &Prove
         scope_fp(job, run_date, engine, &cols)?
     };
     let force = RunOptions { force: true, fault: None, no_wait: false, ..RunOptions::default() };
-    let mut runs = Vec::new();
-    let mut failures = Vec::new();
-    let mut first: Option<Fingerprint> = None;
-    for i in 1..=opts.runs {
-        let report = job.load_with(run_date, engine, &force)?;
-        let cols = compared_cols(job, engine)?;
-        let fp = scope_fp(job, run_date, engine, &cols)?;
-        let mut differs = Vec::new();
-        match &first {
-            None => {
-                let rows = scope_rows_sql(job, run_date, &cols);
-                crate::tools::snapshot(engine, &snapshot, &rows)?;
-                first = Some(fp.clone());
+    // The runs, with the snapshot dropped whatever their outcome: on Spark
+    // it is a table of its own, which outlives the session.
+    let checked = (|| -> Result<_> {
+        let mut runs = Vec::new();
+        let mut failures = Vec::new();
+        let mut first: Option<Fingerprint> = None;
+        for i in 1..=opts.runs {
+            let report = job.load_with(run_date, engine, &force)?;
+            let cols = compared_cols(job, engine)?;
+            let fp = scope_fp(job, run_date, engine, &cols)?;
+            let mut differs = Vec::new();
+            match &first {
+                None => {
+                    let rows = scope_rows_sql(job, run_date, &cols);
+                    crate::tools::snapshot(engine, &snapshot, &rows)?;
+                    first = Some(fp.clone());
+                }
+                Some(f) if *f != fp => {
+                    differs = differences(job, run_date, engine, &cols, &snapshot)?;
+                    failures.push(format!(
+                        "run {i} left {} rows with checksum {}, run 1 left {} rows with checksum {}: not idempotent",
+                        fp.rows, fp.checksum, f.rows, f.checksum
+                    ));
+                }
+                Some(_) => {}
             }
-            Some(f) if *f != fp => {
-                differs = differences(job, run_date, engine, &cols, &snapshot)?;
-                failures.push(format!(
-                    "run {i} left {} rows with checksum {}, run 1 left {} rows with checksum {}: not idempotent",
-                    fp.rows, fp.checksum, f.rows, f.checksum
-                ));
-            }
-            Some(_) => {}
+            runs.push(RunEvidence { run: i, run_key: report.run_key, rows: fp.rows, checksum: fp.checksum, kind: fp.kind, differs_from_first: differs });
         }
-        runs.push(RunEvidence { run: i, run_key: report.run_key, rows: fp.rows, checksum: fp.checksum, kind: fp.kind, differs_from_first: differs });
-    }
-    let clean = first.expect("runs >= 2");
+        let clean = first.expect("runs >= 2");
 
-    let mut crash = Vec::new();
-    if opts.crash {
-        let cols = compared_cols(job, engine)?;
-        for point in FailPoint::ALL {
-            let previous = scope_fp(job, run_date, engine, &cols)?;
-            let ledger_before = ledger::entries(engine, Some(&job.name), Some(run_date), None)?.len();
-            let faulty = RunOptions { force: true, fault: Some((point, FaultAction::Error)), no_wait: false, ..RunOptions::default() };
-            let failed_as_injected = matches!(job.load_with(run_date, engine, &faulty), Err(Error::Injected(p)) if p == point);
-            let previous_kept = failed_as_injected && scope_fp(job, run_date, engine, &cols)? == previous;
-            let ledger_clean = ledger::entries(engine, Some(&job.name), Some(run_date), None)?.len() == ledger_before;
-            job.load_with(run_date, engine, &force)?;
-            let converged = scope_fp(job, run_date, engine, &cols)? == clean;
-            if !(previous_kept && ledger_clean && converged) {
-                failures.push(format!(
-                    "a failure at {point} {}",
-                    if !previous_kept {
-                        "did not leave the previous contents in place"
-                    } else if !ledger_clean {
-                        "left a ledger row"
-                    } else {
-                        "was not repaired by the rerun"
-                    }
-                ));
+        let mut crash = Vec::new();
+        if opts.crash {
+            let cols = compared_cols(job, engine)?;
+            for point in FailPoint::ALL {
+                let previous = scope_fp(job, run_date, engine, &cols)?;
+                let ledger_before = ledger::entries(engine, Some(&job.name), Some(run_date), None)?.len();
+                let faulty = RunOptions { force: true, fault: Some((point, FaultAction::Error)), no_wait: false, ..RunOptions::default() };
+                let failed_as_injected = matches!(job.load_with(run_date, engine, &faulty), Err(Error::Injected(p)) if p == point);
+                let previous_kept = failed_as_injected && scope_fp(job, run_date, engine, &cols)? == previous;
+                let ledger_clean = ledger::entries(engine, Some(&job.name), Some(run_date), None)?.len() == ledger_before;
+                job.load_with(run_date, engine, &force)?;
+                let converged = scope_fp(job, run_date, engine, &cols)? == clean;
+                if !(previous_kept && ledger_clean && converged) {
+                    failures.push(format!(
+                        "a failure at {point} {}",
+                        if !previous_kept {
+                            "did not leave the previous contents in place"
+                        } else if !ledger_clean {
+                            "left a ledger row"
+                        } else {
+                            "was not repaired by the rerun"
+                        }
+                    ));
+                }
+                crash.push(CrashEvidence { point, previous_kept, ledger_clean, converged });
             }
-            crash.push(CrashEvidence { point, previous_kept, ledger_clean, converged });
         }
-    }
-    crate::tools::drop_snapshot(engine, &snapshot)?;
+        Ok((runs, failures, clean, crash))
+    })();
+    let dropped = crate::tools::drop_snapshot(engine, &snapshot);
+    let (runs, mut failures, clean, crash) = checked?;
+    dropped?;
     let (order, mutation) = if opts.mutate {
         let s = crate::tools::mutate::sandbox_checks(job, run_date, engine, &opts.mutate_key)?;
         (s.order, Some(s.mutation))
