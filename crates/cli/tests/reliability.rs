@@ -1345,7 +1345,7 @@ fn postgres_file_source_killed_at_random_moments() {
 /// log; and the rerun (which waits for the lease) reaching exactly the
 /// twin's table and log, with one ledger row of the run.
 ///
-/// Trials: `FIXPOINT_SPARK_CRASH_TRIALS` (default 5: a Spark history run
+/// Trials: `FIXPOINT_SPARK_CRASH_TRIALS` (default 3: a Spark history run
 /// takes 10–15 s, and each trial waits out a lease).
 #[cfg(feature = "spark")]
 mod spark {
@@ -1373,7 +1373,7 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
     const LEASE_SECONDS: u64 = 10;
 
     fn trials() -> usize {
-        std::env::var("FIXPOINT_SPARK_CRASH_TRIALS").ok().and_then(|v| v.parse().ok()).unwrap_or(5)
+        std::env::var("FIXPOINT_SPARK_CRASH_TRIALS").ok().and_then(|v| v.parse().ok()).unwrap_or(3)
     }
 
     /// The integers `from..=to` as a relation with one column `i`.

@@ -630,15 +630,18 @@ impl Engine for DuckDb {
     }
 
     fn execute(&mut self, sql: &Sql) -> Result<u64> {
+        let started = std::time::Instant::now();
         self.forget_tables_if(&sql.text);
         let mut stmt = self.prepare(sql)?;
         let n = stmt
             .execute(duckdb::params_from_iter(sql.params.iter().map(to_duck)))
             .map_err(|e| db_err(context_of(&sql.text))(e))?;
+        fixpoint_core::run::protocol::trace_statement(started, &sql.text);
         Ok(n as u64)
     }
 
     fn query(&mut self, sql: &Sql) -> Result<Rows> {
+        let started = std::time::Instant::now();
         self.forget_tables_if(&sql.text);
         let mut stmt = self.prepare(sql)?;
         let mut rows = stmt
@@ -655,6 +658,7 @@ impl Engine for DuckDb {
             }
             out.push(values);
         }
+        fixpoint_core::run::protocol::trace_statement(started, &sql.text);
         Ok(Rows { columns, rows: out })
     }
 

@@ -422,21 +422,25 @@ impl Engine for Postgres {
     }
 
     fn execute(&mut self, sql: &Sql) -> Result<u64> {
+        let started = std::time::Instant::now();
         self.fresh = false;
         if sql.params.is_empty() && !sql.text.contains('$') {
             // Utility statements (BEGIN, CREATE …) cannot be prepared with parameters.
             let text = sql.text.clone();
             let r = self.client().execute(&text, &[]).map_err(|e| pg_err(context_of(&text))(e));
+            fixpoint_core::run::protocol::trace_statement(started, &text);
             return r.map_err(|e| self.explain_busy(e));
         }
         let stmt = self.prepare(sql)?;
         let params = Self::params(sql);
         let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
         let r = self.client().execute(&stmt, &refs).map_err(|e| pg_err(context_of(&sql.text))(e));
+        fixpoint_core::run::protocol::trace_statement(started, &sql.text);
         r.map_err(|e| self.explain_busy(e))
     }
 
     fn query(&mut self, sql: &Sql) -> Result<Rows> {
+        let started = std::time::Instant::now();
         self.fresh = false;
         let stmt = self.prepare(sql)?;
         let params = Self::params(sql);
@@ -453,6 +457,7 @@ impl Engine for Postgres {
             }
             out.push(values);
         }
+        fixpoint_core::run::protocol::trace_statement(started, &sql.text);
         Ok(Rows { columns, rows: out })
     }
 

@@ -132,6 +132,18 @@ pub(crate) struct Trace {
     faults: u64,
 }
 
+/// With `FIXPOINT_TRACE=sql`, each statement an engine runs is timed on
+/// stderr (for profiling a plan): the engines call this with the
+/// statement's start and text after it ends.
+pub fn trace_statement(started: Instant, text: &str) {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *ON.get_or_init(|| std::env::var("FIXPOINT_TRACE").is_ok_and(|v| v == "sql")) {
+        let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        let shown: String = flat.chars().take(240).collect();
+        eprintln!("fixpoint: sql {:>8.1} ms  {shown}", started.elapsed().as_secs_f64() * 1000.0);
+    }
+}
+
 /// This process's minor page faults so far (`/proc/self/stat`, field 10;
 /// 0 where there is none).
 pub fn minor_faults() -> u64 {
