@@ -36,18 +36,28 @@ pub(super) const SUMMARY_SUM: &str = "__fixpoint_summary_sum";
 /// Under a lease: [`TAIL`] with its [`SUMMARY`] row, which [`TAIL`] then
 /// leaves out (a staged relation has no rows to delete).
 pub(super) const TAIL_ALL: &str = "\"__fixpoint_htailall\"";
-/// The rows of [`TAIL`] from where the run recomputes (the window).
-pub(super) const WIN: &str = "\"__fixpoint_hwin\"";
-/// The table's rows the run removes (key and valid_from).
-pub(super) const GONE: &str = "\"__fixpoint_hgone\"";
-/// The table's rows the run gives a new end (key, valid_from and the end).
-pub(super) const RETIMED: &str = "\"__fixpoint_hretimed\"";
+/// [`TAIL`]'s rows (the window: the touched keys' rows from where the run
+/// recomputes) matched with the new rows of [`NEW`] by key and start: each
+/// row of the window with its columns, each new row with its columns under
+/// [`NEW_PREFIX`] and its end, one row per pair or unmatched side, flagged
+/// by [`HAS_OLD`], [`HAS_NEW`] and [`SAME`]. What the run writes is read
+/// off it: a pair alike is kept (or given its new end), the rest of the
+/// window removed, the rest of the new rows inserted.
+pub(super) const MATCH: &str = "\"__fixpoint_hmatch\"";
+/// In [`MATCH`]: a row of the window is on this row.
+pub(super) const HAS_OLD: &str = "__fixpoint_old";
+/// In [`MATCH`]: a new row is on this row.
+pub(super) const HAS_NEW: &str = "__fixpoint_new";
+/// In [`MATCH`]: both, and alike in every column (the new row is the row
+/// the table holds, perhaps with another end).
+pub(super) const SAME: &str = "__fixpoint_same";
+/// In [`MATCH`]: the prefix of a new row's columns.
+pub(super) const NEW_PREFIX: &str = "__fixpoint_n_";
 /// The log's entries the run removes (key and version).
 pub(super) const LOG_GONE: &str = "\"__fixpoint_hloggone\"";
-/// The rows the run inserts, with the target's columns.
-pub(super) const INS: &str = "\"__fixpoint_hins\"";
-/// [`TAIL`] as the run leaves it: without [`GONE`], with [`INS`] (what the
-/// checks read, and with the older rows the output fingerprint).
+/// [`TAIL`] as the run leaves it: the rows of [`MATCH`] kept (with their
+/// new end) and inserted (what the checks read, and with the older rows
+/// the output fingerprint).
 pub(super) const AFTER: &str = "\"__fixpoint_hafter\"";
 /// Where an entry of [`ALL`] came from: 0 the table, 2 its log, 1 the
 /// batch, 3 a tombstone a snapshot's absence implies.
@@ -197,11 +207,6 @@ impl Cols<'_> {
         sql.typed_param(day.clone(), "TIMESTAMP");
         sql.push(&tail);
         sql
-    }
-
-    /// [`WIN`]: the rows of `rows` from where the run recomputes.
-    pub fn window_rows(&self, rows: &str) -> String {
-        format!("SELECT t.* FROM {}", self.window_from(rows, "t", &self.h.valid_from))
     }
 
     /// [`ALL`]: the touched keys' entries from where the run recomputes

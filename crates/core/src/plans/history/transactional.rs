@@ -21,7 +21,7 @@ use crate::fingerprint::{Fingerprint, Method};
 use crate::job::ident::{quote_ident, TableName};
 use crate::job::spec::{HistorySpec, Job, MergeSpec, OnTie};
 use crate::job::sql::{RunParams, Sql, Value};
-use crate::plans::history::sql::{log_table, Cols, AFTER, ALL, BATCH, CUT, FROM, GONE, INS, KEYS, RETIMED, LOG_GONE, NEW, ORIGIN, STAGE, START, SUMMARY, SUMMARY_ROWS, SUMMARY_SUM, TAIL, TAIL_ALL, TO, WIN};
+use crate::plans::history::sql::{log_table, Cols, AFTER, ALL, BATCH, CUT, FROM, HAS_NEW, HAS_OLD, KEYS, LOG_GONE, MATCH, NEW, NEW_PREFIX, ORIGIN, SAME, STAGE, START, SUMMARY, SUMMARY_ROWS, SUMMARY_SUM, TAIL, TAIL_ALL, TO};
 use crate::plans::merge::refusals::{check_source, deleted_error};
 use crate::plans::merge::sql::{count, keys_match, q, DELETED};
 use crate::plans::merge::steps::{flagged_source, scan_stage};
@@ -52,6 +52,7 @@ struct Planned {
     gone: u64,
     log_gone: u64,
     inserts: u64,
+    kept: u64,
 }
 
 /// The name of the checks every run makes of the rows it wrote.
@@ -290,8 +291,14 @@ impl Run<'_> {
         // change and the fingerprint of them all as the table holds them;
         // where each key's recomputed rows start.
         let (target, log) = (self.job.target.quoted(), self.log.quoted());
-        let keys = if self.h.snapshot { self.cols.snapshot_keys(&target, &log, &self.day(), self.h.absent_deletes) } else { Sql::raw(self.cols.batch_keys()) };
-        self.make(engine, KEYS, &keys)?;
+        // The touched keys as a relation of their own: what a snapshot's
+        // run reads its rows by, and what the audits read (a run with a
+        // version column reads its rows by the batch).
+        if self.h.snapshot {
+            self.make(engine, KEYS, &self.cols.snapshot_keys(&target, &log, &self.day(), self.h.absent_deletes))?;
+        } else if !self.job.audits.is_empty() {
+            self.make(engine, KEYS, &Sql::raw(self.cols.batch_keys()))?;
+        }
         let fp = self.output_select(engine)?;
         let columns: Vec<String> = self.target_cols.iter().map(|c| c.name.clone()).collect();
         let tail = if self.h.snapshot { self.cols.snapshot_tail(&target, &self.day(), &columns, &fp.select) } else { self.cols.tail(&target, &columns, &fp.select) };
@@ -441,8 +448,10 @@ impl Run<'_> {
     ///    the batch's, resolved (a tie with a recorded version refused with
     ///    `on_tie = "error"`) and walked into rows and hidden entries.
     fn resolve(&mut self, engine: &mut dyn Engine) -> Result<()> {
-        self.make(engine, WIN, &Sql::raw(self.cols.window_rows(TAIL)))?;
-        self.trace.step("window");
+        // The window (the touched keys' rows from where the run recomputes)
+        // is TAIL itself: every row of TAIL holds or ends at the key's cut
+        // or starts after it, and the cut's first version is the earliest
+        // start among them.
         let all = if self.h.snapshot {
             // The next committed snapshot after this one: a key of this
             // batch it lacks was absent from it.
@@ -450,9 +459,9 @@ impl Run<'_> {
                 true => ledger::next_committed_date(engine, &self.job.name, self.run_date)?.map(|d| Value::Timestamp(d.date().and_time(chrono::NaiveTime::MIN))),
                 false => None,
             };
-            self.cols.snapshot_all(TAIL, WIN, &self.log.quoted(), &self.day(), self.h.absent_deletes, next.as_ref())
+            self.cols.snapshot_all(TAIL, TAIL, &self.log.quoted(), &self.day(), self.h.absent_deletes, next.as_ref())
         } else {
-            Sql::raw(self.cols.all(WIN, &self.log.quoted()))
+            Sql::raw(self.cols.all(TAIL, &self.log.quoted()))
         };
         self.make(engine, ALL, &all)?;
         self.trace.step("entries");
@@ -491,25 +500,41 @@ impl Run<'_> {
         format!("{} AND {} = {}", keys_match(a, b, &self.spec.key), q(a, col), q(b, col))
     }
 
-    /// The plan of step 4, as temporary tables: the window's rows that
-    /// only end elsewhere now, by key and start (unique in a well-formed
-    /// table), with their new end ([`RETIMED`]); those no new row repeats,
-    /// to remove ([`GONE`]); the log's entries no new entry keeps
-    /// ([`LOG_GONE`]); the new rows the table does not hold yet ([`INS`]).
+    /// The plan of step 4: [`MATCH`], the window's rows matched with the
+    /// new rows by key and start (unique in a well-formed table), and the
+    /// log's entries no new entry keeps ([`LOG_GONE`]). A pair alike in
+    /// every column is a row kept, or given its new end (retimed); the
+    /// window's other rows are removed (gone), the other new rows inserted.
     fn plan_writes(&mut self, engine: &mut dyn Engine) -> Result<Planned> {
         let (vf, vt) = (&self.h.valid_from, &self.h.valid_to);
-        let retimed = self.made(
+        let first_key = &self.spec.key[0];
+        let old_cols = self.target_cols.iter().map(|c| q("t", &c.name)).collect::<Vec<_>>().join(", ");
+        let new_cols = self.cols.names.iter().map(|c| format!("{} AS {}", q("n", c), quote_ident(&format!("{NEW_PREFIX}{c}")))).collect::<Vec<_>>().join(", ");
+        let alike = self.cols.names.iter().filter(|c| !self.spec.key.contains(c)).map(|c| format!("{} IS NOT DISTINCT FROM {}", q("t", c), q("n", c))).chain(["true".to_owned()]).collect::<Vec<_>>().join(" AND ");
+        // Joined on equalities only (a FULL JOIN needs them on PostgreSQL);
+        // the other columns decide SAME.
+        self.make(
             engine,
-            RETIMED,
-            &format!(
-                "SELECT {}, n.\"{TO}\" FROM {WIN} AS t JOIN {NEW} AS n ON n.\"{START}\" AND {} AND {} IS DISTINCT FROM n.\"{TO}\"",
-                self.key_and("t", vf),
-                self.same("t", "n", true),
-                q("t", vt)
-            ),
+            MATCH,
+            &Sql::raw(format!(
+                "SELECT {old_cols}, {new_cols}, n.\"{TO}\", t.{k} IS NOT NULL AS \"{HAS_OLD}\", n.{k} IS NOT NULL AS \"{HAS_NEW}\", \
+                 CASE WHEN t.{k} IS NOT NULL AND n.{k} IS NOT NULL AND {alike} THEN true ELSE false END AS \"{SAME}\" \
+                 FROM {TAIL} AS t FULL JOIN (SELECT * FROM {NEW} WHERE \"{START}\") AS n ON {} AND {} = {}",
+                keys_match("t", "n", &self.spec.key),
+                q("t", vf),
+                q("n", &self.spec.version),
+                k = quote_ident(first_key),
+            )),
         )?;
-        let row_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE n.\"{START}\" AND {})", self.same("t", "n", true));
-        let gone = self.made(engine, GONE, &format!("SELECT {} FROM {WIN} AS t WHERE NOT {row_kept}", self.key_and("t", vf)))?;
+        let vt = quote_ident(vt);
+        let counts = engine.query(&Sql::raw(format!(
+            "SELECT count(*) FILTER (WHERE \"{SAME}\" AND {vt} IS DISTINCT FROM \"{TO}\") AS \"retimed\", \
+             count(*) FILTER (WHERE \"{SAME}\" AND {vt} IS NOT DISTINCT FROM \"{TO}\") AS \"kept\", \
+             count(*) FILTER (WHERE \"{HAS_OLD}\" AND NOT \"{SAME}\") AS \"gone\", \
+             count(*) FILTER (WHERE \"{HAS_NEW}\" AND NOT \"{SAME}\") AS \"inserts\" FROM {MATCH}"
+        )))?;
+        let row = counts.single("the history's plan")?;
+        let (retimed, kept, gone, inserts) = (row.count("retimed")?, row.count("kept")?, row.count("gone")?, row.count("inserts")?);
         let del = quote_ident(DELETED);
         let version = &self.spec.version;
         let entry_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE NOT n.\"{START}\" AND n.{del} = l.{del} AND {})", self.same("l", "n", false));
@@ -518,10 +543,23 @@ impl Run<'_> {
             LOG_GONE,
             &format!("SELECT {} FROM {} AND NOT {entry_kept}", self.key_and("l", version), self.cols.window_from(&self.log.quoted(), "l", version)),
         )?;
-        let in_rows = format!("EXISTS (SELECT 1 FROM {WIN} AS t WHERE {})", self.same("t", "n", true));
-        let inserts = self.made(engine, INS, &format!("SELECT n.* FROM {NEW} AS n WHERE n.\"{START}\" AND NOT {in_rows}"))?;
         self.trace.step("plan");
-        Ok(Planned { retimed, gone, log_gone, inserts })
+        Ok(Planned { retimed, gone, log_gone, inserts, kept })
+    }
+
+    /// In [`MATCH`] (alias `m`): a row of the window the run removes.
+    fn gone(m: &str) -> String {
+        format!("{m}.\"{HAS_OLD}\" AND NOT {m}.\"{SAME}\"")
+    }
+
+    /// In [`MATCH`] (alias `m`): a row of the window given a new end.
+    fn retimed(&self, m: &str) -> String {
+        format!("{m}.\"{SAME}\" AND {} IS DISTINCT FROM {m}.\"{TO}\"", q(m, &self.h.valid_to))
+    }
+
+    /// In [`MATCH`] (alias `m`): a new row the run inserts.
+    fn inserted(m: &str) -> String {
+        format!("{m}.\"{HAS_NEW}\" AND NOT {m}.\"{SAME}\"")
     }
 
     /// The new hidden entries the log does not hold yet (it keeps those it
@@ -534,12 +572,6 @@ impl Run<'_> {
         format!("SELECT {values}, n.{del} FROM {NEW} AS n WHERE NOT n.\"{START}\" AND NOT {in_log}")
     }
 
-    /// How many entries of the window are new starts of rows.
-    fn kept(&self, engine: &mut dyn Engine, p: &Planned) -> Result<u64> {
-        let starts = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {NEW} WHERE \"{START}\"")))?;
-        Ok(starts.saturating_sub(p.inserts + p.retimed))
-    }
-
     /// 4. The table and its log made to hold the new rows and hidden
     ///    entries of the touched keys from where the run recomputes: rows
     ///    that stay the same are left alone, rows that only end elsewhere
@@ -549,12 +581,12 @@ impl Run<'_> {
         let (target, log) = (self.job.target.quoted(), self.log.quoted());
         let (vf, vt) = (&self.h.valid_from, &self.h.valid_to);
         let p = self.plan_writes(engine)?;
-        let deleted = if p.gone > 0 { engine.execute(&Sql::raw(format!("DELETE FROM {target} AS t USING {GONE} AS g WHERE {}", self.on("t", "g", vf))))? } else { 0 };
+        let deleted = if p.gone > 0 { engine.execute(&Sql::raw(format!("DELETE FROM {target} AS t USING {MATCH} AS g WHERE {} AND {}", Self::gone("g"), self.on("t", "g", vf))))? } else { 0 };
         if deleted != p.gone {
             return Err(self.not_one_row("removal from the table", deleted, p.gone));
         }
         let updated = if p.retimed > 0 {
-            engine.execute(&Sql::raw(format!("UPDATE {target} AS t SET {} = r.\"{TO}\" FROM {RETIMED} AS r WHERE {}", quote_ident(vt), self.on("t", "r", vf))))?
+            engine.execute(&Sql::raw(format!("UPDATE {target} AS t SET {} = r.\"{TO}\" FROM {MATCH} AS r WHERE {} AND {}", quote_ident(vt), self.retimed("r"), self.on("t", "r", vf))))?
         } else {
             0
         };
@@ -569,14 +601,15 @@ impl Run<'_> {
         }
         self.trace.step("delete");
         let names = self.cols.names_list();
-        let values = self.cols.names.iter().map(|c| q("n", c)).collect::<Vec<_>>().join(", ");
+        let new = |c: &str| q("n", &format!("{NEW_PREFIX}{c}"));
+        let values = self.cols.names.iter().map(|c| new(c)).collect::<Vec<_>>().join(", ");
         // A snapshot history's version is valid_from itself.
         let insert = if self.h.snapshot {
             format!("INSERT INTO {target} ({names}, {}) SELECT {values}, n.\"{TO}\"", quote_ident(vt))
         } else {
-            format!("INSERT INTO {target} ({names}, {}, {}) SELECT {values}, n.{}, n.\"{TO}\"", quote_ident(vf), quote_ident(vt), quote_ident(version))
+            format!("INSERT INTO {target} ({names}, {}, {}) SELECT {values}, {}, n.\"{TO}\"", quote_ident(vf), quote_ident(vt), new(version))
         };
-        let inserted = if p.inserts > 0 { engine.execute(&Sql::raw(format!("{insert} FROM {INS} AS n")))? } else { 0 };
+        let inserted = if p.inserts > 0 { engine.execute(&Sql::raw(format!("{insert} FROM {MATCH} AS n WHERE {}", Self::inserted("n"))))? } else { 0 };
         if inserted != p.inserts {
             return Err(Error::Internal(format!("the history's insert into {} wrote {inserted} rows where {} were planned; rolled back, nothing changed", self.job.target, p.inserts)));
         }
@@ -585,7 +618,7 @@ impl Run<'_> {
         self.trace.step("insert");
         self.opts.step(FailPoint::AfterInsert)?;
         self.after(engine)?;
-        Ok(Written { deleted, updated, inserted, kept: self.kept(engine, &p)? })
+        Ok(Written { deleted, updated, inserted, kept: p.kept })
     }
 
     /// 4, under a lease. The same plan as [`Run::write`]; the table's rows
@@ -607,7 +640,7 @@ impl Run<'_> {
             return self.write_in_steps(engine);
         }
         let log = self.log.quoted();
-        let (vf, vt) = (&self.h.valid_from, &self.h.valid_to);
+        let vt = &self.h.valid_to;
         let p = self.plan_writes(engine)?;
         let (dropped, held) = self.dropped_rows(engine)?;
         if held != p.gone + p.retimed {
@@ -619,7 +652,7 @@ impl Run<'_> {
             return Err(self.not_one_row("removal from the log", log_held, p.log_gone));
         }
         if p.gone + p.retimed + p.inserts > 0 {
-            let (columns, select) = self.written_rows(vf, vt);
+            let (columns, select) = self.written_rows(vt);
             leases(engine)?.replace_rows(&self.job.target, &columns, &Sql::raw(dropped), &Sql::raw(select))?;
         }
         self.opts.step(FailPoint::AfterDelete)?;
@@ -634,12 +667,12 @@ impl Run<'_> {
         self.trace.step("log");
         self.opts.step(FailPoint::AfterInsert)?;
         self.after(engine)?;
-        Ok(Written { deleted: p.gone, updated: p.retimed, inserted: p.inserts, kept: self.kept(engine, &p)? })
+        Ok(Written { deleted: p.gone, updated: p.retimed, inserted: p.inserts, kept: p.kept })
     }
 
     /// [`Run::write_leased`] where each write lands as it is made.
     fn write_in_steps(&mut self, engine: &mut dyn Engine) -> Result<Written> {
-        let (vf, vt) = (&self.h.valid_from, &self.h.valid_to);
+        let vt = &self.h.valid_to;
         let p = self.plan_writes(engine)?;
         let (dropped, held) = self.dropped_rows(engine)?;
         if held != p.gone + p.retimed {
@@ -674,7 +707,7 @@ impl Run<'_> {
         self.opts.step(FailPoint::AfterDelete)?;
         // 2. The table.
         if p.gone + p.retimed + p.inserts > 0 {
-            let (columns, select) = self.written_rows(vf, vt);
+            let (columns, select) = self.written_rows(vt);
             leases(engine)?.replace_rows(&self.job.target, &columns, &Sql::raw(dropped), &Sql::raw(select))?;
         }
         self.trace.step("table");
@@ -687,36 +720,36 @@ impl Run<'_> {
         self.trace.step("log");
         self.opts.step(FailPoint::AfterInsert)?;
         self.after(engine)?;
-        Ok(Written { deleted: p.gone, updated: p.retimed, inserted: p.inserts, kept: self.kept(engine, &p)? })
+        Ok(Written { deleted: p.gone, updated: p.retimed, inserted: p.inserts, kept: p.kept })
     }
 
     /// The condition (alias `t`) on the table's rows the run removes or
     /// gives a new end, and how many the table holds.
     fn dropped_rows(&self, engine: &mut dyn Engine) -> Result<(String, u64)> {
         let vf = &self.h.valid_from;
-        let dropped = format!("(EXISTS (SELECT 1 FROM {GONE} AS g WHERE {}) OR EXISTS (SELECT 1 FROM {RETIMED} AS r WHERE {}))", self.on("t", "g", vf), self.on("t", "r", vf));
+        let dropped = format!("EXISTS (SELECT 1 FROM {MATCH} AS g WHERE ({} OR {}) AND {})", Self::gone("g"), self.retimed("g"), self.on("t", "g", vf));
         let held = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {} AS t WHERE {dropped}", self.job.target.quoted())))?;
         Ok((dropped, held))
     }
 
     /// The table's columns, and the rows that replace those
     /// [`Run::dropped_rows`] names: the rows given a new end, and the new ones.
-    fn written_rows(&self, vf: &str, vt: &str) -> (Vec<String>, String) {
+    fn written_rows(&self, vt: &str) -> (Vec<String>, String) {
         let columns: Vec<String> = self.target_cols.iter().map(|c| c.name.clone()).collect();
         let retimed_rows = self
             .target_cols
             .iter()
             .map(|c| match c.name == vt {
-                true => format!("CAST(r.\"{TO}\" AS {}) AS {}", c.ty, quote_ident(vt)),
+                true => format!("CAST(t.\"{TO}\" AS {}) AS {}", c.ty, quote_ident(vt)),
                 false => q("t", &c.name),
             })
             .collect::<Vec<_>>()
             .join(", ");
-        let select = format!("SELECT {retimed_rows} FROM {WIN} AS t JOIN {RETIMED} AS r ON {} UNION ALL SELECT {} FROM {INS} AS n", self.on("t", "r", vf), self.inserted_columns());
+        let select = format!("SELECT {retimed_rows} FROM {MATCH} AS t WHERE {} UNION ALL SELECT {} FROM {MATCH} AS n WHERE {}", self.retimed("t"), self.inserted_columns(), Self::inserted("n"));
         (columns, select)
     }
 
-    /// The select list of an inserted row (alias `n`, from [`INS`]) with
+    /// The select list of an inserted row (alias `n`, from [`MATCH`]) with
     /// the target's columns, cast to their types.
     fn inserted_columns(&self) -> String {
         let (vf, vt) = (&self.h.valid_from, &self.h.valid_to);
@@ -726,9 +759,9 @@ impl Run<'_> {
                 let value = if &c.name == vt {
                     format!("n.\"{TO}\"")
                 } else if self.cols.names.contains(&c.name) {
-                    q("n", &c.name)
+                    q("n", &format!("{NEW_PREFIX}{}", c.name))
                 } else if &c.name == vf {
-                    q("n", &self.spec.version)
+                    q("n", &format!("{NEW_PREFIX}{}", self.spec.version))
                 } else {
                     "NULL".to_owned()
                 };
@@ -809,28 +842,22 @@ impl Run<'_> {
     /// table again. The inserted rows are cast to the target's types, as
     /// the insert did.
     fn after(&mut self, engine: &mut dyn Engine) -> Result<()> {
-        let (vf, vt) = (&self.h.valid_from, &self.h.valid_to);
-        // The rows left, each with its end as the run left it.
+        let vt = &self.h.valid_to;
+        // The rows kept, each with its end as the run left it.
         let kept = self
             .target_cols
             .iter()
             .map(|c| match &c.name == vt {
-                true => format!("CASE WHEN r.{} IS NULL THEN t.{end} ELSE CAST(r.\"{TO}\" AS {}) END AS {end}", quote_ident(vf), c.ty, end = quote_ident(vt)),
+                true => format!("CASE WHEN {} THEN CAST(t.\"{TO}\" AS {}) ELSE t.{end} END AS {end}", self.retimed("t"), c.ty, end = quote_ident(vt)),
                 false => q("t", &c.name),
             })
             .collect::<Vec<_>>()
             .join(", ");
         let inserted = self.inserted_columns();
-        let on = |a: &str| format!("{} AND {a}.{} = t.{}", keys_match(a, "t", &self.spec.key), quote_ident(vf), quote_ident(vf));
         self.make(
             engine,
             AFTER,
-            &Sql::raw(format!(
-                "SELECT {kept} FROM {TAIL} AS t LEFT JOIN {RETIMED} AS r ON {} WHERE NOT EXISTS (SELECT 1 FROM {GONE} AS g WHERE {}) \
-                 UNION ALL SELECT {inserted} FROM {INS} AS n",
-                on("r"),
-                on("g")
-            )),
+            &Sql::raw(format!("SELECT {kept} FROM {MATCH} AS t WHERE t.\"{SAME}\" UNION ALL SELECT {inserted} FROM {MATCH} AS n WHERE {}", Self::inserted("n"))),
         )?;
         self.trace.step("after");
         Ok(())
@@ -906,7 +933,7 @@ impl Run<'_> {
     }
 
     fn drop_temps(&mut self, engine: &mut dyn Engine) -> Result<()> {
-        for t in [AFTER, INS, LOG_GONE, GONE, RETIMED, NEW, ALL, WIN, CUT, TAIL, TAIL_ALL, KEYS, BATCH, STAGE] {
+        for t in [AFTER, MATCH, LOG_GONE, NEW, ALL, CUT, TAIL, TAIL_ALL, KEYS, BATCH, STAGE] {
             match self.leased {
                 true => leases(engine)?.unstage(t)?,
                 false => {
@@ -923,7 +950,7 @@ impl Run<'_> {
     /// table or its log, a copy of its rows as they are now
     /// ([`Leases::stage_copy`]), which the run's writes do not change.
     fn make(&self, engine: &mut dyn Engine, name: &str, sql: &Sql) -> Result<()> {
-        let read_after_writes = [TAIL, WIN, CUT, NEW, GONE, RETIMED, INS].contains(&name) || (name == KEYS && self.h.snapshot);
+        let read_after_writes = [TAIL, CUT, NEW, MATCH].contains(&name) || (name == KEYS && self.h.snapshot);
         match (self.leased, read_after_writes) {
             (true, true) => leases(engine)?.stage_copy(name, sql),
             (true, false) => leases(engine)?.stage(name, sql),
