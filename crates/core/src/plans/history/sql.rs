@@ -96,6 +96,9 @@ pub(super) struct Cols<'a> {
     pub types: Vec<Column>,
     /// The engine's keyword for a CTE computed once ([`crate::engine::Dialect::materialized`]).
     pub materialized: &'static str,
+    /// The batch's relation: [`BATCH`], or [`STAGE`] itself when the
+    /// source has one row per key and version (nothing to pick).
+    pub batch: &'static str,
 }
 
 impl Cols<'_> {
@@ -133,6 +136,16 @@ impl Cols<'_> {
         )
     }
 
+    /// How many keys and versions `from` holds entries of (`groups`), and
+    /// of those how many more than one (`dups`).
+    pub fn duplicates(&self, from: &str) -> String {
+        format!(
+            "SELECT count(*) AS \"groups\", count(*) FILTER (WHERE \"__fixpoint_c\" > 1) AS \"dups\" FROM (SELECT count(*) AS \"__fixpoint_c\" FROM {from} GROUP BY {}, {}) AS g",
+            self.key_list(None),
+            self.version()
+        )
+    }
+
     /// Two upserts `a` and `b` of one key at one version that differ.
     pub fn tie(&self, a: &str, b: &str) -> String {
         let (v, del) = (self.version(), quote_ident(DELETED));
@@ -144,11 +157,12 @@ impl Cols<'_> {
     /// holds or ends at that version (a row ending there may extend, when
     /// the entry there changes), else the version itself.
     pub fn cut(&self, rows: &str) -> String {
+        let batch = self.batch;
         let (v, vf, vt) = (self.version(), quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to));
         let keys = self.key_list(Some("c"));
         format!(
             "SELECT {keys}, c.\"{CUT_AT}\", CASE WHEN min(t.{vf}) < c.\"{CUT_AT}\" THEN min(t.{vf}) ELSE c.\"{CUT_AT}\" END AS \"{FROM}\" \
-             FROM (SELECT {}, min({v}) AS \"{CUT_AT}\" FROM {BATCH} GROUP BY {}) AS c \
+             FROM (SELECT {}, min({v}) AS \"{CUT_AT}\" FROM {batch} GROUP BY {}) AS c \
              LEFT JOIN {rows} AS t ON {} AND (t.{vt} IS NULL OR t.{vt} >= c.\"{CUT_AT}\") \
              GROUP BY {keys}, c.\"{CUT_AT}\"",
             self.key_list(None),
@@ -165,7 +179,8 @@ impl Cols<'_> {
 
     /// [`KEYS`] of a run with a version column: the batch's.
     pub fn batch_keys(&self) -> String {
-        format!("SELECT DISTINCT {} FROM {BATCH}", self.key_list(None))
+        let batch = self.batch;
+        format!("SELECT DISTINCT {} FROM {batch}", self.key_list(None))
     }
 
     /// `FROM <target> AS t JOIN KEYS AS k ON …`: every row of the touched
@@ -182,9 +197,10 @@ impl Cols<'_> {
     /// `columns` are the target's columns; `fp` is the output fingerprint's
     /// select list over alias `t`.
     pub fn tail(&self, target: &str, columns: &[String], fp: &str) -> Sql {
+        let batch = self.batch;
         let (v, vf, vt) = (self.version(), quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to));
         let touched = format!(
-            "SELECT t.*, c.\"{CUT_AT}\" FROM {target} AS t JOIN (SELECT {}, min({v}) AS \"{CUT_AT}\" FROM {BATCH} GROUP BY {}) AS c ON {}",
+            "SELECT t.*, c.\"{CUT_AT}\" FROM {target} AS t JOIN (SELECT {}, min({v}) AS \"{CUT_AT}\" FROM {batch} GROUP BY {}) AS c ON {}",
             self.key_list(None),
             self.key_list(None),
             keys_match("t", "c", &self.spec.key)
@@ -213,11 +229,12 @@ impl Cols<'_> {
     /// (the rows' starting versions in `win`, the log's hidden entries) and
     /// the batch's, each with its origin.
     pub fn all(&self, win: &str, log: &str) -> String {
+        let batch = self.batch;
         let del = quote_ident(DELETED);
         format!(
             "SELECT {}, false AS {del}, 0 AS \"{ORIGIN}\" FROM {win} AS t \
              UNION ALL SELECT {}, l.{del}, 2 AS \"{ORIGIN}\" FROM {} \
-             UNION ALL SELECT {}, b.{del}, 1 AS \"{ORIGIN}\" FROM {BATCH} AS b",
+             UNION ALL SELECT {}, b.{del}, 1 AS \"{ORIGIN}\" FROM {batch} AS b",
             self.list(Some("t")),
             self.list(Some("l")),
             self.window_from(log, "l", &self.spec.version),
@@ -254,10 +271,11 @@ impl Cols<'_> {
     /// the run replaces them), with a full snapshot (`absent`) also the keys
     /// whose row spans the day.
     pub fn snapshot_keys(&self, target: &str, log: &str, day: &Value, absent: bool) -> Sql {
+        let batch = self.batch;
         let (vf, vt) = (quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to));
         let keys = self.key_list(None);
         let mut sql = Sql::new();
-        sql.push(&format!("SELECT DISTINCT {keys} FROM (SELECT {keys} FROM {BATCH} UNION ALL SELECT {keys} FROM {target} WHERE {vf} = "));
+        sql.push(&format!("SELECT DISTINCT {keys} FROM (SELECT {keys} FROM {batch} UNION ALL SELECT {keys} FROM {target} WHERE {vf} = "));
         sql.typed_param(day.clone(), "TIMESTAMP");
         sql.push(&format!(" UNION ALL SELECT {keys} FROM {log} WHERE {vf} = "));
         sql.typed_param(day.clone(), "TIMESTAMP");
@@ -311,18 +329,19 @@ impl Cols<'_> {
     /// at the next committed date `next` for a key of the batch that has no
     /// entry there (it was absent from that snapshot).
     pub fn snapshot_all(&self, target: &str, win: &str, log: &str, day: &Value, absent: bool, next: Option<&Value>) -> Sql {
+        let batch = self.batch;
         let (vf, vt, del) = (quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to), quote_ident(DELETED));
         let mut sql = Sql::new();
         sql.push(&format!("SELECT {}, false AS {del}, 0 AS \"{ORIGIN}\" FROM {win} AS t WHERE t.{vf} <> ", self.list(Some("t"))));
         sql.typed_param(day.clone(), "TIMESTAMP");
         sql.push(&format!(" UNION ALL SELECT {}, l.{del}, 2 AS \"{ORIGIN}\" FROM {} AND l.{vf} <> ", self.list(Some("l")), self.window_from(log, "l", &self.h.valid_from)));
         sql.typed_param(day.clone(), "TIMESTAMP");
-        sql.push(&format!(" UNION ALL SELECT {}, b.{del}, 1 AS \"{ORIGIN}\" FROM {BATCH} AS b", self.list(Some("b"))));
+        sql.push(&format!(" UNION ALL SELECT {}, b.{del}, 1 AS \"{ORIGIN}\" FROM {batch} AS b", self.list(Some("b"))));
         if absent {
             sql.push(" UNION ALL SELECT ");
             self.tombstone(&mut sql, "c", day);
             sql.push(&format!(
-                " FROM {CUT} AS c WHERE NOT EXISTS (SELECT 1 FROM {BATCH} AS b WHERE {}) AND EXISTS (SELECT 1 FROM {target} AS t WHERE {} AND t.{vf} < ",
+                " FROM {CUT} AS c WHERE NOT EXISTS (SELECT 1 FROM {batch} AS b WHERE {}) AND EXISTS (SELECT 1 FROM {target} AS t WHERE {} AND t.{vf} < ",
                 keys_match("b", "c", &self.spec.key),
                 keys_match("t", "c", &self.spec.key)
             ));
@@ -334,7 +353,7 @@ impl Cols<'_> {
                 sql.push(" UNION ALL SELECT ");
                 self.tombstone(&mut sql, "k", next);
                 sql.push(&format!(
-                    " FROM (SELECT DISTINCT {} FROM {BATCH}) AS k WHERE NOT EXISTS (SELECT 1 FROM {target} AS t WHERE {} AND t.{vf} = ",
+                    " FROM (SELECT DISTINCT {} FROM {batch}) AS k WHERE NOT EXISTS (SELECT 1 FROM {target} AS t WHERE {} AND t.{vf} = ",
                     self.key_list(None),
                     keys_match("t", "k", &self.spec.key)
                 ));

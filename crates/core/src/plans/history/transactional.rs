@@ -121,7 +121,7 @@ pub(super) fn history_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine
         job,
         spec,
         h,
-        cols: Cols { spec, h, names, compared, tracked, meta, types: source_cols.clone(), materialized: engine.dialect().materialized() },
+        cols: Cols { spec, h, names, compared, tracked, meta, types: source_cols.clone(), materialized: engine.dialect().materialized(), batch: BATCH },
         run_date,
         opts,
         run_input,
@@ -432,6 +432,15 @@ impl Run<'_> {
     ///    different upserts of a key at one version refused. Returns the
     ///    batch's entries.
     fn dedup(&mut self, engine: &mut dyn Engine) -> Result<u64> {
+        // A source with one row per key and version (the usual day) is the
+        // batch as it is: nothing to pick, no tie possible.
+        let (groups, dups) = self.duplicates(engine, STAGE)?;
+        if dups == 0 {
+            self.cols.batch = STAGE;
+            self.trace.step("dedup");
+            return Ok(groups);
+        }
+        self.cols.batch = BATCH;
         self.make(engine, BATCH, &Sql::raw(self.cols.first_per_version(STAGE, &[])))?;
         let rows = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {BATCH}")))?;
         if self.spec.on_tie == OnTie::Error {
@@ -442,6 +451,14 @@ impl Run<'_> {
         }
         self.trace.step("dedup");
         Ok(rows)
+    }
+
+    /// How many keys and versions `from` holds entries of, and of those how
+    /// many more than one.
+    fn duplicates(&self, engine: &mut dyn Engine, from: &str) -> Result<(u64, u64)> {
+        let rows = engine.query(&Sql::raw(self.cols.duplicates(from)))?;
+        let row = rows.single("the entries per key and version")?;
+        Ok((row.count("groups")?, row.count("dups")?))
     }
 
     /// 3. The touched keys' entries from where the run recomputes, with
@@ -465,15 +482,21 @@ impl Run<'_> {
         };
         self.make(engine, ALL, &all)?;
         self.trace.step("entries");
+        // Where every key and version has one entry, there is nothing to
+        // pick and no tie.
+        let (_, dups) = self.duplicates(engine, ALL)?;
         // A snapshot history's run owns its version: nothing recorded there is kept to tie with.
-        if self.spec.on_tie == OnTie::Error && !self.h.snapshot {
+        if dups > 0 && self.spec.on_tie == OnTie::Error && !self.h.snapshot {
             let tie = format!("{} AND a.\"{ORIGIN}\" <> 1 AND b.\"{ORIGIN}\" = 1", self.cols.tie("a", "b"));
             if let Some(e) = self.tie_error(engine, ALL, ALL, &tie, "between the batch and the history")? {
                 return Err(e);
             }
         }
         self.trace.step("ties");
-        let resolved = format!("({}) AS r", self.cols.first_per_version(ALL, &[]));
+        let resolved = match dups {
+            0 => format!("(SELECT {}, {} FROM {ALL}) AS r", self.cols.names_list(), quote_ident(DELETED)),
+            _ => format!("({}) AS r", self.cols.first_per_version(ALL, &[])),
+        };
         self.make(engine, NEW, &Sql::raw(self.cols.walk(&resolved, &self.version_type)))?;
         self.trace.step("resolve");
         Ok(())
