@@ -330,6 +330,40 @@ fn tools_work_on_a_history(e: &dyn EngineUnderTest) {
     assert_eq!((one.only_in_a, one.only_in_b, one.changed), (0, 0, 1));
 }
 
+/// The job's audits read every row of the keys a run touches, as they
+/// will be published: a key the run does not touch is not in scope (its
+/// edited row passes unseen), a touched key's new row that fails refuses
+/// the run and changes nothing.
+fn audits_read_the_touched_keys(e: &dyn EngineUnderTest) {
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    seed(db);
+    let audited = format!("{JOB}\n[[audit]]\nname = \"known cities\"\nkind = \"accepted_values\"\ncolumn = \"city\"\nvalues = [\"Paris\", \"Lyon\", \"Rome\", \"Nice\"]\n");
+    let job = hjob(&*db, &audited);
+    for day in ["2026-10-19", "2026-10-20"] {
+        job.load(d(day), db).unwrap();
+    }
+    // An edit by hand of a key the next run does not touch.
+    rewrite(
+        db,
+        "silver.dim_customer",
+        "SELECT customer_id, email, CASE WHEN customer_id = 2 THEN 'Oslo' ELSE city END AS city, visits, updated_at, op, valid_from, valid_to FROM silver.dim_customer",
+    );
+    let late = job.load(d("2026-10-23"), db).unwrap();
+    let known = late.audits.iter().find(|a| a.name == "known cities").expect("the audit ran");
+    assert!(known.passed && known.offending == 0, "only customer 1 is in scope: {known:?}");
+    let before = table(db);
+    let ledger_rows = ledger::entries(db, Some("dim_customer"), None, None).unwrap().len();
+    add(db, "2026-10-24", &["1, 'a@x', 'Oslo', 4, TIMESTAMP '2026-10-24 08:00:00', 'U'"]);
+    let err = job.load(d("2026-10-24"), db).unwrap_err();
+    let Error::AuditFailed { audit, results, .. } = &err else { panic!("{err}") };
+    assert_eq!(audit, "known cities", "{err}");
+    let failed = results.iter().find(|a| a.name == "known cities").unwrap();
+    assert_eq!(failed.offending, 1, "customer 1's new row: {failed:?}");
+    assert_eq!(table(db), before, "a refused run changes nothing");
+    assert_eq!(ledger::entries(db, Some("dim_customer"), None, None).unwrap().len(), ledger_rows);
+}
+
 /// `$on!` over every scenario of this file (each engine's macro).
 macro_rules! history_scenarios {
     ($on:ident) => {
@@ -343,6 +377,7 @@ macro_rules! history_scenarios {
     ties_error_or_deterministic,
     wrong_input_changes_nothing,
     failure_at_any_step_changes_nothing,
+    audits_read_the_touched_keys,
         );
     };
 }
