@@ -502,15 +502,22 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// A row (or entry) `a` and a new one `n` alike in key and values; with
-    /// `with_start`, `a` also starting at `n`'s version.
-    fn same(&self, a: &str, n: &str, with_start: bool) -> String {
-        let mut conds = vec![keys_match(a, n, &self.spec.key)];
-        if with_start {
-            conds.push(format!("{} = {}", q(a, &self.h.valid_from), q(n, &self.spec.version)));
-        }
-        conds.extend(self.cols.names.iter().filter(|c| !self.spec.key.contains(c)).map(|c| format!("{} IS NOT DISTINCT FROM {}", q(a, c), q(n, c))));
-        conds.join(" AND ")
+    /// A row (or entry) `a` and a new one `n` alike in key and values.
+    fn same(&self, a: &str, n: &str) -> String {
+        format!("{} AND {}", keys_match(a, n, &self.spec.key), self.alike(a, n))
+    }
+
+    /// `a` and `n` alike in every column but the key (`true` when there is
+    /// none).
+    fn alike(&self, a: &str, n: &str) -> String {
+        self.cols
+            .names
+            .iter()
+            .filter(|c| !self.spec.key.contains(c))
+            .map(|c| format!("{} IS NOT DISTINCT FROM {}", q(a, c), q(n, c)))
+            .chain(["true".to_owned()])
+            .collect::<Vec<_>>()
+            .join(" AND ")
     }
 
     /// `alias`'s key columns and `col`, as a select list.
@@ -533,7 +540,7 @@ impl Run<'_> {
         let first_key = &self.spec.key[0];
         let old_cols = self.target_cols.iter().map(|c| q("t", &c.name)).collect::<Vec<_>>().join(", ");
         let new_cols = self.cols.names.iter().map(|c| format!("{} AS {}", q("n", c), quote_ident(&format!("{NEW_PREFIX}{c}")))).collect::<Vec<_>>().join(", ");
-        let alike = self.cols.names.iter().filter(|c| !self.spec.key.contains(c)).map(|c| format!("{} IS NOT DISTINCT FROM {}", q("t", c), q("n", c))).chain(["true".to_owned()]).collect::<Vec<_>>().join(" AND ");
+        let alike = self.alike("t", "n");
         // Joined on equalities only (a FULL JOIN needs them on PostgreSQL);
         // the other columns decide SAME.
         self.make(
@@ -560,7 +567,7 @@ impl Run<'_> {
         let (retimed, kept, gone, inserts) = (row.count("retimed")?, row.count("kept")?, row.count("gone")?, row.count("inserts")?);
         let del = quote_ident(DELETED);
         let version = &self.spec.version;
-        let entry_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE NOT n.\"{START}\" AND n.{del} = l.{del} AND {})", self.same("l", "n", false));
+        let entry_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE NOT n.\"{START}\" AND n.{del} = l.{del} AND {})", self.same("l", "n"));
         let log_gone = self.made(
             engine,
             LOG_GONE,
@@ -591,7 +598,7 @@ impl Run<'_> {
     fn new_entries(&self) -> String {
         let del = quote_ident(DELETED);
         let values = self.cols.names.iter().map(|c| q("n", c)).collect::<Vec<_>>().join(", ");
-        let in_log = format!("EXISTS (SELECT 1 FROM {} AS l WHERE l.{del} = n.{del} AND {})", self.log.quoted(), self.same("l", "n", false));
+        let in_log = format!("EXISTS (SELECT 1 FROM {} AS l WHERE l.{del} = n.{del} AND {})", self.log.quoted(), self.same("l", "n"));
         format!("SELECT {values}, n.{del} FROM {NEW} AS n WHERE NOT n.\"{START}\" AND NOT {in_log}")
     }
 
@@ -716,7 +723,7 @@ impl Run<'_> {
             keys_match("t", "c", &self.spec.key),
             quote_ident(&self.spec.version)
         );
-        let held_new = |start: &str| format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE {start}n.{del} = t.{del} AND {})", self.same("t", "n", false));
+        let held_new = |start: &str| format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE {start}n.{del} = t.{del} AND {})", self.same("t", "n"));
         // 1. The log: the new hidden entries in, the entries a new one
         //    replaces at their version out.
         let entries = self.new_entries();
