@@ -208,6 +208,12 @@ pub fn run(admin: &str, rows: u64, days: u64, changes: u64, rounds: u32, dir: &P
         c.args(["run", job, "--date", date, "--db", &url, "--force", "--output", "json"]);
         c
     };
+    // A retry over the same input: no --force, so it may skip.
+    let retry = |job: &str| {
+        let mut c = crate::fixpoint_command();
+        c.args(["run", job, "--date", date, "--db", &url, "--output", "json"]);
+        c
+    };
     let hand = |table: &str, merge: bool| {
         let mut c = Command::new(&exe);
         c.args(["sql", "--pg", &url, "--table", table, "--date", date, "--file", "-"]);
@@ -227,6 +233,7 @@ pub fn run(admin: &str, rows: u64, days: u64, changes: u64, rounds: u32, dir: &P
     measure(&mut fixpoint(&part))?;
     measure(&mut hand("silver.orders", false))?;
     let mut sides: [Vec<Sample>; 4] = Default::default();
+    let mut skips: [Vec<Sample>; 2] = Default::default();
     let mut replaced = 0;
     for round in 0..rounds {
         eprintln!("bench: replace round {}/{rounds}", round + 1);
@@ -253,6 +260,16 @@ pub fn run(admin: &str, rows: u64, days: u64, changes: u64, rounds: u32, dir: &P
             ][side];
             check_day(&url, name, table, date)?;
             sides[side].push(s);
+            // The retry right after fixpoint's run: skipped by its run key
+            // and the day's output fingerprint.
+            if side == 1 || side == 2 {
+                let (s, v) = measure(&mut retry(if side == 1 { &plain } else { &part }))?;
+                if v["outcome"] != "skipped" {
+                    return Err(Error::Internal(format!("the retry was not skipped: {v}")));
+                }
+                check_day(&url, "fixpoint's skipped retry", table, date)?;
+                skips[side - 1].push(s);
+            }
         }
     }
     let (mut fm, mut hm) = (Vec::new(), Vec::new());
@@ -308,6 +325,8 @@ pub fn run(admin: &str, rows: u64, days: u64, changes: u64, rounds: u32, dir: &P
         "fixpoint_partition_exchange_s": med(fx_part), "hand_written_delete_insert_partitioned_s": med(hw_part),
         "ratio_delete_insert": med(fx_plain) / med(hw), "ratio_exchange": med(fx_part) / med(hw_part),
         "ratio_exchange_over_plain_hand_written": med(fx_part) / med(hw), "results_checked": true,
+        "retry_skipped_plain_s": med(&skips[0]), "retry_skipped_partitioned_s": med(&skips[1]),
+        "ratio_retry_plain": med(&skips[0]) / med(hw), "ratio_retry_partitioned": med(&skips[1]) / med(hw_part),
         "process_s": {"hand": wall(hw), "fixpoint_delete_insert": wall(fx_plain), "fixpoint_exchange": wall(fx_part), "hand_partitioned": wall(hw_part)},
         "peak_rss_mb": {"hand": rss(hw), "fixpoint_delete_insert": rss(fx_plain), "fixpoint_exchange": rss(fx_part), "hand_partitioned": rss(hw_part)},
         "hand_written_merge_s": med(&hm), "fixpoint_merge_s": med(&fm), "ratio_merge": med(&fm) / med(&hm),
@@ -324,6 +343,13 @@ pub fn run(admin: &str, rows: u64, days: u64, changes: u64, rounds: u32, dir: &P
         println!("| fixpoint run --force, delete+insert (plain table) | {:.3} | {:.3} | {:.0} |", med(fx_plain), wall(fx_plain), rss(fx_plain));
         println!("| fixpoint run --force, partition exchange (LIST-partitioned table) | {:.3} | {:.3} | {:.0} |", med(fx_part), wall(fx_part), rss(fx_part));
         println!("| hand-written DELETE + INSERT on the partitioned table | {:.3} | {:.3} | {:.0} |", med(hw_part), wall(hw_part), rss(hw_part));
+        println!("| fixpoint retry, skipped (plain table) | {:.3} | {:.3} | {:.0} |", med(&skips[0]), wall(&skips[0]), rss(&skips[0]));
+        println!("| fixpoint retry, skipped (partitioned table) | {:.3} | {:.3} | {:.0} |", med(&skips[1]), wall(&skips[1]), rss(&skips[1]));
+        println!(
+            "retry skipped / hand-written rewrite of the day: {:.3} (plain), {:.3} (partitioned)",
+            med(&skips[0]) / med(hw),
+            med(&skips[1]) / med(hw_part)
+        );
         println!(
             "ratio fixpoint / hand-written on the same table: {:.3} (delete+insert, plain), {:.3} (partition exchange, partitioned); exchange / plain hand-written: {:.3}",
             med(fx_plain) / med(hw),

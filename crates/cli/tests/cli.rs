@@ -389,7 +389,7 @@ fn the_same_job_runs_unchanged_on_postgres() {
     assert_eq!(first.code, 0, "{}", first.stderr);
     let v: serde_json::Value = serde_json::from_str(&first.stdout).unwrap();
     assert_eq!((v["rows_inserted"].as_u64(), v["output"]["rows"].as_u64()), (Some(2), Some(2)));
-    assert!(v["output"]["kind"].as_str().unwrap().starts_with("native-v1/postgres "), "{}", v["output"]);
+    assert!(v["output"]["kind"].as_str().unwrap().starts_with("native-v2/postgres "), "{}", v["output"]);
     let again = fixpoint(tmp.path(), &["run", "job.toml", "--date", "2026-10-20", "--db", &url, "--output", "json"]);
     let a: serde_json::Value = serde_json::from_str(&again.stdout).unwrap();
     assert_eq!(a["outcome"], "skipped");

@@ -32,6 +32,8 @@ use postgres::Client;
 
 /// The staging table's name (a temporary table: this session only).
 pub(crate) const STAGE: &str = "pg_temp.\"__fixpoint_input\"";
+/// [`STAGE`]'s own name, as any statement that reads it spells it.
+pub(crate) const STAGE_NAME: &str = "\"__fixpoint_input\"";
 
 /// How one column travels: the PostgreSQL type it is copied as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -271,96 +273,111 @@ pub(crate) fn numeric_scaled(value: i128, scale: u32, out: &mut BytesMut) -> boo
     true
 }
 
-/// Reads `files` with an embedded DuckDB and copies their rows into
-/// [`STAGE`], created for them; returns the rows copied.
-pub(crate) fn stage(client: &mut Client, files: &InputFiles) -> Result<u64> {
-    copy_files(client, files, None)
+/// The day's files, checked and described by an embedded DuckDB, their
+/// rows not read yet: [`Pending::copy`] streams them into a table.
+pub(crate) struct Pending {
+    duck: fixpoint_duckdb::DuckDb,
+    /// `SELECT <each column as sent> FROM <the files>`.
+    read: Sql,
+    /// Each column's name and PostgreSQL type, in the files' order.
+    pub(crate) columns: Vec<Column>,
+    kinds: Vec<Kind>,
+    types: Vec<Type>,
+}
+
+fn pg_err(context: &str) -> impl Fn(postgres::Error) -> Error + '_ {
+    move |e: postgres::Error| Error::Database { engine: "postgres", context: context.to_owned(), message: e.to_string(), failure: fixpoint_core::DbFailure::Other }
+}
+
+impl Pending {
+    /// Reads no row: the files are checked (as on DuckDB) and their
+    /// columns mapped, or an error names the file or the column.
+    pub(crate) fn open(files: &InputFiles) -> Result<Pending> {
+        let mut duck = fixpoint_duckdb::DuckDb::open_in_memory()?;
+        let relation = duck.stage_files(files)?;
+        let mut all = Sql::new();
+        all.push("SELECT * FROM ").append(&relation);
+        let described = duck.describe(&all)?;
+        let (mut columns, mut select, mut kinds, mut types) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for c in &described {
+            let Some((pg, expr, kind)) = map(c) else {
+                return Err(Error::Schema {
+                    message: format!("the files' column {:?} has the type {}, which has no faithful PostgreSQL type in fixpoint", c.name, c.ty),
+                    hint: Some("write it upstream as a plain type (integer, decimal, text, boolean, date, timestamp, timestamptz, time, uuid, blob), or load the files into DuckDB".into()),
+                });
+            };
+            columns.push(Column { name: c.name.clone(), ty: pg });
+            select.push(expr);
+            kinds.push(kind);
+            types.push(match kind {
+                Kind::Bool => Type::BOOL,
+                Kind::Int2 => Type::INT2,
+                Kind::Int4 => Type::INT4,
+                Kind::Int8 => Type::INT8,
+                Kind::Float4 => Type::FLOAT4,
+                Kind::Float8 => Type::FLOAT8,
+                Kind::Numeric => Type::NUMERIC,
+                Kind::Text => Type::TEXT,
+                Kind::Bytea => Type::BYTEA,
+                Kind::Date => Type::DATE,
+                Kind::Timestamp => Type::TIMESTAMP,
+                Kind::TimestampTz => Type::TIMESTAMPTZ,
+                Kind::Time => Type::TIME,
+                Kind::Uuid => Type::UUID,
+            });
+        }
+        let mut read = Sql::new();
+        read.push("SELECT ").push(&select.join(", ")).push(" FROM ").append(&relation);
+        Ok(Pending { duck, read, columns, kinds, types })
+    }
+
+    /// `CREATE TEMPORARY TABLE` of [`STAGE`] with the files' columns
+    /// (dropped first when there).
+    pub(crate) fn create_stage(&self, client: &mut Client) -> Result<()> {
+        let create: Vec<String> = self.columns.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
+        client.batch_execute(&format!("DROP TABLE IF EXISTS {STAGE}")).map_err(pg_err("dropping the staging table"))?;
+        client
+            .batch_execute(&format!("CREATE TEMPORARY TABLE {} ({})", STAGE.trim_start_matches("pg_temp."), create.join(", ")))
+            .map_err(pg_err("creating the staging table"))?;
+        Ok(())
+    }
+
+    /// Streams the files' rows with `COPY … (FORMAT binary)` into `table`'s
+    /// columns of the files' names; returns the rows copied.
+    pub(crate) fn copy(&mut self, client: &mut Client, table: &str) -> Result<u64> {
+        let names: Vec<String> = self.columns.iter().map(|c| quote_ident(&c.name)).collect();
+        let conn = self.duck.connection();
+        let duck_err = |e: duckdb::Error| Error::Database { engine: "duckdb", context: "reading the files".into(), message: e.to_string(), failure: fixpoint_core::DbFailure::Other };
+        let mut stmt = conn.prepare(&self.read.text).map_err(duck_err)?;
+        let mut rows = stmt.query([]).map_err(duck_err)?;
+        let sink = client.copy_in(&format!("COPY {table} ({}) FROM STDIN (FORMAT binary)", names.join(", "))).map_err(pg_err("starting COPY"))?;
+        let mut writer = BinaryCopyInWriter::new(sink, &self.types);
+        let mut n = 0u64;
+        let width = self.kinds.len();
+        loop {
+            let row = match rows.next() {
+                Ok(Some(r)) => r,
+                Ok(None) => break,
+                Err(e) => return Err(duck_err(e)),
+            };
+            let mut fields = Vec::with_capacity(width);
+            for (i, kind) in self.kinds.iter().enumerate() {
+                fields.push(Field { kind: *kind, value: row.get_ref(i).map_err(duck_err)? });
+            }
+            let refs: Vec<&(dyn ToSql + Sync)> = fields.iter().map(|f| f as &(dyn ToSql + Sync)).collect();
+            writer.write(&refs).map_err(pg_err("copying the files' rows into PostgreSQL"))?;
+            n += 1;
+        }
+        writer.finish().map_err(pg_err("finishing COPY"))?;
+        Ok(n)
+    }
 }
 
 /// Reads `files` with an embedded DuckDB and copies their rows with
-/// `COPY … (FORMAT binary)` into `into` (an existing table, whose columns
-/// are the files' in order), or into [`STAGE`] (created) when `None`.
-pub(crate) fn copy_files(client: &mut Client, files: &InputFiles, into: Option<&str>) -> Result<u64> {
-    let mut duck = fixpoint_duckdb::DuckDb::open_in_memory()?;
-    let relation = duck.stage_files(files)?;
-    let mut all = Sql::new();
-    all.push("SELECT * FROM ").append(&relation);
-    let columns = duck.describe(&all)?;
-    let mut create = Vec::new();
-    let mut select = Vec::new();
-    let mut kinds = Vec::new();
-    let mut types = Vec::new();
-    for c in &columns {
-        let Some((pg, expr, kind)) = map(c) else {
-            return Err(Error::Schema {
-                message: format!("the files' column {:?} has the type {}, which has no faithful PostgreSQL type in fixpoint", c.name, c.ty),
-                hint: Some("write it upstream as a plain type (integer, decimal, text, boolean, date, timestamp, timestamptz, time, uuid, blob), or load the files into DuckDB".into()),
-            });
-        };
-        create.push(format!("{} {pg}", quote_ident(&c.name)));
-        select.push(expr);
-        kinds.push(kind);
-        types.push(match kind {
-            Kind::Bool => Type::BOOL,
-            Kind::Int2 => Type::INT2,
-            Kind::Int4 => Type::INT4,
-            Kind::Int8 => Type::INT8,
-            Kind::Float4 => Type::FLOAT4,
-            Kind::Float8 => Type::FLOAT8,
-            Kind::Numeric => Type::NUMERIC,
-            Kind::Text => Type::TEXT,
-            Kind::Bytea => Type::BYTEA,
-            Kind::Date => Type::DATE,
-            Kind::Timestamp => Type::TIMESTAMP,
-            Kind::TimestampTz => Type::TIMESTAMPTZ,
-            Kind::Time => Type::TIME,
-            Kind::Uuid => Type::UUID,
-        });
-    }
-    let pg_err = |context: &str| {
-        let context = context.to_owned();
-        move |e: postgres::Error| Error::Database { engine: "postgres", context: context.clone(), message: e.to_string(), failure: fixpoint_core::DbFailure::Other }
-    };
-    let table = match into {
-        Some(t) => t.to_owned(),
-        None => {
-            client.batch_execute(&format!("DROP TABLE IF EXISTS {STAGE}")).map_err(pg_err("dropping the staging table"))?;
-            client
-                .batch_execute(&format!("CREATE TEMPORARY TABLE {} ({})", STAGE.trim_start_matches("pg_temp."), create.join(", ")))
-                .map_err(pg_err("creating the staging table"))?;
-            STAGE.to_owned()
-        }
-    };
-
-    let mut read = Sql::new();
-    read.push("SELECT ").push(&select.join(", ")).push(" FROM ").append(&relation);
-    let conn = duck.connection();
-    let duck_err = |e: duckdb::Error| Error::Database { engine: "duckdb", context: "reading the files".into(), message: e.to_string(), failure: fixpoint_core::DbFailure::Other };
-    let mut stmt = conn.prepare(&read.text).map_err(duck_err)?;
-    let mut rows = stmt.query([]).map_err(duck_err)?;
-    let sink = client.copy_in(&format!("COPY {table} FROM STDIN (FORMAT binary)")).map_err(pg_err("starting COPY"))?;
-    let mut writer = BinaryCopyInWriter::new(sink, &types);
-    let mut n = 0u64;
-    let width = kinds.len();
-    loop {
-        let row = match rows.next() {
-            Ok(Some(r)) => r,
-            Ok(None) => break,
-            Err(e) => return Err(duck_err(e)),
-        };
-        let mut fields = Vec::with_capacity(width);
-        for (i, kind) in kinds.iter().enumerate() {
-            fields.push(Field { kind: *kind, value: row.get_ref(i).map_err(duck_err)? });
-        }
-        let refs: Vec<&(dyn ToSql + Sync)> = fields.iter().map(|f| f as &(dyn ToSql + Sync)).collect();
-        writer.write(&refs).map_err(pg_err("copying the files' rows into PostgreSQL"))?;
-        n += 1;
-    }
-    writer.finish().map_err(pg_err("finishing COPY"))?;
-    if into.is_none() {
-        client.batch_execute(&format!("ANALYZE {STAGE}")).map_err(pg_err("analyzing the staging table"))?;
-    }
-    Ok(n)
+/// `COPY … (FORMAT binary)` into `into`, an existing table with columns of
+/// the files' names and types.
+pub(crate) fn copy_files(client: &mut Client, files: &InputFiles, into: &str) -> Result<u64> {
+    Pending::open(files)?.copy(client, into)
 }
 
 #[cfg(test)]

@@ -13,7 +13,9 @@ use std::error::Error as StdError;
 mod files;
 mod merge;
 
-use fixpoint_core::engine::{Accelerated, Accelerator, Column, DayPartition, Dialect, Engine, FileInput, Locks, MergeRequest, Merged, PartitionExchange, Rows, RunSteps};
+use fixpoint_core::engine::{
+    Accelerated, Accelerator, Column, DayInsert, DayPartition, Dialect, Engine, FileInput, Locks, MergeRequest, Merged, PartitionExchange, Rows, RunSteps, TappedDay,
+};
 use fixpoint_core::job::ident::{quote_ident, TableName};
 use fixpoint_core::job::sql::{Sql, Value};
 use fixpoint_core::{DbFailure, Error, Result};
@@ -43,6 +45,24 @@ pub struct Postgres {
     /// what it wrote, the one-statement merge); tests turn them off to run
     /// the portable plans where they would run.
     accelerated: bool,
+    /// A file source's files, staged lazily (see [`Stage`]).
+    stage: Option<Stage>,
+    /// Inside a transaction this session began (`BEGIN` … `COMMIT` or
+    /// `ROLLBACK`).
+    in_transaction: bool,
+}
+
+/// A file source's staging table: created with the files' columns when the
+/// run starts, its rows copied in by the first statement that reads it
+/// (none when a retry is skipped by its files' run key; none when the
+/// files go straight into the target, [`Accelerator::insert_day`]). Rows
+/// copied inside a transaction that rolls back go with it, and the next
+/// statement that reads the table copies them again.
+struct Stage {
+    pending: files::Pending,
+    filled: bool,
+    /// Filled inside the open transaction.
+    filled_in_transaction: bool,
 }
 
 /// The lock wait of [`Postgres::connect`]: the CLI's `--wait` default.
@@ -174,7 +194,47 @@ impl Postgres {
             .map_err(pg_err("reading the session's process id"))?;
         let (pid, isolation): (i32, String) = (row.get(0), row.get(1));
         let begin = if isolation == "serializable" { "BEGIN ISOLATION LEVEL SERIALIZABLE" } else { "BEGIN ISOLATION LEVEL REPEATABLE READ" };
-        Ok(Postgres { client: Some(client), url: url.to_owned(), version: None, scratch: None, wait, pid, begin, fresh: false, accelerated: true })
+        Ok(Postgres { client: Some(client), url: url.to_owned(), version: None, scratch: None, wait, pid, begin, fresh: false, accelerated: true, stage: None, in_transaction: false })
+    }
+
+    /// Where the session's transaction begins and ends, for [`Stage`]:
+    /// rows copied into the staging table inside a transaction that did
+    /// not commit are gone, and copied again when next read.
+    fn track_transaction(&mut self, text: &str, ok: bool) {
+        let word = text.trim_start().split_whitespace().next().unwrap_or("").to_ascii_uppercase();
+        match word.as_str() {
+            "BEGIN" if ok => self.in_transaction = true,
+            "COMMIT" | "ROLLBACK" | "END" | "ABORT" => {
+                let committed = ok && word != "ROLLBACK" && word != "ABORT";
+                if let Some(stage) = &mut self.stage {
+                    if stage.filled_in_transaction && !committed {
+                        stage.filled = false;
+                    }
+                    stage.filled_in_transaction = false;
+                }
+                self.in_transaction = false;
+            }
+            _ => {}
+        }
+    }
+
+    /// Copies the files' rows into the staging table before the first
+    /// statement that reads it.
+    fn fill_stage(&mut self, text: &str) -> Result<()> {
+        let needed = self.stage.as_ref().is_some_and(|s| !s.filled) && text.contains(files::STAGE_NAME);
+        if !needed {
+            return Ok(());
+        }
+        let mut stage = self.stage.take().expect("checked");
+        let started = std::time::Instant::now();
+        let copied = stage.pending.copy(self.client(), files::STAGE).and_then(|_| {
+            self.client().batch_execute(&format!("ANALYZE {}", files::STAGE)).map_err(pg_err("analyzing the staging table"))
+        });
+        fixpoint_core::run::protocol::trace_statement(started, "COPY the files into the staging table");
+        stage.filled = copied.is_ok();
+        stage.filled_in_transaction = copied.is_ok() && self.in_transaction;
+        self.stage = Some(stage);
+        copied
     }
 
     /// A lock timeout becomes a [`Error::Busy`] that says how long it waited
@@ -236,7 +296,7 @@ impl Postgres {
     /// DuckDB reads the files, `COPY … (FORMAT binary)` writes them. For the
     /// hand-written side of benchmarks; runs in the caller's transaction.
     pub fn copy_files_into(&mut self, files: &fixpoint_core::job::files::InputFiles, table: &TableName) -> Result<u64> {
-        files::copy_files(self.client(), files, Some(&table.quoted()))
+        files::copy_files(self.client(), files, &table.quoted())
     }
 
     /// Without the accelerated plans: every run takes the portable plans
@@ -422,6 +482,7 @@ impl Engine for Postgres {
     }
 
     fn execute(&mut self, sql: &Sql) -> Result<u64> {
+        self.fill_stage(&sql.text)?;
         let started = std::time::Instant::now();
         self.fresh = false;
         if sql.params.is_empty() && !sql.text.contains('$') {
@@ -429,6 +490,7 @@ impl Engine for Postgres {
             let text = sql.text.clone();
             let r = self.client().execute(&text, &[]).map_err(|e| pg_err(context_of(&text))(e));
             fixpoint_core::run::protocol::trace_statement(started, &text);
+            self.track_transaction(&text, r.is_ok());
             return r.map_err(|e| self.explain_busy(e));
         }
         let stmt = self.prepare(sql)?;
@@ -440,6 +502,7 @@ impl Engine for Postgres {
     }
 
     fn query(&mut self, sql: &Sql) -> Result<Rows> {
+        self.fill_stage(&sql.text)?;
         let started = std::time::Instant::now();
         self.fresh = false;
         let stmt = self.prepare(sql)?;
@@ -579,12 +642,41 @@ impl Engine for Postgres {
 }
 
 /// PostgreSQL's accelerated plan: the merge of an upsert-only batch in one
-/// statement ([`merge`]); anything else declines before writing, and the
-/// portable plan runs. (`replace_partition`'s insert is not accelerated:
-/// an `INSERT … RETURNING` that hashes each row as it is written measured
-/// no faster than the guard scan, which PostgreSQL runs on parallel
-/// workers; see BENCHMARKS.md.)
+/// statement ([`merge`]), and `replace_partition`'s insert with its guards
+/// and fingerprint on its `RETURNING` rows ([`Accelerator::insert_day`]);
+/// anything else declines before writing, and the portable plan runs.
 impl Accelerator for Postgres {
+    /// `WITH "i" AS (INSERT … RETURNING <row hash>, <partition>) SELECT
+    /// count(*), count(*) FILTER (outside the day), sum(<row hash>) FROM
+    /// "i"`: the source is read once, by the insert, single-threaded as the
+    /// hand-written insert reads it. The hash is of the row as the target
+    /// holds it; the plan asks only when the target's fingerprinted
+    /// columns are the source's, of the same types.
+    fn insert_day(&mut self, day: &DayInsert<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<TappedDay>> {
+        if day.hashed.is_empty() {
+            return Ok(Accelerated::Declined("no column to hash"));
+        }
+        let hash = record_hash(day.hashed, |c| quote_ident(c));
+        if day.files_as_is && self.stage.as_ref().is_some_and(|s| !s.filled) {
+            return self.copy_day(day, &hash, steps).map(Accelerated::Done);
+        }
+        let mut sql = Sql::new();
+        sql.push("WITH \"__fixpoint_i\" AS (");
+        let insert = (day.insert)(&Sql::raw(day.partition.clone()));
+        sql.text.push_str(&insert.text);
+        sql.params.extend(insert.params.iter().cloned());
+        sql.push(&format!(" RETURNING {hash} AS \"h\", {} AS \"p\") ", quote_ident(day.column)));
+        sql.push("SELECT count(*) AS \"inserted\", count(*) FILTER (WHERE \"p\" IS DISTINCT FROM ");
+        sql.typed_param(Value::Date(day.day), "DATE");
+        sql.push(") AS \"outside\", coalesce(sum(\"h\"), 0) AS \"sum\" FROM \"__fixpoint_i\"");
+        let rows = self.query(&sql)?;
+        let row = rows.single("the day's insert")?;
+        let (inserted, outside) = (row.count("inserted")?, row.count("outside")?);
+        let sum = self.read_sum(row.value("sum")?)?;
+        steps.step("insert (guards and fingerprint on its rows)");
+        Ok(Accelerated::Done(TappedDay { inserted, outside, sum }))
+    }
+
     fn merge(&mut self, m: &MergeRequest<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<Merged>> {
         if !merge::fits(self, m)? {
             return Ok(Accelerated::Declined("tombstones or audits: the portable plan"));
@@ -593,10 +685,77 @@ impl Accelerator for Postgres {
     }
 }
 
+impl Postgres {
+    /// The day's files copied straight into the target (`COPY`, as by hand),
+    /// then the day's rows counted and hashed: the day's old rows are
+    /// deleted already, so the day holds exactly the rows copied unless
+    /// some were of another day (or none), which are counted as outside
+    /// (the run is then refused and rolled back).
+    fn copy_day(&mut self, day: &DayInsert<'_>, hash: &str, steps: &mut dyn RunSteps) -> Result<TappedDay> {
+        let mut stage = self.stage.take().expect("checked by the caller");
+        let started = std::time::Instant::now();
+        let copied = stage.pending.copy(self.client(), &day.target.quoted());
+        fixpoint_core::run::protocol::trace_statement(started, "COPY the files into the target");
+        self.stage = Some(stage);
+        let copied = copied?;
+        steps.step("insert (the files copied into the target)");
+        let mut sql = Sql::new();
+        sql.push(&format!("SELECT count(*) AS \"n\", coalesce(sum({hash}), 0) AS \"sum\" FROM {} WHERE {} = ", day.target.quoted(), quote_ident(day.column)));
+        sql.typed_param(Value::Date(day.day), "DATE");
+        let rows = self.query(&sql)?;
+        let row = rows.single("the day's rows")?;
+        let (in_day, sum) = (row.count("n")?, self.read_sum(row.value("sum")?)?);
+        if in_day > copied {
+            return Err(Error::Internal(format!("{copied} rows were copied but the day holds {in_day}; rolled back")));
+        }
+        steps.step("the day's guards and fingerprint");
+        Ok(TappedDay { inserted: copied, outside: copied - in_day, sum })
+    }
+}
+
+/// [`Dialect::native_row_hash`] of `columns`, each named by `name`.
+fn record_hash(columns: &[Column], name: impl Fn(&str) -> String) -> String {
+    let fields: Vec<String> = columns.iter().map(|c| record_field(&name(&c.name), &c.ty)).collect();
+    format!("hashint8extended(hash_record_extended(ROW({}), 0), 0)", fields.join(", "))
+}
+
+/// One field of [`Dialect::native_row_hash`]'s record: the value itself
+/// where its type's hash is the value's own (numbers, text in the `C`
+/// collation, dates and times, booleans, UUIDs, bytes, `jsonb`), its text
+/// otherwise.
+fn record_field(expr: &str, ty: &str) -> String {
+    let ty = ty.to_ascii_lowercase();
+    let own = ["smallint", "integer", "bigint", "real", "double precision", "boolean", "date", "uuid", "bytea", "jsonb", "interval"];
+    let own_prefix = ["numeric", "timestamp", "time without time zone", "time(", "interval"];
+    let text_like = ["text", "character varying", "character", "bpchar", "varchar", "char("];
+    if ty.ends_with(']') {
+        format!("CAST({expr} AS TEXT) COLLATE \"C\"")
+    } else if text_like.iter().any(|t| ty == *t || ty.starts_with(&format!("{t}("))) || ty.starts_with("char(") {
+        format!("{expr} COLLATE \"C\"")
+    } else if own.contains(&ty.as_str()) || own_prefix.iter().any(|p| ty.starts_with(p)) {
+        expr.to_owned()
+    } else {
+        format!("CAST({expr} AS TEXT) COLLATE \"C\"")
+    }
+}
+
 impl Dialect for Postgres {
+    /// Each value hashed by its type's own hash function (`hash_record_extended`:
+    /// no text is built, and no session setting such as the time zone or
+    /// the date style enters), the record's hash then mixed once more
+    /// (`hashint8extended`): the record hash is a linear sum of its
+    /// fields' hashes, and summed over rows it would not tell two rows'
+    /// values swapped between them. Values compare as their type compares
+    /// them (`numeric` 1.5 and 1.50 alike; `real` -0 and 0 alike); text in
+    /// the `C` collation, so a case-insensitive collation does not make
+    /// 'A' and 'a' alike. A type without a hash of its own, or whose hash
+    /// depends on the database (an enum's OID), is hashed by its text.
     fn native_row_hash(&self, alias: &str, columns: &[Column]) -> Option<String> {
-        let cols: Vec<String> = columns.iter().map(|c| format!("{alias}.{}", quote_ident(&c.name))).collect();
-        Some(format!("hashtextextended(CAST(ROW({}) AS TEXT), 0)", cols.join(", ")))
+        Some(record_hash(columns, |c| format!("{alias}.{}", quote_ident(c))))
+    }
+
+    fn native_hash_version(&self) -> u32 {
+        2
     }
 
     fn portable_value(&self, expr: &str, column: &Column) -> (String, &'static str) {
@@ -890,12 +1049,18 @@ impl PartitionExchange for Postgres {
 }
 
 impl FileInput for Postgres {
+    /// The files checked and the staging table created, empty: its rows are
+    /// copied by the first statement that reads it ([`Stage`]).
     fn stage_files(&mut self, files: &fixpoint_core::job::files::InputFiles) -> Result<Sql> {
-        files::stage(self.client(), files)?;
+        self.stage = None;
+        let pending = files::Pending::open(files)?;
+        pending.create_stage(self.client())?;
+        self.stage = Some(Stage { pending, filled: false, filled_in_transaction: false });
         Ok(Sql::raw(files::STAGE))
     }
 
     fn release_files(&mut self) -> Result<()> {
+        self.stage = None;
         self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {}", files::STAGE))).map(|_| ())
     }
 }
@@ -959,7 +1124,23 @@ impl Bound {
 
 #[cfg(test)]
 mod tests {
-    use super::{classify, Bound};
+    use super::{classify, record_field, Bound};
+
+    /// Each type is hashed by its own hash or by its text, and text in the
+    /// `C` collation.
+    #[test]
+    fn record_fields_by_type() {
+        let own = ["integer", "bigint", "numeric(12,2)", "numeric", "double precision", "date", "timestamp without time zone", "timestamp(3) with time zone", "boolean", "uuid", "bytea", "jsonb", "interval"];
+        for ty in own {
+            assert_eq!(record_field("x", ty), "x", "{ty}");
+        }
+        for ty in ["text", "character varying(20)", "character varying", "character(3)"] {
+            assert_eq!(record_field("x", ty), "x COLLATE \"C\"", "{ty}");
+        }
+        for ty in ["json", "integer[]", "numeric[]", "mood", "s.pos", "time with time zone", "xml", "point"] {
+            assert_eq!(record_field("x", ty), "CAST(x AS TEXT) COLLATE \"C\"", "{ty}");
+        }
+    }
 
     #[test]
     fn partition_bounds() {

@@ -834,6 +834,72 @@ sql = "SELECT CAST(id AS BIGINT) AS id, CAST(amount AS BIGINT) AS amount, :run_d
     }
 }
 
+/// Files not split by day, loaded as they are: a row of another day in
+/// them refuses the run (on PostgreSQL after the files went straight into
+/// the target: the transaction takes them back), and neither day changes.
+fn a_row_of_another_day_in_the_files_changes_nothing(e: &dyn EngineUnderTest) {
+    let lake = Lake::new();
+    let write = |lake: &Lake, last_day: &str, last_total: &str| {
+        lake.write(
+            &["flat/orders.parquet"],
+            &format!(
+                "COPY (SELECT * FROM (VALUES (1, 5.25::DECIMAL(12,2), DATE '2026-10-20'), (2, 7.00::DECIMAL(12,2), DATE '2026-10-20'), \
+                 (3, {last_total}::DECIMAL(12,2), DATE '{last_day}')) AS t(order_id, order_total, dt)) TO '{{lake}}/flat/orders.parquet' (FORMAT parquet)"
+            ),
+        )
+    };
+    write(&lake, "2026-10-20", "9.50");
+    let job = lake.job("name = \"flat\"\ntarget = \"silver.flat\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n[source]\nfiles = \"flat/orders.parquet\"\n");
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    assert_eq!(job.load(d("2026-10-20"), db).unwrap().output_rows, 3);
+    exec(db, "INSERT INTO silver.flat VALUES (9, 1.00, DATE '2026-10-21')");
+    let all = |db: &mut dyn fixpoint_core::Engine| rows(db, "SELECT order_id, CAST(order_total AS VARCHAR), CAST(dt AS VARCHAR) FROM silver.flat ORDER BY order_id");
+    let before = all(db);
+    write(&lake, "2026-10-21", "9.50");
+    let err = job.load(d("2026-10-20"), db).unwrap_err();
+    assert!(matches!(err, Error::OutOfPartition { rows: 1, .. }), "{err}");
+    assert!(err.to_string().contains("order_id: 3"), "the sample shows the row: {err}");
+    assert_eq!(all(db), before, "neither day changed");
+    assert_eq!(ledger::entries(db, Some("flat"), None, None).unwrap().len(), 1);
+    // Fixed upstream: the day loads, the other day keeps its row.
+    write(&lake, "2026-10-20", "9.75");
+    let r = job.load(d("2026-10-20"), db).unwrap();
+    assert_eq!((r.outcome.as_str(), r.output_rows), ("committed", 3), "{:?}", r.skip_reason);
+    let mut want = before.clone();
+    want[2][1] = "\"9.75\"".into();
+    assert_eq!(all(db), want);
+}
+
+/// A merge from files whose batch holds a tie is refused, naming the key,
+/// after the first plan saw the rows and gave up (PostgreSQL's one
+/// statement counts the tie, rolls back, and the plan that explains it
+/// reads the files' rows again).
+fn a_tie_in_merged_files_is_refused_by_name(e: &dyn EngineUnderTest) {
+    let lake = Lake::new();
+    let write = |lake: &Lake, second: &str| {
+        lake.write(
+            &["m/2026-10-20/c.parquet"],
+            &format!(
+                "COPY (SELECT * FROM (VALUES (1, 5.25::DECIMAL(12,2), TIMESTAMP '2026-10-20 08:00:00'), (1, {second}::DECIMAL(12,2), TIMESTAMP '2026-10-20 08:00:00'), \
+                 (2, 7.00::DECIMAL(12,2), TIMESTAMP '2026-10-20 09:00:00')) AS t(order_id, order_total, updated_at)) TO '{{lake}}/m/2026-10-20/c.parquet' (FORMAT parquet)"
+            ),
+        )
+    };
+    write(&lake, "6.00");
+    let job = lake.job("name = \"m\"\ntarget = \"silver.m\"\nstrategy = \"merge\"\nkey = [\"order_id\"]\nversion = \"updated_at\"\n[source]\nfiles = \"m/{run_date}/*.parquet\"\n");
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    exec(db, "CREATE SCHEMA silver;\nCREATE TABLE silver.m (order_id INTEGER, order_total DECIMAL(12,2), updated_at TIMESTAMP)");
+    let err = job.load(d("2026-10-20"), db).unwrap_err().to_string();
+    assert!(err.contains("1 key(s) have two different rows at the same version (updated_at), e.g. order_id = 1"), "{err}");
+    assert_eq!(count(db, "SELECT count(*) FROM silver.m"), 0);
+    write(&lake, "5.25");
+    let r = job.load(d("2026-10-20"), db).unwrap();
+    assert_eq!((r.rows_inserted, r.duplicates_collapsed), (2, 1));
+    assert_eq!(rows(db, "SELECT order_id, CAST(order_total AS VARCHAR) FROM silver.m ORDER BY order_id"), [["1", "\"5.25\""], ["2", "\"7.00\""]]);
+}
+
 scenarios!(
     random_file_changes_match_the_model,
     empty_and_headerless_files_are_refused_before_anything_changes,
@@ -847,6 +913,27 @@ scenarios!(
     csv_and_json_lines_load_and_name_bad_lines,
     cdc_files_merge,
     types_map_faithfully,
+    a_row_of_another_day_in_the_files_changes_nothing,
+    a_tie_in_merged_files_is_refused_by_name,
+);
+
+// The same on PostgreSQL without its accelerated day insert (the guard
+// scan, then INSERT … SELECT).
+fixpoint_scenarios::postgres_portable_scenarios!(
+    random_file_changes_match_the_model,
+    empty_and_headerless_files_are_refused_before_anything_changes,
+    a_symlink_cycle_is_refused_and_each_file_loads_once,
+    a_json_array_is_one_row_per_element_and_other_values_are_refused,
+    a_files_own_column_must_agree_with_its_hive_folder,
+    a_join_with_a_table_keys_on_the_rows,
+    lookback_reloads_the_days_whose_files_changed,
+    a_day_of_parquet_files_loads_and_reloads,
+    incomplete_days_are_refused_and_change_nothing,
+    csv_and_json_lines_load_and_name_bad_lines,
+    cdc_files_merge,
+    types_map_faithfully,
+    a_row_of_another_day_in_the_files_changes_nothing,
+    a_tie_in_merged_files_is_refused_by_name,
 );
 
 /// A type PostgreSQL has no faithful equivalent for is refused, naming the column.

@@ -383,3 +383,62 @@ fn postgres_and_duckdb_agree_on_generated_rows() {
         panic!("DuckDB {d} but PostgreSQL {p}; the columns that differ alone: {differing:?}");
     }
 }
+
+/// PostgreSQL's native fingerprint hashes every type a table can hold
+/// (those without a hash of their own by their text), and a change to any
+/// one value changes it: text under a case-insensitive collation, a value
+/// of an enum, a domain, an array, `json`, an interval, a time zone's
+/// instant.
+#[test]
+fn postgres_native_fingerprint_sees_every_value_of_every_type() {
+    let Some(pg) = PgUnderTest::get() else { return };
+    let mut pg = pg.fresh();
+    let db = pg.as_mut();
+    exec(
+        db,
+        "CREATE SCHEMA n;
+CREATE COLLATION n.ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+CREATE TYPE n.mood AS ENUM ('sad', 'ok', 'happy');
+CREATE DOMAIN n.pos AS INTEGER CHECK (VALUE > 0);
+CREATE TABLE n.t (id INTEGER, name TEXT COLLATE n.ci, code CHARACTER(3), tag VARCHAR(8), amount NUMERIC(12,2), ratio REAL, at TIMESTAMP WITH TIME ZONE, \
+ clock TIME WITH TIME ZONE, span INTERVAL YEAR TO MONTH, mood n.mood, p n.pos, arr INTEGER[], doc JSON, docb JSONB, uid UUID, raw BYTEA, flag BOOLEAN);
+INSERT INTO n.t VALUES
+ (1, 'Alice', 'abc', 'x', 1.50, 0.5, '2026-10-20 10:00:00+00', '10:00:00+00', '1 year', 'ok', 1, '{1,2}', '{\"a\": 1}', '{\"a\": 1}', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '\\x01', true),
+ (2, 'Bob', 'def', 'y', 2.25, -0.5, '2026-10-21 10:00:00+00', '11:00:00+00', '2 years', 'sad', 2, '{3}', '{\"b\": 2}', '{\"b\": 2}', 'b0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '\\x02', false)",
+    );
+    let t = TableName::parse("n.t").unwrap();
+    let cols = db.table_columns(&t).unwrap().unwrap();
+    let fp = |db: &mut dyn Engine| fingerprint(db, Method::Native, &Scope::Table { table: &t, filter: None }, &cols).unwrap();
+    let before = fp(db);
+    assert_eq!(before.rows, 2);
+    assert!(before.kind.starts_with("native-v2/postgres "), "{}", before.kind);
+    let changes = [
+        ("name", "'alice'"),
+        ("code", "'abd'"),
+        ("tag", "'X'"),
+        ("amount", "1.51"),
+        ("ratio", "0.25"),
+        ("at", "'2026-10-20 10:00:01+00'"),
+        ("clock", "'10:00:00+01'"),
+        ("span", "'13 months'"),
+        ("mood", "'happy'"),
+        ("p", "3"),
+        ("arr", "'{2,1}'"),
+        ("doc", "'{\"a\": 2}'"),
+        ("docb", "'{\"a\": 2}'"),
+        ("uid", "'c0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'"),
+        ("raw", "'\\x03'"),
+        ("flag", "false"),
+    ];
+    for (col, value) in changes {
+        exec(db, &format!("CREATE TABLE n.saved AS SELECT * FROM n.t WHERE id = 1;\nUPDATE n.t SET {col} = {value} WHERE id = 1"));
+        let changed = fp(db);
+        assert_eq!(changed.rows, 2);
+        assert_ne!(changed.checksum, before.checksum, "a new {col} ({value}) changes the fingerprint");
+        exec(db, "DELETE FROM n.t WHERE id = 1;\nINSERT INTO n.t SELECT * FROM n.saved;\nDROP TABLE n.saved");
+        assert_eq!(fp(db), before, "{col} put back");
+    }
+    // The same values in the other row: swapped between rows.
+    exec(db, "UPDATE n.t SET amount = CASE id WHEN 1 THEN 2.25 ELSE 1.50 END");
+    assert_ne!(fp(db).checksum, before.checksum, "amounts swapped between rows");
+}

@@ -40,6 +40,14 @@ pub struct DayInsert<'a> {
     /// The partition column (a DATE) as the source's rows hold it, under
     /// the alias the INSERT reads them as (`s."dt"`).
     pub partition: String,
+    /// The partition column's name in the target (`dt`).
+    pub column: &'a str,
+    /// The target.
+    pub target: &'a crate::job::ident::TableName,
+    /// Whether the source is a file source's files as they are (the query
+    /// `SELECT * FROM input`), each column of the target's type: an engine
+    /// that stages files may copy them straight into the target.
+    pub files_as_is: bool,
     /// The alias of the source's rows in the INSERT (`s`).
     pub alias: &'a str,
     /// The columns the fingerprint hashes, of `alias`.

@@ -12,6 +12,14 @@ pub trait Dialect {
     /// integer, natively; `None` when the engine has no such hash.
     fn native_row_hash(&self, alias: &str, columns: &[Column]) -> Option<String>;
 
+    /// The version of [`Dialect::native_row_hash`]'s method, part of a
+    /// native fingerprint's kind (`native-v<N>/<engine version>`): raised
+    /// when the method changes, so a fingerprint recorded before is not
+    /// compared with one made after (no false drift, no skip).
+    fn native_hash_version(&self) -> u32 {
+        1
+    }
+
     /// The canonical text of one (non-NULL) value for portable fingerprints,
     /// and its type class (`int`, `decimal`, `float`, `text`, `date`,
     /// `timestamp`, `timestamptz`, `bool`, `bytes`, `other`), which goes into
@@ -57,10 +65,12 @@ pub trait Dialect {
         Some(("rowid", "BIGINT", true))
     }
 
-    /// Whether `replace_partition` should fingerprint the source in its guard
-    /// scan rather than the partition after writing. DuckDB: no (the guard
-    /// then only counts, and the partition is hashed once, warm). PostgreSQL:
-    /// yes (finding the day's rows again in the target is another scan).
+    /// Whether `replace_partition`, when its accelerator cannot take the
+    /// guards and fingerprint on the insert, should fingerprint the source
+    /// in its guard scan rather than the partition after writing. DuckDB:
+    /// no (the guard then only counts, and the partition is hashed once,
+    /// warm). PostgreSQL: yes (finding the day's rows again in the target
+    /// is another scan).
     fn fingerprint_before_writing(&self) -> bool {
         false
     }

@@ -12,7 +12,7 @@ use crate::job::sql::{RunParams, Sql, SourceTemplate, Value};
 /// The fingerprint kind of `method` on `engine`.
 pub fn fingerprint_kind(engine: &mut dyn Engine, method: Method) -> Result<String> {
     Ok(match method {
-        Method::Native => format!("native-v1/{}", engine.version()?),
+        Method::Native => format!("native-v{}/{}", engine.dialect().native_hash_version(), engine.version()?),
         Method::Portable => PORTABLE_KIND.to_owned(),
     })
 }

@@ -175,6 +175,12 @@ impl Source {
 }
 
 impl Source {
+    /// Whether this is a file source whose query is the files' rows as
+    /// they are (`SELECT * FROM input`, written or left out).
+    pub fn reads_files_as_they_are(&self) -> bool {
+        self.files.is_some() && self.sql.split_whitespace().collect::<Vec<_>>().join(" ").eq_ignore_ascii_case("SELECT * FROM input")
+    }
+
     /// The same source with other SQL text (e.g. tables renamed into a sandbox).
     pub fn with_sql(&self, sql: String) -> crate::error::Result<Source> {
         let template = SourceTemplate::parse("source.sql", &sql)?;

@@ -222,17 +222,17 @@ impl Day<'_> {
     /// both back: no scan of its own.
     fn guard(&mut self, engine: &mut dyn Engine, exchange: bool, for_skip: bool, for_key: bool) -> Result<Guarded> {
         let (job, partition, shape) = (self.job, self.partition, &self.shape);
-        let before_writing = for_skip
-            || (for_key && job.source.template().uses_any(&[RunParam::RunKey]))
-            || shape.output != shape.input
-            || engine.dialect().fingerprint_before_writing();
+        let needed_before = for_skip || (for_key && job.source.template().uses_any(&[RunParam::RunKey])) || shape.output != shape.input;
         let is_date = |cols: &[Column]| cols.iter().any(|c| c.name == partition && c.ty.eq_ignore_ascii_case("DATE"));
-        let deferred = !before_writing
-            && !exchange
+        let tappable = !exchange
             && !matches!(self.opts.fault, Some((FailPoint::MidInsert, _)))
             && is_date(&shape.source)
             && shape.target.as_deref().is_none_or(is_date)
             && engine.accelerator().is_some();
+        // Where the insert cannot be tapped, an engine may still rather
+        // hash the source in the guard scan than the day after writing.
+        let before_writing = needed_before || (!tappable && engine.dialect().fingerprint_before_writing());
+        let deferred = !needed_before && tappable;
         let fp = if before_writing {
             fingerprint_select(engine, Method::Native, "s", &shape.input)?
         } else {
@@ -362,7 +362,16 @@ impl Day<'_> {
         let tapped = match engine.accelerator() {
             Some(acc) => {
                 let insert = |tap: &Sql| insert_sql(job, shape, params, partition, &job.target, None, Some(tap));
-                let day = DayInsert { partition: format!("s.{}", quote_ident(partition)), alias: "s", hashed: &shape.input, day: self.run_date.date(), insert: &insert };
+                let day = DayInsert {
+                    partition: format!("s.{}", quote_ident(partition)),
+                    column: partition,
+                    target: &job.target,
+                    files_as_is: job.source.reads_files_as_they_are() && shape.target.as_deref().is_none_or(|t| same_types(&shape.source, t)),
+                    alias: "s",
+                    hashed: &shape.input,
+                    day: self.run_date.date(),
+                    insert: &insert,
+                };
                 acc.insert_day(&day, &mut Steps { opts: self.opts, trace: &mut self.trace })?
             }
             None => Accelerated::Declined("no accelerator"),
@@ -491,6 +500,11 @@ fn day_partition_name(table: &str, day: RunDate) -> String {
 
 /// `INSERT INTO into … SELECT` of the source's rows (the first `limit`),
 /// the partition column taken from `tap` when the insert is tapped.
+/// Whether each of `source`'s columns is in `target` with the same type.
+fn same_types(source: &[Column], target: &[Column]) -> bool {
+    source.iter().all(|s| target.iter().any(|t| t.name == s.name && t.ty == s.ty))
+}
+
 fn insert_sql(job: &Job, shape: &Shape, params: &RunParams, partition: &str, into: &TableName, limit: Option<u64>, tap: Option<&Sql>) -> Sql {
     let col_list = shape.source.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", ");
     let mut sql = Sql::new();
