@@ -384,7 +384,15 @@ impl Day<'_> {
             }
             Accelerated::Declined(why) => {
                 self.trace.step(&format!("insert not tapped ({why})"));
-                *guarded = self.scan(engine, guarded.fp.clone(), false)?;
+                // The guard scan after all (the day's old rows are deleted,
+                // the new ones not yet written), with the input fingerprint
+                // where the engine would rather take it there.
+                *guarded = if engine.dialect().fingerprint_before_writing() {
+                    let fp = fingerprint_select(engine, Method::Native, "s", &shape.input)?;
+                    self.scan(engine, fp, true)?
+                } else {
+                    self.scan(engine, guarded.fp.clone(), false)?
+                };
                 let inserted = engine.execute(&self.insert(&job.target, None))?;
                 self.trace.step("insert");
                 Ok((inserted, None))
