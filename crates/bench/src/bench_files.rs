@@ -168,6 +168,33 @@ fn setup_pg(admin: &str, duck: &Path, rows: u64) -> Result<String, Error> {
     Ok(url)
 }
 
+/// A digest of the day's rows: count and sums of the numbers and of the
+/// text lengths, the same SQL on DuckDB and PostgreSQL (another path than
+/// fixpoint's fingerprints).
+const DIGEST: &str = "SELECT CAST(count(*) AS VARCHAR) || ':' || CAST(sum(order_id) AS VARCHAR) || ':' || CAST(sum(customer_id) AS VARCHAR) \
+    || ':' || CAST(sum(order_total) AS VARCHAR) || ':' || CAST(sum(length(currency)) AS VARCHAR) AS d FROM ";
+
+/// The digest of the day's files, read by an in-memory DuckDB.
+fn files_digest(dir: &Path) -> Result<String, Error> {
+    let files = listed(dir)?;
+    let duck = DuckDb::open_in_memory()?;
+    let glob = files.base.join("*.parquet");
+    let sql = format!("{DIGEST}read_parquet('{}')", glob.display());
+    duck.connection().query_row(&sql, [], |r| r.get::<_, String>(0)).map_err(db_err("the files' digest"))
+}
+
+/// The digest of the day in `silver.orders` on `url` (a DuckDB file or PostgreSQL).
+fn day_digest(url: &str) -> Result<String, Error> {
+    let table = format!("silver.orders WHERE dt = DATE '{DAY}'");
+    match url.strip_prefix("duckdb:") {
+        Some(file) => {
+            let duck = DuckDb::open(Path::new(file), Duration::from_secs(60))?;
+            duck.connection().query_row(&format!("{DIGEST}{table}"), [], |r| r.get::<_, String>(0)).map_err(db_err("the day's digest"))
+        }
+        None => crate::bench_pg::value(url, &format!("{DIGEST}{table}")).map(|v| v.trim_matches('"').to_owned()),
+    }
+}
+
 fn summary(v: &[Sample]) -> (f64, f64, f64) {
     (median(v.iter().map(|s| s.inner).collect()), median(v.iter().map(|s| s.wall).collect()), v.iter().map(|s| s.rss_mb).fold(0.0, f64::max))
 }
@@ -180,10 +207,13 @@ fn alternate(
     fixpoint: &dyn Fn() -> Command,
     hand: &dyn Fn() -> Command,
     before: &dyn Fn() -> Result<(), Error>,
+    check: &dyn Fn(&str) -> Result<(), Error>,
 ) -> Result<(Vec<Sample>, Vec<Sample>, u64), Error> {
     let run = |c: &dyn Fn() -> Command| -> Result<(Sample, serde_json::Value), Error> {
         before()?;
-        measure(&mut c())
+        let r = measure(&mut c())?;
+        check(if r.1.get("outcome").is_some() { "fixpoint" } else { "the hand-written load" })?;
+        Ok(r)
     };
     run(fixpoint)?;
     run(hand)?;
@@ -263,18 +293,40 @@ pub fn run(rows: u64, rounds: u32, dir: &Path, pg_admin: Option<&str>, out: &Out
             c
         }
     };
-    let (fx, hw, loaded) = alternate(rounds, &run_on(format!("duckdb:{}", duck.display())), &hand_on(None), &|| Ok(()))?;
+    // Both sides must leave the day holding exactly the files' rows.
+    let want = files_digest(&dir)?;
+    let check_on = |url: String| {
+        let want = want.clone();
+        move |side: &str| -> Result<(), Error> {
+            let got = day_digest(&url)?;
+            if got != want {
+                return Err(Error::Internal(format!("the benchmark's sides disagree: after {side}, the day digests as {got} and the files as {want}; no ratio is printed")));
+            }
+            Ok(())
+        }
+    };
+    let duck_url = format!("duckdb:{}", duck.display());
+    let (fx, hw, loaded) = alternate(rounds, &run_on(duck_url.clone()), &hand_on(None), &|| Ok(()), &check_on(duck_url))?;
     let (dfx, dhw) = (summary(&fx), summary(&hw));
 
     // 3. The day into PostgreSQL.
     let pg = match pg_admin {
         Some(admin) => {
             let url = setup_pg(admin, &duck, rows)?;
+            // Each load leaves the table's pages laid out one of two ways
+            // (the day's rows at the end, or in the space the one before
+            // freed), and a load is up to 40 % slower from one of them than
+            // from the other: an untimed load between two measured ones
+            // starts each from the same layout.
             let vacuum_url = url.clone();
-            let vacuum = move || -> Result<(), Error> {
-                fixpoint_postgres::Postgres::connect(&vacuum_url)?.execute(&Sql::raw("VACUUM silver.orders")).map(|_| ())
+            let settle = hand_on(Some(url.clone()));
+            let before = move || -> Result<(), Error> {
+                let vacuum = || fixpoint_postgres::Postgres::connect(&vacuum_url)?.execute(&Sql::raw("VACUUM silver.orders")).map(|_| ());
+                vacuum()?;
+                measure(&mut settle())?;
+                vacuum()
             };
-            let (fx, hw, _) = alternate(rounds, &run_on(url.clone()), &hand_on(Some(url)), &vacuum)?;
+            let (fx, hw, _) = alternate(rounds, &run_on(url.clone()), &hand_on(Some(url.clone())), &before, &check_on(url))?;
             Some((summary(&fx), summary(&hw)))
         }
         None => None,
