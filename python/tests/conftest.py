@@ -138,15 +138,31 @@ class Pg:
             return cur.fetchall() if cur.description else []
 
     def fingerprint(self, table: str, where: str = "TRUE", params: Sequence[Any] = (), kind: str = "") -> Tuple[int, str]:
-        """(rows, checksum): ``hashtextextended`` of each row's text, summed, mixed as fixpoint mixes it."""
+        """(rows, checksum): each row's values hashed by type (``hash_record_extended``, mixed once more
+        with ``hashint8extended``), summed, mixed as fixpoint mixes it. Text in the C collation;
+        a type without a hash of its own by its text."""
         schema, name = table.split(".")
         cols = self.sql(
             "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a JOIN pg_class c ON a.attrelid = c.oid "
             "JOIN pg_namespace n ON c.relnamespace = n.oid WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
             [schema, name],
         )
-        names = ", ".join(f't."{c}"' for c, _ in cols)
-        rows, total = self.sql(f"SELECT count(*), coalesce(sum(hashtextextended(CAST(ROW({names}) AS TEXT), 0)), 0) FROM {table} AS t WHERE {where}", params)[0]
+        own = ("smallint", "integer", "bigint", "real", "double precision", "boolean", "date", "uuid", "bytea", "jsonb", "numeric", "timestamp", "interval")
+        text = ("text", "character varying", "character")
+
+        def field(c: str, t: str) -> str:
+            if t.endswith("]"):
+                return f'CAST(t."{c}" AS TEXT) COLLATE "C"'
+            if any(t == x or t.startswith(x + "(") for x in text):
+                return f't."{c}" COLLATE "C"'
+            if any(t == x or t.startswith(x) for x in own):
+                return f't."{c}"'
+            return f'CAST(t."{c}" AS TEXT) COLLATE "C"'
+
+        fields = ", ".join(field(c, t) for c, t in cols)
+        rows, total = self.sql(
+            f"SELECT count(*), coalesce(sum(hashint8extended(hash_record_extended(ROW({fields}), 0), 0)), 0) FROM {table} AS t WHERE {where}", params
+        )[0]
         return int(rows), mix(kind, [f"{c} {t}" for c, t in cols], int(rows), int(total))
 
 

@@ -357,6 +357,16 @@ macro_rules! postgres_portable_scenarios {
     };
 }
 
+/// [`scenarios!`] and [`postgres_portable_scenarios!`] of the same list:
+/// every engine, and PostgreSQL again without its accelerated plans.
+#[macro_export]
+macro_rules! scenarios_and_postgres_portable {
+    ($($name:ident),* $(,)?) => {
+        $crate::scenarios!($($name),*);
+        $crate::postgres_portable_scenarios!($($name),*);
+    };
+}
+
 /// Instantiates scenario functions `fn(&dyn EngineUnderTest)` for every engine.
 #[macro_export]
 macro_rules! scenarios {

@@ -900,7 +900,9 @@ fn a_tie_in_merged_files_is_refused_by_name(e: &dyn EngineUnderTest) {
     assert_eq!(rows(db, "SELECT order_id, CAST(order_total AS VARCHAR) FROM silver.m ORDER BY order_id"), [["1", "\"5.25\""], ["2", "\"7.00\""]]);
 }
 
-scenarios!(
+// Every engine, and PostgreSQL again without its accelerated plans (the
+// guard scan, then INSERT … SELECT; files through the staging table).
+fixpoint_scenarios::scenarios_and_postgres_portable!(
     random_file_changes_match_the_model,
     empty_and_headerless_files_are_refused_before_anything_changes,
     a_symlink_cycle_is_refused_and_each_file_loads_once,
@@ -917,24 +919,6 @@ scenarios!(
     a_tie_in_merged_files_is_refused_by_name,
 );
 
-// The same on PostgreSQL without its accelerated day insert (the guard
-// scan, then INSERT … SELECT).
-fixpoint_scenarios::postgres_portable_scenarios!(
-    random_file_changes_match_the_model,
-    empty_and_headerless_files_are_refused_before_anything_changes,
-    a_symlink_cycle_is_refused_and_each_file_loads_once,
-    a_json_array_is_one_row_per_element_and_other_values_are_refused,
-    a_files_own_column_must_agree_with_its_hive_folder,
-    a_join_with_a_table_keys_on_the_rows,
-    lookback_reloads_the_days_whose_files_changed,
-    a_day_of_parquet_files_loads_and_reloads,
-    incomplete_days_are_refused_and_change_nothing,
-    csv_and_json_lines_load_and_name_bad_lines,
-    cdc_files_merge,
-    types_map_faithfully,
-    a_row_of_another_day_in_the_files_changes_nothing,
-    a_tie_in_merged_files_is_refused_by_name,
-);
 
 /// A type PostgreSQL has no faithful equivalent for is refused, naming the column.
 #[test]

@@ -411,7 +411,9 @@ fn the_seed_jobs_lint_clean() {
     }
 }
 
-scenarios!(
+// Every engine, and PostgreSQL again without its accelerated plans (the
+// guard scan before the delete).
+fixpoint_scenarios::scenarios_and_postgres_portable!(
     five_runs_equal_one_run,
     failure_at_any_step_keeps_previous_contents,
     rows_outside_the_partition_are_refused,
@@ -425,21 +427,6 @@ scenarios!(
     an_unpartitioned_target_keeps_the_other_days,
 );
 
-// The same on PostgreSQL without its accelerated day insert (the guard
-// scan, then INSERT … SELECT).
-fixpoint_scenarios::postgres_portable_scenarios!(
-    five_runs_equal_one_run,
-    failure_at_any_step_keeps_previous_contents,
-    rows_outside_the_partition_are_refused,
-    too_few_rows_are_refused,
-    guards_hold_when_forced,
-    failure_at_any_step_without_run_key,
-    run_key_follows_the_input,
-    target_is_created_and_checked,
-    fingerprints_are_order_independent_and_collision_resistant,
-    an_empty_day_empties_the_partition,
-    an_unpartitioned_target_keeps_the_other_days,
-);
 
 // Again where DuckDB declines to tap the day insert after the plan deferred
 // its guards to it (the scenarios whose jobs have no `:run_key`): the

@@ -506,13 +506,13 @@ fn day_partition_name(table: &str, day: RunDate) -> String {
     head + &suffix
 }
 
-/// `INSERT INTO into … SELECT` of the source's rows (the first `limit`),
-/// the partition column taken from `tap` when the insert is tapped.
 /// Whether each of `source`'s columns is in `target` with the same type.
 fn same_types(source: &[Column], target: &[Column]) -> bool {
     source.iter().all(|s| target.iter().any(|t| t.name == s.name && t.ty == s.ty))
 }
 
+/// `INSERT INTO into … SELECT` of the source's rows (the first `limit`),
+/// the partition column taken from `tap` when the insert is tapped.
 fn insert_sql(job: &Job, shape: &Shape, params: &RunParams, partition: &str, into: &TableName, limit: Option<u64>, tap: Option<&Sql>) -> Sql {
     let col_list = shape.source.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", ");
     let mut sql = Sql::new();
