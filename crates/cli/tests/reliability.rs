@@ -398,6 +398,8 @@ const MERGE_KEYS: i64 = 20_000;
 const KILL_SPAN_PCT: u64 = 125;
 /// The trace step of DuckDB's tapped insert.
 const TAPPED: &str = "insert (guards and fingerprint tapped)";
+/// The trace step of PostgreSQL's copy of a day's files into the target.
+const COPIED: &str = "insert (the files copied into the target)";
 /// The trace step of the fallback where the tapped insert declines.
 const UNTAPPED: &str = "insert not tapped (the tapped day insert is switched off)";
 
@@ -745,6 +747,8 @@ fn kill_plan(dir: &Path, plan: &KillPlan, main: &Db, twin: &Db) {
             "tapped insert declined, guard scan"
         } else if steps.iter().any(|x| x.as_str() == TAPPED) {
             "tapped insert"
+        } else if steps.iter().any(|x| x.as_str() == COPIED) {
+            "files copied into the target"
         } else if steps.iter().any(|x| x.as_str() == "guards") {
             "guard scan"
         } else if steps.iter().any(|x| x.as_str() == "rolled back") {
@@ -955,10 +959,30 @@ files = "lake/{run_date}/*.csv"
 sql = "SELECT CAST(id AS BIGINT) AS id, CAST(amount AS DECIMAL(18,2)) AS amount, CAST(note AS VARCHAR) AS note, :run_date AS dt FROM input"
 "#;
 
+/// The same files loaded as they are (no `sql`; the day from the folder's
+/// name), which PostgreSQL copies straight into the target.
+const FILES_AS_IS_JOB: &str = r#"name = "kill_files_as_is"
+target = "silver.f"
+strategy = "replace_partition"
+partition = "dt"
+min_rows = 1
+
+[source]
+files = "lake/dt={run_date}/*.csv"
+"#;
+
 /// The day's folder of CSV files (2–4 of them), new for every trial: every
 /// row changed, some gone.
 fn write_day_files(dir: &Path, day: &str, t: usize) {
-    let folder = dir.join("lake").join(day);
+    write_files(&dir.join("lake").join(day), t);
+}
+
+/// [`write_day_files`] in a folder named `dt=DAY`.
+fn write_hive_day_files(dir: &Path, day: &str, t: usize) {
+    write_files(&dir.join("lake").join(format!("dt={day}")), t);
+}
+
+fn write_files(folder: &Path, t: usize) {
     let _ = std::fs::remove_dir_all(&folder);
     std::fs::create_dir_all(&folder).unwrap();
     let n = 2 + t % 3;
@@ -981,6 +1005,10 @@ fn files_scope(db: &Db) -> String {
 
 fn files_rest(db: &Db) -> String {
     format!("SELECT {} FROM silver.f AS s WHERE dt <> DATE '{KILL_DAY}'", db.row_text("s"))
+}
+
+fn files_as_is_plan(name: &'static str, method: &'static str) -> KillPlan {
+    KillPlan { job: FILES_AS_IS_JOB, files: Some(write_hive_day_files as DayFiles), method, ..files_plan(name) }
 }
 
 fn files_plan(name: &'static str) -> KillPlan {
@@ -1230,6 +1258,11 @@ fn duckdb_file_source_killed_at_random_moments() {
     duck_plan(&files_plan("duckdb replace_partition, CSV files"));
 }
 
+#[test]
+fn duckdb_files_as_they_are_killed_at_random_moments() {
+    duck_plan(&files_as_is_plan("duckdb replace_partition, CSV files as they are", "delete+insert"));
+}
+
 /// Without `deleted`: the one-statement MERGE.
 #[test]
 fn duckdb_merge_one_statement_killed_at_random_moments() {
@@ -1330,6 +1363,16 @@ fn postgres_snapshot_history_killed_at_random_moments() {
 #[test]
 fn postgres_file_source_killed_at_random_moments() {
     pg_plan("files", &files_plan("postgres replace_partition, CSV files"));
+}
+
+/// The files copied straight into the target (`COPY`), then the day
+/// counted and hashed, in the run's transaction.
+#[test]
+fn postgres_files_copied_into_the_target_killed_at_random_moments() {
+    pg_plan(
+        "files_copy",
+        &KillPlan { steps: &[COPIED], ..files_as_is_plan("postgres replace_partition, CSV files copied into the target", "delete+copy") },
+    );
 }
 
 /// kill -9 on Spark (feature `spark`): a history run, killed at random

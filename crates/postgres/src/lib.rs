@@ -746,7 +746,7 @@ impl Postgres {
             return Err(Error::Internal(format!("{copied} rows were copied but the day holds {in_day}; rolled back")));
         }
         steps.step("the day's guards and fingerprint");
-        Ok(TappedDay { inserted: copied, outside: copied - in_day, sum })
+        Ok(TappedDay { inserted: copied, outside: copied - in_day, sum, method: "delete+copy" })
     }
 }
 

@@ -748,12 +748,23 @@ fn file_cases() -> u32 {
 /// changes nothing. Locally and (`s3_files::`) on S3, where a file written
 /// again is a new object with the same ETag.
 fn random_file_changes_match_the_model(e: &dyn EngineUnderTest) {
+    random_file_changes(e, Some("SELECT CAST(id AS BIGINT) AS id, CAST(amount AS BIGINT) AS amount, :run_date AS dt FROM input"));
+}
+
+/// The same with no `sql`: the files loaded as they are (their `dt` from
+/// the folder), which PostgreSQL copies straight into the target (each
+/// committed run's `method` says `delete+copy` there).
+fn random_file_changes_as_they_are_match_the_model(e: &dyn EngineUnderTest) {
+    random_file_changes(e, None);
+}
+
+fn random_file_changes(e: &dyn EngineUnderTest, sql: Option<&str>) {
     use proptest::test_runner::{Config, TestCaseError, TestRunner};
     let ops = proptest::collection::vec(file_op(), 1..14);
     let mut runner = TestRunner::new(Config { cases: file_cases(), failure_persistence: None, ..Config::default() });
     let result = runner.run(&ops, |ops| {
         let lake = Lake::new();
-        let job = lake.job(
+        let mut spec = String::from(
             r#"
 name = "events"
 target = "silver.events"
@@ -763,11 +774,16 @@ partition = "dt"
 [source]
 files = "ev/dt={run_date}/*.csv"
 require_marker = "_SUCCESS"
-sql = "SELECT CAST(id AS BIGINT) AS id, CAST(amount AS BIGINT) AS amount, :run_date AS dt FROM input"
 "#,
         );
+        if let Some(sql) = sql {
+            spec.push_str(&format!("sql = \"{sql}\"\n"));
+        }
+        let job = lake.job(&spec);
         let mut db = e.fresh();
         let db = db.as_mut();
+        // PostgreSQL's accelerator copies files loaded as they are straight into the target.
+        let copied = sql.is_none() && db.name() == "postgres" && db.accelerator().is_some();
         let file = |n: usize| format!("ev/dt=2026-10-20/f{n}.csv");
         let mut files: std::collections::BTreeMap<usize, Vec<(i64, i64)>> = Default::default();
         let mut marker = false;
@@ -812,6 +828,8 @@ sql = "SELECT CAST(id AS BIGINT) AS id, CAST(amount AS BIGINT) AS amount, :run_d
                     };
                     proptest::prop_assert_eq!(&got, expected, "step {} {:?} of {:?}: {:?}", i, op, &ops, result.as_ref().err().map(|e| e.to_string()));
                     if got == "committed" {
+                        let m = result.as_ref().map(|r| r.method.as_str()).unwrap_or_default();
+                        proptest::prop_assert_eq!(m == "delete+copy", copied, "step {} method {} of {:?}", i, m, &ops);
                         commits += 1;
                         loaded = Some(files.clone());
                     } else if got == "refused" {
@@ -904,6 +922,7 @@ fn a_tie_in_merged_files_is_refused_by_name(e: &dyn EngineUnderTest) {
 // guard scan, then INSERT … SELECT; files through the staging table).
 fixpoint_scenarios::scenarios_and_postgres_portable!(
     random_file_changes_match_the_model,
+    random_file_changes_as_they_are_match_the_model,
     empty_and_headerless_files_are_refused_before_anything_changes,
     a_symlink_cycle_is_refused_and_each_file_loads_once,
     a_json_array_is_one_row_per_element_and_other_values_are_refused,
@@ -979,7 +998,8 @@ mod s3_files {
                 incomplete_days_are_refused_and_change_nothing,
                 csv_and_json_lines_load_and_name_bad_lines,
                 cdc_files_merge,
-                random_file_changes_match_the_model
+                random_file_changes_match_the_model,
+                random_file_changes_as_they_are_match_the_model
                 $(, $extra)*
             );
         };

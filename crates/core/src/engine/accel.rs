@@ -69,6 +69,10 @@ pub struct TappedDay {
     /// The sum of the inserted rows' native hashes over the hashed
     /// columns.
     pub sum: i128,
+    /// How the rows were written, for the report's `method`:
+    /// `delete+insert`, or `delete+copy` where a file source's files went
+    /// straight into the target.
+    pub method: &'static str,
 }
 
 /// A merge, as the plan has prepared it: inside its transaction, after

@@ -121,7 +121,7 @@ impl Accelerator for DuckDb {
             return Err(Error::Internal(format!("the insert's tap saw {seen} rows but {inserted} were inserted; rolled back")));
         }
         // A NULL partition is not seen by the tap: outside too.
-        Ok(Accelerated::Done(TappedDay { inserted, outside: outside + (inserted - seen), sum }))
+        Ok(Accelerated::Done(TappedDay { inserted, outside: outside + (inserted - seen), sum, method: "delete+insert" }))
     }
 
     fn merge(&mut self, merge: &MergeRequest<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<Merged>> {

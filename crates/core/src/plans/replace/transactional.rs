@@ -343,21 +343,21 @@ impl Day<'_> {
         self.trace.step("delete");
         self.opts.step(FailPoint::AfterDelete)?;
         self.half_insert_fault(engine, &job.target, guarded.rows)?;
-        let (rows_inserted, output) = if guarded.deferred {
+        let (rows_inserted, output, method) = if guarded.deferred {
             self.insert_deferred(engine, guarded)?
         } else {
             let inserted = engine.execute(&self.insert(&job.target, None))?;
             self.trace.step("insert");
-            (inserted, None)
+            (inserted, None, "delete+insert")
         };
         self.opts.step(FailPoint::AfterInsert)?;
-        Ok(Written { rows_deleted, rows_inserted, method: "delete+insert", output })
+        Ok(Written { rows_deleted, rows_inserted, method, output })
     }
 
     /// The insert of guards that waited for it: the accelerator's, its
     /// rows checked on its figures and the output fingerprint its sum; or,
     /// should it decline, the guard scan and then the plain insert.
-    fn insert_deferred(&mut self, engine: &mut dyn Engine, guarded: &mut Guarded) -> Result<(u64, Option<Fingerprint>)> {
+    fn insert_deferred(&mut self, engine: &mut dyn Engine, guarded: &mut Guarded) -> Result<(u64, Option<Fingerprint>, &'static str)> {
         let (job, shape, params, partition) = (self.job, &self.shape, &self.params, self.partition);
         let tapped = match engine.accelerator() {
             Some(acc) => {
@@ -380,7 +380,7 @@ impl Day<'_> {
             Accelerated::Done(t) => {
                 self.check_rows(engine, t.inserted, t.outside)?;
                 let signature: Vec<String> = self.shape.output.iter().map(|c| format!("{} {}", c.name, c.ty)).collect();
-                Ok((t.inserted, Some(Fingerprint::from_sum(&guarded.fp.kind, &signature, t.inserted, t.sum))))
+                Ok((t.inserted, Some(Fingerprint::from_sum(&guarded.fp.kind, &signature, t.inserted, t.sum)), t.method))
             }
             Accelerated::Declined(why) => {
                 self.trace.step(&format!("insert not tapped ({why})"));
@@ -395,7 +395,7 @@ impl Day<'_> {
                 };
                 let inserted = engine.execute(&self.insert(&job.target, None))?;
                 self.trace.step("insert");
-                Ok((inserted, None))
+                Ok((inserted, None, "delete+insert"))
             }
         }
     }
