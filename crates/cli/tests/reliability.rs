@@ -398,6 +398,8 @@ const MERGE_KEYS: i64 = 20_000;
 const KILL_SPAN_PCT: u64 = 125;
 /// The trace step of DuckDB's tapped insert.
 const TAPPED: &str = "insert (guards and fingerprint tapped)";
+/// The trace step of PostgreSQL's insert with the guard scan beside it.
+const BESIDE: &str = "insert (guards and fingerprint scanned beside it)";
 /// The trace step of PostgreSQL's copy of a day's files into the target.
 const COPIED: &str = "insert (the files copied into the target)";
 /// The trace step of the fallback where the tapped insert declines.
@@ -747,6 +749,8 @@ fn kill_plan(dir: &Path, plan: &KillPlan, main: &Db, twin: &Db) {
             "tapped insert declined, guard scan"
         } else if steps.iter().any(|x| x.as_str() == TAPPED) {
             "tapped insert"
+        } else if steps.iter().any(|x| x.as_str() == BESIDE) {
+            "guard scan beside the insert"
         } else if steps.iter().any(|x| x.as_str() == COPIED) {
             "files copied into the target"
         } else if steps.iter().any(|x| x.as_str() == "guards") {
@@ -1302,6 +1306,17 @@ fn duckdb_merge_join_plan_killed_at_random_moments() {
 #[test]
 fn postgres_guard_scan_insert_killed_at_random_moments() {
     pg_plan("rp", &KillPlan { steps: &["guards", "insert"], ..rp_plan("postgres replace_partition, delete + insert") });
+}
+
+/// `--force` on a plain target: the delete, then the insert with the
+/// guard scan (guards and input fingerprint) beside it on a second session
+/// that reads the run's snapshot.
+#[test]
+fn postgres_guard_scan_beside_the_insert_killed_at_random_moments() {
+    pg_plan(
+        "beside",
+        &KillPlan { extra: &["--force"], steps: &[BESIDE], not_steps: &["guards"], ..rp_plan("postgres replace_partition, guard scan beside the insert") },
+    );
 }
 
 /// A target `PARTITION BY LIST (dt)`: the day swapped in whole.

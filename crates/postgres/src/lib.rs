@@ -19,6 +19,7 @@ use fixpoint_core::engine::{
 use fixpoint_core::job::ident::{quote_ident, TableName};
 use fixpoint_core::job::sql::{Sql, Value};
 use fixpoint_core::{DbFailure, Error, Result};
+use fixpoint_core::engine::measure::{FP_ROWS, FP_SUM};
 use postgres::types::{FromSql, ToSql, Type};
 use postgres::{Client, NoTls};
 
@@ -50,6 +51,10 @@ pub struct Postgres {
     /// Inside a transaction this session began (`BEGIN` … `COMMIT` or
     /// `ROLLBACK`).
     in_transaction: bool,
+    /// A second session, opened by the first day insert that takes its
+    /// guard scan beside the insert ([`Accelerator::insert_day`]), kept
+    /// for the next.
+    side: Option<Box<Postgres>>,
 }
 
 /// A file source's staging table: created with the files' columns when the
@@ -194,7 +199,7 @@ impl Postgres {
             .map_err(pg_err("reading the session's process id"))?;
         let (pid, isolation): (i32, String) = (row.get(0), row.get(1));
         let begin = if isolation == "serializable" { "BEGIN ISOLATION LEVEL SERIALIZABLE" } else { "BEGIN ISOLATION LEVEL REPEATABLE READ" };
-        Ok(Postgres { client: Some(client), url: url.to_owned(), version: None, scratch: None, wait, pid, begin, fresh: false, accelerated: true, stage: None, in_transaction: false })
+        Ok(Postgres { client: Some(client), url: url.to_owned(), version: None, scratch: None, wait, pid, begin, fresh: false, accelerated: true, stage: None, in_transaction: false, side: None })
     }
 
     /// Where the session's transaction begins and ends, for [`Stage`]:
@@ -698,20 +703,30 @@ impl Engine for Postgres {
 /// writing, and the portable plan runs.
 impl Accelerator for Postgres {
     /// A file source loaded as it is: its files copied straight into the
-    /// target ([`Postgres::copy_day`]). Any other insert is declined: the
-    /// guard scan, which PostgreSQL runs on parallel workers, takes the
-    /// guards and the input fingerprint in less time than an `INSERT …
-    /// RETURNING` hashes its rows and gathers them (0.31 s against 0.5 to
-    /// 0.66 s more for a 1M-row day; BENCHMARKS.md).
+    /// target ([`Postgres::copy_day`]). Otherwise the plain `INSERT …
+    /// SELECT`, with the guard scan run beside it on a second session that
+    /// reads the run's snapshot ([`Postgres::insert_beside_scan`]): an
+    /// `INSERT … RETURNING` that hashes its rows and gathers them costs
+    /// more than the scan (0.5 to 0.66 s against 0.31 s for a 1M-row day),
+    /// and the scan beside the insert costs almost nothing (BENCHMARKS.md).
+    /// Declined where the source reads this session's temporary tables (a
+    /// staged file source) or the database runs serializable transactions
+    /// (the scan is then made in the run's own transaction).
     fn insert_day(&mut self, day: &DayInsert<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<TappedDay>> {
         if day.hashed.is_empty() {
             return Ok(Accelerated::Declined("no column to hash"));
         }
-        if !(day.files_as_is && self.stage.as_ref().is_some_and(|s| !s.filled)) {
-            return Ok(Accelerated::Declined("the guard scan is faster on PostgreSQL"));
+        if day.files_as_is && self.stage.as_ref().is_some_and(|s| !s.filled) {
+            let hash = record_hash(day.hashed, |c| quote_ident(c));
+            return self.copy_day(day, &hash, steps).map(Accelerated::Done);
         }
-        let hash = record_hash(day.hashed, |c| quote_ident(c));
-        self.copy_day(day, &hash, steps).map(Accelerated::Done)
+        if self.stage.is_some() || day.guard_scan.text.contains("__fixpoint") {
+            return Ok(Accelerated::Declined("the source reads this session's staging table"));
+        }
+        if self.begin.contains("SERIALIZABLE") {
+            return Ok(Accelerated::Declined("serializable transactions: the guard scan in the run's own"));
+        }
+        self.insert_beside_scan(day, steps)
     }
 
     fn merge(&mut self, m: &MergeRequest<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<Merged>> {
@@ -723,6 +738,59 @@ impl Accelerator for Postgres {
 }
 
 impl Postgres {
+    /// The day's `INSERT … SELECT`, and at the same time, on a second
+    /// session that imports the run's snapshot (`pg_export_snapshot`), the
+    /// guard scan of the source: both read the source as the run's
+    /// transaction sees it, so the scan's rows are the inserted rows (the
+    /// counts are compared; a difference rolls the run back), their hashes'
+    /// sum the day's fingerprint (the plan defers its guards only where
+    /// the target's columns are the source's). The scan runs without
+    /// parallel workers: the insert is one process, and the scan, which
+    /// reads what the insert reads and writes nothing, ends first on the
+    /// other core. Declined, before anything is written, when the second
+    /// session cannot be opened or cannot import the snapshot.
+    fn insert_beside_scan(&mut self, day: &DayInsert<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<TappedDay>> {
+        let snapshot = self.query(&Sql::raw("SELECT pg_export_snapshot() AS \"s\""))?;
+        let snapshot = snapshot.single("the exported snapshot")?.value("s")?.as_str().unwrap_or_default().to_owned();
+        // The server's identifier (hex digits and dashes), checked before it
+        // goes into the statement that cannot take a parameter.
+        if snapshot.is_empty() || !snapshot.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            return Err(Error::Internal(format!("an exported snapshot named {snapshot:?}")));
+        }
+        let mut side = match self.side.take() {
+            Some(side) => side,
+            None => match Postgres::connect_waiting(&self.url, self.wait) {
+                Ok(side) => Box::new(side),
+                Err(_) => return Ok(Accelerated::Declined("no second session")),
+            },
+        };
+        let import = format!("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot}'; SET LOCAL max_parallel_workers_per_gather = 0");
+        if side.client().batch_execute(&import).is_err() {
+            // Dropped (a broken session is not kept).
+            return Ok(Accelerated::Declined("the second session could not import the run's snapshot"));
+        }
+        let insert = (day.insert)(&Sql::raw(day.partition.clone()));
+        let (scanned, inserted) = std::thread::scope(|scope| {
+            let scan = scope.spawn(|| side.query(day.guard_scan));
+            let inserted = self.execute(&insert);
+            (scan.join(), inserted)
+        });
+        let scanned = scanned.map_err(|_| Error::Internal("the guard scan's thread panicked".into()))?;
+        let ended = side.client().batch_execute("COMMIT");
+        if ended.is_ok() && scanned.is_ok() {
+            self.side = Some(side);
+        }
+        let inserted = inserted?;
+        let rows = scanned?;
+        steps.step("insert (guards and fingerprint scanned beside it)");
+        let row = rows.single("the guard scan")?;
+        let (rows_scanned, sum, outside) = (row.count(FP_ROWS)?, self.read_sum(row.value(FP_SUM)?)?, row.count("outside")?);
+        if rows_scanned != inserted {
+            return Err(Error::Internal(format!("{inserted} rows were inserted but the guard scan of the same snapshot saw {rows_scanned}; rolled back")));
+        }
+        Ok(Accelerated::Done(TappedDay { inserted, outside, sum, method: "delete+insert" }))
+    }
+
     /// The day's files copied straight into the target (`COPY`, as by hand),
     /// then the day's rows counted and hashed: the day's old rows are
     /// deleted already, so the day holds exactly the rows copied unless

@@ -445,3 +445,50 @@ leased_scenarios!(
     too_few_rows_are_refused,
     failure_at_any_step_without_run_key,
 );
+
+/// PostgreSQL takes a forced run's guards and fingerprint on a second
+/// session beside the insert, on the run's snapshot: a row committed to
+/// the source by another session while the run is paused after its delete
+/// is neither inserted nor counted (a scan of the newest rows would count
+/// one row more than the insert wrote, and refuse the run); the ledger's
+/// fingerprint is the day's; the next run reads the row.
+#[test]
+fn postgres_guard_scan_beside_the_insert_reads_the_runs_snapshot() {
+    let Some(pg) = PgUnderTest::get() else { return };
+    let mut db = pg.fresh_pg();
+    let url = db.url().to_owned();
+    exec(&mut db, BRONZE);
+    let text = without_run_key(SILVER_JOB);
+    let first = job(&text).load(d("2026-10-20"), &mut db).unwrap();
+    let day = "SELECT order_id, CAST(order_total AS VARCHAR) FROM silver.orders WHERE dt = DATE '2026-10-20' ORDER BY order_id";
+    let before = rows(&mut db, day);
+    assert_eq!(before.len(), 4);
+    let run = std::thread::spawn(move || {
+        let opts = RunOptions { force: true, fault: Some((FailPoint::AfterDelete, FaultAction::Pause(1500))), ..RunOptions::default() };
+        let r = job(&text).load_with(d("2026-10-20"), &mut db, &opts);
+        (r, db)
+    });
+    // Once the run's delete holds the target (its snapshot is taken), a
+    // new row of the day is committed to the source.
+    let mut other = fixpoint_postgres::Postgres::connect(&url).unwrap();
+    let deleting = "SELECT count(*) FROM pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation \
+                    WHERE c.relname = 'orders' AND l.mode = 'RowExclusiveLock' AND l.granted AND l.pid <> pg_backend_pid()";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while count(&mut other, deleting) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the run never deleted");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    exec(&mut other, "INSERT INTO bronze.orders VALUES (8, 16, 1.25, 'EUR', TIMESTAMP '2026-10-20 13:00:00', DATE '2026-10-20')");
+    let (r, mut db) = run.join().unwrap();
+    let r = r.unwrap();
+    assert_eq!((r.outcome.as_str(), r.method.as_str(), r.rows_inserted, r.output_rows), ("committed", "delete+insert", 4, 4));
+    assert_eq!(r.output_checksum, first.output_checksum, "the same rows as the first run");
+    assert_eq!(rows(&mut db, day), before, "the row committed after the run's snapshot is not in it");
+    // The ledger's fingerprint is the day's: a plain retry of the old input would skip;
+    // the source now has the new row, so the next run loads it.
+    let next = job(&without_run_key(SILVER_JOB)).load(d("2026-10-20"), &mut db).unwrap();
+    assert_eq!((next.outcome.as_str(), next.rows_inserted), ("committed", 5));
+    assert_eq!(rows(&mut db, day).len(), 5);
+    let again = job(&without_run_key(SILVER_JOB)).load(d("2026-10-20"), &mut db).unwrap();
+    assert_eq!(again.outcome, "skipped", "{:?}", again.skip_reason);
+}

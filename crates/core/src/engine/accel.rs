@@ -57,6 +57,11 @@ pub struct DayInsert<'a> {
     /// Writes the `INSERT … SELECT`, with the given expression selected as
     /// the partition column.
     pub insert: &'a dyn Fn(&Sql) -> Sql,
+    /// The guard scan of the source: its rows (`fp_rows`), the sum of
+    /// their native hashes over `hashed` (`fp_sum`) and the rows outside
+    /// the day (`outside`), for an engine that takes them beside the
+    /// insert rather than on it (on the run's snapshot).
+    pub guard_scan: &'a Sql,
 }
 
 /// What the tapped insert saw.

@@ -359,6 +359,8 @@ impl Day<'_> {
     /// should it decline, the guard scan and then the plain insert.
     fn insert_deferred(&mut self, engine: &mut dyn Engine, guarded: &mut Guarded) -> Result<(u64, Option<Fingerprint>, &'static str)> {
         let (job, shape, params, partition) = (self.job, &self.shape, &self.params, self.partition);
+        let scan_fp = fingerprint_select(engine, Method::Native, "s", &shape.input)?;
+        let scan = guard_scan(job, params, partition, self.run_date.date(), &scan_fp.select);
         let tapped = match engine.accelerator() {
             Some(acc) => {
                 let insert = |tap: &Sql| insert_sql(job, shape, params, partition, &job.target, None, Some(tap));
@@ -371,6 +373,7 @@ impl Day<'_> {
                     hashed: &shape.input,
                     day: self.run_date.date(),
                     insert: &insert,
+                    guard_scan: &scan,
                 };
                 acc.insert_day(&day, &mut Steps { opts: self.opts, trace: &mut self.trace })?
             }
