@@ -776,15 +776,27 @@ impl Postgres {
             (scan.join(), inserted)
         });
         let scanned = scanned.map_err(|_| Error::Internal("the guard scan's thread panicked".into()))?;
+        let counted = scanned.and_then(|rows| {
+            let row = rows.single("the guard scan")?;
+            Ok((row.count(FP_ROWS)?, self.read_sum(row.value(FP_SUM)?)?, row.count("outside")?))
+        });
+        // An insert that failed on a row the guards refuse (a row of a day
+        // with no partition, say): the guards' refusal, which names the
+        // problem, made on the second session (the run's is aborted).
+        let refused = match (&inserted, &counted) {
+            (Err(_), Ok((rows, _, outside))) => (day.refuse)(&mut |sql| side.query(sql), *rows, *outside).err(),
+            _ => None,
+        };
         let ended = side.client().batch_execute("COMMIT");
-        if ended.is_ok() && scanned.is_ok() {
+        if ended.is_ok() && counted.is_ok() {
             self.side = Some(side);
         }
+        if let Some(refusal) = refused {
+            return Err(refusal);
+        }
         let inserted = inserted?;
-        let rows = scanned?;
+        let (rows_scanned, sum, outside) = counted?;
         steps.step("insert (guards and fingerprint scanned beside it)");
-        let row = rows.single("the guard scan")?;
-        let (rows_scanned, sum, outside) = (row.count(FP_ROWS)?, self.read_sum(row.value(FP_SUM)?)?, row.count("outside")?);
         if rows_scanned != inserted {
             return Err(Error::Internal(format!("{inserted} rows were inserted but the guard scan of the same snapshot saw {rows_scanned}; rolled back")));
         }

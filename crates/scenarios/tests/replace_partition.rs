@@ -492,3 +492,33 @@ fn postgres_guard_scan_beside_the_insert_reads_the_runs_snapshot() {
     let again = job(&without_run_key(SILVER_JOB)).load(d("2026-10-20"), &mut db).unwrap();
     assert_eq!(again.outcome, "skipped", "{:?}", again.skip_reason);
 }
+
+/// A target partitioned by day, written by delete + insert: a forced run
+/// whose source holds a row of a day with no partition fails in its
+/// insert (PostgreSQL finds no partition for the row), and is refused as
+/// the guards refuse a row outside the day, naming it; nothing changes.
+#[test]
+fn postgres_a_row_of_a_day_without_a_partition_is_refused_by_the_guards() {
+    let Some(pg) = PgUnderTest::get() else { return };
+    let mut db = pg.fresh_pg();
+    exec(&mut db, BRONZE);
+    exec(
+        &mut db,
+        "CREATE SCHEMA silver;
+         CREATE TABLE silver.orders (order_id BIGINT, customer_id BIGINT, order_total DECIMAL(12,2), currency VARCHAR, updated_at TIMESTAMP, dt DATE) PARTITION BY LIST (dt);
+         CREATE TABLE silver.orders_20 PARTITION OF silver.orders FOR VALUES IN ('2026-10-20')",
+    );
+    let text = without_run_key(SILVER_JOB).replace("partition = \"dt\"\n", "partition = \"dt\"\nswap = \"delete_insert\"\n");
+    let first = job(&text).load(d("2026-10-20"), &mut db).unwrap();
+    assert_eq!((first.method.as_str(), first.output_rows), ("delete+insert", 4));
+    let all = "SELECT order_id, CAST(order_total AS VARCHAR), CAST(dt AS VARCHAR) FROM silver.orders ORDER BY order_id";
+    let before = rows(&mut db, all);
+    let bad = job(&text.replace("WHERE dt = :run_date", "WHERE dt >= :run_date"));
+    for force in [true, false] {
+        let err = bad.load_with(d("2026-10-20"), &mut db, &RunOptions { force, ..RunOptions::default() }).unwrap_err();
+        assert!(matches!(err, Error::OutOfPartition { rows: 1, .. }), "forced {force}: {err}");
+        assert!(err.to_string().contains("order_id: 7"), "the sample shows the row: {err}");
+        assert_eq!(rows(&mut db, all), before);
+        assert_eq!(ledger::entries(&mut db, None, None, None).unwrap().len(), 1);
+    }
+}

@@ -5,7 +5,7 @@
 
 use chrono::NaiveDate;
 
-use crate::engine::rows::Column;
+use crate::engine::rows::{Column, Rows};
 use crate::error::{FailPoint, Result};
 use crate::fingerprint::Fingerprint;
 use crate::job::spec::{Job, MergeSpec};
@@ -62,6 +62,11 @@ pub struct DayInsert<'a> {
     /// the day (`outside`), for an engine that takes them beside the
     /// insert rather than on it (on the run's snapshot).
     pub guard_scan: &'a Sql,
+    /// The plan's guards on the scan's counts (rows, rows outside the
+    /// day): the refusal naming the problem, its sample row read by the
+    /// given query function (which must read the source as the run does),
+    /// or `Ok` where they hold.
+    pub refuse: &'a dyn Fn(&mut dyn FnMut(&Sql) -> Result<Rows>, u64, u64) -> Result<()>,
 }
 
 /// What the tapped insert saw.

@@ -3,12 +3,12 @@
 use chrono::NaiveDate;
 
 use crate::engine::measure::Scope;
-use crate::engine::{Column, Engine};
+use crate::engine::{Column, Engine, Rows};
 use crate::error::{Error, Result};
 use crate::job::date::RunDate;
 use crate::job::spec::Job;
 use crate::job::sql::{RunParams, Sql, Value};
-use crate::run::sqlerror::first_row;
+use crate::run::sqlerror::first_row_of;
 
 /// Whether a column of type `ty` can hold a run's day: a DATE (or a
 /// timestamp, equal to the run date at midnight; a NULL literal's type,
@@ -76,13 +76,26 @@ pub(crate) fn guard_scan(job: &Job, params: &RunParams, partition: &str, day: Na
 /// The guards on the counts of `replace_partition`: no row outside the
 /// day (refused with a sample row), at least the job's `min_rows`.
 pub(crate) fn check_day_rows(engine: &mut dyn Engine, job: &Job, params: &RunParams, partition: &str, run_date: RunDate, rows: u64, outside: u64) -> Result<()> {
+    check_day_rows_by(&mut |sql| engine.query(sql), job, params, partition, run_date, rows, outside)
+}
+
+/// [`check_day_rows`], its sample row read by `query`.
+pub(crate) fn check_day_rows_by(
+    query: &mut dyn FnMut(&Sql) -> Result<Rows>,
+    job: &Job,
+    params: &RunParams,
+    partition: &str,
+    run_date: RunDate,
+    rows: u64,
+    outside: u64,
+) -> Result<()> {
     if outside > 0 {
         let mut sql = Sql::new();
         sql.push("SELECT * FROM ");
         Scope::Source { template: job.source.template(), params }.write_from(&mut sql, "s");
         sql.push(" WHERE s.").ident(partition).push(" IS DISTINCT FROM ");
         sql.typed_param(Value::Date(run_date.date()), "DATE").push(" LIMIT 1");
-        let sample = first_row(engine, &sql)?;
+        let sample = first_row_of(query(&sql)?)?;
         return Err(Error::OutOfPartition { rows: outside, column: partition.to_owned(), run_date: run_date.to_string(), sample });
     }
     match job.min_rows {

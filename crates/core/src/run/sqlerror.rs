@@ -27,7 +27,11 @@ pub(crate) fn fragment_error(job: &Job, key: &str, what: &str, hint: String, e: 
 
 /// The first row of a query, for error samples.
 pub fn first_row(engine: &mut dyn Engine, sql: &Sql) -> Result<SampleRow> {
-    let rows = engine.query(sql)?;
+    first_row_of(engine.query(sql)?)
+}
+
+/// The first of `rows`, for error samples.
+pub fn first_row_of(rows: crate::engine::Rows) -> Result<SampleRow> {
     let values = rows.rows.into_iter().next().unwrap_or_default();
     Ok(SampleRow(rows.columns.into_iter().zip(values.iter().map(Value::display)).collect()))
 }

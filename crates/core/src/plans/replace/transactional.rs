@@ -17,7 +17,7 @@ use crate::run::ledger;
 use crate::run::input::{describe_source, RunInput};
 use crate::run::protocol::{elapsed_ms, fence, in_transaction, RunOptions, Steps, Trace};
 use crate::run::report::{entry, skipped, RunReport};
-use crate::plans::steps::{check_day_rows, check_source_columns, fingerprinted, guard_scan};
+use crate::plans::steps::{check_day_rows, check_day_rows_by, check_source_columns, fingerprinted, guard_scan};
 
 /// The columns a run works with, read before its transaction.
 struct Shape {
@@ -361,6 +361,10 @@ impl Day<'_> {
         let (job, shape, params, partition) = (self.job, &self.shape, &self.params, self.partition);
         let scan_fp = fingerprint_select(engine, Method::Native, "s", &shape.input)?;
         let scan = guard_scan(job, params, partition, self.run_date.date(), &scan_fp.select);
+        let run_date = self.run_date;
+        let refuse = |query: &mut dyn FnMut(&Sql) -> Result<crate::engine::Rows>, rows: u64, outside: u64| {
+            check_day_rows_by(query, job, params, partition, run_date, rows, outside)
+        };
         let tapped = match engine.accelerator() {
             Some(acc) => {
                 let insert = |tap: &Sql| insert_sql(job, shape, params, partition, &job.target, None, Some(tap));
@@ -374,6 +378,7 @@ impl Day<'_> {
                     day: self.run_date.date(),
                     insert: &insert,
                     guard_scan: &scan,
+                    refuse: &refuse,
                 };
                 acc.insert_day(&day, &mut Steps { opts: self.opts, trace: &mut self.trace })?
             }
