@@ -188,9 +188,11 @@ enum Plans {
 }
 
 impl Plans {
-    /// Whether replace_partition can take the tapped path (DuckDB's taps).
-    fn taps(self) -> bool {
-        matches!(self, Plans::OneStatement | Plans::TwoStatements)
+    /// Whether replace_partition can take its guards on the insert
+    /// (DuckDB's taps) or beside it (PostgreSQL's second session) rather
+    /// than in a scan before it.
+    fn defers_guards(self) -> bool {
+        matches!(self, Plans::OneStatement | Plans::TwoStatements | Plans::PgOneStatement)
     }
 
     /// Whether the plans are the leased ones (Spark, Delta).
@@ -695,8 +697,9 @@ struct Stats {
     backfills: u64,
     checks: u64,
     ledger_checks: u64,
-    /// Committed replace_partition runs on the tapped path (DuckDB's taps:
-    /// first run of a day or `--force`, no `:run_key`) and the others.
+    /// Committed replace_partition runs with their guards deferred (DuckDB's
+    /// taps, PostgreSQL's scan beside the insert: first run of a day or
+    /// `--force`, no `:run_key`, no partition exchange) and the others.
     rp_tapped: u64,
     rp_scanned: u64,
     /// Spark: runs failed on purpose after their overwrite (output
@@ -789,7 +792,8 @@ fn settle(
             );
             stats.committed += 1;
             *stats.methods.entry(format!("replace_partition: {}", rep.method)).or_default() += 1;
-            if ctx.plans.taps() && ctx.layout == Layout::Plain && !conf.rp_key && (force || !model.rp.parts.contains_key(&d)) {
+            let swapped = ctx.layout == Layout::Partitioned && !conf.delete_insert;
+            if ctx.plans.defers_guards() && !swapped && !conf.rp_key && (force || !model.rp.parts.contains_key(&d)) {
                 stats.rp_tapped += 1;
             } else {
                 stats.rp_scanned += 1;
@@ -1196,6 +1200,8 @@ fn run_histories(e: &(dyn EngineUnderTest + Sync), engine: &str, test: &str, ctx
             "histories {engine}: replace_partition committed where the tapped insert declined (guards scanned after the delete) {}, with the guard scan {}",
             s.rp_tapped, s.rp_scanned
         );
+    } else if ctx.plans == Plans::PgOneStatement {
+        eprintln!("histories {engine}: replace_partition committed with the guard scan beside the insert {}, with the guard scan first {}", s.rp_tapped, s.rp_scanned);
     } else {
         eprintln!("histories {engine}: replace_partition committed on the tapped path {}, with the guard scan {}", s.rp_tapped, s.rp_scanned);
     }
