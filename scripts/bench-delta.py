@@ -4,7 +4,10 @@ Python `deltalake` package (BENCHMARKS.md, "Delta Lake").
 
     replace: a day of --day-rows rows replaced in a table of --days days
              (fixpoint: a replace_partition job, --force;
-              by hand: write_deltalake(mode="overwrite", predicate="dt = '…'"))
+              by hand: write_deltalake(mode="overwrite", predicate="dt = '…'"));
+             right after each of fixpoint's runs, the same run without
+             --force: skipped (same input, the day as recorded), timed
+             against the hand-written overwrite
     merge:   --changes changes (newest version per key wins, deduplicated
              first) into a table of --rows rows, touching the last two days
              (fixpoint: a merge job; by hand: ROW_NUMBER dedup in DuckDB,
@@ -59,15 +62,16 @@ def day(i):
     return f"2026-10-{1 + i:02d}"
 
 
-def timed(cmd, env=None):
-    """Runs cmd in a child; returns (seconds, peak RSS in MiB of that child)."""
+def timed(cmd, env=None, out=None):
+    """Runs cmd in a child; returns (seconds, peak RSS in MiB of that child).
+    Its standard output goes to the file `out`, or nowhere."""
     start = time.perf_counter()
     pid = os.fork()
     if pid == 0:
         try:
             # The run's report is not the benchmark's output.
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
+            sink = os.open(out or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(sink, 1)
             if env is not None:
                 os.execvpe(cmd[0], cmd, env)
             os.execvp(cmd[0], cmd)
@@ -160,10 +164,15 @@ dt = DeltaTable(wh + "/silver/accounts")
 """
 
 
-def bench(name, base, wh, fixpoint_cmd, hand_cmd, check_path, columns, rounds):
+def bench(name, base, wh, fixpoint_cmd, hand_cmd, check_path, columns, rounds, retry_cmd=None):
+    """The two sides, alternately; with `retry_cmd`, right after each of
+    fixpoint's runs the same run again without --force, which must be skipped
+    and leave the table as it was (timed apart: "retry")."""
     pristine = wh + ".pristine"
     shutil.copytree(wh, pristine)
     sides = {"fixpoint": [], "hand": []}
+    retries = []
+    report = os.path.join(base, "retry.json")
     result = {}
     for r in range(rounds):
         order = ["fixpoint", "hand"] if r % 2 == 0 else ["hand", "fixpoint"]
@@ -173,6 +182,15 @@ def bench(name, base, wh, fixpoint_cmd, hand_cmd, check_path, columns, rounds):
             secs, rss = timed(fixpoint_cmd if side == "fixpoint" else hand_cmd)
             sides[side].append((secs, rss))
             result[side] = table_hash(check_path, columns)
+            if side == "fixpoint" and retry_cmd is not None:
+                secs, rss = timed(retry_cmd, out=report)
+                with open(report) as f:
+                    outcome = json.load(f).get("outcome")
+                if outcome != "skipped":
+                    sys.exit(f"{name}: the retry without --force was {outcome!r}, not skipped")
+                if table_hash(check_path, columns) != result[side]:
+                    sys.exit(f"{name}: the skipped retry changed the table")
+                retries.append((secs, rss))
         if result["fixpoint"] != result["hand"]:
             sys.exit(f"{name}: the two sides left different tables: fixpoint {result['fixpoint']}, by hand {result['hand']}")
         print(f"{name} round {r + 1}: fixpoint {sides['fixpoint'][-1][0]:.2f} s, by hand {sides['hand'][-1][0]:.2f} s", file=sys.stderr)
@@ -180,6 +198,15 @@ def bench(name, base, wh, fixpoint_cmd, hand_cmd, check_path, columns, rounds):
     med = {s: statistics.median(t for t, _ in v) for s, v in sides.items()}
     rss = {s: max(m for _, m in v) for s, v in sides.items()}
     spread = {s: (min(t for t, _ in v), max(t for t, _ in v)) for s, v in sides.items()}
+    retry = {}
+    if retries:
+        r = statistics.median(t for t, _ in retries)
+        retry = {
+            "retry_skipped_s": round(r, 3),
+            "retry_ratio": round(r / med["hand"], 2),
+            "retry_range_s": [round(min(t for t, _ in retries), 3), round(max(t for t, _ in retries), 3)],
+            "retry_peak_mib": round(max(m for _, m in retries)),
+        }
     return {
         "work": name,
         "rows": result["fixpoint"][0],
@@ -190,7 +217,7 @@ def bench(name, base, wh, fixpoint_cmd, hand_cmd, check_path, columns, rounds):
         "hand_range_s": [round(x, 3) for x in spread["hand"]],
         "fixpoint_peak_mib": round(rss["fixpoint"]),
         "hand_peak_mib": round(rss["hand"]),
-    }
+    } | retry
 
 
 def main():
@@ -214,7 +241,8 @@ def main():
             d = day(a.days - 1)
             fx = [fixpoint, "run", os.path.join(base, "replace.toml"), "--date", d, "--db", "delta:" + wh, "--force", "--output", "json"]
             hand = [sys.executable, "-c", HAND_REPLACE, wh, d]
-            out.append(bench(f"replace a {a.day_rows}-row day", base, wh, fx, hand, os.path.join(wh, "silver/events"), ["id", "customer", "amount", "note", "updated_at", "dt"], a.rounds))
+            retry = [x for x in fx if x != "--force"]
+            out.append(bench(f"replace a {a.day_rows}-row day", base, wh, fx, hand, os.path.join(wh, "silver/events"), ["id", "customer", "amount", "note", "updated_at", "dt"], a.rounds, retry))
         if a.work in ("merge", "both"):
             base = os.path.join(tmp, "merge")
             wh = make_merge(base, a.rows, a.merge_days, a.changes)

@@ -12,7 +12,9 @@
 //!   `kill_plan`): the DuckDB tapped insert and guard-scan insert, each
 //!   DuckDB merge plan (one statement, checks in the statement with
 //!   tombstones, the join plan), a file source on each engine, a PostgreSQL
-//!   partition exchange and a PostgreSQL merge. Each trial runs the job
+//!   partition exchange and each PostgreSQL merge plan (one statement, one
+//!   statement updating on a primary key, the join plan with tombstones).
+//!   Each trial runs the job
 //!   unkilled on a twin database (its after state, its run key, its
 //!   duration and the plan it took), then kills the same run on the main
 //!   database; an independent reader (plain SQL through the duckdb crate, or
@@ -1102,6 +1104,12 @@ fn merge_batch(db: &Db, t: usize, tie: bool) -> String {
     sql
 }
 
+/// The merge's source, and its target made first with a primary key on
+/// the merge key (PostgreSQL's one-statement merge then updates on it).
+fn merge_keyed_setup(db: &Db) -> String {
+    format!("{}; CREATE SCHEMA silver; CREATE TABLE silver.m (id BIGINT PRIMARY KEY, amount DECIMAL(18,2), note {}, v BIGINT)", merge_setup(db), db.text_type())
+}
+
 fn merge_batch_plain(db: &Db, t: usize) -> String {
     merge_batch(db, t, false)
 }
@@ -1338,6 +1346,21 @@ fn postgres_merge_one_statement_killed_at_random_moments() {
             steps: &["merge statement"],
             not_steps: &["rolled back", "stage"],
             ..merge_plan("postgres merge, one statement", MERGE_JOB, merge_batch_plain, "merge, one statement")
+        },
+    );
+}
+
+/// Without `deleted`, the target keyed by a primary key: the
+/// one-statement merge updating on the key.
+#[test]
+fn postgres_merge_on_the_key_killed_at_random_moments() {
+    pg_plan(
+        "merge_keyed",
+        &KillPlan {
+            setup: merge_keyed_setup,
+            steps: &["merge statement"],
+            not_steps: &["rolled back", "stage"],
+            ..merge_plan("postgres merge, one statement, updates on the key", MERGE_JOB, merge_batch_plain, "merge, one statement, updates on the key")
         },
     );
 }

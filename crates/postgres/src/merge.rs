@@ -27,6 +27,16 @@
 //! accelerator then declines, the transaction is rolled back, and the
 //! portable plan explains the refusal with the rows involved.
 //!
+//! Where an index makes the key unique in the target (a primary key, say),
+//! the writes need no row ids: `u` is the `UPDATE` itself, joined with the
+//! kept rows on the key (the lookups the hand-written `MERGE` makes), and
+//! only the kept rows it did not update are looked up again (`e`, with what
+//! `c` says of them), to be inserted, or left alone and checked. The
+//! target's rows are then read once per updated key instead of twice (a
+//! lookup, then a fetch by row id), and nothing wide is materialized
+//! between them. A batch of replays (nothing newer) pays two lookups per
+//! key and writes nothing.
+//!
 //! [`Accelerator::merge`]: fixpoint_core::engine::Accelerator::merge
 
 use fixpoint_core::engine::measure::{fingerprint_select, row_hash};
@@ -37,7 +47,7 @@ use fixpoint_core::job::spec::OnTie;
 use fixpoint_core::job::sql::Sql;
 use fixpoint_core::plans::merge::sql::{keys_match, merge_actions, q, rows_differ, tombstone_table};
 use fixpoint_core::plans::merge::steps::Conditions;
-use fixpoint_core::{Error, FailPoint, Result};
+use fixpoint_core::{Error, FailPoint, Result, TableName, Value};
 
 use crate::Postgres;
 
@@ -72,7 +82,8 @@ pub(crate) fn merge(pg: &mut Postgres, m: &MergeRequest<'_>, steps: &mut dyn Run
         pg.query(&Sql::raw(hint.to_owned()))?;
     }
     steps.fail_point(FailPoint::AfterGuards)?;
-    let sql = statement(pg, m, &output_cols, &input_hash)?;
+    let unique = key_is_unique(pg, &m.job.target, &m.spec.key)?;
+    let sql = statement(pg, m, &output_cols, &input_hash, unique)?;
     let rows = pg.query(&sql)?;
     steps.step("merge statement");
     let row = rows.single("the merge statement")?;
@@ -108,12 +119,39 @@ pub(crate) fn merge(pg: &mut Postgres, m: &MergeRequest<'_>, steps: &mut dyn Run
     }
     let output = fp.of(batch_rows, sum("written_sum")? + sum("left_sum")?);
     steps.step("output fp");
-    let method = "merge, one statement";
+    let method = if unique { "merge, one statement, updates on the key" } else { "merge, one statement" };
     Ok(Accelerated::Done(Merged { input, output, inserts, updates, deletes: 0, batch_rows, duplicates_collapsed, rows_before: None, method }))
 }
 
-/// The statement (see the module's documentation).
-fn statement(pg: &Postgres, m: &MergeRequest<'_>, output_cols: &[Column], input_hash: &str) -> Result<Sql> {
+/// Whether an index makes `key` unique in `table`: a valid, immediately
+/// checked, unique index on columns that are all key columns, with no
+/// predicate and no expression. Two rows of one key can then not exist, and
+/// the statement updates on the key itself.
+pub(crate) fn key_is_unique(pg: &mut Postgres, table: &TableName, key: &[String]) -> Result<bool> {
+    let mut sql = Sql::new();
+    sql.push(
+        "SELECT CAST(i.indexrelid AS BIGINT), a.attname::text FROM pg_index i \
+         JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+         JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey) \
+         WHERE n.nspname = ",
+    )
+    .param(Value::Text(table.schema.clone()))
+    .push(" AND c.relname = ")
+    .param(Value::Text(table.table.clone()))
+    .push(" AND i.indisunique AND i.indisvalid AND i.indimmediate AND i.indpred IS NULL AND i.indexprs IS NULL AND NOT (0 = ANY (i.indkey)) ORDER BY 1");
+    let rows = pg.query(&sql)?;
+    let mut indexes: std::collections::BTreeMap<String, bool> = std::collections::BTreeMap::new();
+    for r in &rows.rows {
+        let (id, col) = (format!("{:?}", r[0]), crate::text_of(&r[1]));
+        let all = indexes.entry(id).or_insert(true);
+        *all &= key.iter().any(|k| *k == col);
+    }
+    Ok(indexes.values().any(|all| *all))
+}
+
+/// The statement (see the module's documentation); `unique`: an index
+/// makes the key unique in the target.
+fn statement(pg: &Postgres, m: &MergeRequest<'_>, output_cols: &[Column], input_hash: &str, unique: bool) -> Result<Sql> {
     let spec = m.spec;
     let version = quote_ident(&spec.version);
     let target = m.job.target.quoted();
@@ -147,35 +185,51 @@ fn statement(pg: &Postgres, m: &MergeRequest<'_>, output_cols: &[Column], input_
         OnTie::Deterministic => "false".to_owned(),
     };
     let (set, col_list, values) = merge_actions(spec, m.names, None);
+    let on = keys_match("t", "b", &spec.key);
     let mut sql = Sql::new();
-    // s: the source once, with its input hash and whether its key or
-    // version is NULL.
-    sql.push(&format!("WITH \"s\" AS MATERIALIZED (SELECT x.*, {input_hash} AS {H}, ({null_key}) AS {NULLS} FROM "));
-    fixpoint_core::engine::measure::Scope::Source { template: m.job.source.template(), params: m.params }.write_from(&mut sql, "x");
-    // r: the dedup window, and the rank of the compared values at each
-    // version (the same sort, one column fewer).
+    // r: the source once, with its input hash, whether its key or version
+    // is NULL, the dedup window, and the rank of the compared values at
+    // each version (the same sort, one column fewer).
+    sql.push(&format!("WITH \"r\" AS MATERIALIZED (SELECT x.*, {input_hash} AS {H}, ({null_key}) AS {NULLS}, "));
     sql.push(&format!(
-        "), \"r\" AS MATERIALIZED (SELECT s.*, row_number() OVER (PARTITION BY {key_list} ORDER BY {full}) AS {RANK}, \
+        "row_number() OVER (PARTITION BY {key_list} ORDER BY {full}) AS {RANK}, \
          dense_rank() OVER (PARTITION BY {key_list} ORDER BY {values_order}) AS {DRANK}, \
-         first_value({version}) OVER (PARTITION BY {key_list} ORDER BY {values_order}) AS {TOP} FROM \"s\" AS s), ",
+         first_value({version}) OVER (PARTITION BY {key_list} ORDER BY {values_order}) AS {TOP} FROM ",
         full = full.join(", "),
         values_order = by_values.join(", ")
     ));
-    // c: the kept rows against the target.
-    sql.push(&format!(
-        "\"c\" AS MATERIALIZED (SELECT b.*, t.ctid AS {TID}, t.tableoid AS {TOID}, ({matched}) AS {MATCHED}, \
-         ({matched} AND {newer}) AS {UPD}, \
+    fixpoint_core::engine::measure::Scope::Source { template: m.job.source.template(), params: m.params }.write_from(&mut sql, "x");
+    sql.push("), ");
+    // What the kept rows `b` that reach it (joined with the target `t`)
+    // say: whether the key is held, newer, a tie with the target or held
+    // in another partition, and the hash of the target's row left alone.
+    let classified = format!(
+        "({matched}) AS {MATCHED}, ({matched} AND {newer}) AS {UPD}, \
          ({matched} AND ({cross_tie})) AS \"__fixpoint_cross\", ({matched} AND NOT {held}) AS \"__fixpoint_elsewhere\", \
-         CASE WHEN {matched} AND NOT ({newer}) THEN {target_hash} END AS {TH} \
-         FROM \"r\" AS b LEFT JOIN {target} AS t ON {on} WHERE b.{RANK} = 1), ",
-        on = keys_match("t", "b", &spec.key)
-    ));
-    // u, i: the writes, returning the hash of each row written.
+         CASE WHEN {matched} AND NOT ({newer}) THEN {target_hash} END AS {TH}"
+    );
     if set.is_empty() {
-        sql.push("\"u\" AS (SELECT CAST(NULL AS BIGINT) AS \"h\" WHERE false), ");
-    } else {
+        return Err(Error::Internal("a merge with no column to update".into()));
+    }
+    if unique {
+        // u: the UPDATE on the key, of the kept rows that are newer and
+        // held in their own partition; e: the kept rows it did not update,
+        // looked up again and classified.
+        let returned = spec.key.iter().map(|k| format!("{} AS {}", q("b", k), quote_ident(k))).collect::<Vec<_>>().join(", ");
         sql.push(&format!(
-            "\"u\" AS (UPDATE {target} AS t SET {set} FROM \"c\" AS b WHERE t.tableoid = b.{TOID} AND t.ctid = b.{TID} AND b.{UPD} RETURNING {written_hash} AS \"h\"), "
+            "\"u\" AS (UPDATE {target} AS t SET {set} FROM \"r\" AS b WHERE {on} AND b.{RANK} = 1 AND {newer} AND {held} \
+             RETURNING {returned}, {written_hash} AS {H}), \
+             \"c\" AS MATERIALIZED (SELECT b.*, {classified} FROM \"r\" AS b LEFT JOIN {target} AS t ON {on} \
+             WHERE b.{RANK} = 1 AND NOT EXISTS (SELECT 1 FROM \"u\" WHERE {done})), ",
+            done = keys_match("u", "b", &spec.key)
+        ));
+    } else {
+        // c: the kept rows against the target, with the target's row id;
+        // u: the UPDATE by row id (no second lookup).
+        sql.push(&format!(
+            "\"c\" AS MATERIALIZED (SELECT b.*, t.ctid AS {TID}, t.tableoid AS {TOID}, {classified} \
+             FROM \"r\" AS b LEFT JOIN {target} AS t ON {on} WHERE b.{RANK} = 1), \
+             \"u\" AS (UPDATE {target} AS t SET {set} FROM \"c\" AS b WHERE t.tableoid = b.{TOID} AND t.ctid = b.{TID} AND b.{UPD} RETURNING {written_hash} AS {H}), "
         ));
     }
     sql.push(&format!(
@@ -184,16 +238,26 @@ fn statement(pg: &Postgres, m: &MergeRequest<'_>, output_cols: &[Column], input_
         ret = target_hash
     ));
     // One row of counts and sums (a WITH that writes must be the
-    // statement's top level: no subquery around it).
+    // statement's top level: no subquery around it). Where `u` updated on
+    // the key, `c` holds only the rows it did not update: a key is joined
+    // once in `u` or in `c`, and a row of `c` that is newer and held in its
+    // partition is one the update missed (planned, not done).
+    let (joined, planned_updates) = if unique {
+        ("e.\"looked_up\" + f.\"updates\"", "f.\"updates\" + e.\"missed\"")
+    } else {
+        ("e.\"looked_up\"", "e.\"missed\"")
+    };
+    let missed = if unique { format!("{UPD} AND NOT \"__fixpoint_elsewhere\"") } else { UPD.to_owned() };
     sql.push(&format!(
-        "SELECT a.*, d.*, e.*, f.*, g.*, coalesce(f.\"updated_sum\", 0) + coalesce(g.\"inserted_sum\", 0) AS \"written_sum\" FROM \
-         (SELECT count(*) AS \"input_rows\", sum({H}) AS \"input_sum\", count(*) FILTER (WHERE {NULLS}) AS \"null_keys\" FROM \"s\") AS a, \
-         (SELECT count(*) FILTER (WHERE {RANK} = 1) AS \"batch_rows\", count(*) FILTER (WHERE {batch_tie}) AS \"ties\" FROM \"r\") AS d, \
-         (SELECT count(*) AS \"joined\", count(*) FILTER (WHERE {UPD}) AS \"planned_updates\", \
+        "SELECT a.*, e.*, f.*, g.*, {joined} AS \"joined\", {planned_updates} AS \"planned_updates\", \
+         coalesce(f.\"updated_sum\", 0) + coalesce(g.\"inserted_sum\", 0) AS \"written_sum\" FROM \
+         (SELECT count(*) AS \"input_rows\", sum({H}) AS \"input_sum\", count(*) FILTER (WHERE {NULLS}) AS \"null_keys\", \
+          count(*) FILTER (WHERE {RANK} = 1) AS \"batch_rows\", count(*) FILTER (WHERE {batch_tie}) AS \"ties\" FROM \"r\") AS a, \
+         (SELECT count(*) AS \"looked_up\", count(*) FILTER (WHERE {missed}) AS \"missed\", \
           count(*) FILTER (WHERE NOT {MATCHED} AND NOT {NULLS}) AS \"planned_inserts\", \
           count(*) FILTER (WHERE {MATCHED} AND NOT {UPD}) AS \"left_alone\", sum({TH}) AS \"left_sum\", \
           count(*) FILTER (WHERE \"__fixpoint_cross\") AS \"cross_ties\", count(*) FILTER (WHERE \"__fixpoint_elsewhere\") AS \"elsewhere\" FROM \"c\") AS e, \
-         (SELECT count(*) AS \"updates\", sum(\"h\") AS \"updated_sum\" FROM \"u\") AS f, \
+         (SELECT count(*) AS \"updates\", sum({H}) AS \"updated_sum\" FROM \"u\") AS f, \
          (SELECT count(*) AS \"inserts\", sum(\"h\") AS \"inserted_sum\" FROM \"i\") AS g"
     ));
     Ok(sql)

@@ -64,6 +64,9 @@ pub struct PgUnderTest {
     admin: String,
     /// Without the accelerated plans: the portable ones run.
     portable: bool,
+    /// SQL run in each fresh database before the scenario (tables made
+    /// ahead of the run, as a user's DBA would).
+    setup: Option<&'static str>,
 }
 
 static PG_COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -81,7 +84,7 @@ impl PgUnderTest {
         let url = Self::url();
         let r = REACHABLE.get_or_init(|| fixpoint_postgres::Postgres::connect(&url).map(|_| ()).map_err(|e| e.to_string()));
         match r {
-            Ok(()) => Some(PgUnderTest { admin: url, portable: false }),
+            Ok(()) => Some(PgUnderTest { admin: url, portable: false, setup: None }),
             Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("postgres is unreachable under CI=true: {e}"),
             Err(e) => {
                 eprintln!("skipped: postgres is unreachable ({e}); set FIXPOINT_TEST_PG or start the server");
@@ -96,7 +99,10 @@ impl PgUnderTest {
     pub fn fresh_pg(&self) -> fixpoint_postgres::Postgres {
         let n = PG_COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let name = format!("fixpoint_test_{}_{n}", std::process::id());
-        let pg = fixpoint_postgres::Postgres::scratch(&self.admin, &name).unwrap_or_else(|e| panic!("{e}"));
+        let mut pg = fixpoint_postgres::Postgres::scratch(&self.admin, &name).unwrap_or_else(|e| panic!("{e}"));
+        if let Some(setup) = self.setup {
+            exec(&mut pg, setup);
+        }
         if self.portable {
             pg.without_accelerator()
         } else {
@@ -109,6 +115,12 @@ impl PgUnderTest {
     /// its own does.
     pub fn portable(self) -> PgUnderTest {
         PgUnderTest { portable: true, ..self }
+    }
+
+    /// The same server, each fresh database first given `setup` (one or
+    /// more statements).
+    pub fn with_setup(self, setup: &'static str) -> PgUnderTest {
+        PgUnderTest { setup: Some(setup), ..self }
     }
 }
 

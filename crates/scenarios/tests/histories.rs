@@ -13,10 +13,12 @@
 //! the guard scan), and two merges, each with or without `partition`
 //! (pruned), `on_tie = "error"` or `"deterministic"`, one with `deleted`
 //! (tombstones) and one without (on DuckDB, the one-statement plan). The
-//! engines under test force each DuckDB merge plan in turn; on PostgreSQL the
-//! the tapped day insert is declined in the two-statement family (the
-//! plan's fallback: guards scanned after the delete); on PostgreSQL the
-//! targets are plain tables, or tables `PARTITION BY LIST` / `RANGE (dt)` so
+//! engines under test force each DuckDB merge plan in turn (in the
+//! two-statement family the tapped day insert is declined: the plan's
+//! fallback, guards scanned after the delete); on PostgreSQL the targets
+//! are plain tables, plain tables whose merge targets have a primary key on
+//! the merge key (the one-statement merge then updates on the key), or
+//! tables `PARTITION BY LIST` / `RANGE (dt)` so
 //! `replace_partition` swaps days in whole (partition exchange) or, with
 //! `swap = "delete_insert"`, deletes and inserts into them, and merges
 //! move rows between partitions. On Spark (feature `spark`) the day is
@@ -158,6 +160,9 @@ enum Layout {
     /// `dt` (the merges' with a partition per day; replace_partition's with
     /// none, each run swaps or creates its day's).
     Partitioned,
+    /// PostgreSQL: the merges' targets exist before the first run, plain,
+    /// with a primary key on the merge key `k`.
+    Keyed,
 }
 
 /// Which merge plans the engine under test may take.
@@ -225,8 +230,9 @@ impl Plans {
     }
 
     /// The report's `method` a committed merge may give.
-    fn merge_methods(self, m: &MergeConf) -> &'static [&'static str] {
+    fn merge_methods(self, m: &MergeConf, layout: Layout) -> &'static [&'static str] {
         match self {
+            Plans::PgOneStatement if !m.deleted && layout == Layout::Keyed => &["merge, one statement, updates on the key", "merge"],
             Plans::Join => &["merge"],
             Plans::Spark | Plans::Delta if m.partition => &["copy-on-write of touched partitions"],
             Plans::Spark | Plans::Delta => &["copy-on-write of the table"],
@@ -306,6 +312,11 @@ fn setup(c: &Conf, ctx: &Ctx) -> String {
         for (i, m) in c.merges.iter().enumerate() {
             let by = if ctx.plans == Plans::Delta && !m.partition { "" } else { " PARTITIONED BY (dt)" };
             s.push_str(&format!(";\nCREATE TABLE h.m{} (k BIGINT, v BIGINT, amount BIGINT, op {text}, dt DATE){using}{by}", i + 1));
+        }
+    }
+    if layout == Layout::Keyed {
+        for i in 1..=c.merges.len() {
+            s.push_str(&format!(";\nCREATE TABLE h.m{i} (k BIGINT PRIMARY KEY, v BIGINT, amount BIGINT, dt DATE, op VARCHAR)"));
         }
     }
     if layout == Layout::Partitioned {
@@ -850,7 +861,7 @@ fn settle(
                 what
             );
             let m = model.merges[j - 1].conf;
-            prop_assert!(ctx.plans.merge_methods(&m).contains(&rep.method.as_str()), "{}: method {:?} on {:?} with {:?}", what, rep.method, ctx.plans, m);
+            prop_assert!(ctx.plans.merge_methods(&m, ctx.layout).contains(&rep.method.as_str()), "{}: method {:?} on {:?} with {:?}", what, rep.method, ctx.plans, m);
             stats.committed += 1;
             *stats.methods.entry(format!("merge ({}): {}", merge_label(&m), rep.method)).or_default() += 1;
             model.run_key(&name, d, input, &rep.run_key)?;
@@ -1272,6 +1283,15 @@ fn duckdb_join_plan_histories_match_the_model() {
 fn postgres_histories_match_the_model() {
     if let Some(pg) = PgUnderTest::get() {
         run_histories(&pg, "postgres", "postgres_histories_match_the_model", Ctx { plans: Plans::PgOneStatement, layout: Layout::Plain }, 50);
+    }
+}
+
+/// PostgreSQL, the merges' targets keyed by a primary key: their
+/// one-statement merges update on the key.
+#[test]
+fn postgres_keyed_histories_match_the_model() {
+    if let Some(pg) = PgUnderTest::get() {
+        run_histories(&pg, "postgres (keyed targets)", "postgres_keyed_histories_match_the_model", Ctx { plans: Plans::PgOneStatement, layout: Layout::Keyed }, 50);
     }
 }
 
