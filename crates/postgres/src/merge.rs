@@ -30,8 +30,9 @@
 //! Where an index makes the key unique in the target (a primary key, say),
 //! the writes need no row ids: `u` is the `UPDATE` itself, joined with the
 //! kept rows on the key (the lookups the hand-written `MERGE` makes), and
-//! only the kept rows it did not update are looked up again (`e`, with what
-//! `c` says of them), to be inserted, or left alone and checked. The
+//! only the kept rows it did not update are looked up again (`c`, found
+//! by sorting the kept rows with the updated keys: `w`), to be inserted,
+//! or left alone and checked. The
 //! target's rows are then read once per updated key instead of twice (a
 //! lookup, then a fetch by row id), and nothing wide is materialized
 //! between them. A batch of replays (nothing newer) pays two lookups per
@@ -72,6 +73,8 @@ const MATCHED: &str = "\"__fixpoint_matched\"";
 const UPD: &str = "\"__fixpoint_upd\"";
 const NULLS: &str = "\"__fixpoint_nulls\"";
 const TH: &str = "\"__fixpoint_th\"";
+const TAG: &str = "\"__fixpoint_tag\"";
+const ANY: &str = "\"__fixpoint_any\"";
 
 /// The plan: the statement, its counts checked, the output fingerprint.
 pub(crate) fn merge(pg: &mut Postgres, m: &MergeRequest<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<Merged>> {
@@ -215,13 +218,23 @@ fn statement(pg: &Postgres, m: &MergeRequest<'_>, output_cols: &[Column], input_
         // u: the UPDATE on the key, of the kept rows that are newer and
         // held in their own partition; e: the kept rows it did not update,
         // looked up again and classified.
+        //
+        // The kept rows `u` did not update are found without a join of the
+        // two (a join of two common table expressions is planned on
+        // estimates alone, and an unanalyzed source estimated at one row
+        // made it a nested loop, quadratic in the batch): `w` sorts the
+        // kept rows together with the updated keys (the rest of their
+        // columns NULL) by key and keeps the keys with no update.
         let returned = spec.key.iter().map(|k| format!("{} AS {}", q("b", k), quote_ident(k))).collect::<Vec<_>>().join(", ");
+        let r_cols: Vec<String> = m.names.iter().cloned().chain([H, NULLS, RANK, DRANK, TOP].map(|c| c.trim_matches('"').to_owned())).collect();
+        let padded = r_cols.iter().map(|c| if spec.key.contains(c) { q("u", c) } else { "NULL".to_owned() }).collect::<Vec<_>>().join(", ");
         sql.push(&format!(
             "\"u\" AS (UPDATE {target} AS t SET {set} FROM \"r\" AS b WHERE {on} AND b.{RANK} = 1 AND {newer} AND {held} \
              RETURNING {returned}, {written_hash} AS {H}), \
-             \"c\" AS MATERIALIZED (SELECT b.*, {classified} FROM \"r\" AS b LEFT JOIN {target} AS t ON {on} \
-             WHERE b.{RANK} = 1 AND NOT EXISTS (SELECT 1 FROM \"u\" WHERE {done})), ",
-            done = keys_match("u", "b", &spec.key)
+             \"w\" AS (SELECT y.* FROM (SELECT z.*, bool_or(z.{TAG}) OVER (PARTITION BY {key_list}) AS {ANY} FROM \
+             (SELECT b.*, false AS {TAG} FROM \"r\" AS b WHERE b.{RANK} = 1 UNION ALL SELECT {padded}, true FROM \"u\") AS z) AS y \
+             WHERE NOT y.{ANY}), \
+             \"c\" AS MATERIALIZED (SELECT b.*, {classified} FROM \"w\" AS b LEFT JOIN {target} AS t ON {on}), "
         ));
     } else {
         // c: the kept rows against the target, with the target's row id;
