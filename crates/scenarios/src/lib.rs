@@ -139,6 +139,9 @@ impl EngineUnderTest for PgUnderTest {
 #[cfg(feature = "spark")]
 pub struct SparkUnderTest {
     url: String,
+    /// Whether the engines' writes observe their rows (see
+    /// [`SparkUnderTest::unobserved`]).
+    observe: bool,
 }
 
 #[cfg(feature = "spark")]
@@ -158,7 +161,7 @@ impl SparkUnderTest {
         let url = Self::url();
         let r = REACHABLE.get_or_init(|| Self::connect(&url).map(|_| ()).map_err(|e| e.to_string()));
         match r {
-            Ok(()) => Some(SparkUnderTest { url }),
+            Ok(()) => Some(SparkUnderTest { url, observe: true }),
             Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("spark is unreachable under CI=true: {e}"),
             Err(e) => {
                 eprintln!("skipped: spark is unreachable ({e}); start it with scripts/spark-local.sh start, or set FIXPOINT_TEST_SPARK");
@@ -179,7 +182,18 @@ impl SparkUnderTest {
 
     /// Another session on the same server (concurrent runs).
     pub fn session(&self) -> fixpoint_spark::Spark {
-        Self::connect(&self.url).unwrap_or_else(|e| panic!("{e}"))
+        let spark = Self::connect(&self.url).unwrap_or_else(|e| panic!("{e}"));
+        if self.observe {
+            spark
+        } else {
+            spark.without_observed_writes()
+        }
+    }
+
+    /// The same server, its engines' writes not observed: the plans scan
+    /// the source before a write and the written rows after it.
+    pub fn unobserved(self) -> SparkUnderTest {
+        SparkUnderTest { observe: false, ..self }
     }
 }
 

@@ -446,6 +446,22 @@ leased_scenarios!(
     failure_at_any_step_without_run_key,
 );
 
+/// Spark again with its writes not observed: an existing target is then
+/// written by the steps that scan the source before the write and the day
+/// after it (otherwise reached by jobs with `:run_key` and first runs).
+#[cfg(feature = "spark")]
+mod unobserved {
+    mod spark {
+        #[test]
+        fn failure_at_any_step_without_run_key() {
+            if let Some(spark) = fixpoint_scenarios::SparkUnderTest::get() {
+                let _one_at_a_time = spark.exclusive();
+                super::super::failure_at_any_step_without_run_key(&spark.unobserved());
+            }
+        }
+    }
+}
+
 /// PostgreSQL takes a forced run's guards and fingerprint on a second
 /// session beside the insert, on the run's snapshot: a row committed to
 /// the source by another session while the run is paused after its delete

@@ -132,6 +132,94 @@ mod spark {
         exec(db.as_mut(), &format!("DROP VIEW {prefix}6"));
     }
 
+    /// The job of the observed-write test: its source's types differ from
+    /// the target's (INT into BIGINT, DECIMAL(13,2) into DECIMAL(12,2)), in
+    /// another column order, and lacks the target's `note`.
+    const TYPED_JOB: &str = r#"
+name = "typed"
+target = "silver.typed"
+strategy = "replace_partition"
+partition = "dt"
+on_schema_change = "append_new_columns"
+
+[source]
+sql = "SELECT order_id, CAST(customer_id AS INT) AS customer_id, CAST(order_total AS DECIMAL(13,2)) AS order_total, currency, dt FROM bronze.orders WHERE dt = :run_date"
+"#;
+
+    /// The day of silver.typed and the source's day, by plain SQL, sorted.
+    fn typed_day(db: &mut dyn fixpoint_core::Engine) -> (Vec<Vec<String>>, Vec<Vec<String>>) {
+        (
+            rows(db, "SELECT order_id, customer_id, CAST(order_total AS STRING), note, currency FROM silver.typed WHERE dt = DATE '2026-10-20'"),
+            rows(db, "SELECT order_id, customer_id, CAST(order_total AS STRING), NULL, currency FROM bronze.orders WHERE dt = DATE '2026-10-20'"),
+        )
+    }
+
+    /// Into an existing target, the day is written in one job that reads
+    /// the source once and observes the rows as it writes them: the
+    /// fingerprints it records are those a scan finds (the retry is
+    /// skipped, by scans), rows of another day are refused naming one, an
+    /// empty day is refused with `min_rows = 1` and drops the partition
+    /// without it. A retry over a recorded day is skipped before the
+    /// lease: while another run holds it, too.
+    #[test]
+    fn observed_writes_and_the_skip_before_the_lease() {
+        let Some(spark) = SparkUnderTest::get() else { return };
+        let _one_at_a_time = spark.exclusive();
+        let mut db = spark.fresh();
+        exec(db.as_mut(), BRONZE);
+        exec(db.as_mut(), "CREATE SCHEMA silver;\nCREATE TABLE silver.typed (order_id BIGINT, customer_id BIGINT, order_total DECIMAL(12,2), note STRING, currency STRING, dt DATE) USING parquet PARTITIONED BY (dt)");
+        exec(db.as_mut(), "INSERT INTO silver.typed VALUES (1, 10, 12.50, 'old', 'EUR', DATE '2026-10-19'), (99, 1, 1.00, 'old', 'EUR', DATE '2026-10-20')");
+        let typed = job(TYPED_JOB);
+        let first = typed.load(d("2026-10-20"), db.as_mut()).unwrap();
+        assert_eq!((first.outcome.as_str(), first.method.as_str()), ("committed", "partition overwrite, observed"));
+        assert_eq!((first.rows_inserted, first.rows_deleted, first.input_rows, first.output_rows), (6, 1, 6, 6));
+        let (day, want) = typed_day(db.as_mut());
+        assert_eq!(day, want, "the day holds the source's rows, note NULL");
+        assert_eq!(rows(db.as_mut(), "SELECT order_id, note FROM silver.typed WHERE dt = DATE '2026-10-19'"), vec![vec!["1".to_owned(), "old".to_owned()]], "the other day is left alone");
+        // What the write observed is what a scan of the day finds.
+        assert_eq!(day_fp(db.as_mut(), "silver.typed", "2026-10-20", &[]), first.output());
+        // The retry compares scans (the source's, the day's) with what was
+        // observed and recorded: skipped.
+        let again = typed.load(d("2026-10-20"), db.as_mut()).unwrap();
+        assert_eq!((again.outcome.as_str(), again.run_key.as_str()), ("skipped", first.run_key.as_str()));
+        let forced = typed.load_with(d("2026-10-20"), db.as_mut(), &RunOptions { force: true, ..Default::default() }).unwrap();
+        assert_eq!((forced.method.as_str(), forced.rows_deleted, forced.run_key.as_str()), ("partition overwrite, observed", 6, first.run_key.as_str()));
+        assert_eq!(forced.output(), first.output());
+
+        // Skipped before the lease: a live lease of another run does not
+        // keep a retry of a recorded day waiting; a forced run is busy.
+        let key = "fixpoint:typed:silver.typed:2026-10-20";
+        let prefix = format!("fixpoint.lease__{}__g", &fixpoint_core::job::digest::hash_hex(&["fixpoint-lease-v2", key])[..16]);
+        let generations = lease_views(db.as_mut(), "typed", "silver.typed", "2026-10-20");
+        let next: u64 = generations.last().map_or(0, |(n, _)| n.rsplit("__g").next().unwrap().parse::<u64>().unwrap() + 1);
+        exec(db.as_mut(), &format!("CREATE VIEW {prefix}{next} TBLPROPERTIES ('fixpoint.owner' = 'live-run', 'fixpoint.expires_ms' = '99999999999999') AS SELECT 1 AS held"));
+        let no_wait = RunOptions { no_wait: true, ..Default::default() };
+        let skipped = typed.load_with(d("2026-10-20"), db.as_mut(), &no_wait).unwrap();
+        assert_eq!(skipped.outcome, "skipped");
+        let busy = typed.load_with(d("2026-10-20"), db.as_mut(), &RunOptions { force: true, no_wait: true, ..Default::default() }).unwrap_err();
+        assert!(matches!(busy, Error::Busy { .. }), "{busy}");
+        exec(db.as_mut(), &format!("DROP VIEW {prefix}{next}"));
+
+        // A row of another day fails the write: refused by name, the day
+        // as it was.
+        let wide = job(&TYPED_JOB.replace("name = \"typed\"", "name = \"wide\"").replace("WHERE dt = :run_date", "WHERE dt >= :run_date"));
+        let err = wide.load(d("2026-10-20"), db.as_mut()).unwrap_err();
+        assert!(matches!(err, Error::OutOfPartition { rows: 1, .. }), "{err}");
+        assert!(err.to_string().contains("2026-10-21"), "names the row: {err}");
+        assert_eq!(day_fp(db.as_mut(), "silver.typed", "2026-10-20", &[]), first.output(), "nothing was written");
+
+        // An empty day: refused with min_rows = 1, the day as it was;
+        // without, the partition dropped.
+        let empty = TYPED_JOB.replace("name = \"typed\"", "name = \"empty\"").replace("WHERE dt = :run_date", "WHERE dt = :run_date AND order_id < 0");
+        let err = job(&empty.replace("on_schema_change", "min_rows = 1\non_schema_change")).load(d("2026-10-20"), db.as_mut()).unwrap_err();
+        assert!(matches!(err, Error::TooFewRows { rows: 0, .. }), "{err}");
+        assert_eq!(day_fp(db.as_mut(), "silver.typed", "2026-10-20", &[]), first.output(), "nothing was written");
+        let emptied = job(&empty).load(d("2026-10-20"), db.as_mut()).unwrap();
+        assert_eq!((emptied.method.as_str(), emptied.rows_inserted, emptied.rows_deleted, emptied.output_rows), ("partition overwrite, observed", 0, 6, 0));
+        assert_eq!(rows(db.as_mut(), "SHOW PARTITIONS silver.typed"), vec![vec!["\"dt=2026-10-19\"".to_owned()]]);
+        assert_eq!(count(db.as_mut(), "SELECT count(*) FROM silver.typed"), 1);
+    }
+
     #[test]
     fn a_target_not_partitioned_by_the_day_is_refused() {
         let Some(spark) = SparkUnderTest::get() else { return };

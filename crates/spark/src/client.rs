@@ -81,6 +81,8 @@ pub struct Client {
     runtime: tokio::runtime::Runtime,
     service: SparkConnectServiceClient<Channel>,
     session_id: String,
+    /// Writes observed so far: each observation's name is its own.
+    observations: u64,
 }
 
 /// Where to connect: `sc://host:port` (the Spark Connect URL; `/;param=…`
@@ -114,7 +116,7 @@ impl Client {
             })
             .map_err(|e| SparkError::local(format!("cannot connect to Spark Connect at {url}: {e}")))?;
         let service = SparkConnectServiceClient::new(channel).max_decoding_message_size(256 << 20);
-        Ok(Client { runtime, service, session_id: uuid::Uuid::new_v4().to_string() })
+        Ok(Client { runtime, service, session_id: uuid::Uuid::new_v4().to_string(), observations: 0 })
     }
 
     /// This session's id (a UUID).
@@ -142,6 +144,11 @@ impl Client {
     }
 
     fn run(&mut self, plan: pb::Plan) -> Result<Vec<RecordBatch>, SparkError> {
+        self.run_observing(plan).map(|(batches, _)| batches)
+    }
+
+    /// [`Client::run`], with the metrics the server observed.
+    fn run_observing(&mut self, plan: pb::Plan) -> Result<(Vec<RecordBatch>, Vec<pb::execute_plan_response::ObservedMetrics>), SparkError> {
         let request = pb::ExecutePlanRequest {
             session_id: self.session_id.clone(),
             user_context: Self::user(),
@@ -153,7 +160,9 @@ impl Client {
         self.runtime.block_on(async {
             let mut stream = service.execute_plan(request).await.map_err(SparkError::from_status)?.into_inner();
             let mut batches = Vec::new();
+            let mut observed = Vec::new();
             while let Some(response) = stream.message().await.map_err(SparkError::from_status)? {
+                observed.extend(response.observed_metrics);
                 if let Some(pb::execute_plan_response::ResponseType::ArrowBatch(b)) = response.response_type {
                     let reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(b.data.to_vec()), None)
                         .map_err(|e| SparkError::local(format!("reading an Arrow batch: {e}")))?;
@@ -162,8 +171,59 @@ impl Client {
                     }
                 }
             }
-            Ok(batches)
+            Ok((batches, observed))
         })
+    }
+
+    /// Writes the rows of `query` into `table` by position over the
+    /// partitions they fall in (`insertInto` with overwrite: with dynamic
+    /// partition overwrite, partitions without rows are left alone), and
+    /// observes `metrics` (`(name, SQL aggregate)`, over the query's
+    /// columns) on the rows as the write job reads them: their values by
+    /// name, from the same job (a `CollectMetrics` relation under the
+    /// write; the server sends what it observed after the command).
+    pub fn overwrite_observed(&mut self, table: &str, query: &str, params: &[Value], metrics: &[(String, String)]) -> Result<Vec<(String, Value)>, SparkError> {
+        self.observations += 1;
+        let name = format!("fixpoint_write_{}", self.observations);
+        let observed = pb::Relation {
+            common: Some(pb::RelationCommon { plan_id: Some(1), ..Default::default() }),
+            rel_type: Some(pb::relation::RelType::CollectMetrics(Box::new(pb::CollectMetrics {
+                input: Some(Box::new(Self::sql_relation(query, params))),
+                name: name.clone(),
+                metrics: metrics
+                    .iter()
+                    .map(|(alias, expr)| pb::Expression {
+                        common: None,
+                        expr_type: Some(pb::expression::ExprType::Alias(Box::new(pb::expression::Alias {
+                            expr: Some(Box::new(pb::Expression {
+                                common: None,
+                                expr_type: Some(pb::expression::ExprType::ExpressionString(pb::expression::ExpressionString { expression: named_markers(expr).0 })),
+                            })),
+                            name: vec![alias.clone()],
+                            metadata: None,
+                        }))),
+                    })
+                    .collect(),
+            }))),
+        };
+        let write = pb::WriteOperation {
+            input: Some(observed),
+            save_type: Some(pb::write_operation::SaveType::Table(pb::write_operation::SaveTable {
+                table_name: table.to_owned(),
+                save_method: pb::write_operation::save_table::TableSaveMethod::InsertInto as i32,
+            })),
+            mode: pb::write_operation::SaveMode::Overwrite as i32,
+            ..Default::default()
+        };
+        let plan = pb::Plan { op_type: Some(pb::plan::OpType::Command(pb::Command { command_type: Some(pb::command::CommandType::WriteOperation(write)) })) };
+        let (_, observed) = self.run_observing(plan)?;
+        let Some(m) = observed.into_iter().find(|m| m.name == name) else {
+            return Err(SparkError::local(format!("the server sent no metrics {name} for the write into {table}")));
+        };
+        if m.keys.len() != m.values.len() {
+            return Err(SparkError::local(format!("the server sent {} names for {} values of metrics {name}", m.keys.len(), m.values.len())));
+        }
+        m.keys.into_iter().zip(m.values).map(|(k, v)| Ok((k, literal_value(&v)?))).collect()
     }
 
     /// Runs a query and returns its rows as Arrow batches.
@@ -231,6 +291,25 @@ fn literal(v: &Value) -> pb::Expression {
         common: None,
         expr_type: Some(pb::expression::ExprType::Literal(pb::expression::Literal { data_type: None, literal_type: Some(lit) })),
     }
+}
+
+/// A literal the server sent (an observed metric) as a value: the
+/// numbers, text and NULL that aggregates return.
+fn literal_value(l: &pb::expression::Literal) -> Result<Value, SparkError> {
+    use pb::expression::literal::LiteralType as L;
+    Ok(match &l.literal_type {
+        None | Some(L::Null(_)) => Value::Null,
+        Some(L::Boolean(b)) => Value::Bool(*b),
+        Some(L::Byte(i)) | Some(L::Short(i)) | Some(L::Integer(i)) => Value::Int((*i).into()),
+        Some(L::Long(i)) => Value::Int(*i),
+        Some(L::Double(f)) => Value::Float(*f),
+        Some(L::String(s)) => Value::Text(s.clone()),
+        Some(L::Decimal(d)) => match d.scale.unwrap_or(0) {
+            0 => Value::HugeInt(d.value.parse().map_err(|_| SparkError::local(format!("an observed decimal {:?} is not a whole number", d.value)))?),
+            _ => Value::Text(d.value.clone()),
+        },
+        Some(other) => return Err(SparkError::local(format!("an observed metric of an unexpected type: {other:?}"))),
+    })
 }
 
 /// fixpoint's SQL as Spark reads it: `$n` placeholders become named

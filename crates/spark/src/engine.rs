@@ -6,7 +6,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::*;
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::{DataType, TimeUnit};
-use fixpoint_core::engine::{Column, Dialect, Engine, Leases, Rows};
+use fixpoint_core::engine::{Column, Dialect, Engine, Leases, Observed, ObservedWrites, Rows};
 use fixpoint_core::job::ident::{quote_ident, TableName};
 use fixpoint_core::job::sql::{Sql, Value};
 use fixpoint_core::{DbFailure, Error, Result};
@@ -30,6 +30,9 @@ pub struct Spark {
     renewer: Option<Renewer>,
     /// The tables behind the relations [`Leases::stage_copy`] made: name -> table.
     copies: std::collections::HashMap<String, TableName>,
+    /// Whether writes observe their rows ([`ObservedWrites`]); a test
+    /// switch turns it off to run the plans that scan instead.
+    observe: bool,
 }
 
 /// How long a lease lasts unless its run renews it: a run that dies keeps
@@ -86,9 +89,17 @@ impl Spark {
             wait: Duration::from_secs(60),
             renewer: None,
             copies: Default::default(),
+            observe: true,
         };
         set_up(&mut spark.client).map_err(err("setting up the session"))?;
         Ok(spark)
+    }
+
+    /// Without observed writes: the plans scan the source before a write
+    /// and the written rows after it (a test switch, to run every plan).
+    pub fn without_observed_writes(mut self) -> Spark {
+        self.observe = false;
+        self
     }
 
     /// The server's URL.
@@ -272,17 +283,7 @@ impl Dialect for Spark {
     }
 
     fn native_row_hash(&self, alias: &str, columns: &[Column]) -> Option<String> {
-        // Spark's xxhash64 skips NULL arguments, so (NULL, 'a') would hash
-        // as ('a', NULL): each value is followed by its NULL flag.
-        let args: Vec<String> = columns
-            .iter()
-            .flat_map(|c| {
-                let e = format!("{alias}.{}", quote_ident(&c.name));
-                [e.clone(), format!("isnull({e})")]
-            })
-            .collect();
-        // As a DECIMAL, so the sum never overflows (ANSI mode fails on it).
-        Some(format!("CAST(xxhash64({}) AS DECIMAL(20, 0))", args.join(", ")))
+        Some(row_hash(columns.iter().map(|c| format!("{alias}.{}", quote_ident(&c.name)))))
     }
 
     fn portable_value(&self, expr: &str, column: &Column) -> (String, &'static str) {
@@ -495,12 +496,74 @@ impl Leases for Spark {
         self.check_leases(false)
     }
 
+    fn observed_writes(&mut self) -> Option<&mut dyn ObservedWrites> {
+        if self.observe {
+            Some(self)
+        } else {
+            None
+        }
+    }
+
     fn drop_partition_value(&mut self, table: &TableName, column: &str, value: &Value, _ty: &str) -> Result<()> {
         let text = format!("ALTER TABLE {} DROP IF EXISTS PARTITION ({} = $1)", table.quoted(), quote_ident(column));
         self.check_leases(true)?;
         self.client.execute(&text, std::slice::from_ref(value)).map_err(err(&text))?;
         self.check_leases(false)
     }
+}
+
+/// The native row hash of the values `exprs`. Spark's xxhash64 skips NULL
+/// arguments, so (NULL, 'a') would hash as ('a', NULL): each value is
+/// followed by its NULL flag. As a DECIMAL, so the sum never overflows
+/// (ANSI mode fails on it).
+fn row_hash(exprs: impl Iterator<Item = String>) -> String {
+    let args: Vec<String> = exprs.flat_map(|e| [e.clone(), format!("isnull({e})")]).collect();
+    format!("CAST(xxhash64({}) AS DECIMAL(20, 0))", args.join(", "))
+}
+
+impl ObservedWrites for Spark {
+    /// `insertInto` with overwrite (dynamic partition overwrite, as
+    /// [`Leases::overwrite_partitions`]) over a `CollectMetrics` of the
+    /// rows, under the same lease checks.
+    fn overwrite_observed(&mut self, table: &TableName, select: &Sql, input: &[Column], output: &[Column]) -> Result<Observed> {
+        let sum = |cols: &[Column], cast: bool| match cols.is_empty() {
+            true => "CAST(0 AS DECIMAL(20, 0))".to_owned(),
+            false => format!(
+                "sum({})",
+                row_hash(cols.iter().map(|c| match cast {
+                    true => format!("CAST({} AS {})", quote_ident(&c.name), c.ty),
+                    false => quote_ident(&c.name),
+                }))
+            ),
+        };
+        // The same columns with the same types hash alike before and after
+        // the cast: one sum for both.
+        let same = input == output;
+        let mut metrics = vec![("rows".to_owned(), "count(*)".to_owned()), ("input_sum".to_owned(), sum(input, false))];
+        if !same {
+            metrics.push(("output_sum".to_owned(), sum(output, true)));
+        }
+        let name = format!("{}.{}", backquoted(&table.schema), backquoted(&table.table));
+        self.check_leases(true)?;
+        let got = self.client.overwrite_observed(&name, &select.text, &select.params, &metrics).map_err(|e| database_error(format!("overwriting {table}'s partitions: {}", select.text), e))?;
+        self.check_leases(false)?;
+        let value = |k: &str| {
+            got.iter().find(|(n, _)| n == k).map(|(_, v)| v).ok_or_else(|| Error::Internal(format!("spark: the write into {table} observed no {k}")))
+        };
+        let rows = match value("rows")? {
+            Value::Int(n) if *n >= 0 => *n as u64,
+            other => return Err(Error::Internal(format!("spark: the write into {table} observed {other:?} rows"))),
+        };
+        let input_sum = self.read_sum(value("input_sum")?)?;
+        let output_sum = if same { input_sum } else { self.read_sum(value("output_sum")?)? };
+        Ok(Observed { rows, input_sum, output_sum })
+    }
+}
+
+/// A name part between backquotes (Spark's own identifier quotes), which
+/// every parser of table names reads.
+fn backquoted(part: &str) -> String {
+    format!("`{}`", part.replace('`', "``"))
 }
 
 /// The settings every fixpoint session runs with. fixpoint's SQL quotes

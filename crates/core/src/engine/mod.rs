@@ -11,7 +11,7 @@ mod traits;
 pub use accel::{Accelerated, DayInsert, MergeRequest, Merged, RunSteps, TappedDay};
 pub use dialect::Dialect;
 pub use rows::{Column, Row, Rows};
-pub use traits::{Accelerator, DayPartition, Engine, FileInput, Leases, Locks, PartitionExchange};
+pub use traits::{Accelerator, DayPartition, Engine, FileInput, Leases, Locks, Observed, ObservedWrites, PartitionExchange};
 
 use crate::error::{Error, Result};
 use crate::job::sql::Sql;

@@ -182,6 +182,32 @@ pub trait FileInput: Engine {
     fn release_files(&mut self) -> Result<()>;
 }
 
+/// What a write observed on the rows it wrote ([`ObservedWrites`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Observed {
+    /// The rows written.
+    pub rows: u64,
+    /// The sum of their native row hashes over the input's columns.
+    pub input_sum: i128,
+    /// The sum of their native row hashes over the output's columns, each
+    /// value as stored in the table.
+    pub output_sum: i128,
+}
+
+/// Writes whose job computes aggregates over the rows as it writes them
+/// (Spark: a `CollectMetrics` under the write), so a plan reads its source
+/// once: no scan for the input fingerprint before, none for the output's
+/// after.
+pub trait ObservedWrites {
+    /// Writes the rows of `select` (every column of `table`, in the
+    /// table's order, by position) over the partitions they fall in, as
+    /// [`Leases::overwrite_partitions`] does, and returns, from the same
+    /// job, their count and the sums of the native row hash over `input`
+    /// (columns of `select`, as they are) and over `output` (columns of
+    /// `select`, each cast to its type there: the values as stored).
+    fn overwrite_observed(&mut self, table: &TableName, select: &Sql, input: &[Column], output: &[Column]) -> Result<Observed>;
+}
+
 /// The plans of engines without multi-statement transactions (Spark on
 /// plain files): the input staged once and checked, then whole partitions
 /// replaced in one statement each, under a lease that holds across
@@ -251,6 +277,13 @@ pub trait Leases: Engine {
     /// OVERWRITE` with dynamic partition overwrite). Unpartitioned: the
     /// whole table.
     fn overwrite_partitions(&mut self, table: &TableName, columns: &[String], select: &Sql) -> Result<()>;
+
+    /// Writes that observe the rows they write, in the same job (Spark), or
+    /// `None`: the plans then read the source before the write and the
+    /// written rows after it. Never wrong to return `None`.
+    fn observed_writes(&mut self) -> Option<&mut dyn ObservedWrites> {
+        None
+    }
 
     /// Drops the partition `column = value` of `table` with its rows, if it exists.
     fn drop_partition_value(&mut self, table: &TableName, column: &str, value: &Value, ty: &str) -> Result<()>;

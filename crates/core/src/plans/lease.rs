@@ -3,7 +3,14 @@
 //! partitions, each replacement one statement that commits or leaves the
 //! old partition as it was.
 //!
-//! `replace_partition`, under a lease on (job, target, date):
+//! `replace_partition`: first, before the lease, a retry whose run key and
+//! day match the ledger's last entry for the day is skipped (the guards,
+//! the input fingerprint and the day's fingerprint in one query; it only
+//! reads, so it needs no lease). Then, under a lease on (job, target,
+//! date), where the engine observes its writes ([`crate::engine::ObservedWrites`])
+//! and nothing needs the input before the write: one write of the day
+//! that reads the source once, guarded inside it, its rows counted and
+//! both fingerprints summed on the way; then the ledger row. Otherwise:
 //! 1. the guards and the input fingerprint in one scan of the source;
 //!    nothing has been written yet, so a refusal changes nothing;
 //! 2. a retry whose run key and partition match the ledger's last entry is

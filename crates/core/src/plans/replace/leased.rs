@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use crate::engine::measure::{fingerprint, fingerprint_select, Filter, Scope};
+use crate::engine::measure::{fingerprint, fingerprint_select, Filter, Scope, FP_ROWS, FP_SUM};
 use crate::engine::{query_count, Column, Leases};
 use crate::error::{AuditResult, Error, FailPoint, Result};
 use crate::fingerprint::runkey::run_key;
@@ -12,7 +12,7 @@ use crate::fingerprint::{Fingerprint, Method};
 use crate::job::date::RunDate;
 use crate::job::ident::quote_ident;
 use crate::job::spec::Job;
-use crate::job::sql::{RunParams, Sql, Value};
+use crate::job::sql::{RunParam, RunParams, Sql, Value};
 use crate::plans::lease::leased;
 use crate::plans::steps::{check_day_rows, check_source_columns, fingerprinted, guard_scan, signature_of};
 use crate::run::input::{describe_source, RunInput};
@@ -25,7 +25,12 @@ pub(crate) fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut 
     let params = run_input.params.clone();
     let source = describe_source(job, engine, &params)?;
     check_source_columns(job, &source, partition)?;
-    let mut day = Overwrite { job, run_date, opts, run_input, partition, params, source, trace: Trace::new(), started_at: chrono::Utc::now().naive_utc() };
+    let mut day = Overwrite { job, run_date, opts, run_input, partition, params, source, trace: Trace::new(), started_at: chrono::Utc::now().naive_utc(), ruled_out: None };
+    // A retry over an unchanged day is found before the lease is taken:
+    // finding it writes nothing, so it needs none.
+    if let Some(report) = day.skip_before_lease(engine, started)? {
+        return Ok(RunReport { elapsed_ms: elapsed_ms(started), ..report });
+    }
     // The target is looked at under the lease: a run that waited for
     // another sees what that one left (a table it created, say).
     let report = leased(engine, job, &run_date.to_string(), opts, |engine| day.run(engine, started))?;
@@ -44,6 +49,10 @@ struct Overwrite<'a> {
     source: Vec<Column>,
     trace: Trace,
     started_at: chrono::NaiveDateTime,
+    /// The ledger's last entry for the day (run key, when it finished) as
+    /// the check before the lease found it, with another run key or
+    /// another day: while it is still the last, no skip is possible.
+    ruled_out: Option<(String, chrono::NaiveDateTime)>,
 }
 
 /// The target as the run finds it.
@@ -65,6 +74,11 @@ impl Overwrite<'_> {
     fn run(&mut self, engine: &mut dyn Leases, started: Instant) -> Result<RunReport> {
         let shape = self.shape(engine)?;
         ledger::ensure(engine)?;
+        // Where the engine observes its writes: the day written in one job
+        // that reads the source once.
+        if let Some(report) = self.run_observed(engine, &shape)? {
+            return Ok(report);
+        }
         // 1. Guards and the input fingerprint, in one scan of the source,
         //    before anything is written.
         let input = self.guard(engine, &shape)?;
@@ -99,6 +113,170 @@ impl Overwrite<'_> {
         ledger::record(engine, &entry(self.job, &job_hash, &report, self.started_at))?;
         self.trace.step("ledger row");
         Ok(report)
+    }
+
+    /// A retry that finds the day as the ledger's last entry for it
+    /// recorded, with the same run key: skipped, without the lease. The
+    /// guards and the input fingerprint, and the day's fingerprint, come
+    /// from one query (both scans in one job). `None`, and the run goes
+    /// on under the lease (which checks again), when the run is forced,
+    /// the day has no entry (a first run reads nothing more), the job
+    /// changed, the target's columns drifted, or the input or the day
+    /// differs. Only reads: a run that waits for the lease meanwhile, or
+    /// writes after it, finds the day as this check did or rewrites it.
+    fn skip_before_lease(&mut self, engine: &mut dyn Leases, started: Instant) -> Result<Option<RunReport>> {
+        if self.opts.force {
+            return Ok(None);
+        }
+        let job_hash = self.job.definition_hash();
+        // Any failure to read the ledger (none yet, one of an older
+        // fixpoint) declines: the run under the lease reads it properly.
+        let Ok(entries) = ledger::entries_of_existing(engine, Some(&self.job.name), Some(self.run_date), Some(1)) else { return Ok(None) };
+        let Some(last) = entries.into_iter().next().filter(|l| l.job_hash == job_hash) else { return Ok(None) };
+        let shape = self.shape(engine)?;
+        if shape.target.is_none() || !shape.added.is_empty() {
+            return Ok(None);
+        }
+        let fp = fingerprint_select(engine, Method::Native, "s", &shape.input)?;
+        let day_fp = fingerprint_select(engine, Method::Native, "fp", &shape.output)?;
+        let mut sql = Sql::new();
+        sql.push("SELECT g.*, d.").ident(FP_ROWS).push(" AS \"day_rows\", d.").ident(FP_SUM).push(" AS \"day_sum\" FROM (");
+        sql.append(&guard_scan(self.job, &self.params, self.partition, self.run_date.date(), &fp.select));
+        sql.push(") AS g CROSS JOIN (SELECT ").push(&day_fp.select).push(" FROM ");
+        self.scope().write_from(&mut sql, "fp");
+        sql.push(") AS d");
+        let rows = engine.query(&sql)?;
+        let row = rows.single("the guard scan")?;
+        let input = fp.read(&row, engine)?;
+        check_day_rows(engine, self.job, &self.params, self.partition, self.run_date, input.rows, row.count("outside")?)?;
+        let key = self.run_input.file_key(&job_hash, self.run_date).unwrap_or_else(|| run_key(&job_hash, self.run_date, &input));
+        let now = day_fp.of(row.count("day_rows")?, engine.dialect().read_sum(row.value("day_sum")?)?);
+        self.trace.step("guards, input fp, day fp, before the lease");
+        if last.run_key != key || last.fingerprint_kind != now.kind || last.output_rows != now.rows || last.output_checksum != now.checksum {
+            self.ruled_out = Some((last.run_key, last.finished_at));
+            return Ok(None);
+        }
+        self.opts.run_key_known(self.job, self.run_date, &key);
+        Ok(Some(skipped(self.job, self.run_date, &key, &input, &now, started)))
+    }
+
+    /// The day written in one job that reads the source once, the rows
+    /// observed as they are written: their count, the input fingerprint
+    /// and the output's (over the values cast to the table's types, as
+    /// stored). A row outside the day fails the write (the guard inside
+    /// it), which leaves every partition as it was; `min_rows` of 1 is
+    /// checked after it, since a write of no rows changes no partition.
+    ///
+    /// `None`, and the steps that scan before and after run instead, when
+    /// the engine cannot observe a write, the rows depend on the run key
+    /// (`:run_key` in the source, without a file source's key), the target is missing or takes
+    /// new columns (its first run creates or alters it only once the
+    /// source passed the guards), it is rewritten by rows, `min_rows` above
+    /// 1 needs the count before anything is written, or a skip is still
+    /// possible: the run is not forced and the ledger holds an entry for
+    /// the day, of this job, other than the one the check before the lease
+    /// ruled out (a run that waited while another recorded the same input
+    /// finds its output).
+    fn run_observed(&mut self, engine: &mut dyn Leases, shape: &Shape) -> Result<Option<RunReport>> {
+        let (job, partition, run_date) = (self.job, self.partition, self.run_date);
+        let Some(target) = shape.target.as_ref().filter(|_| shape.added.is_empty() && !shape.by_rows) else { return Ok(None) };
+        if job.min_rows.is_some_and(|m| m > 1) || engine.observed_writes().is_none() {
+            return Ok(None);
+        }
+        let job_hash = job.definition_hash();
+        // The rows written must not depend on the run key unless it is
+        // known before them (a file source's).
+        let file_key = self.run_input.file_key(&job_hash, run_date);
+        if file_key.is_none() && job.source.template().uses_any(&[RunParam::RunKey]) {
+            return Ok(None);
+        }
+        let last = if self.opts.force { None } else { ledger::entries_of_existing(engine, Some(&job.name), Some(run_date), Some(1))?.into_iter().next() };
+        if last.is_some_and(|l| l.job_hash == job_hash && self.ruled_out.as_ref() != Some(&(l.run_key.clone(), l.finished_at))) {
+            return Ok(None);
+        }
+        let mut count = Sql::new();
+        count.push("SELECT count(*) AS \"n\" FROM ");
+        self.scope().write_from(&mut count, "fp");
+        let rows_before = query_count(engine, &count, "n", "the day's count")?;
+        if let Some(key) = &file_key {
+            self.params.run_key = key.clone();
+        }
+        self.trace.step("day's count");
+        let audits = self.audit(engine, Some(rows_before))?;
+        self.opts.step(FailPoint::AfterGuards)?;
+        // The delete and the insert are one statement here.
+        self.opts.step(FailPoint::AfterDelete)?;
+        self.opts.step(FailPoint::MidInsert)?;
+        let select = self.select_in_table_order(target);
+        let writes = engine.observed_writes().ok_or_else(|| Error::Internal("observed writes went away".into()))?;
+        let observed = match writes.overwrite_observed(&job.target, &select, &shape.input, &shape.output) {
+            Ok(o) => o,
+            Err(e @ Error::Database { .. }) => {
+                // A row outside the day failed it: refused as the guard
+                // scan refuses, naming a row.
+                let mut outside = Sql::new();
+                outside.push("SELECT count(*) AS \"outside\" FROM ");
+                Scope::Source { template: job.source.template(), params: &self.params }.write_from(&mut outside, "s");
+                outside.push(" WHERE s.").ident(partition).push(" IS DISTINCT FROM ").typed_param(Value::Date(run_date.date()), "DATE");
+                let n = query_count(engine, &outside, "outside", "the rows outside the day")?;
+                check_day_rows(engine, job, &self.params, partition, run_date, u64::MAX, n)?;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
+        if observed.rows == 0 {
+            // Nothing was written: refused below `min_rows`, else the day
+            // is emptied, as a run over an empty day does.
+            check_day_rows(engine, job, &self.params, partition, run_date, 0, 0)?;
+            engine.drop_partition_value(&job.target, partition, &Value::Date(run_date.date()), "DATE")?;
+        }
+        self.trace.step("overwrite, observed");
+        self.opts.step(FailPoint::AfterInsert)?;
+        let input = fingerprint_select(engine, Method::Native, "s", &shape.input)?.of(observed.rows, observed.input_sum);
+        let output = fingerprint_select(engine, Method::Native, "fp", &shape.output)?.of(observed.rows, observed.output_sum);
+        let key = file_key.unwrap_or_else(|| run_key(&job_hash, run_date, &input));
+        self.params.run_key = key.clone();
+        self.opts.run_key_known(job, run_date, &key);
+        let mut report = RunReport::new(job, run_date, key, "committed", &input, &output);
+        report.rows_deleted = rows_before;
+        report.rows_inserted = observed.rows;
+        report.audits = audits;
+        report.input_files = self.run_input.files.clone();
+        report.method = "partition overwrite, observed".into();
+        self.opts.step(FailPoint::BeforeCommit)?;
+        ledger::record(engine, &entry(job, &job_hash, &report, self.started_at))?;
+        self.trace.step("ledger row");
+        Ok(Some(report))
+    }
+
+    /// The source's rows as the table's columns in its order, by name
+    /// (NULL where the source has none), the day's column guarded as in
+    /// [`Overwrite::guarded_select`].
+    fn select_in_table_order(&self, target: &[Column]) -> Sql {
+        let (job, partition) = (self.job, self.partition);
+        let mut sql = Sql::new();
+        sql.push("SELECT ");
+        for (i, c) in target.iter().enumerate() {
+            if i > 0 {
+                sql.push(", ");
+            }
+            if !self.source.iter().any(|s| s.name == c.name) {
+                sql.push(&format!("CAST(NULL AS {})", c.ty));
+            } else if c.name != partition {
+                sql.push("s.").ident(&c.name);
+            } else {
+                sql.push("CASE WHEN s.").ident(partition).push(" IS DISTINCT FROM ").typed_param(Value::Date(self.run_date.date()), "DATE");
+                sql.push(" THEN raise_error(").param(Value::Text(format!(
+                    "fixpoint: a source row of job {} is not in the run's partition {partition} = {}; nothing was overwritten",
+                    job.name, self.run_date
+                )));
+                sql.push(") ELSE s.").ident(partition).push(" END");
+            }
+            sql.push(" AS ").ident(&c.name);
+        }
+        sql.push(" FROM ");
+        Scope::Source { template: job.source.template(), params: &self.params }.write_from(&mut sql, "s");
+        sql
     }
 
     /// The day's rows in the target.
