@@ -370,6 +370,16 @@ impl Leases for Spark {
         lease::release(&mut self.client, &held)
     }
 
+    /// `REFRESH TABLE`: the session's cached file listing of the table is
+    /// dropped, so rows another session wrote since are read.
+    fn refresh(&mut self, table: &TableName) -> Result<()> {
+        match self.client.execute(&format!("REFRESH TABLE {}", table.quoted()), &[]) {
+            Ok(()) => Ok(()),
+            Err(e) if matches!(e.error_class.as_deref(), Some("TABLE_OR_VIEW_NOT_FOUND" | "SCHEMA_NOT_FOUND")) => Ok(()),
+            Err(e) => Err(err("refreshing a table's listing")(e)),
+        }
+    }
+
     /// A cached temporary view, materialized at once (`CACHE TABLE … AS`).
     fn stage(&mut self, name: &str, query: &Sql) -> Result<()> {
         self.unstage(name)?;

@@ -226,6 +226,16 @@ pub trait Leases: Engine {
         Ok(())
     }
 
+    /// Forgets what this session remembers of `table`, so that its next
+    /// read sees the table as it is now (Spark keeps a table's file
+    /// listing per session: rows another session wrote since stay unseen
+    /// until then). Nothing where every read sees the latest commit; a
+    /// missing table is not an error.
+    fn refresh(&mut self, table: &TableName) -> Result<()> {
+        let _ = table;
+        Ok(())
+    }
+
     /// Materializes `query` once as the relation `name` (already quoted),
     /// visible to this connection only, for the plans of
     /// leased plans (Spark: a cached temporary view).

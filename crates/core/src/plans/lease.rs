@@ -37,7 +37,7 @@
 use crate::engine::Leases;
 use crate::error::{Error, Result};
 use crate::run::protocol::RunOptions;
-use crate::job::spec::Job;
+use crate::job::spec::{Job, Strategy};
 
 /// Runs `body` holding the lease of `scope` of `job`, released afterwards
 /// whatever happens (a crash leaves it to expire).
@@ -46,7 +46,10 @@ pub(crate) fn leased<T>(engine: &mut dyn Leases, job: &Job, scope: &str, opts: &
     if let Err(holder) = engine.acquire_lease(&key, !opts.no_wait)? {
         return Err(Error::Busy { message: format!("another run of job {} holds the lease on {} ({scope}): {holder}", job.name, job.target) });
     }
-    let result = body(engine);
+    // What this session read of the run's tables before the lease (the
+    // check for a skip, an earlier run in the same session) may be stale:
+    // another run may have written them since.
+    let result = refresh_tables(engine, job).and_then(|()| body(engine));
     if let Err(e) = engine.release_lease(&key) {
         // The run's outcome stands; the lease expires on its own.
         eprintln!("fixpoint: {}: could not release the lease on {} ({scope}): {e}; it expires on its own", job.name, job.target);
@@ -54,3 +57,19 @@ pub(crate) fn leased<T>(engine: &mut dyn Leases, job: &Job, scope: &str, opts: &
     result
 }
 
+
+/// The tables a run of `job` reads and writes under its lease, refreshed
+/// ([`Leases::refresh`]): the target, the ledger, and a merge's tombstones
+/// or a history's log.
+pub(crate) fn refresh_tables(engine: &mut dyn Leases, job: &Job) -> Result<()> {
+    let mut tables = vec![job.target.clone(), crate::run::ledger::ledger_table()];
+    match job.strategy {
+        Strategy::Merge => tables.push(crate::plans::merge::sql::tombstone_table(&job.target)),
+        Strategy::History => tables.push(crate::plans::history::log_table(&job.target)),
+        Strategy::ReplacePartition => {}
+    }
+    for t in &tables {
+        engine.refresh(t)?;
+    }
+    Ok(())
+}

@@ -101,7 +101,7 @@ fn table() -> String {
 }
 
 /// The ledger's name, and its columns' names.
-fn ledger_table() -> crate::job::ident::TableName {
+pub(crate) fn ledger_table() -> crate::job::ident::TableName {
     crate::job::ident::TableName { schema: SCHEMA.into(), table: TABLE.into() }
 }
 

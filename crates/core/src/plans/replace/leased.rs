@@ -128,6 +128,10 @@ impl Overwrite<'_> {
         if self.opts.force {
             return Ok(None);
         }
+        // A session that read the target or the ledger before (an earlier
+        // run of a backfill, say) must not decide on what it remembers.
+        engine.refresh(&self.job.target)?;
+        engine.refresh(&ledger::ledger_table())?;
         let job_hash = self.job.definition_hash();
         // Any failure to read the ledger (none yet, one of an older
         // fixpoint) declines: the run under the lease reads it properly.
