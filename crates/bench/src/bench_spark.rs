@@ -108,6 +108,9 @@ fn digest(db: &mut Spark, from: &str) -> Result<String, Error> {
 
 /// Checks that `side` left the day holding exactly the source's day.
 fn check_day(db: &mut Spark, side: &str) -> Result<(), Error> {
+    // The day may have been written by another session (the scanning
+    // side's): this session's file listing of the table is stale.
+    db.execute(&Sql::raw("REFRESH TABLE silver.orders"))?;
     let got = digest(db, "silver.orders WHERE dt = DATE '2026-10-20'")?;
     let want = digest(db, "bronze.orders WHERE dt = DATE '2026-10-20'")?;
     if got != want {

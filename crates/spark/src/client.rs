@@ -216,7 +216,10 @@ impl Client {
             ..Default::default()
         };
         let plan = pb::Plan { op_type: Some(pb::plan::OpType::Command(pb::Command { command_type: Some(pb::command::CommandType::WriteOperation(write)) })) };
-        let (_, observed) = self.run_observing(plan)?;
+        let started = std::time::Instant::now();
+        let result = self.run_observing(plan);
+        fixpoint_core::run::protocol::trace_statement(started, &format!("write (observed) into {table}: {query}"));
+        let (_, observed) = result?;
         let Some(m) = observed.into_iter().find(|m| m.name == name) else {
             return Err(SparkError::local(format!("the server sent no metrics {name} for the write into {table}")));
         };
@@ -228,17 +231,24 @@ impl Client {
 
     /// Runs a query and returns its rows as Arrow batches.
     pub fn query(&mut self, query: &str, params: &[Value]) -> Result<Vec<RecordBatch>, SparkError> {
-        self.run(pb::Plan { op_type: Some(pb::plan::OpType::Root(Self::sql_relation(query, params))) })
+        let started = std::time::Instant::now();
+        let result = self.run(pb::Plan { op_type: Some(pb::plan::OpType::Root(Self::sql_relation(query, params))) });
+        fixpoint_core::run::protocol::trace_statement(started, query);
+        result
     }
 
     /// Runs a statement (DDL, INSERT, SET…) eagerly.
     pub fn execute(&mut self, statement: &str, params: &[Value]) -> Result<(), SparkError> {
+        let started = std::time::Instant::now();
         #[allow(deprecated)]
         let command = pb::SqlCommand { input: Some(Self::sql_relation(statement, params)), ..Default::default() };
-        self.run(pb::Plan {
-            op_type: Some(pb::plan::OpType::Command(pb::Command { command_type: Some(pb::command::CommandType::SqlCommand(command)) })),
-        })
-        .map(|_| ())
+        let result = self
+            .run(pb::Plan {
+                op_type: Some(pb::plan::OpType::Command(pb::Command { command_type: Some(pb::command::CommandType::SqlCommand(command)) })),
+            })
+            .map(|_| ());
+        fixpoint_core::run::protocol::trace_statement(started, statement);
+        result
     }
 
     /// The server's Spark version.
