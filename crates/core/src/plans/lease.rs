@@ -37,11 +37,13 @@
 use crate::engine::Leases;
 use crate::error::{Error, Result};
 use crate::run::protocol::RunOptions;
-use crate::job::spec::{Job, Strategy};
+use crate::job::ident::TableName;
+use crate::job::spec::Job;
 
 /// Runs `body` holding the lease of `scope` of `job`, released afterwards
-/// whatever happens (a crash leaves it to expire).
-pub(crate) fn leased<T>(engine: &mut dyn Leases, job: &Job, scope: &str, opts: &RunOptions, body: impl FnOnce(&mut dyn Leases) -> Result<T>) -> Result<T> {
+/// whatever happens (a crash leaves it to expire); the run's tables (`also`
+/// beside the target and the ledger) refreshed first.
+pub(crate) fn leased<T>(engine: &mut dyn Leases, job: &Job, scope: &str, opts: &RunOptions, also: &[TableName], body: impl FnOnce(&mut dyn Leases) -> Result<T>) -> Result<T> {
     let key = format!("fixpoint:{}:{}:{scope}", job.name, job.target);
     if let Err(holder) = engine.acquire_lease(&key, !opts.no_wait)? {
         return Err(Error::Busy { message: format!("another run of job {} holds the lease on {} ({scope}): {holder}", job.name, job.target) });
@@ -49,7 +51,7 @@ pub(crate) fn leased<T>(engine: &mut dyn Leases, job: &Job, scope: &str, opts: &
     // What this session read of the run's tables before the lease (the
     // check for a skip, an earlier run in the same session) may be stale:
     // another run may have written them since.
-    let result = refresh_tables(engine, job).and_then(|()| body(engine));
+    let result = refresh_tables(engine, job, also).and_then(|()| body(engine));
     if let Err(e) = engine.release_lease(&key) {
         // The run's outcome stands; the lease expires on its own.
         eprintln!("fixpoint: {}: could not release the lease on {} ({scope}): {e}; it expires on its own", job.name, job.target);
@@ -59,16 +61,12 @@ pub(crate) fn leased<T>(engine: &mut dyn Leases, job: &Job, scope: &str, opts: &
 
 
 /// The tables a run of `job` reads and writes under its lease, refreshed
-/// ([`Leases::refresh`]): the target, the ledger, and a merge's tombstones
-/// or a history's log.
-pub(crate) fn refresh_tables(engine: &mut dyn Leases, job: &Job) -> Result<()> {
-    let mut tables = vec![job.target.clone(), crate::run::ledger::ledger_table()];
-    match job.strategy {
-        Strategy::Merge => tables.push(crate::plans::merge::sql::tombstone_table(&job.target)),
-        Strategy::History => tables.push(crate::plans::history::log_table(&job.target)),
-        Strategy::ReplacePartition => {}
-    }
-    for t in &tables {
+/// ([`Leases::refresh`]): the target, the ledger, and `also` (a merge's
+/// tombstones, a history's log).
+fn refresh_tables(engine: &mut dyn Leases, job: &Job, also: &[TableName]) -> Result<()> {
+    engine.refresh(&job.target)?;
+    engine.refresh(&crate::run::ledger::ledger_table())?;
+    for t in also {
         engine.refresh(t)?;
     }
     Ok(())

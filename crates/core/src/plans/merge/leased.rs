@@ -72,7 +72,7 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Leases, opts: &Ru
         started_at: chrono::Utc::now().naive_utc(),
     };
     // The target is looked at under the lease (see replace_partition).
-    let report = leased(engine, job, "all", opts, |engine| cow.run(engine))?;
+    let report = leased(engine, job, "all", opts, &[tombstone_table(&job.target)], |engine| cow.run(engine))?;
     Ok(RunReport { elapsed_ms: elapsed_ms(started), ..report })
 }
 

@@ -33,7 +33,7 @@ pub(crate) fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut 
     }
     // The target is looked at under the lease: a run that waited for
     // another sees what that one left (a table it created, say).
-    let report = leased(engine, job, &run_date.to_string(), opts, |engine| day.run(engine, started))?;
+    let report = leased(engine, job, &run_date.to_string(), opts, &[], |engine| day.run(engine, started))?;
     Ok(RunReport { elapsed_ms: elapsed_ms(started), ..report })
 }
 
