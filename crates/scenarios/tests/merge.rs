@@ -129,6 +129,37 @@ fn tombstones_delete_and_never_resurrect(e: &dyn EngineUnderTest) {
     assert_eq!(target(other.as_mut()), final_state);
 }
 
+/// A delete of a key the target never held changes no row, but is
+/// remembered: an older version of that key arriving later stays out, and
+/// a forced rerun of the delete stores it once.
+fn a_tombstone_of_an_absent_key_is_remembered(e: &dyn EngineUnderTest) {
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    exec(db, CHANGES);
+    add(db, "2026-10-21", &["9, 19, NULL, NULL, TIMESTAMP '2026-10-21 08:00:00', DATE '2026-10-19', 'D'", "5, 15, 50.00, 'EUR', TIMESTAMP '2026-10-21 08:00:00', DATE '2026-10-19', 'U'"]);
+    add(db, "2026-10-19", &["9, 19, 90.00, 'EUR', TIMESTAMP '2026-10-19 08:00:00', DATE '2026-10-19', 'U'"]);
+    let job = job(MERGE_JOB);
+    let wed = job.load(d("2026-10-21"), db).unwrap();
+    assert_eq!(counts(&wed), (1, 0, 0, 1, 0), "order 5 inserted; the delete of order 9 changes no row");
+    let tombs = "SELECT count(*) FROM fixpoint.\"tombstones__silver__orders\" WHERE order_id = 9";
+    assert_eq!(count(db, tombs), 1, "the delete of order 9 is remembered");
+    let mon = job.load(d("2026-10-19"), db).unwrap();
+    assert_eq!(counts(&mon), (0, 0, 0, 1, 0), "order 9's older version is beaten by its delete");
+    assert_eq!(count(db, "SELECT count(*) FROM silver.orders WHERE order_id = 9"), 0);
+    // Also when nothing at all is written: a batch of a delete alone.
+    add(db, "2026-10-23", &["8, 18, NULL, NULL, TIMESTAMP '2026-10-23 08:00:00', DATE '2026-10-19', 'D'"]);
+    add(db, "2026-10-18", &["8, 18, 80.00, 'EUR', TIMESTAMP '2026-10-18 08:00:00', DATE '2026-10-19', 'U'"]);
+    let alone = job.load(d("2026-10-23"), db).unwrap();
+    assert_eq!(counts(&alone), (0, 0, 0, 1, 0));
+    assert_eq!(count(db, &tombs.replace("= 9", "= 8")), 1, "the delete of order 8 is remembered");
+    let older = job.load(d("2026-10-18"), db).unwrap();
+    assert_eq!(counts(&older), (0, 0, 0, 1, 0), "order 8's older version is beaten by its delete");
+    // A forced rerun of the delete stores it once.
+    job.load_with(d("2026-10-23"), db, &RunOptions { force: true, ..Default::default() }).unwrap();
+    assert_eq!(count(db, &tombs.replace("= 9", "= 8")), 1, "stored once after a forced rerun");
+    assert_eq!(rows(db, "SELECT order_id FROM silver.orders"), vec![vec!["5"]]);
+}
+
 fn ties_error_or_deterministic(e: &dyn EngineUnderTest) {
     let tie_rows = [
         "5, 14, 50.00, 'EUR', TIMESTAMP '2026-10-19 08:00:00', DATE '2026-10-19', 'U'",
@@ -491,6 +522,7 @@ macro_rules! with_join_plan_scenarios {
             merge_without_tombstones_or_partition,
             seed_feed_replays_and_out_of_order,
             tombstones_delete_and_never_resurrect,
+            a_tombstone_of_an_absent_key_is_remembered,
             ties_error_or_deterministic,
             null_keys_and_versions_are_refused,
             pruning_refuses_keys_in_untouched_partitions,
@@ -744,6 +776,7 @@ leased_scenarios!(
     an_unpartitioned_target,
     seed_feed_replays_and_out_of_order,
     tombstones_delete_and_never_resurrect,
+    a_tombstone_of_an_absent_key_is_remembered,
     ties_error_or_deterministic,
     null_keys_and_versions_are_refused,
     pruning_refuses_keys_in_untouched_partitions,

@@ -146,7 +146,15 @@ impl Cow<'_> {
         self.opts.step(FailPoint::AfterGuards)?;
         let target_cols = self.prepare_target(engine, &target)?;
         let changes = classified.inserts + classified.updates + classified.deletes;
-        let audits = if changes > 0 { self.rewrite(engine, &target, &target_cols, &touched, has_tombs)? } else { self.audit_unchanged(engine)? };
+        let audits = if changes > 0 {
+            self.rewrite(engine, &target, &target_cols, &touched, has_tombs)?
+        } else {
+            // Nothing to rewrite, but a tombstone of a key the target does
+            // not hold is still remembered: an older version of that key
+            // arriving later must stay deleted.
+            self.record_tombstones(engine, has_tombs)?;
+            self.audit_unchanged(engine)?
+        };
         self.opts.step(FailPoint::AfterInsert)?;
         let output_cols: Vec<Column> = target_cols.iter().filter(|c| !self.job.metadata.contains(&c.name)).cloned().collect();
         let output = self.output(engine, &output_cols)?;
@@ -361,18 +369,28 @@ impl Cow<'_> {
     /// version).
     fn record_tombstones(&mut self, engine: &mut dyn Leases, has_tombs: bool) -> Result<()> {
         let spec = self.spec;
-        let del = format!("b.{}", quote_ident(DELETED));
-        if spec.deleted.is_none() || count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {BATCH} AS b WHERE {del}")))? == 0 {
+        if spec.deleted.is_none() {
             return Ok(());
         }
         let tomb = tombstone_table(&self.job.target);
+        let del = format!("b.{}", quote_ident(DELETED));
+        // A tombstone stored already (a forced rerun re-applies its own) is
+        // not stored twice.
+        let new = if has_tombs {
+            format!("{del} AND NOT EXISTS (SELECT 1 FROM {} AS d WHERE {} AND d.{v} = b.{v})", tomb.quoted(), keys_match("d", "b", &spec.key), v = quote_ident(&spec.version))
+        } else {
+            del
+        };
+        if count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {BATCH} AS b WHERE {new}")))? == 0 {
+            return Ok(());
+        }
         if !has_tombs {
             let ty = |k: &String| self.source_cols.iter().find(|c| &c.name == k).expect("described").ty.clone();
             let cols: Vec<Column> = spec.key.iter().chain([&spec.version]).map(|k| Column { name: k.clone(), ty: ty(k) }).collect();
             engine.create_table(&tomb, &cols, None)?;
         }
         let kv = spec.key.iter().chain([&spec.version]).map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
-        engine.execute(&Sql::raw(format!("INSERT INTO {} ({kv}) SELECT {kv} FROM {BATCH} AS b WHERE {del}", tomb.quoted())))?;
+        engine.execute(&Sql::raw(format!("INSERT INTO {} ({kv}) SELECT {kv} FROM {BATCH} AS b WHERE {new}", tomb.quoted())))?;
         Ok(())
     }
 
