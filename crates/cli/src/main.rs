@@ -466,7 +466,7 @@ pub(crate) fn open_engine(url: &str, wait: Duration) -> Result<Box<dyn Engine>, 
     }
     #[cfg(feature = "spark")]
     if fixpoint_spark::is_spark_url(url) {
-        return Ok(Box::new(fixpoint_spark::Spark::connect(url, wait.max(Duration::from_secs(10)))?.with_wait(wait)));
+        return Ok(Box::new(spark_switches(fixpoint_spark::Spark::connect(url, wait.max(Duration::from_secs(10)))?.with_wait(wait))?));
     }
     #[cfg(feature = "delta")]
     if fixpoint_delta::is_delta_url(url) {
@@ -514,7 +514,7 @@ const TEST_MODE: &str = "FIXPOINT_TEST_MODE";
 
 /// The test switches that turn off an engine's fast paths, so the kill -9
 /// trials reach the plans' fallbacks.
-const SWITCHES_HINT: &str = "use untapped_day_insert, two_statement_merge or no_taps, separated by commas";
+const SWITCHES_HINT: &str = "use untapped_day_insert, two_statement_merge, no_taps or unobserved_writes, separated by commas";
 
 /// `FIXPOINT_TEST_SWITCHES=switch,…`, when the process is in test mode:
 /// the switches named (each checked against `known`, the whole list). Like
@@ -530,7 +530,7 @@ fn test_switches() -> Result<Vec<String>, Error> {
     }
     let switches: Vec<String> = spec.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect();
     for s in &switches {
-        if !["untapped_day_insert", "two_statement_merge", "no_taps"].contains(&s.as_str()) {
+        if !["untapped_day_insert", "two_statement_merge", "no_taps", "unobserved_writes"].contains(&s.as_str()) {
             return Err(Error::argument(format!("FIXPOINT_TEST_SWITCHES: {s:?} is not a test switch"), Some(SWITCHES_HINT)));
         }
     }
@@ -561,6 +561,19 @@ fn postgres_switches(mut pg: fixpoint_postgres::Postgres) -> Result<fixpoint_pos
         }
     }
     Ok(pg)
+}
+
+/// Spark's switch (`unobserved_writes`: a replace scans the source before
+/// its write and the written day after it, as where a write cannot be
+/// observed).
+#[cfg(feature = "spark")]
+fn spark_switches(mut spark: fixpoint_spark::Spark) -> Result<fixpoint_spark::Spark, Error> {
+    for switch in test_switches()? {
+        if switch == "unobserved_writes" {
+            spark = spark.without_observed_writes();
+        }
+    }
+    Ok(spark)
 }
 
 /// `FIXPOINT_FAIL_AT=point[@date]` and `FIXPOINT_FAIL_MODE=error|abort|pause:MS`:

@@ -44,6 +44,10 @@ use fixpoint_core::{Error, Result};
 use crate::client::{Client, SparkError};
 use crate::engine::to_rows;
 
+/// How many generations a lease gathers before the run that takes the
+/// next one drops the older ones.
+const OLD_GENERATIONS_KEPT: usize = 4;
+
 /// The database the views live in (the ledger's).
 fn database() -> &'static str {
     fixpoint_core::run::ledger::SCHEMA
@@ -93,46 +97,70 @@ pub(crate) enum State {
     Unreadable(String),
 }
 
-/// The generations of a lease, oldest first.
-pub(crate) fn generations(client: &mut Client, prefix: &str) -> Result<Vec<u64>> {
-    let sql = format!("SHOW VIEWS IN {} LIKE {}", quote_ident(database()), lit(&format!("{prefix}*")));
+/// Every generation of a lease with what its properties say, oldest
+/// first: one `SHOW TABLE EXTENDED`, which lists the views with their
+/// properties (a listing and a read of each in one statement).
+pub(crate) fn listing(client: &mut Client, prefix: &str) -> Result<Vec<(u64, State)>> {
+    let sql = format!("SHOW TABLE EXTENDED IN {} LIKE {}", quote_ident(database()), lit(&format!("{prefix}*")));
     let rows = match client.query(&sql, &[]) {
         Ok(b) => to_rows(&b)?,
         Err(e) if not_found(&e) => return Ok(Vec::new()),
         Err(e) => return Err(spark_err("listing a lease's views")(e)),
     };
-    let name = rows.columns.iter().position(|c| c == "viewName").unwrap_or(1);
-    let temporary = rows.columns.iter().position(|c| c == "isTemporary");
-    let mut out: Vec<u64> = rows
+    let col = |n: &str| rows.columns.iter().position(|c| c == n);
+    let (Some(name), Some(information)) = (col("tableName"), col("information")) else {
+        return Err(Error::Internal(format!("spark: SHOW TABLE EXTENDED answered with the columns {:?}", rows.columns)));
+    };
+    let temporary = col("isTemporary");
+    let mut out: Vec<(u64, State)> = rows
         .rows
         .iter()
         .filter(|r| temporary.is_none_or(|t| r.get(t) != Some(&Value::Bool(true))))
-        .filter_map(|r| r.get(name).and_then(|v| v.as_str()).and_then(|n| n.strip_prefix(prefix)).and_then(|g| g.parse().ok()))
+        .filter_map(|r| {
+            let generation = r.get(name).and_then(|v| v.as_str()).and_then(|n| n.strip_prefix(prefix)).and_then(|g| g.parse().ok())?;
+            let info = r.get(information).and_then(|v| v.as_str()).unwrap_or_default();
+            let props = listed_properties(info);
+            Some((generation, state_of(|k| props.get(k).cloned())))
+        })
         .collect();
-    out.sort_unstable();
+    out.sort_unstable_by_key(|(g, _)| *g);
     Ok(out)
 }
 
-/// What generation `view` says.
+/// The `Table Properties: [k=v, …]` line of a `SHOW TABLE EXTENDED`
+/// entry. The values fixpoint writes there (a UUID, a number, `true`)
+/// hold neither `, ` nor `=`; a line that does not parse gives what it
+/// can, and a lease missing its owner or expiry counts as held.
+fn listed_properties(information: &str) -> HashMap<String, String> {
+    let Some(line) = information.lines().find_map(|l| l.strip_prefix("Table Properties: ")) else { return HashMap::new() };
+    let inner = line.trim().trim_start_matches('[').trim_end_matches(']');
+    inner.split(", ").filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned())).collect()
+}
+
+/// What generation `view` says (one `SHOW TBLPROPERTIES`).
 pub(crate) fn state(client: &mut Client, view: &TableName) -> Result<State> {
     let rows = match client.query(&format!("SHOW TBLPROPERTIES {}", view.quoted()), &[]) {
         Ok(b) => to_rows(&b)?,
         Err(e) if not_found(&e) => return Ok(State::Gone),
         Err(e) => return Err(spark_err("reading a lease")(e)),
     };
-    let prop = |k: &str| rows.rows.iter().find(|r| r.first().and_then(|v| v.as_str()) == Some(k)).and_then(|r| r.get(1)).and_then(|v| v.as_str().map(str::to_owned));
+    Ok(state_of(|k| rows.rows.iter().find(|r| r.first().and_then(|v| v.as_str()) == Some(k)).and_then(|r| r.get(1)).and_then(|v| v.as_str().map(str::to_owned))))
+}
+
+/// A generation's state from its properties.
+fn state_of(prop: impl Fn(&str) -> Option<String>) -> State {
     if prop("fixpoint.released").as_deref() == Some("true") {
-        return Ok(State::Released);
+        return State::Released;
     }
     let owner = prop("fixpoint.owner").filter(|o| !o.is_empty());
     let until = prop("fixpoint.expires_ms");
     match (owner, until.as_deref().map(str::parse::<u64>)) {
-        (Some(owner), Some(Ok(until_ms))) => Ok(State::Held { owner, until_ms }),
-        (owner, _) => Ok(State::Unreadable(format!(
+        (Some(owner), Some(Ok(until_ms))) => State::Held { owner, until_ms },
+        (owner, _) => State::Unreadable(format!(
             "owner {}, expiry {}",
             owner.as_deref().unwrap_or("missing"),
             until.map_or_else(|| "missing".to_owned(), |u| format!("{u:?}, not a number of milliseconds"))
-        ))),
+        )),
     }
 }
 
@@ -187,12 +215,12 @@ pub(crate) fn acquire(client: &mut Client, scope: &str, lease: Duration, wait: O
     let mut said_waiting = false;
     let mut vanished = 0;
     loop {
-        let listed = generations(client, &prefix)?;
-        let newest = listed.last().copied();
-        let next = match newest {
+        let listed = listing(client, &prefix)?;
+        let next = match listed.last() {
             None => 0,
-            Some(g) => {
-                let held_by = match state(client, &view(&prefix, g))? {
+            Some((g, newest)) => {
+                let g = *g;
+                let held_by = match newest.clone() {
                     // Taken over (and dropped) since the listing: look again.
                     State::Gone => {
                         vanished += 1;
@@ -235,10 +263,14 @@ pub(crate) fn acquire(client: &mut Client, scope: &str, lease: Duration, wait: O
             if said_waiting {
                 eprintln!("fixpoint: got the lease on {scope}");
             }
-            // Older generations are history: drop them (the newest is ours).
-            for g in listed {
-                if let Err(e) = client.execute(&format!("DROP VIEW IF EXISTS {}", view(&prefix, g).quoted()), &[]) {
-                    eprintln!("fixpoint: could not drop an old lease view {}: {e}", view(&prefix, g));
+            // Older generations are history: dropped (the newest is ours)
+            // once a few have gathered, so that most runs spend no
+            // statement on it.
+            if listed.len() >= OLD_GENERATIONS_KEPT {
+                for (g, _) in listed {
+                    if let Err(e) = client.execute(&format!("DROP VIEW IF EXISTS {}", view(&prefix, g).quoted()), &[]) {
+                        eprintln!("fixpoint: could not drop an old lease view {}: {e}", view(&prefix, g));
+                    }
                 }
             }
             return Ok(Ok(Held { prefix, generation: next, owner }));
@@ -250,10 +282,12 @@ pub(crate) fn acquire(client: &mut Client, scope: &str, lease: Duration, wait: O
 /// Whether `held` is still this run's, with at least `margin` ahead:
 /// `Err(why)` when not.
 pub(crate) fn check(client: &mut Client, held: &Held, margin: Duration) -> Result<std::result::Result<(), String>> {
-    if let Some(newer) = generations(client, &held.prefix)?.into_iter().find(|g| *g > held.generation) {
-        return Ok(Err(format!("another run took it over after it expired (lease {})", view(&held.prefix, newer))));
+    let listed = listing(client, &held.prefix)?;
+    if let Some((newer, _)) = listed.iter().find(|(g, _)| *g > held.generation) {
+        return Ok(Err(format!("another run took it over after it expired (lease {})", view(&held.prefix, *newer))));
     }
-    Ok(match state(client, &held.view())? {
+    let ours = listed.into_iter().find(|(g, _)| *g == held.generation).map_or(State::Gone, |(_, s)| s);
+    Ok(match ours {
         State::Held { owner, until_ms } if owner == held.owner => {
             let left = until_ms.saturating_sub(now_ms());
             if left < margin.as_millis() as u64 {
@@ -267,18 +301,15 @@ pub(crate) fn check(client: &mut Client, held: &Held, margin: Duration) -> Resul
     })
 }
 
-/// Marks `held` released, if it is still this run's newest generation
-/// (the view stays: generation numbers only grow).
+/// Marks `held` released (the view stays: generation numbers only grow).
+/// One statement, without reading the lease first: marking a generation
+/// that another run has since taken over (a newer one exists) changes
+/// nothing, since only the newest counts; one dropped since is left as it is.
 pub(crate) fn release(client: &mut Client, held: &Held) -> Result<()> {
-    if generations(client, &held.prefix)?.last() != Some(&held.generation) {
-        return Ok(());
-    }
-    match state(client, &held.view())? {
-        State::Held { owner, .. } if owner == held.owner => client
-            .execute(&format!("ALTER VIEW {} SET TBLPROPERTIES ('fixpoint.released' = 'true', 'fixpoint.expires_ms' = '0')", held.view().quoted()), &[])
-            .map_err(spark_err("releasing a lease")),
-        // Taken over after it expired: not ours any more.
-        _ => Ok(()),
+    match client.execute(&format!("ALTER VIEW {} SET TBLPROPERTIES ('fixpoint.released' = 'true', 'fixpoint.expires_ms' = '0')", held.view().quoted()), &[]) {
+        Ok(()) => Ok(()),
+        Err(e) if not_found(&e) => Ok(()),
+        Err(e) => Err(spark_err("releasing a lease")(e)),
     }
 }
 
