@@ -1555,31 +1555,60 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
     /// a time.
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-    #[test]
-    fn history_killed_at_random_moments() {
-        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let url = std::env::var("FIXPOINT_TEST_SPARK").unwrap_or_else(|_| "sc://127.0.0.1:15002".into());
-        // A session left idle while a run goes on can lose its connection
-        // (a transport error): the reader connects again before each read.
-        let connect = || fixpoint_spark::Spark::connect(&url, Duration::from_secs(10));
-        let mut db = match connect() {
+    fn spark_url() -> String {
+        std::env::var("FIXPOINT_TEST_SPARK").unwrap_or_else(|_| "sc://127.0.0.1:15002".into())
+    }
+
+    /// A reader's session on a cluster emptied of the tests' schemas
+    /// (`bronze` created again); `None`, said as skipped, without a
+    /// server (a failure under `CI=true`). A session left idle while a run
+    /// goes on can lose its connection (a transport error): the tests
+    /// connect again before each read.
+    fn fresh_cluster(url: &str) -> Option<fixpoint_spark::Spark> {
+        let mut db = match fixpoint_spark::Spark::connect(url, Duration::from_secs(10)) {
             Ok(db) => db,
             Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("spark is unreachable under CI=true: {e}"),
             Err(e) => {
                 eprintln!("skipped: spark is unreachable ({e})");
-                return;
+                return None;
             }
         };
-        let exec = |db: &mut fixpoint_spark::Spark, sql: &str| db.execute(&Sql::raw(sql)).unwrap_or_else(|e| panic!("{sql}: {e}"));
         // Runs killed earlier leave their cached relations in the server
         // (shared by every session) until their sessions expire; writing a
         // table they read recomputes them, which fails once their schema
         // is dropped.
-        exec(&mut db, "CLEAR CACHE");
-        for schema in ["bronze", "silver", "fixpoint"] {
-            exec(&mut db, &format!("DROP DATABASE IF EXISTS {schema} CASCADE"));
+        let mut statements = vec!["CLEAR CACHE".to_owned()];
+        statements.extend(["bronze", "silver", "fixpoint"].iter().map(|s| format!("DROP DATABASE IF EXISTS {s} CASCADE")));
+        statements.push("CREATE DATABASE bronze".into());
+        for sql in statements {
+            db.execute(&Sql::raw(sql.clone())).unwrap_or_else(|e| panic!("{sql}: {e}"));
         }
-        exec(&mut db, "CREATE DATABASE bronze");
+        Some(db)
+    }
+
+    /// Starts `command` (traced, its stderr into `log`), kills it with
+    /// SIGKILL after `delay`: whether it had finished by then (it must have
+    /// succeeded), and the last step its trace printed.
+    fn kill_after(mut command: std::process::Command, delay: Duration, log: &Path, t: usize) -> (bool, Option<String>) {
+        let mut child = command.stdout(Stdio::null()).stderr(Stdio::from(std::fs::File::create(log).unwrap())).spawn().unwrap();
+        std::thread::sleep(delay);
+        let finished = child.try_wait().unwrap().is_some();
+        let _ = child.kill(); // SIGKILL
+        let status = child.wait().unwrap();
+        let killed_log = std::fs::read_to_string(log).unwrap_or_default();
+        if finished {
+            assert!(status.success(), "trial {t}: the run the kill came too late for failed: {killed_log}");
+        }
+        (finished, super::trace_steps(&killed_log).last().cloned())
+    }
+
+    #[test]
+    fn history_killed_at_random_moments() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let url = spark_url();
+        let connect = || fixpoint_spark::Spark::connect(&url, Duration::from_secs(10));
+        let Some(mut db) = fresh_cluster(&url) else { return };
+        let exec = |db: &mut fixpoint_spark::Spark, sql: &str| db.execute(&Sql::raw(sql)).unwrap_or_else(|e| panic!("{sql}: {e}"));
         exec(&mut db, "CREATE TABLE bronze.m (bucket INT, id BIGINT, amount DECIMAL(18,2), note STRING, v BIGINT, op STRING, batch DATE) USING parquet");
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
@@ -1632,17 +1661,7 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
             assert!(after != current, "trial {t}: the new input must change the table");
 
             let delay = Duration::from_micros(rng.below(span.as_micros() as u64 * KILL_SPAN_PCT / 100));
-            let log = dir.join("killed.stderr");
-            let mut child = command(&url, true).stdout(Stdio::null()).stderr(Stdio::from(std::fs::File::create(&log).unwrap())).spawn().unwrap();
-            std::thread::sleep(delay);
-            let finished = child.try_wait().unwrap().is_some();
-            let _ = child.kill(); // SIGKILL
-            let status = child.wait().unwrap();
-            let killed_log = std::fs::read_to_string(&log).unwrap_or_default();
-            if finished {
-                assert!(status.success(), "trial {t}: the run the kill came too late for failed: {killed_log}");
-            }
-            let last_step = super::trace_steps(&killed_log).last().cloned();
+            let (finished, last_step) = kill_after(command(&url, true), delay, &dir.join("killed.stderr"), t);
             let at = format!("seed {seed}, kill after {delay:?}, last step {last_step:?}");
             // The killed run's lease lapses; a statement it had sent ends.
             std::thread::sleep(Duration::from_secs(LEASE_SECONDS + 2));
@@ -1754,22 +1773,10 @@ sql = "SELECT id, amount, note, dt FROM bronze.r WHERE dt = :run_date"
     #[test]
     fn replace_killed_at_random_moments() {
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let url = std::env::var("FIXPOINT_TEST_SPARK").unwrap_or_else(|_| "sc://127.0.0.1:15002".into());
+        let url = spark_url();
         let connect = || fixpoint_spark::Spark::connect(&url, Duration::from_secs(10));
-        let mut db = match connect() {
-            Ok(db) => db,
-            Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("spark is unreachable under CI=true: {e}"),
-            Err(e) => {
-                eprintln!("skipped: spark is unreachable ({e})");
-                return;
-            }
-        };
+        let Some(mut db) = fresh_cluster(&url) else { return };
         let exec = |db: &mut fixpoint_spark::Spark, sql: &str| db.execute(&Sql::raw(sql)).unwrap_or_else(|e| panic!("{sql}: {e}"));
-        exec(&mut db, "CLEAR CACHE");
-        for schema in ["bronze", "silver", "fixpoint"] {
-            exec(&mut db, &format!("DROP DATABASE IF EXISTS {schema} CASCADE"));
-        }
-        exec(&mut db, "CREATE DATABASE bronze");
         exec(&mut db, "CREATE TABLE bronze.r (id BIGINT, amount DECIMAL(12,2), note STRING, dt DATE) USING parquet");
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
@@ -1817,17 +1824,7 @@ sql = "SELECT id, amount, note, dt FROM bronze.r WHERE dt = :run_date"
             assert!(after != current, "trial {t}: the new input must change the day");
 
             let delay = Duration::from_micros(rng.below(span.as_micros() as u64 * KILL_SPAN_PCT / 100));
-            let log = dir.join("killed.stderr");
-            let mut child = command(KILL_DAY, switches, true).stdout(Stdio::null()).stderr(Stdio::from(std::fs::File::create(&log).unwrap())).spawn().unwrap();
-            std::thread::sleep(delay);
-            let finished = child.try_wait().unwrap().is_some();
-            let _ = child.kill(); // SIGKILL
-            let status = child.wait().unwrap();
-            let killed_log = std::fs::read_to_string(&log).unwrap_or_default();
-            if finished {
-                assert!(status.success(), "trial {t}: the run the kill came too late for failed: {killed_log}");
-            }
-            let last_step = super::trace_steps(&killed_log).last().cloned();
+            let (finished, last_step) = kill_after(command(KILL_DAY, switches, true), delay, &dir.join("killed.stderr"), t);
             let at = format!("seed {seed}, {switches:?}, kill after {delay:?}, last step {last_step:?}");
             std::thread::sleep(Duration::from_secs(LEASE_SECONDS + 2));
 
