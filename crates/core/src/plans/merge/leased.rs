@@ -328,12 +328,15 @@ impl Cow<'_> {
         let audits = self.audit_merged(engine, &target.relation)?;
         self.opts.step(FailPoint::MidInsert)?;
         // Written over the touched partitions in one statement; a touched
-        // partition left without rows is dropped after.
+        // partition left without rows is dropped after. Which partitions
+        // keep rows is read before the write: the write changes the table
+        // the merged rows were read from, and Spark then recomputes a
+        // cached relation over it when it is next read.
+        let left: Vec<Value> = engine.query(&Sql::raw(format!("SELECT DISTINCT {pc} FROM {MERGED}")))?.rows.into_iter().map(|mut r| r.remove(0)).collect();
         let out_names: Vec<String> = target_cols.iter().map(|c| c.name.clone()).collect();
         let out_list = out_names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
         engine.overwrite_partitions(&self.job.target, &out_names, &Sql::raw(format!("SELECT {out_list} FROM {MERGED}")))?;
         let ty = target_cols.iter().find(|c| c.name == stored_by).map(|c| c.ty.clone()).unwrap_or_default();
-        let left: Vec<Value> = engine.query(&Sql::raw(format!("SELECT DISTINCT {pc} FROM {MERGED}")))?.rows.into_iter().map(|mut r| r.remove(0)).collect();
         let replaced = if target.prune.is_some() { &touched.values } else { &whole_table_partitions };
         for v in replaced.iter().filter(|v| !matches!(v, Value::Null) && !left.contains(v)) {
             engine.drop_partition_value(&self.job.target, stored_by, v, &ty)?;
