@@ -213,7 +213,6 @@ pub(crate) fn acquire(client: &mut Client, scope: &str, lease: Duration, wait: O
     let owner = format!("{}", uuid::Uuid::new_v4());
     let deadline = wait.map(|w| Instant::now() + w);
     let mut said_waiting = false;
-    let mut vanished = 0;
     loop {
         let listed = listing(client, &prefix)?;
         let next = match listed.last() {
@@ -221,15 +220,10 @@ pub(crate) fn acquire(client: &mut Client, scope: &str, lease: Duration, wait: O
             Some((g, newest)) => {
                 let g = *g;
                 let held_by = match newest.clone() {
-                    // Taken over (and dropped) since the listing: look again.
-                    State::Gone => {
-                        vanished += 1;
-                        if vanished > 50 {
-                            return Err(Error::Internal(format!("spark: the lease view {} is listed but cannot be read", view(&prefix, g))));
-                        }
-                        continue;
-                    }
-                    State::Released => None,
+                    // The listing reads each view with its properties, so a
+                    // listed generation is never gone; were it, the next
+                    // one is free to create (creating is the atomic step).
+                    State::Released | State::Gone => None,
                     State::Held { owner, until_ms } if until_ms <= now_ms() => {
                         eprintln!("fixpoint: taking over the expired lease on {scope} (run {owner} held it and stopped renewing it)");
                         None
