@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use crate::engine::measure::fingerprint_select;
+use crate::engine::measure::{fingerprint_select, row_hash, FingerprintSelect};
 use crate::engine::{Column, Leases};
 use crate::error::{AuditResult, Error, FailPoint, Result};
 use crate::fingerprint::runkey::run_key;
@@ -28,6 +28,9 @@ const DEDUP: &str = "\"__fixpoint_dedup\"";
 const BATCH: &str = "\"__fixpoint_batch\"";
 
 const MERGED: &str = "\"__fixpoint_merged\"";
+
+/// The merged rows' flag: the row's key is one of the batch's.
+const TOUCHED: &str = "\"__fixpoint_touched\"";
 
 /// The merge as a copy-on-write of the partitions the batch touches (the
 /// whole table when it is not partitioned), with the semantics of the
@@ -146,18 +149,21 @@ impl Cow<'_> {
         self.opts.step(FailPoint::AfterGuards)?;
         let target_cols = self.prepare_target(engine, &target)?;
         let changes = classified.inserts + classified.updates + classified.deletes;
-        let audits = if changes > 0 {
-            self.rewrite(engine, &target, &target_cols, &touched, has_tombs)?
+        let output_cols: Vec<Column> = target_cols.iter().filter(|c| !self.job.metadata.contains(&c.name)).cloned().collect();
+        let (audits, written) = if changes > 0 {
+            self.rewrite(engine, &target, &target_cols, &output_cols, &touched, has_tombs)?
         } else {
             // Nothing to rewrite, but a tombstone of a key the target does
             // not hold is still remembered: an older version of that key
             // arriving later must stay deleted.
             self.record_tombstones(engine, has_tombs)?;
-            self.audit_unchanged(engine)?
+            (self.audit_unchanged(engine)?, None)
         };
         self.opts.step(FailPoint::AfterInsert)?;
-        let output_cols: Vec<Column> = target_cols.iter().filter(|c| !self.job.metadata.contains(&c.name)).cloned().collect();
-        let output = self.output(engine, &output_cols)?;
+        let output = match written {
+            Some(output) => output,
+            None => self.output(engine, &output_cols)?,
+        };
         self.record(engine, &target, input, output, dedup_rows, classified, audits)
     }
 
@@ -311,11 +317,13 @@ impl Cow<'_> {
     }
 
     /// 5–7. The batch's tombstones recorded, the touched partitions
-    ///      materialized as they will be, audited, and written over.
-    fn rewrite(&mut self, engine: &mut dyn Leases, target: &Target, target_cols: &[Column], touched: &Touched, has_tombs: bool) -> Result<Vec<AuditResult>> {
+    ///      materialized as they will be, audited, and written over. With
+    ///      the output fingerprint when it was taken of the rows written
+    ///      (a rewrite of partitions).
+    fn rewrite(&mut self, engine: &mut dyn Leases, target: &Target, target_cols: &[Column], output_cols: &[Column], touched: &Touched, has_tombs: bool) -> Result<(Vec<AuditResult>, Option<Fingerprint>)> {
         self.record_tombstones(engine, has_tombs)?;
         self.opts.step(FailPoint::AfterDelete)?;
-        let Some(stored_by) = target.stored_by.as_deref() else { return self.rewrite_rows(engine, target, target_cols, touched) };
+        let Some(stored_by) = target.stored_by.as_deref() else { return Ok((self.rewrite_rows(engine, target, target_cols, touched)?, None)) };
         // A rewrite of the whole table replaces the partitions its rows
         // fall in: those it leaves empty are dropped after.
         let pc = quote_ident(stored_by);
@@ -323,16 +331,17 @@ impl Cow<'_> {
             (None, Some(_)) => engine.query(&Sql::raw(format!("SELECT DISTINCT {pc} FROM {}", self.job.target.quoted())))?.rows.into_iter().map(|mut r| r.remove(0)).collect(),
             _ => Vec::new(),
         };
-        engine.stage(MERGED, &self.merged_sql(target_cols, touched))?;
+        engine.stage(MERGED, &self.merged_sql(target_cols, touched, true))?;
         self.trace.step("merged");
-        let audits = self.audit_merged(engine, &target.relation)?;
+        let audits = self.audit_merged(engine, &target.relation, target_cols)?;
         self.opts.step(FailPoint::MidInsert)?;
         // Written over the touched partitions in one statement; a touched
         // partition left without rows is dropped after. Which partitions
-        // keep rows is read before the write: the write changes the table
-        // the merged rows were read from, and Spark then recomputes a
-        // cached relation over it when it is next read.
-        let left: Vec<Value> = engine.query(&Sql::raw(format!("SELECT DISTINCT {pc} FROM {MERGED}")))?.rows.into_iter().map(|mut r| r.remove(0)).collect();
+        // keep rows, and the output fingerprint, are read off the merged
+        // rows before the write: the write changes the table they were
+        // read from, and Spark then recomputes a cached relation over it
+        // when it is next read.
+        let (left, output) = self.kept_and_output(engine, stored_by, output_cols)?;
         let out_names: Vec<String> = target_cols.iter().map(|c| c.name.clone()).collect();
         let out_list = out_names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
         engine.overwrite_partitions(&self.job.target, &out_names, &Sql::raw(format!("SELECT {out_list} FROM {MERGED}")))?;
@@ -342,7 +351,33 @@ impl Cow<'_> {
             engine.drop_partition_value(&self.job.target, stored_by, v, &ty)?;
         }
         self.trace.step("overwrite");
-        Ok(audits)
+        Ok((audits, Some(output)))
+    }
+
+    /// From one scan of the merged rows (partition rewrite): the partitions
+    /// that keep rows, and the output fingerprint, over the rows of the
+    /// batch's keys (those the partitions will hold once written, since a
+    /// batch key the target holds outside them is refused) with their
+    /// values cast to the table's types, as stored.
+    fn kept_and_output(&mut self, engine: &mut dyn Leases, stored_by: &str, output_cols: &[Column]) -> Result<(Vec<Value>, Fingerprint)> {
+        let (hash, kind, signature) = row_hash(engine, Method::Native, "m", output_cols)?;
+        let fp = FingerprintSelect { select: String::new(), kind, signature };
+        let sum = if output_cols.is_empty() { "0".to_owned() } else { format!("sum(CASE WHEN m.{TOUCHED} THEN {hash} END)") };
+        let cast = output_cols.iter().map(|c| format!("CAST({} AS {}) AS {}", quote_ident(&c.name), c.ty, quote_ident(&c.name))).collect::<Vec<_>>().join(", ");
+        let sep = if cast.is_empty() { "" } else { ", " };
+        let rows = engine.query(&Sql::raw(format!(
+            "SELECT m.\"__fixpoint_part\" AS \"p\", count(CASE WHEN m.{TOUCHED} THEN 1 END) AS \"n\", {sum} AS \"s\" \
+             FROM (SELECT {}{sep}{cast}, {TOUCHED} FROM {MERGED}) AS m GROUP BY m.\"__fixpoint_part\"",
+            format_args!("{} AS \"__fixpoint_part\"", quote_ident(stored_by))
+        )))?;
+        let (mut left, mut n, mut total) = (Vec::new(), 0u64, 0i128);
+        for r in &rows.rows {
+            left.push(r[0].clone());
+            n += r[1].as_u64().ok_or_else(|| Error::Internal(format!("a count of merged rows came back as {:?}", r[1])))?;
+            total = total.wrapping_add(engine.dialect().read_sum(&r[2])?);
+        }
+        self.trace.step("kept partitions, output fp");
+        Ok((left, fp.of(n, total)))
     }
 
     /// The rewrite of an unpartitioned table (engines that replace rows in
@@ -352,9 +387,9 @@ impl Cow<'_> {
     fn rewrite_rows(&mut self, engine: &mut dyn Leases, target: &Target, target_cols: &[Column], touched: &Touched) -> Result<Vec<AuditResult>> {
         let in_scope = format!("({}) AND EXISTS (SELECT 1 FROM {BATCH} AS b WHERE {})", touched.in_scope, keys_match("t", "b", &self.spec.key));
         let keys = Touched { values: touched.values.clone(), sql: touched.sql.clone(), in_scope };
-        engine.stage(MERGED, &self.merged_sql(target_cols, &keys))?;
+        engine.stage(MERGED, &self.merged_sql(target_cols, &keys, false))?;
         self.trace.step("merged");
-        let audits = self.audit_merged(engine, &target.relation)?;
+        let audits = self.audit_merged(engine, &target.relation, target_cols)?;
         self.opts.step(FailPoint::MidInsert)?;
         let out_names: Vec<String> = target_cols.iter().map(|c| c.name.clone()).collect();
         let out_list = out_names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
@@ -399,8 +434,9 @@ impl Cow<'_> {
 
     /// The touched partitions as they will be: per key, the winner among
     /// the batch row and the target's row (the target's at a full tie: no
-    /// churn); tombstones dropped.
-    fn merged_sql(&self, target_cols: &[Column], touched: &Touched) -> Sql {
+    /// churn); tombstones dropped. With `flag`, each row also says whether
+    /// its key is the batch's (the column [`TOUCHED`]).
+    fn merged_sql(&self, target_cols: &[Column], touched: &Touched, flag: bool) -> Sql {
         let spec = self.spec;
         let (version, del) = (quote_ident(&spec.version), format!("b.{}", quote_ident(DELETED)));
         let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
@@ -415,9 +451,15 @@ impl Cow<'_> {
             .collect::<Vec<_>>()
             .join(", ");
         let from_target = target_cols.iter().map(|c| q("t", &c.name)).collect::<Vec<_>>().join(", ");
+        // The flag shares the ranking's window (one sort of the rows).
+        let window = format!("OVER (PARTITION BY {key_list} ORDER BY {version} DESC, \"__fixpoint_del\" DESC{tie_break}, \"__fixpoint_src\" ASC");
+        let (flag_out, flag_col) = match flag {
+            true => (format!(", {TOUCHED}"), format!(", max(\"__fixpoint_src\") {window} ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) = 1 AS {TOUCHED}")),
+            false => (String::new(), String::new()),
+        };
         let mut sql = Sql::new();
         sql.push(&format!(
-            "SELECT {out_list} FROM (SELECT *, row_number() OVER (PARTITION BY {key_list} ORDER BY {version} DESC, \"__fixpoint_del\" DESC{tie_break}, \"__fixpoint_src\" ASC) AS \"__fixpoint_rank\" FROM (\
+            "SELECT {out_list}{flag_out} FROM (SELECT *, row_number() {window}) AS \"__fixpoint_rank\"{flag_col} FROM (\
              SELECT {from_batch}, {del} AS \"__fixpoint_del\", 1 AS \"__fixpoint_src\" FROM {BATCH} AS b \
              UNION ALL SELECT {from_target}, false, 0 FROM {} AS t WHERE {}) AS u) AS r \
              WHERE \"__fixpoint_rank\" = 1 AND NOT \"__fixpoint_del\"",
@@ -435,7 +477,7 @@ impl Cow<'_> {
 
     /// The touched keys as they will be published, audited before anything
     /// is overwritten (against their rows before).
-    fn audit_merged(&mut self, engine: &mut dyn Leases, target_rel: &str) -> Result<Vec<AuditResult>> {
+    fn audit_merged(&mut self, engine: &mut dyn Leases, target_rel: &str, target_cols: &[Column]) -> Result<Vec<AuditResult>> {
         if self.job.audits.is_empty() {
             return Ok(Vec::new());
         }
@@ -443,7 +485,9 @@ impl Cow<'_> {
         before.push("SELECT count(*) AS \"n\" FROM ");
         self.touched_keys(target_rel, &mut before);
         let previous = count(engine, &before)?;
-        let from = |sql: &mut Sql| self.touched_keys(MERGED, sql);
+        // The table's columns only (not the merged rows' flag).
+        let merged = format!("(SELECT {} FROM {MERGED})", target_cols.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", "));
+        let from = |sql: &mut Sql| self.touched_keys(&merged, sql);
         let scope = crate::run::audit::AuditScope { from: &from, previous_rows: Some(previous), run_date: self.run_date.date() };
         crate::run::audit::audit(self.job, engine, &scope)
     }
