@@ -49,6 +49,29 @@ fn five_runs_equal_one_run(e: &dyn EngineUnderTest) {
     assert!(entries.iter().all(|e| e.outcome == "committed"));
 }
 
+/// A retry skips only a day the target holds as the ledger recorded it: a
+/// row changed or deleted behind the ledger's back (the input unchanged)
+/// makes the retry rewrite the day, and the retry after that is skipped.
+fn a_retry_over_a_changed_day_rewrites_it(e: &dyn EngineUnderTest) {
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    exec(db, BRONZE);
+    let job = job(SILVER_JOB);
+    let first = job.load(d("2026-10-20"), db).unwrap();
+    let day = "SELECT order_id, customer_id, order_total, currency, updated_at FROM silver.orders WHERE dt = DATE '2026-10-20' ORDER BY order_id";
+    let once = rows(db, day);
+    for (change, deleted) in [("UPDATE silver.orders SET order_total = order_total + 1 WHERE order_id = 4", 4), ("DELETE FROM silver.orders WHERE order_id = 3", 3)] {
+        exec(db, change);
+        assert_ne!(rows(db, day), once, "{change}");
+        let r = job.load(d("2026-10-20"), db).unwrap();
+        assert_eq!((r.outcome.as_str(), r.rows_deleted, r.rows_inserted), ("committed", deleted, 4), "{change}");
+        assert_eq!((r.run_key.as_str(), r.output()), (first.run_key.as_str(), first.output()), "{change}");
+        assert_eq!(rows(db, day), once, "{change}");
+        assert_eq!(day_fp(db, "silver.orders", "2026-10-20", &["load_id"]).checksum, first.output_checksum, "{change}");
+        assert_eq!(job.load(d("2026-10-20"), db).unwrap().outcome, "skipped", "after {change}");
+    }
+}
+
 fn failure_at_any_step_keeps_previous_contents(e: &dyn EngineUnderTest) {
     for point in FailPoint::ALL {
         let mut db = e.fresh();
@@ -415,6 +438,7 @@ fn the_seed_jobs_lint_clean() {
 // guard scan before the delete).
 fixpoint_scenarios::scenarios_and_postgres_portable!(
     five_runs_equal_one_run,
+    a_retry_over_a_changed_day_rewrites_it,
     failure_at_any_step_keeps_previous_contents,
     rows_outside_the_partition_are_refused,
     too_few_rows_are_refused,
