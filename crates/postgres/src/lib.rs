@@ -729,37 +729,6 @@ impl Accelerator for Postgres {
         self.insert_beside_scan(day, steps)
     }
 
-    /// The two queries at once, `side` on the second session reading the
-    /// run's snapshot (both with parallel workers: on two cores the two
-    /// scans of a skip check end about a quarter sooner together than one
-    /// after the other). Declined as [`Accelerator::insert_day`] declines
-    /// its scan beside the insert: a query reading this session's staging
-    /// table, or serializable transactions.
-    fn query_beside(&mut self, main: &Sql, side: &Sql, steps: &mut dyn RunSteps) -> Result<Accelerated<(Rows, Rows)>> {
-        if self.stage.is_some() || main.text.contains("__fixpoint") || side.text.contains("__fixpoint") {
-            return Ok(Accelerated::Declined("a query reads this session's staging table"));
-        }
-        if self.begin.contains("SERIALIZABLE") {
-            return Ok(Accelerated::Declined("serializable transactions: the queries in the run's own"));
-        }
-        let mut session = match self.side_on_snapshot(true)? {
-            Ok(session) => session,
-            Err(why) => return Ok(Accelerated::Declined(why)),
-        };
-        let (beside, here) = std::thread::scope(|scope| {
-            let beside = scope.spawn(|| session.query(side));
-            let here = self.query(main);
-            (beside.join(), here)
-        });
-        let beside = beside.map_err(|_| Error::Internal("the second session's thread panicked".into()))?;
-        let ended = session.client().batch_execute("COMMIT");
-        if ended.is_ok() && beside.is_ok() {
-            self.side = Some(session);
-        }
-        steps.step("two queries, one beside the other");
-        Ok(Accelerated::Done((here?, beside?)))
-    }
-
     fn merge(&mut self, m: &MergeRequest<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<Merged>> {
         if !merge::fits(self, m)? {
             return Ok(Accelerated::Declined("tombstones or audits: the portable plan"));
@@ -781,10 +750,25 @@ impl Postgres {
     /// other core. Declined, before anything is written, when the second
     /// session cannot be opened or cannot import the snapshot.
     fn insert_beside_scan(&mut self, day: &DayInsert<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<TappedDay>> {
-        let mut side = match self.side_on_snapshot(false)? {
-            Ok(side) => side,
-            Err(why) => return Ok(Accelerated::Declined(why)),
+        let snapshot = self.query(&Sql::raw("SELECT pg_export_snapshot() AS \"s\""))?;
+        let snapshot = snapshot.single("the exported snapshot")?.value("s")?.as_str().unwrap_or_default().to_owned();
+        // The server's identifier (hex digits and dashes), checked before it
+        // goes into the statement that cannot take a parameter.
+        if snapshot.is_empty() || !snapshot.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            return Err(Error::Internal(format!("an exported snapshot named {snapshot:?}")));
+        }
+        let mut side = match self.side.take() {
+            Some(side) => side,
+            None => match Postgres::connect_waiting(&self.url, self.wait) {
+                Ok(side) => Box::new(side),
+                Err(_) => return Ok(Accelerated::Declined("no second session")),
+            },
         };
+        let import = format!("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot}'; SET LOCAL max_parallel_workers_per_gather = 0");
+        if side.client().batch_execute(&import).is_err() {
+            // Dropped (a broken session is not kept).
+            return Ok(Accelerated::Declined("the second session could not import the run's snapshot"));
+        }
         let insert = (day.insert)(&Sql::raw(day.partition.clone()));
         let (scanned, inserted) = std::thread::scope(|scope| {
             let scan = scope.spawn(|| side.query(day.guard_scan));
@@ -817,34 +801,6 @@ impl Postgres {
             return Err(Error::Internal(format!("{inserted} rows were inserted but the guard scan of the same snapshot saw {rows_scanned}; rolled back")));
         }
         Ok(Accelerated::Done(TappedDay { inserted, outside, sum, method: "delete+insert" }))
-    }
-
-    /// The second session, in a read-only transaction on the run's
-    /// snapshot (`pg_export_snapshot`), with parallel workers
-    /// (`parallel`) or without (beside a statement that uses one process);
-    /// or why there is none (declined before anything ran on it).
-    fn side_on_snapshot(&mut self, parallel: bool) -> Result<std::result::Result<Box<Postgres>, &'static str>> {
-        let snapshot = self.query(&Sql::raw("SELECT pg_export_snapshot() AS \"s\""))?;
-        let snapshot = snapshot.single("the exported snapshot")?.value("s")?.as_str().unwrap_or_default().to_owned();
-        // The server's identifier (hex digits and dashes), checked before it
-        // goes into the statement that cannot take a parameter.
-        if snapshot.is_empty() || !snapshot.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
-            return Err(Error::Internal(format!("an exported snapshot named {snapshot:?}")));
-        }
-        let mut side = match self.side.take() {
-            Some(side) => side,
-            None => match Postgres::connect_waiting(&self.url, self.wait) {
-                Ok(side) => Box::new(side),
-                Err(_) => return Ok(Err("no second session")),
-            },
-        };
-        let workers = if parallel { "" } else { "; SET LOCAL max_parallel_workers_per_gather = 0" };
-        let import = format!("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot}'{workers}");
-        if side.client().batch_execute(&import).is_err() {
-            // Dropped (a broken session is not kept).
-            return Ok(Err("the second session could not import the run's snapshot"));
-        }
-        Ok(Ok(side))
     }
 
     /// The day's files copied straight into the target (`COPY`, as by hand),

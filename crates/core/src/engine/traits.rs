@@ -353,16 +353,6 @@ pub trait Accelerator: Engine {
         Ok(Accelerated::Declined("no accelerated merge on this engine"))
     }
 
-    /// Two read-only queries on the run's snapshot at the same time, the
-    /// second on a session of its own (a retry's skip check: the source's
-    /// guard scan beside the day's fingerprint, two scans that need not
-    /// wait for each other). Declined, before running either, where the
-    /// engine cannot read the run's snapshot from a second session.
-    fn query_beside(&mut self, main: &Sql, side: &Sql, steps: &mut dyn RunSteps) -> Result<Accelerated<(Rows, Rows)>> {
-        let _ = (main, side, steps);
-        Ok(Accelerated::Declined("no second session on this engine"))
-    }
-
     /// The last word before COMMIT, after the run's last statement (its
     /// ledger row): a check the accelerator left running (the one-statement
     /// merge counts ties while the ledger row is written) may still decline

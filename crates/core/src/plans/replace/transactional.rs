@@ -133,14 +133,8 @@ impl Day<'_> {
             }
         }
 
-        // 3. The guards, before anything is deleted. Where a skip is
-        //    possible and the engine can, the day's fingerprint is taken
-        //    at the same time, on a second session.
-        let for_skip = last.is_some() && file_key.is_none();
-        let (mut guarded, day_now) = match self.guard_beside_day(engine, &layout, for_skip)? {
-            Some((guarded, now)) => (guarded, Some(now)),
-            None => (self.guard(engine, exchange, for_skip, file_key.is_none())?, None),
-        };
+        // 3. The guards, before anything is deleted.
+        let mut guarded = self.guard(engine, exchange, last.is_some() && file_key.is_none(), file_key.is_none())?;
 
         // 4. A retry over the same input, with the target still holding the
         //    recorded output, has nothing to do.
@@ -148,11 +142,7 @@ impl Day<'_> {
             self.params.run_key = run_key(&self.job_hash, self.run_date, input);
             self.opts.run_key_known(self.job, self.run_date, &self.params.run_key);
             if let Some(last) = last.as_ref().filter(|l| l.fingerprint_kind == input.kind) {
-                let now = match day_now {
-                    Some(now) => (last.run_key == self.params.run_key && same_output(&now, last)).then_some(now),
-                    None => unchanged(engine, &layout, &self.scope(), &self.shape.output, last, &self.params.run_key)?,
-                };
-                if let Some(now) = now {
+                if let Some(now) = unchanged(engine, &layout, &self.scope(), &self.shape.output, last, &self.params.run_key)? {
                     self.trace.step("target fp");
                     return Ok(skipped(self.job, self.run_date, &self.params.run_key, input, &now, started));
                 }
@@ -254,31 +244,6 @@ impl Day<'_> {
             return Ok(Guarded { fp, deferred, rows: 0, input: None });
         }
         self.scan(engine, fp, before_writing)
-    }
-
-    /// The guard scan with its input fingerprint and, at the same time on
-    /// the engine's second session, the fingerprint of the day as the
-    /// target holds it: the two scans of a retry's skip check, which need
-    /// not wait for each other. `None` (nothing run) where no skip is
-    /// possible or the engine declines.
-    fn guard_beside_day(&mut self, engine: &mut dyn Engine, layout: &DayPartition, for_skip: bool) -> Result<Option<(Guarded, Fingerprint)>> {
-        if !for_skip || engine.accelerator().is_none() {
-            return Ok(None);
-        }
-        let Some(day) = day_fingerprint_sql(engine, layout, &self.scope(), &self.shape.output)? else { return Ok(None) };
-        let fp = fingerprint_select(engine, Method::Native, "s", &self.shape.input)?;
-        let scan = guard_scan(self.job, &self.params, self.partition, self.run_date.date(), &fp.select);
-        let acc = engine.accelerator().ok_or_else(|| Error::Internal("the accelerator went away".into()))?;
-        let (day_rows, scanned) = match acc.query_beside(&day.0, &scan, &mut Steps { opts: self.opts, trace: &mut self.trace })? {
-            Accelerated::Done(both) => both,
-            Accelerated::Declined(_) => return Ok(None),
-        };
-        let row = scanned.single("the guard scan")?;
-        let (input_rows, sum, outside) = (row.count(FP_ROWS)?, engine.dialect().read_sum(row.value(FP_SUM)?)?, row.count("outside")?);
-        self.check_rows(engine, input_rows, outside)?;
-        let now = day.1.read(&day_rows.single("the day's fingerprint")?, engine)?;
-        self.trace.step("guards, and the day's fp beside them");
-        Ok(Some((Guarded { deferred: false, rows: input_rows, input: Some(fp.of(input_rows, sum)), fp }, now)))
     }
 
     /// The guard scan: one scan of the source counting its rows and those
@@ -534,26 +499,8 @@ fn unchanged(
         }
         _ => fingerprint(engine, Method::Native, scope, output_cols)?,
     };
-    Ok(same_output(&now, last).then_some(now))
-}
-
-/// Whether `now` is the output the ledger's entry recorded.
-fn same_output(now: &Fingerprint, last: &ledger::Entry) -> bool {
-    now.kind == last.fingerprint_kind && now.rows == last.output_rows && now.checksum == last.output_checksum
-}
-
-/// The query [`unchanged`] fingerprints the day with, and its select list;
-/// `None` where the day has no partition yet (nothing to read).
-fn day_fingerprint_sql(engine: &mut dyn Engine, layout: &DayPartition, scope: &Scope<'_>, output_cols: &[Column]) -> Result<Option<(Sql, FingerprintSelect)>> {
-    let fp = fingerprint_select(engine, Method::Native, "fp", output_cols)?;
-    let mut sql = Sql::new();
-    sql.push("SELECT ").push(&fp.select).push(" FROM ");
-    match layout {
-        DayPartition::Swappable { existing: Some(p) } => Scope::Table { table: p, filter: None }.write_from(&mut sql, "fp"),
-        DayPartition::Swappable { existing: None } => return Ok(None),
-        _ => scope.write_from(&mut sql, "fp"),
-    }
-    Ok(Some((sql, fp)))
+    let same = now.kind == last.fingerprint_kind && now.rows == last.output_rows && now.checksum == last.output_checksum;
+    Ok(same.then_some(now))
 }
 
 /// The name of a new day partition: `<table>_<yyyymmdd>`, the table part
