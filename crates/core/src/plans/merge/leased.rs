@@ -365,16 +365,16 @@ impl Cow<'_> {
         let sum = if output_cols.is_empty() { "0".to_owned() } else { format!("sum(CASE WHEN m.{TOUCHED} THEN {hash} END)") };
         let cast = output_cols.iter().map(|c| format!("CAST({} AS {}) AS {}", quote_ident(&c.name), c.ty, quote_ident(&c.name))).collect::<Vec<_>>().join(", ");
         let sep = if cast.is_empty() { "" } else { ", " };
+        let part = quote_ident(stored_by);
         let rows = engine.query(&Sql::raw(format!(
             "SELECT m.\"__fixpoint_part\" AS \"p\", count(CASE WHEN m.{TOUCHED} THEN 1 END) AS \"n\", {sum} AS \"s\" \
-             FROM (SELECT {}{sep}{cast}, {TOUCHED} FROM {MERGED}) AS m GROUP BY m.\"__fixpoint_part\"",
-            format_args!("{} AS \"__fixpoint_part\"", quote_ident(stored_by))
+             FROM (SELECT {part} AS \"__fixpoint_part\"{sep}{cast}, {TOUCHED} FROM {MERGED}) AS m GROUP BY m.\"__fixpoint_part\""
         )))?;
         let (mut left, mut n, mut total) = (Vec::new(), 0u64, 0i128);
         for r in &rows.rows {
             left.push(r[0].clone());
             n += r[1].as_u64().ok_or_else(|| Error::Internal(format!("a count of merged rows came back as {:?}", r[1])))?;
-            total = total.wrapping_add(engine.dialect().read_sum(&r[2])?);
+            total = total.checked_add(engine.dialect().read_sum(&r[2])?).ok_or_else(|| Error::Internal("the output fingerprint's sum overflowed".into()))?;
         }
         self.trace.step("kept partitions, output fp");
         Ok((left, fp.of(n, total)))
