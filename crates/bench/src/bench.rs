@@ -79,6 +79,9 @@ pub struct BenchArgs {
     /// The fixpoint binary (default: the one built beside fixpoint-bench).
     #[arg(long)]
     pub fixpoint: Option<PathBuf>,
+    /// spark: measure the merge only (no replace rounds).
+    #[arg(long)]
+    pub(crate) merge_only: bool,
 }
 
 #[derive(Args)]
@@ -284,6 +287,9 @@ pub(crate) fn faults(v: &[Sample]) -> f64 {
 }
 
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
     v.sort_by(|a, b| a.partial_cmp(b).expect("no NaN"));
     let m = v.len() / 2;
     if v.len() % 2 == 1 {
@@ -423,7 +429,7 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
         {
             let (rows, days) = if args.rows == 20_000_000 && args.days == 4 { (2_000_000, 2) } else { (args.rows, args.days) };
             let changes = if args.changes == 200_000 { 100_000 } else { args.changes };
-            return crate::bench_spark::run(&args.db, rows, days, changes, args.rounds, &args.dir, out);
+            return crate::bench_spark::run(&args.db, rows, days, changes, args.rounds, args.merge_only, &args.dir, out);
         }
         #[cfg(not(feature = "spark"))]
         return Err(Error::argument("--strategy spark needs a fixpoint built with the cargo feature `spark`", Some("cargo build --release --features fixpoint-cli/spark")));

@@ -119,7 +119,8 @@ fn check_day(db: &mut Spark, side: &str) -> Result<(), Error> {
     Ok(())
 }
 
-pub fn run(url: &str, rows: u64, days: u64, n_changes: u64, rounds: u32, dir: &Path, out: &Output) -> Result<(), Error> {
+#[allow(clippy::too_many_arguments)]
+pub fn run(url: &str, rows: u64, days: u64, n_changes: u64, rounds: u32, merge_only: bool, dir: &Path, out: &Output) -> Result<(), Error> {
     let mut db = Spark::connect(url, std::time::Duration::from_secs(30))?;
     let per_day = rows / days;
     setup(&mut db, per_day, days)?;
@@ -138,7 +139,7 @@ pub fn run(url: &str, rows: u64, days: u64, n_changes: u64, rounds: u32, dir: &P
     replace.load_with(date, &mut scanning, &force)?;
     let (mut hand, mut ours, mut skip, mut scanned) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut inserted = 0;
-    for round in 0..rounds {
+    for round in 0..if merge_only { 0 } else { rounds } {
         let order = if round % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
         for side in order {
             let t = Instant::now();

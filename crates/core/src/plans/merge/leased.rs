@@ -13,7 +13,7 @@ use crate::job::ident::quote_ident;
 use crate::job::spec::{Job, MergeSpec, OnTie};
 use crate::job::sql::{RunParams, Sql, Value};
 use crate::plans::lease::leased;
-use crate::plans::merge::refusals::{check_source, deleted_error, tie_error};
+use crate::plans::merge::refusals::{check_source, cross_tie_error, deleted_error, duplicate_keys_error, moved_error, tie_error};
 use crate::plans::merge::sql::{batch_tie_cond, count, dedup_sql, keys_match, q, tombstone_table, DELETED};
 use crate::plans::merge::steps::{flagged_source, scan_stage, Classification, Classified};
 use crate::run::input::{describe_source, RunInput};
@@ -31,6 +31,35 @@ const MERGED: &str = "\"__fixpoint_merged\"";
 
 /// The merged rows' flag: the row's key is one of the batch's.
 const TOUCHED: &str = "\"__fixpoint_touched\"";
+
+/// The ranked rows' flag: a tombstone (see [`Cow::ranked_sql`]).
+const RANKED_DEL: &str = "\"__fixpoint_del\"";
+
+/// The ranked rows' source: 1 the batch, 0 the target.
+const RANKED_SRC: &str = "\"__fixpoint_src\"";
+
+/// How many rows the target holds for the ranked row's key (in the
+/// touched partitions).
+const RANKED_HELD: &str = "\"__fixpoint_held\"";
+
+/// The ranked row (the target's) ties the batch's at its version.
+const RANKED_TIE: &str = "\"__fixpoint_tie\"";
+
+/// What one scan of the merged rows tells (see [`Cow::scan_merged`]).
+struct MergedScan {
+    /// The partitions that keep rows.
+    kept: Vec<Value>,
+    /// The batch's keys as they will be held.
+    output: Fingerprint,
+    /// The batch's rows inserted, updating and deleting.
+    classified: Classified,
+    /// Batch keys the target holds more than once.
+    duplicated: u64,
+    /// Batch keys whose target row differs at the same version.
+    ties: u64,
+    /// The batch's keys.
+    keys: u64,
+}
 
 /// The merge as a copy-on-write of the partitions the batch touches (the
 /// whole table when it is not partitioned), with the semantics of the
@@ -73,6 +102,7 @@ fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Leases, opts: &Ru
         input_cols,
         trace: Trace::new(),
         started_at: chrono::Utc::now().naive_utc(),
+        batch: BATCH,
     };
     // The target is looked at under the lease (see replace_partition).
     let report = leased(engine, job, "all", opts, &[tombstone_table(&job.target)], |engine| cow.run(engine))?;
@@ -94,6 +124,9 @@ struct Cow<'a> {
     input_cols: Vec<Column>,
     trace: Trace,
     started_at: chrono::NaiveDateTime,
+    /// The batch, one row a key: [`DEDUP`] itself when no stored tombstone
+    /// can beat a row of it, else [`BATCH`] (a copy without the beaten).
+    batch: &'static str,
 }
 
 /// The partitions the batch touches.
@@ -131,40 +164,138 @@ impl Cow<'_> {
         crate::run::ledger::ensure(engine)?;
         self.trace.step("describe, ledger");
         let input = self.stage(engine)?;
-        let dedup_rows = self.dedup(engine)?;
+        self.dedup(engine)?;
         let has_tombs = self.drop_beaten(engine)?;
         let touched = self.touched(engine, target.prune.as_deref())?;
+        match target.stored_by.clone() {
+            Some(stored_by) => self.run_partitions(engine, &target, &stored_by, &touched, input, has_tombs),
+            None => self.run_rows(engine, &target, &touched, input, has_tombs),
+        }
+    }
+
+    /// 5–9, rewriting whole partitions (Spark, partitioned Delta tables).
+    /// The touched partitions are materialized as they will be first: the
+    /// window that ranks each key's rows there also classifies the batch's
+    /// rows (each meets its key's target rows in it) and finds the keys the
+    /// target holds twice and the ties with the target, so one scan of the
+    /// merged rows gives the counts, the refusals, the partitions that keep
+    /// rows and the output fingerprint. Only the keys the target holds in
+    /// untouched partitions need a look of their own, before.
+    fn run_partitions(&mut self, engine: &mut dyn Leases, target: &Target, stored_by: &str, touched: &Touched, input: Fingerprint, has_tombs: bool) -> Result<RunReport> {
+        let (job, spec) = (self.job, self.spec);
+        self.refuse_moved(engine, target, touched)?;
+        // The columns the table will have (nothing is created or altered
+        // until the checks have passed).
+        let planned: Vec<Column> = match &target.existing {
+            Some(cols) => cols.iter().chain(target.added.iter()).cloned().collect(),
+            None => self.source_cols.clone(),
+        };
+        let is_output = |c: &&Column| !job.metadata.contains(&c.name);
+        let planned_out: Vec<Column> = planned.iter().filter(is_output).cloned().collect();
+        engine.stage(MERGED, &self.ranked_sql(&planned, target, touched))?;
+        self.trace.step("merged");
+        let mut scan = self.scan_merged(engine, stored_by, &planned_out)?;
+        self.trace.step("classified, kept partitions, output fp");
+        if scan.duplicated > 0 {
+            return Err(duplicate_keys_error(engine, job, spec)?);
+        }
+        if spec.on_tie == OnTie::Error && scan.ties > 0 {
+            let on = Sql::raw(keys_match("t", "b", &spec.key));
+            return Err(cross_tie_error(engine, job, spec, self.batch, &on, &self.compared, scan.ties)?);
+        }
+        let dedup_rows = if self.batch == DEDUP { scan.keys } else { count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {DEDUP}")))? };
+        let classified = scan.classified;
+        self.opts.step(FailPoint::AfterGuards)?;
+        let target_cols = self.prepare_target(engine, target)?;
+        let output_cols: Vec<Column> = target_cols.iter().filter(is_output).cloned().collect();
+        if !target.added.is_empty() || target_cols != planned {
+            // Columns added (Spark drops the cached rows of a table it
+            // alters, and would compute them again from the table being
+            // written), or typed otherwise than planned: the merged rows
+            // again, with the table's columns.
+            engine.stage(MERGED, &self.ranked_sql(&target_cols, target, touched))?;
+            scan = self.scan_merged(engine, stored_by, &output_cols)?;
+            self.trace.step("merged again, with the table's columns");
+        }
+        let changes = classified.inserts + classified.updates + classified.deletes;
+        // Tombstones first: a failure after this point and before the
+        // rewrite leaves them recorded with the key still in the target,
+        // which the retry deletes (it re-applies a tombstone at its own
+        // version). The merged rows do not read them (see drop_beaten).
+        self.record_tombstones(engine, has_tombs)?;
+        let audits = if changes > 0 {
+            self.opts.step(FailPoint::AfterDelete)?;
+            let audits = self.audit_merged(engine, &target.relation, &target_cols, &format!("NOT {RANKED_DEL}"))?;
+            self.opts.step(FailPoint::MidInsert)?;
+            self.overwrite(engine, target, stored_by, &target_cols, touched, &scan.kept)?;
+            audits
+        } else {
+            self.audit_unchanged(engine)?
+        };
+        self.opts.step(FailPoint::AfterInsert)?;
+        // Nothing changed or not, the batch's keys hold the merged rows
+        // read: the output fingerprint.
+        self.record(engine, target, input, scan.output, dedup_rows, classified, audits)
+    }
+
+    /// 5–9, rewriting the rows of the touched keys (an unpartitioned Delta
+    /// table): each batch row classified against the target in one join,
+    /// then the rewrite.
+    fn run_rows(&mut self, engine: &mut dyn Leases, target: &Target, touched: &Touched, input: Fingerprint, has_tombs: bool) -> Result<RunReport> {
         let classified = Classification {
             job: self.job,
             spec: self.spec,
             compared: &self.compared,
             prune: target.prune.as_deref(),
-            batch: BATCH,
+            batch: self.batch,
             target: &target.relation,
             in_scope: &touched.in_scope,
             params: &touched.sql.params,
         }
         .run(engine, "", |_, _| Ok(()))?;
         self.trace.step("classify");
+        let dedup_rows = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {DEDUP}")))?;
         self.opts.step(FailPoint::AfterGuards)?;
-        let target_cols = self.prepare_target(engine, &target)?;
+        let target_cols = self.prepare_target(engine, target)?;
         let changes = classified.inserts + classified.updates + classified.deletes;
         let output_cols: Vec<Column> = target_cols.iter().filter(|c| !self.job.metadata.contains(&c.name)).cloned().collect();
-        let (audits, written) = if changes > 0 {
-            self.rewrite(engine, &target, &target_cols, &output_cols, &touched, has_tombs)?
+        let audits = if changes > 0 {
+            self.record_tombstones(engine, has_tombs)?;
+            self.opts.step(FailPoint::AfterDelete)?;
+            self.rewrite_rows(engine, target, &target_cols, touched)?
         } else {
             // Nothing to rewrite, but a tombstone of a key the target does
             // not hold is still remembered: an older version of that key
             // arriving later must stay deleted.
             self.record_tombstones(engine, has_tombs)?;
-            (self.audit_unchanged(engine)?, None)
+            self.audit_unchanged(engine)?
         };
         self.opts.step(FailPoint::AfterInsert)?;
-        let output = match written {
-            Some(output) => output,
-            None => self.output(engine, &output_cols)?,
-        };
-        self.record(engine, &target, input, output, dedup_rows, classified, audits)
+        let output = self.output(engine, &output_cols)?;
+        self.record(engine, target, input, output, dedup_rows, classified, audits)
+    }
+
+    /// A batch key the target holds in a partition the batch does not
+    /// touch is refused: the rewrite of the touched partitions would hold
+    /// it a second time. The target's other partitions are read for the
+    /// batch's keys only (Spark: a semi-join with the batch broadcast).
+    fn refuse_moved(&mut self, engine: &mut dyn Leases, target: &Target, touched: &Touched) -> Result<()> {
+        let (Some(p), Some(_)) = (target.prune.as_deref(), &target.existing) else { return Ok(()) };
+        let mut sql = Sql::new();
+        sql.push(&format!(
+            "SELECT count(*) AS \"n\" FROM {} AS t WHERE NOT {} AND EXISTS (SELECT 1 FROM {} AS b WHERE {})",
+            target.relation,
+            touched.in_scope,
+            self.batch,
+            keys_match("t", "b", &self.spec.key)
+        ));
+        sql.params.extend(touched.sql.params.iter().cloned());
+        let moved = count(engine, &sql)?;
+        self.trace.step("keys in untouched partitions");
+        if moved > 0 {
+            return Err(moved_error(engine, self.job, self.spec, p, self.batch, &touched.in_scope, &touched.sql.params, moved)?);
+        }
+        Ok(())
     }
 
     /// The target's columns and storage; refused when a rewrite of whole
@@ -234,11 +365,10 @@ impl Cow<'_> {
 
     /// 2. One row per key (newest version, tombstone first at equal
     ///    version, then the values' total order); ties inside the batch
-    ///    refused with `on_tie = "error"`. Returns the rows kept.
-    fn dedup(&mut self, engine: &mut dyn Leases) -> Result<u64> {
+    ///    refused with `on_tie = "error"`.
+    fn dedup(&mut self, engine: &mut dyn Leases) -> Result<()> {
         let spec = self.spec;
         engine.stage(DEDUP, &Sql::raw(dedup_sql(spec, &self.names, &self.compared, &self.meta_cols, STAGE)))?;
-        let dedup_rows = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {DEDUP}")))?;
         self.trace.step("dedup");
         if spec.on_tie == OnTie::Error {
             let tie_cond = batch_tie_cond(spec, &self.compared);
@@ -247,7 +377,7 @@ impl Cow<'_> {
                 return Err(tie_error(engine, spec, &self.names, STAGE, DEDUP, &tie_cond, ties)?);
             }
         }
-        Ok(dedup_rows)
+        Ok(())
     }
 
     /// 3. Tombstones (append-only here: each is kept with its version, the
@@ -255,19 +385,26 @@ impl Cow<'_> {
     ///    tombstone, or by one at its own version unless it is that
     ///    tombstone itself (a retry re-applies it). Whether the tombstone
     ///    table exists.
+    ///
+    ///    The batch without the beaten rows is a copy of its own: the run
+    ///    writes the tombstone table later, and a relation read from it
+    ///    would then be computed again (Spark), with the merged rows that
+    ///    read it, from the target as it is being written.
     fn drop_beaten(&mut self, engine: &mut dyn Leases) -> Result<bool> {
         let spec = self.spec;
         let tomb = tombstone_table(&self.job.target);
         let has_tombs = engine.table_columns(&tomb)?.is_some();
         if has_tombs {
             let (version, del) = (quote_ident(&spec.version), format!("b.{}", quote_ident(DELETED)));
-            engine.stage(BATCH, &Sql::raw(format!(
+            engine.stage_copy(BATCH, &Sql::raw(format!(
                 "SELECT * FROM {DEDUP} AS b WHERE NOT EXISTS (SELECT 1 FROM {} AS d WHERE {} AND (d.{version} > b.{version} OR (d.{version} = b.{version} AND NOT {del})))",
                 tomb.quoted(),
                 keys_match("d", "b", &spec.key)
             )))?;
+            self.batch = BATCH;
         } else {
-            engine.stage(BATCH, &Sql::raw(format!("SELECT * FROM {DEDUP}")))?;
+            // Nothing can beat a row: the dedup is the batch (no copy).
+            self.batch = DEDUP;
         }
         self.trace.step("ties, tombstones");
         Ok(has_tombs)
@@ -275,10 +412,11 @@ impl Cow<'_> {
 
     /// 4. The partitions the batch touches, bound as values.
     fn touched(&mut self, engine: &mut dyn Leases, prune: Option<&str>) -> Result<Touched> {
+        let batch = self.batch;
         let Some(p) = prune else { return Ok(Touched { values: Vec::new(), sql: Sql::new(), in_scope: "true".into() }) };
         let ty = self.source_cols.iter().find(|c| c.name == p).map(|c| c.ty.clone()).unwrap_or_default();
         let (mut values, mut touches_null) = (Vec::new(), false);
-        for r in engine.query(&Sql::raw(format!("SELECT DISTINCT {} FROM {BATCH}", quote_ident(p))))?.rows {
+        for r in engine.query(&Sql::raw(format!("SELECT DISTINCT {} FROM {batch}", quote_ident(p))))?.rows {
             match &r[0] {
                 Value::Null => touches_null = true,
                 v => values.push(v.clone()),
@@ -316,14 +454,10 @@ impl Cow<'_> {
         Ok(engine.table_columns(&job.target)?.unwrap_or_default())
     }
 
-    /// 5–7. The batch's tombstones recorded, the touched partitions
-    ///      materialized as they will be, audited, and written over. With
-    ///      the output fingerprint when it was taken of the rows written
-    ///      (a rewrite of partitions).
-    fn rewrite(&mut self, engine: &mut dyn Leases, target: &Target, target_cols: &[Column], output_cols: &[Column], touched: &Touched, has_tombs: bool) -> Result<(Vec<AuditResult>, Option<Fingerprint>)> {
-        self.record_tombstones(engine, has_tombs)?;
-        self.opts.step(FailPoint::AfterDelete)?;
-        let Some(stored_by) = target.stored_by.as_deref() else { return Ok((self.rewrite_rows(engine, target, target_cols, touched)?, None)) };
+    /// The touched partitions written over with the merged rows in one
+    /// statement; a touched partition left without rows (`kept` lists
+    /// those that keep some) is dropped after.
+    fn overwrite(&mut self, engine: &mut dyn Leases, target: &Target, stored_by: &str, target_cols: &[Column], touched: &Touched, kept: &[Value]) -> Result<()> {
         // A rewrite of the whole table replaces the partitions its rows
         // fall in: those it leaves empty are dropped after.
         let pc = quote_ident(stored_by);
@@ -331,53 +465,66 @@ impl Cow<'_> {
             (None, Some(_)) => engine.query(&Sql::raw(format!("SELECT DISTINCT {pc} FROM {}", self.job.target.quoted())))?.rows.into_iter().map(|mut r| r.remove(0)).collect(),
             _ => Vec::new(),
         };
-        engine.stage(MERGED, &self.merged_sql(target_cols, touched, true))?;
-        self.trace.step("merged");
-        let audits = self.audit_merged(engine, &target.relation, target_cols)?;
-        self.opts.step(FailPoint::MidInsert)?;
-        // Written over the touched partitions in one statement; a touched
-        // partition left without rows is dropped after. Which partitions
-        // keep rows, and the output fingerprint, are read off the merged
-        // rows before the write: the write changes the table they were
-        // read from, and Spark then recomputes a cached relation over it
-        // when it is next read.
-        let (left, output) = self.kept_and_output(engine, stored_by, output_cols)?;
         let out_names: Vec<String> = target_cols.iter().map(|c| c.name.clone()).collect();
         let out_list = out_names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
-        engine.overwrite_partitions(&self.job.target, &out_names, &Sql::raw(format!("SELECT {out_list} FROM {MERGED}")))?;
+        engine.overwrite_partitions(&self.job.target, &out_names, &Sql::raw(format!("SELECT {out_list} FROM {MERGED} WHERE NOT {RANKED_DEL}")))?;
         let ty = target_cols.iter().find(|c| c.name == stored_by).map(|c| c.ty.clone()).unwrap_or_default();
         let replaced = if target.prune.is_some() { &touched.values } else { &whole_table_partitions };
-        for v in replaced.iter().filter(|v| !matches!(v, Value::Null) && !left.contains(v)) {
+        for v in replaced.iter().filter(|v| !matches!(v, Value::Null) && !kept.contains(v)) {
             engine.drop_partition_value(&self.job.target, stored_by, v, &ty)?;
         }
         self.trace.step("overwrite");
-        Ok((audits, Some(output)))
+        Ok(())
     }
 
-    /// From one scan of the merged rows (partition rewrite): the partitions
-    /// that keep rows, and the output fingerprint, over the rows of the
-    /// batch's keys (those the partitions will hold once written, since a
-    /// batch key the target holds outside them is refused) with their
-    /// values cast to the table's types, as stored.
-    fn kept_and_output(&mut self, engine: &mut dyn Leases, stored_by: &str, output_cols: &[Column]) -> Result<(Vec<Value>, Fingerprint)> {
+    /// One scan of the merged rows of [`Cow::ranked_sql`], before anything
+    /// is written (once the table is written, Spark computes a cached
+    /// relation over it again when it is next read): the classification's
+    /// counts, the keys the target holds twice, the ties with the target,
+    /// the partitions that keep rows, and the output fingerprint. That is
+    /// taken over the rows of the batch's keys (those the partitions will
+    /// hold once written, since a batch key the target holds outside them
+    /// is refused before) with their values cast to the table's types, as
+    /// stored.
+    fn scan_merged(&mut self, engine: &mut dyn Leases, stored_by: &str, output_cols: &[Column]) -> Result<MergedScan> {
         let (hash, kind, signature) = row_hash(engine, Method::Native, "m", output_cols)?;
         let fp = FingerprintSelect { select: String::new(), kind, signature };
-        let sum = if output_cols.is_empty() { "0".to_owned() } else { format!("sum(CASE WHEN m.{TOUCHED} THEN {hash} END)") };
+        let out = format!("m.{TOUCHED} AND NOT m.{RANKED_DEL}");
+        let sum = if output_cols.is_empty() { "0".to_owned() } else { format!("sum(CASE WHEN {out} THEN {hash} END)") };
         let cast = output_cols.iter().map(|c| format!("CAST({} AS {}) AS {}", quote_ident(&c.name), c.ty, quote_ident(&c.name))).collect::<Vec<_>>().join(", ");
         let sep = if cast.is_empty() { "" } else { ", " };
         let part = quote_ident(stored_by);
+        let won = format!("m.{RANKED_SRC} = 1");
         let rows = engine.query(&Sql::raw(format!(
-            "SELECT m.\"__fixpoint_part\" AS \"p\", count(CASE WHEN m.{TOUCHED} THEN 1 END) AS \"n\", {sum} AS \"s\" \
-             FROM (SELECT {part} AS \"__fixpoint_part\"{sep}{cast}, {TOUCHED} FROM {MERGED}) AS m GROUP BY m.\"__fixpoint_part\""
+            "SELECT m.\"__fixpoint_part\" AS \"p\", count(CASE WHEN {out} THEN 1 END) AS \"n\", {sum} AS \"s\", \
+             count(CASE WHEN NOT m.{RANKED_DEL} THEN 1 END) AS \"kept\", \
+             count(CASE WHEN {won} AND NOT m.{RANKED_DEL} AND m.{RANKED_HELD} = 0 THEN 1 END) AS \"inserts\", \
+             count(CASE WHEN {won} AND NOT m.{RANKED_DEL} AND m.{RANKED_HELD} > 0 THEN 1 END) AS \"updates\", \
+             count(CASE WHEN {won} AND m.{RANKED_DEL} AND m.{RANKED_HELD} > 0 THEN 1 END) AS \"deletes\", \
+             count(CASE WHEN m.{TOUCHED} AND m.{RANKED_HELD} > 1 THEN 1 END) AS \"duplicated\", \
+             count(CASE WHEN m.{RANKED_TIE} THEN 1 END) AS \"ties\", \
+             count(CASE WHEN m.{TOUCHED} THEN 1 END) AS \"keys\" \
+             FROM (SELECT {part} AS \"__fixpoint_part\"{sep}{cast}, {TOUCHED}, {RANKED_DEL}, {RANKED_SRC}, {RANKED_HELD}, {RANKED_TIE} FROM {MERGED}) AS m \
+             GROUP BY m.\"__fixpoint_part\""
         )))?;
-        let (mut left, mut n, mut total) = (Vec::new(), 0u64, 0i128);
+        let mut scan = MergedScan { kept: Vec::new(), output: fp.of(0, 0), classified: Classified { inserts: 0, updates: 0, deletes: 0 }, duplicated: 0, ties: 0, keys: 0 };
+        let (mut n, mut total) = (0u64, 0i128);
+        let c = |v: &Value| v.as_u64().ok_or_else(|| Error::Internal(format!("a count of merged rows came back as {v:?}")));
         for r in &rows.rows {
-            left.push(r[0].clone());
-            n += r[1].as_u64().ok_or_else(|| Error::Internal(format!("a count of merged rows came back as {:?}", r[1])))?;
+            if c(&r[3])? > 0 {
+                scan.kept.push(r[0].clone());
+            }
+            n += c(&r[1])?;
             total = total.checked_add(engine.dialect().read_sum(&r[2])?).ok_or_else(|| Error::Internal("the output fingerprint's sum overflowed".into()))?;
+            scan.classified.inserts += c(&r[4])?;
+            scan.classified.updates += c(&r[5])?;
+            scan.classified.deletes += c(&r[6])?;
+            scan.duplicated += c(&r[7])?;
+            scan.ties += c(&r[8])?;
+            scan.keys += c(&r[9])?;
         }
-        self.trace.step("kept partitions, output fp");
-        Ok((left, fp.of(n, total)))
+        scan.output = fp.of(n, total);
+        Ok(scan)
     }
 
     /// The rewrite of an unpartitioned table (engines that replace rows in
@@ -385,11 +532,12 @@ impl Cow<'_> {
     /// when pruned) replaced with their merged rows; the storage holding no
     /// touched key is left alone.
     fn rewrite_rows(&mut self, engine: &mut dyn Leases, target: &Target, target_cols: &[Column], touched: &Touched) -> Result<Vec<AuditResult>> {
-        let in_scope = format!("({}) AND EXISTS (SELECT 1 FROM {BATCH} AS b WHERE {})", touched.in_scope, keys_match("t", "b", &self.spec.key));
+        let batch = self.batch;
+        let in_scope = format!("({}) AND EXISTS (SELECT 1 FROM {batch} AS b WHERE {})", touched.in_scope, keys_match("t", "b", &self.spec.key));
         let keys = Touched { values: touched.values.clone(), sql: touched.sql.clone(), in_scope };
-        engine.stage(MERGED, &self.merged_sql(target_cols, &keys, false))?;
+        engine.stage(MERGED, &self.merged_sql(target_cols, &keys))?;
         self.trace.step("merged");
-        let audits = self.audit_merged(engine, &target.relation, target_cols)?;
+        let audits = self.audit_merged(engine, &target.relation, target_cols, "true")?;
         self.opts.step(FailPoint::MidInsert)?;
         let out_names: Vec<String> = target_cols.iter().map(|c| c.name.clone()).collect();
         let out_list = out_names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
@@ -406,6 +554,7 @@ impl Cow<'_> {
     /// which the retry deletes (it re-applies a tombstone at its own
     /// version).
     fn record_tombstones(&mut self, engine: &mut dyn Leases, has_tombs: bool) -> Result<()> {
+        let batch = self.batch;
         let spec = self.spec;
         if spec.deleted.is_none() {
             return Ok(());
@@ -419,7 +568,7 @@ impl Cow<'_> {
         } else {
             del
         };
-        if count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {BATCH} AS b WHERE {new}")))? == 0 {
+        if count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {batch} AS b WHERE {new}")))? == 0 {
             return Ok(());
         }
         if !has_tombs {
@@ -428,15 +577,67 @@ impl Cow<'_> {
             engine.create_table(&tomb, &cols, None)?;
         }
         let kv = spec.key.iter().chain([&spec.version]).map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
-        engine.execute(&Sql::raw(format!("INSERT INTO {} ({kv}) SELECT {kv} FROM {BATCH} AS b WHERE {new}", tomb.quoted())))?;
+        engine.execute(&Sql::raw(format!("INSERT INTO {} ({kv}) SELECT {kv} FROM {batch} AS b WHERE {new}", tomb.quoted())))?;
         Ok(())
+    }
+
+    /// The touched partitions as they will be, with the table's columns
+    /// `cols` (one the target does not have yet reads NULL): per key, the
+    /// winner among the batch row and the target's rows, ranked by the
+    /// merge's order (the target's at a full tie: no churn), a winning
+    /// tombstone kept and flagged ([`RANKED_DEL`]) for the counts. Each
+    /// row also says, from the same window (one sort of the rows), whether
+    /// its key is the batch's ([`TOUCHED`]), whether the batch's row won
+    /// ([`RANKED_SRC`]), how many rows the target holds for the key there
+    /// ([`RANKED_HELD`]), and whether the target's row ties the batch's at
+    /// the same version with other values ([`RANKED_TIE`], with `on_tie =
+    /// "error"`: the target's row ranks first, the batch's right after).
+    fn ranked_sql(&self, cols: &[Column], target: &Target, touched: &Touched) -> Sql {
+        let (spec, batch) = (self.spec, self.batch);
+        let (version, del) = (quote_ident(&spec.version), format!("b.{}", quote_ident(DELETED)));
+        let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
+        let tie_break = match spec.on_tie {
+            OnTie::Deterministic => self.compared.iter().map(|c| format!(", {} ASC NULLS FIRST", quote_ident(c))).collect::<String>(),
+            OnTie::Error => String::new(),
+        };
+        let out_list = cols.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", ");
+        let null = |c: &Column| format!("CAST(NULL AS {}) AS {}", c.ty, quote_ident(&c.name));
+        let from_batch = cols.iter().map(|c| if self.names.contains(&c.name) { format!("b.{}", quote_ident(&c.name)) } else { null(c) }).collect::<Vec<_>>().join(", ");
+        let held = |name: &str| target.existing.as_ref().is_none_or(|e| e.iter().any(|c| c.name == name));
+        let from_target = cols.iter().map(|c| if held(&c.name) { q("t", &c.name) } else { null(c) }).collect::<Vec<_>>().join(", ");
+        let order = format!("PARTITION BY {key_list} ORDER BY {version} DESC, {RANKED_DEL} DESC{tie_break}, {RANKED_SRC} ASC");
+        let all = format!("OVER ({order} ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)");
+        let next = |e: &str| format!("lead({e}) OVER ({order})");
+        let tie = match spec.on_tie {
+            OnTie::Error if !self.compared.is_empty() => format!(
+                "{RANKED_SRC} = 0 AND NOT {RANKED_DEL} AND {} = 1 AND {} = {version} AND NOT {} AND ({})",
+                next(RANKED_SRC),
+                next(&version),
+                next(RANKED_DEL),
+                self.compared.iter().map(|c| format!("{} IS DISTINCT FROM {}", next(&quote_ident(c)), quote_ident(c))).collect::<Vec<_>>().join(" OR ")
+            ),
+            _ => "false".into(),
+        };
+        let mut sql = Sql::new();
+        sql.push(&format!(
+            "SELECT {out_list}, {TOUCHED}, {RANKED_DEL}, {RANKED_SRC}, {RANKED_HELD}, {RANKED_TIE} FROM (\
+             SELECT *, row_number() OVER ({order}) AS \"__fixpoint_rank\", max({RANKED_SRC}) {all} = 1 AS {TOUCHED}, \
+             sum(1 - {RANKED_SRC}) {all} AS {RANKED_HELD}, {tie} AS {RANKED_TIE} FROM (\
+             SELECT {from_batch}, {del} AS {RANKED_DEL}, 1 AS {RANKED_SRC} FROM {batch} AS b \
+             UNION ALL SELECT {from_target}, false, 0 FROM {} AS t WHERE {}) AS u) AS r \
+             WHERE \"__fixpoint_rank\" = 1",
+            target.relation,
+            touched.in_scope
+        ));
+        sql.params.extend(touched.sql.params.iter().cloned());
+        sql
     }
 
     /// The touched partitions as they will be: per key, the winner among
     /// the batch row and the target's row (the target's at a full tie: no
-    /// churn); tombstones dropped. With `flag`, each row also says whether
-    /// its key is the batch's (the column [`TOUCHED`]).
-    fn merged_sql(&self, target_cols: &[Column], touched: &Touched, flag: bool) -> Sql {
+    /// churn); tombstones dropped.
+    fn merged_sql(&self, target_cols: &[Column], touched: &Touched) -> Sql {
+        let batch = self.batch;
         let spec = self.spec;
         let (version, del) = (quote_ident(&spec.version), format!("b.{}", quote_ident(DELETED)));
         let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
@@ -451,16 +652,11 @@ impl Cow<'_> {
             .collect::<Vec<_>>()
             .join(", ");
         let from_target = target_cols.iter().map(|c| q("t", &c.name)).collect::<Vec<_>>().join(", ");
-        // The flag shares the ranking's window (one sort of the rows).
-        let window = format!("OVER (PARTITION BY {key_list} ORDER BY {version} DESC, \"__fixpoint_del\" DESC{tie_break}, \"__fixpoint_src\" ASC");
-        let (flag_out, flag_col) = match flag {
-            true => (format!(", {TOUCHED}"), format!(", max(\"__fixpoint_src\") {window} ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING) = 1 AS {TOUCHED}")),
-            false => (String::new(), String::new()),
-        };
+        let window = format!("OVER (PARTITION BY {key_list} ORDER BY {version} DESC, \"__fixpoint_del\" DESC{tie_break}, \"__fixpoint_src\" ASC)");
         let mut sql = Sql::new();
         sql.push(&format!(
-            "SELECT {out_list}{flag_out} FROM (SELECT *, row_number() {window}) AS \"__fixpoint_rank\"{flag_col} FROM (\
-             SELECT {from_batch}, {del} AS \"__fixpoint_del\", 1 AS \"__fixpoint_src\" FROM {BATCH} AS b \
+            "SELECT {out_list} FROM (SELECT *, row_number() {window} AS \"__fixpoint_rank\" FROM (\
+             SELECT {from_batch}, {del} AS \"__fixpoint_del\", 1 AS \"__fixpoint_src\" FROM {batch} AS b \
              UNION ALL SELECT {from_target}, false, 0 FROM {} AS t WHERE {}) AS u) AS r \
              WHERE \"__fixpoint_rank\" = 1 AND NOT \"__fixpoint_del\"",
             self.job.target.quoted(),
@@ -472,12 +668,14 @@ impl Cow<'_> {
 
     /// The touched keys' rows in `relation`, as a FROM item.
     fn touched_keys(&self, relation: &str, sql: &mut Sql) {
-        sql.push(&format!("(SELECT t.* FROM {relation} AS t WHERE EXISTS (SELECT 1 FROM {BATCH} AS b WHERE {})) AS a", keys_match("t", "b", &self.spec.key)));
+        let batch = self.batch;
+        sql.push(&format!("(SELECT t.* FROM {relation} AS t WHERE EXISTS (SELECT 1 FROM {batch} AS b WHERE {})) AS a", keys_match("t", "b", &self.spec.key)));
     }
 
     /// The touched keys as they will be published, audited before anything
     /// is overwritten (against their rows before).
-    fn audit_merged(&mut self, engine: &mut dyn Leases, target_rel: &str, target_cols: &[Column]) -> Result<Vec<AuditResult>> {
+    /// `filter` keeps the merged rows the table will hold.
+    fn audit_merged(&mut self, engine: &mut dyn Leases, target_rel: &str, target_cols: &[Column], filter: &str) -> Result<Vec<AuditResult>> {
         if self.job.audits.is_empty() {
             return Ok(Vec::new());
         }
@@ -485,8 +683,8 @@ impl Cow<'_> {
         before.push("SELECT count(*) AS \"n\" FROM ");
         self.touched_keys(target_rel, &mut before);
         let previous = count(engine, &before)?;
-        // The table's columns only (not the merged rows' flag).
-        let merged = format!("(SELECT {} FROM {MERGED})", target_cols.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", "));
+        // The table's columns only (not the merged rows' flags).
+        let merged = format!("(SELECT {} FROM {MERGED} WHERE {filter})", target_cols.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", "));
         let from = |sql: &mut Sql| self.touched_keys(&merged, sql);
         let scope = crate::run::audit::AuditScope { from: &from, previous_rows: Some(previous), run_date: self.run_date.date() };
         crate::run::audit::audit(self.job, engine, &scope)
@@ -505,9 +703,10 @@ impl Cow<'_> {
 
     /// 8. The output: the batch's keys as the target now holds them.
     fn output(&mut self, engine: &mut dyn Leases, output_cols: &[Column]) -> Result<Fingerprint> {
+        let batch = self.batch;
         let fp = fingerprint_select(engine, Method::Native, "t", output_cols)?;
         let mut sql = Sql::new();
-        sql.push(&format!("SELECT {} FROM {} AS t JOIN {BATCH} AS b ON {}", fp.select, self.job.target.quoted(), keys_match("t", "b", &self.spec.key)));
+        sql.push(&format!("SELECT {} FROM {} AS t JOIN {batch} AS b ON {}", fp.select, self.job.target.quoted(), keys_match("t", "b", &self.spec.key)));
         let output = fp.read(&engine.query(&sql)?.single("the output scan")?, engine)?;
         self.trace.step("output fp");
         Ok(output)
