@@ -777,7 +777,52 @@ fn wrong_input_changes_nothing(e: &dyn EngineUnderTest) {
     assert_eq!(count(db, "SELECT count(*) FROM fixpoint.runs"), runs, "no ledger row");
 }
 
+/// On the rewrite of partitions the classification is read off the ranked
+/// rows: a column the source adds (`append_new_columns`) is appended, NULL
+/// in the rows the batch leaves and the batch's value in those it writes,
+/// with the output fingerprint of the rows as stored; a target that holds a
+/// batch key twice in a touched partition is refused naming the key, with
+/// nothing changed and no ledger row.
+fn a_new_column_and_a_key_held_twice(e: &dyn EngineUnderTest) {
+    use fixpoint_core::engine::measure::{fingerprint, Filter, Scope};
+    let mut db = e.fresh();
+    let db = db.as_mut();
+    seed(db);
+    let merge = job(MERGE_JOB);
+    merge.load(d("2026-10-19"), db).unwrap();
+    let wider = job(&MERGE_JOB
+        .replace("partition = \"dt\"\n", "partition = \"dt\"\non_schema_change = \"append_new_columns\"\n")
+        .replace(", op FROM staging.changes", ", op, CAST(customer_id + 100 AS BIGINT) AS tier FROM staging.changes"));
+    let r = wider.load(d("2026-10-20"), db).unwrap();
+    assert_eq!(counts(&r), (1, 1, 0, 0, 0));
+    assert_eq!(
+        rows(db, "SELECT order_id, order_total, tier, dt FROM silver.orders ORDER BY order_id"),
+        vec![
+            vec!["1", "\"15.00\"", "110", "2026-10-19"],
+            vec!["2", "\"21.00\"", "NULL", "2026-10-19"],
+            vec!["3", "\"30.00\"", "NULL", "2026-10-19"],
+            vec!["4", "\"40.00\"", "113", "2026-10-20"],
+        ]
+    );
+    let t = fixpoint_core::TableName::parse("silver.orders").unwrap();
+    let cols = db.table_columns(&t).unwrap().unwrap();
+    let scope = Scope::Table { table: &t, filter: Some(Filter::Predicate("order_id IN (1, 4)")) };
+    assert_eq!(fingerprint(db, fixpoint_core::Method::Native, &scope, &cols).unwrap(), r.output(), "the output fingerprint is the stored rows'");
+
+    // Order 3 held twice in its partition: the key is not the table's.
+    exec(db, "INSERT INTO silver.orders (order_id, customer_id, order_total, currency, updated_at, dt, op, tier) VALUES (3, 12, 99.00, 'USD', TIMESTAMP '2026-10-18 10:00:00', DATE '2026-10-19', 'U', 112)");
+    let before = target(db);
+    let runs = count(db, "SELECT count(*) FROM fixpoint.runs");
+    add(db, "2026-10-23", &["3, 12, 33.00, 'USD', TIMESTAMP '2026-10-23 10:00:00', DATE '2026-10-19', 'U'"]);
+    let err = wider.load(d("2026-10-23"), db).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("holds more than one row for a key of the batch") && msg.contains("order_id: 3"), "{msg}");
+    assert_eq!(target(db), before, "nothing changed");
+    assert_eq!(count(db, "SELECT count(*) FROM fixpoint.runs"), runs, "no ledger row");
+}
+
 leased_scenarios!(
+    a_new_column_and_a_key_held_twice,
     written_types_differ_from_the_source,
     merge_backfills_batch_by_batch,
     wrong_input_changes_nothing,

@@ -213,6 +213,7 @@ impl Cow<'_> {
             // alters, and would compute them again from the table being
             // written), or typed otherwise than planned: the merged rows
             // again, with the table's columns.
+            engine.unstage(MERGED)?;
             engine.stage(MERGED, &self.ranked_sql(&target_cols, target, touched))?;
             scan = self.scan_merged(engine, stored_by, &output_cols)?;
             self.trace.step("merged again, with the table's columns");
