@@ -534,6 +534,7 @@ macro_rules! with_join_plan_scenarios {
             null_keys_and_versions_are_refused,
             pruning_refuses_keys_in_untouched_partitions,
             merge_failure_keeps_previous_contents,
+            a_new_column_and_a_key_held_twice,
             $($extra),*
         );
     };
@@ -777,12 +778,12 @@ fn wrong_input_changes_nothing(e: &dyn EngineUnderTest) {
     assert_eq!(count(db, "SELECT count(*) FROM fixpoint.runs"), runs, "no ledger row");
 }
 
-/// On the rewrite of partitions the classification is read off the ranked
-/// rows: a column the source adds (`append_new_columns`) is appended, NULL
-/// in the rows the batch leaves and the batch's value in those it writes,
-/// with the output fingerprint of the rows as stored; a target that holds a
+/// A column the source adds (`append_new_columns`) is appended, NULL in
+/// the rows the batch leaves and the batch's value in those it writes, with
+/// the output fingerprint of the rows as stored; a target that holds a
 /// batch key twice in a touched partition is refused naming the key, with
-/// nothing changed and no ledger row.
+/// nothing changed and no ledger row. (On the rewrite of partitions both
+/// are read off the ranked rows.)
 fn a_new_column_and_a_key_held_twice(e: &dyn EngineUnderTest) {
     use fixpoint_core::engine::measure::{fingerprint, Filter, Scope};
     let mut db = e.fresh();
