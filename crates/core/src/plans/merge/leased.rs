@@ -536,7 +536,7 @@ impl Cow<'_> {
         let batch = self.batch;
         let in_scope = format!("({}) AND EXISTS (SELECT 1 FROM {batch} AS b WHERE {})", touched.in_scope, keys_match("t", "b", &self.spec.key));
         let keys = Touched { values: touched.values.clone(), sql: touched.sql.clone(), in_scope };
-        engine.stage(MERGED, &self.merged_sql(target_cols, &keys))?;
+        engine.stage(MERGED, &self.merged_sql(target_cols, target, &keys))?;
         self.trace.step("merged");
         let audits = self.audit_merged(engine, &target.relation, target_cols, "true")?;
         self.opts.step(FailPoint::MidInsert)?;
@@ -634,36 +634,14 @@ impl Cow<'_> {
         sql
     }
 
-    /// The touched partitions as they will be: per key, the winner among
-    /// the batch row and the target's row (the target's at a full tie: no
-    /// churn); tombstones dropped.
-    fn merged_sql(&self, target_cols: &[Column], touched: &Touched) -> Sql {
-        let batch = self.batch;
-        let spec = self.spec;
-        let (version, del) = (quote_ident(&spec.version), format!("b.{}", quote_ident(DELETED)));
-        let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
-        let tie_break = match spec.on_tie {
-            OnTie::Deterministic => self.compared.iter().map(|c| format!(", {} ASC NULLS FIRST", quote_ident(c))).collect::<String>(),
-            OnTie::Error => String::new(),
-        };
+    /// The touched partitions as they will be, with the table's columns:
+    /// the winners of [`Cow::ranked_sql`], tombstones dropped.
+    fn merged_sql(&self, target_cols: &[Column], target: &Target, touched: &Touched) -> Sql {
         let out_list = target_cols.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", ");
-        let from_batch = target_cols
-            .iter()
-            .map(|c| if self.names.contains(&c.name) { format!("b.{}", quote_ident(&c.name)) } else { format!("CAST(NULL AS {}) AS {}", c.ty, quote_ident(&c.name)) })
-            .collect::<Vec<_>>()
-            .join(", ");
-        let from_target = target_cols.iter().map(|c| q("t", &c.name)).collect::<Vec<_>>().join(", ");
-        let window = format!("OVER (PARTITION BY {key_list} ORDER BY {version} DESC, \"__fixpoint_del\" DESC{tie_break}, \"__fixpoint_src\" ASC)");
+        let ranked = self.ranked_sql(target_cols, target, touched);
         let mut sql = Sql::new();
-        sql.push(&format!(
-            "SELECT {out_list} FROM (SELECT *, row_number() {window} AS \"__fixpoint_rank\" FROM (\
-             SELECT {from_batch}, {del} AS \"__fixpoint_del\", 1 AS \"__fixpoint_src\" FROM {batch} AS b \
-             UNION ALL SELECT {from_target}, false, 0 FROM {} AS t WHERE {}) AS u) AS r \
-             WHERE \"__fixpoint_rank\" = 1 AND NOT \"__fixpoint_del\"",
-            self.job.target.quoted(),
-            touched.in_scope
-        ));
-        sql.params.extend(touched.sql.params.iter().cloned());
+        sql.push(&format!("SELECT {out_list} FROM ({}) AS \"__fixpoint_ranked\" WHERE NOT {RANKED_DEL}", ranked.text));
+        sql.params = ranked.params;
         sql
     }
 
