@@ -150,7 +150,38 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
         let ok = fixpoint(dir, &["run", "job.toml", "--date", "2026-10-20", "--db", "delta:wh"], &[]);
         assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
         let table = dir.join("wh/silver/orders");
-        let killed = kill_9_trials(dir, "delta:wh", &[], 14, 900, &|total| setup(dir, total), &|| day_rows(&table, "2026-10-20"));
+        let killed = kill_9_trials(dir, "delta:wh", &[], true, 14, 900, &|total| setup(dir, total), &|| day_rows(&table, "2026-10-20"));
+        assert!(killed >= 2, "at least the two aborts were kills: {killed}");
+    }
+
+    /// The same trials with a merge into the day's partition (the rewrite
+    /// of the partitions the batch touches, its checks read off the ranked
+    /// rows): the version grows with order 2's total, so each trial's batch
+    /// updates order 2 and leaves order 3 as it is.
+    #[test]
+    fn delta_merge_kill_9_before_at_and_after_the_commit() {
+        const MERGE_JOB: &str = r#"name = "silver_orders"
+target = "silver.orders"
+strategy = "merge"
+key = ["order_id"]
+version = "v"
+partition = "dt"
+
+[source]
+sql = "SELECT order_id, order_total, dt, CAST(order_total * 100 AS BIGINT) AS v FROM bronze.orders WHERE dt = :run_date"
+"#;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let bronze = |total: &str| {
+            setup(dir, total);
+            std::fs::write(dir.join("job.toml"), MERGE_JOB).unwrap();
+        };
+        bronze("2.50");
+        let ok = fixpoint(dir, &["run", "job.toml", "--date", "2026-10-20", "--db", "delta:wh"], &[]);
+        assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+        let table = dir.join("wh/silver/orders");
+        assert_eq!(day_rows(&table, "2026-10-20"), vec![(2, "2.50".into()), (3, "3.50".into())]);
+        let killed = kill_9_trials(dir, "delta:wh", &[], false, 14, 900, &bronze, &|| day_rows(&table, "2026-10-20"));
         assert!(killed >= 2, "at least the two aborts were kills: {killed}");
     }
 
@@ -161,9 +192,10 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
     /// independently) is the old one or the new one; the ledger, read by a
     /// new process (which writes a row lost after its commit), has as its
     /// newest row for the day the visible day; the rerun converges to the
-    /// new day, skipping when it was already there. Returns how many runs
-    /// died by a signal.
-    fn kill_9_trials(dir: &Path, db: &str, env: &[(&str, &str)], trials: u32, max_ms: u64, bronze: &dyn Fn(&str), day: &dyn Fn() -> Vec<(i64, String)>) -> u32 {
+    /// new day, skipping when it was already there (`skips`; a merge applies
+    /// the batch again and changes nothing). Returns how many runs died by
+    /// a signal.
+    fn kill_9_trials(dir: &Path, db: &str, env: &[(&str, &str)], skips: bool, trials: u32, max_ms: u64, bronze: &dyn Fn(&str), day: &dyn Fn() -> Vec<(i64, String)>) -> u32 {
         let mut old = day();
         let mut seed: u64 = 0x9e3779b97f4a7c15;
         let mut killed = 0;
@@ -213,7 +245,16 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
             assert_eq!(newest["output"]["checksum"], json(&rows_now)["checksum"], "trial {trial}: the ledger's newest row is the visible day");
             let rerun = fixpoint(dir, &["run", "job.toml", "--date", "2026-10-20", "--db", db, "--output", "json"], env);
             assert_eq!(rerun.status.code(), Some(0), "trial {trial}: {}", String::from_utf8_lossy(&rerun.stderr));
-            assert_eq!(json(&rerun)["outcome"], if seen == new { "skipped" } else { "committed" }, "trial {trial}");
+            let r = json(&rerun);
+            if skips {
+                assert_eq!(r["outcome"], if seen == new { "skipped" } else { "committed" }, "trial {trial}: {r}");
+            } else {
+                // A merge's retry is applied again: over the new day it
+                // changes nothing.
+                assert_eq!(r["outcome"], "committed", "trial {trial}: {r}");
+                let changed = ["rows_inserted", "rows_updated", "rows_deleted"].iter().map(|k| r[k].as_u64().unwrap()).sum::<u64>();
+                assert_eq!(changed == 0, seen == new, "trial {trial}: {r}");
+            }
             assert_eq!(day(), new, "trial {trial}");
             old = new;
         }
@@ -390,7 +431,7 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
         assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
         let table = dir.join("wh/silver/orders");
         assert_eq!(day_rows(&table, "2026-10-20"), vec![(2, "2.50".to_owned()), (3, "3.50".to_owned())]);
-        let killed = kill_9_trials(dir, "delta:wh", &env, 10, 700, &bronze, &|| day_rows(&table, "2026-10-20"));
+        let killed = kill_9_trials(dir, "delta:wh", &env, true, 10, 700, &bronze, &|| day_rows(&table, "2026-10-20"));
         assert!(killed >= 2, "at least the two aborts were kills: {killed}");
         let left: Vec<String> = std::fs::read_dir(cache.join("files")).map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()).unwrap_or_default();
         assert_eq!(left, Vec::<String>::new(), "no run folder is left once a run has swept them");
@@ -439,7 +480,7 @@ sql = "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date"
         let first = fixpoint(dir, &["run", "job.toml", "--date", "2026-10-20", "--db", &db], &env);
         assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
         assert_eq!(day(), vec![(2, "2.50".to_owned()), (3, "3.50".to_owned())]);
-        let killed = kill_9_trials(dir, &db, &env, 8, 1500, &bronze, &day);
+        let killed = kill_9_trials(dir, &db, &env, true, 8, 1500, &bronze, &day);
         assert!(killed >= 2, "at least the two aborts were kills: {killed}");
         drop(fixpoint_delta::Delta::scratch_s3(&url, &options));
     }
