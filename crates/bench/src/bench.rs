@@ -98,6 +98,11 @@ pub struct BenchSqlArgs {
     /// Run the hand-written merge instead.
     #[arg(long)]
     merge: bool,
+    /// With --pg: replace the day by a hand-written partition exchange
+    /// (the day's table built, the old partition detached and dropped, the
+    /// new one attached) instead of delete + insert.
+    #[arg(long)]
+    exchange: bool,
     /// PostgreSQL instead of the DuckDB file: the database URL.
     #[arg(long)]
     pg: Option<String>,
@@ -169,7 +174,7 @@ pub fn run_sql(args: BenchSqlArgs) -> Result<(), Error> {
             println!("{}", json!({"elapsed_ms": start.elapsed().as_secs_f64() * 1000.0}));
             return Ok(());
         }
-        return crate::bench_pg::run_sql(url, &args.table, d, args.merge);
+        return crate::bench_pg::run_sql(url, &args.table, d, args.merge, args.exchange);
     }
     let file = args.file.ok_or_else(|| Error::argument("fixpoint-bench sql needs --file or --pg", None))?;
     let db = DuckDb::open(&file, Duration::from_secs(60))?;

@@ -387,6 +387,14 @@ impl Leases for Spark {
         self.client.execute(&text, &query.params).map_err(err(&text))
     }
 
+    /// A cached temporary view, materialized by the first query that reads
+    /// it (`CACHE LAZY TABLE … AS`): one Spark job fewer than [`Spark::stage`].
+    fn stage_on_read(&mut self, name: &str, query: &Sql) -> Result<()> {
+        self.unstage(name)?;
+        let text = format!("CACHE LAZY TABLE {name} AS {}", query.text);
+        self.client.execute(&text, &query.params).map_err(err(&text))
+    }
+
     fn unstage(&mut self, name: &str) -> Result<()> {
         // Dropping a cached temporary view uncaches it.
         let stmt = format!("DROP VIEW IF EXISTS {name}");

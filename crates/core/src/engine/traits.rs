@@ -243,6 +243,15 @@ pub trait Leases: Engine {
         self.create_temp_table_as(name, query).map(|_| ())
     }
 
+    /// As [`Leases::stage`], but the rows may be materialized by the first
+    /// query that reads the relation rather than at once (Spark: `CACHE
+    /// LAZY TABLE`), saving a pass over them. That first query must read
+    /// every row (an aggregate over all of them, not a `LIMIT`), so that
+    /// `query` is still computed exactly once.
+    fn stage_on_read(&mut self, name: &str, query: &Sql) -> Result<()> {
+        self.stage(name, query)
+    }
+
     /// Materializes `query` once as the relation `name` (already quoted),
     /// as its rows are now: unlike [`Leases::stage`], it keeps them when a
     /// table it read is written later in the run (Spark recomputes a cached

@@ -14,7 +14,7 @@ use crate::job::spec::{Job, MergeSpec, OnTie};
 use crate::job::sql::{RunParams, Sql, Value};
 use crate::plans::lease::leased;
 use crate::plans::merge::refusals::{check_source, cross_tie_error, deleted_error, duplicate_keys_error, moved_error, tie_error};
-use crate::plans::merge::sql::{batch_tie_cond, count, dedup_sql, keys_match, q, tombstone_table, DELETED};
+use crate::plans::merge::sql::{batch_tie_cond, count, dedup_sql, dedup_tie_sql, keys_match, q, tombstone_table, BATCH_TIE, DELETED};
 use crate::plans::merge::steps::{flagged_source, scan_stage, Classification, Classified};
 use crate::run::input::{describe_source, RunInput};
 use crate::run::ledger;
@@ -166,7 +166,8 @@ impl Cow<'_> {
         let input = self.stage(engine)?;
         self.dedup(engine)?;
         let has_tombs = self.drop_beaten(engine)?;
-        let touched = self.touched(engine, target.prune.as_deref())?;
+        let (touched, ties) = self.touched(engine, target.prune.as_deref())?;
+        self.refuse_batch_ties(engine, ties)?;
         match target.stored_by.clone() {
             Some(stored_by) => self.run_partitions(engine, &target, &stored_by, &touched, input, has_tombs),
             None => self.run_rows(engine, &target, &touched, input, has_tombs),
@@ -260,15 +261,14 @@ impl Cow<'_> {
         let target_cols = self.prepare_target(engine, target)?;
         let changes = classified.inserts + classified.updates + classified.deletes;
         let output_cols: Vec<Column> = target_cols.iter().filter(|c| !self.job.metadata.contains(&c.name)).cloned().collect();
+        // Tombstones first (see run_partitions); with nothing to rewrite, a
+        // tombstone of a key the target does not hold is still remembered:
+        // an older version of that key arriving later must stay deleted.
+        self.record_tombstones(engine, has_tombs)?;
         let audits = if changes > 0 {
-            self.record_tombstones(engine, has_tombs)?;
             self.opts.step(FailPoint::AfterDelete)?;
             self.rewrite_rows(engine, target, &target_cols, touched)?
         } else {
-            // Nothing to rewrite, but a tombstone of a key the target does
-            // not hold is still remembered: an older version of that key
-            // arriving later must stay deleted.
-            self.record_tombstones(engine, has_tombs)?;
             self.audit_unchanged(engine)?
         };
         self.opts.step(FailPoint::AfterInsert)?;
@@ -358,25 +358,51 @@ impl Cow<'_> {
     fn stage(&mut self, engine: &mut dyn Leases) -> Result<Fingerprint> {
         let (job, spec) = (self.job, self.spec);
         let sql = flagged_source(job, spec, &self.params);
-        engine.stage(STAGE, &sql).map_err(|e| deleted_error(job, spec, &self.source_cols, e))?;
-        self.trace.step("stage");
+        // Materialized by the scan below, which reads every row.
+        engine.stage_on_read(STAGE, &sql).map_err(|e| deleted_error(job, spec, &self.source_cols, e))?;
         let source_list = self.names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
-        scan_stage(engine, spec, STAGE, &source_list, &self.input_cols)
+        let input = scan_stage(engine, spec, STAGE, &source_list, &self.input_cols)?;
+        self.trace.step("stage, input fp");
+        Ok(input)
     }
 
     /// 2. One row per key (newest version, tombstone first at equal
-    ///    version, then the values' total order); ties inside the batch
-    ///    refused with `on_tie = "error"`.
+    ///    version, then the values' total order), with `on_tie = "error"`
+    ///    flagged where its key ties at that version (refused by
+    ///    [`Cow::refuse_batch_ties`]). Materialized by its first reader,
+    ///    which reads every row: the copy of [`Cow::drop_beaten`], the scan
+    ///    of [`Cow::touched`], the tie count, or the ranking of the merged
+    ///    rows.
     fn dedup(&mut self, engine: &mut dyn Leases) -> Result<()> {
-        let spec = self.spec;
-        engine.stage(DEDUP, &Sql::raw(dedup_sql(spec, &self.names, &self.compared, &self.meta_cols, STAGE)))?;
-        self.trace.step("dedup");
-        if spec.on_tie == OnTie::Error {
-            let tie_cond = batch_tie_cond(spec, &self.compared);
-            let ties = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {DEDUP} AS b WHERE EXISTS (SELECT 1 FROM {STAGE} AS s WHERE {tie_cond})")))?;
-            if ties > 0 {
-                return Err(tie_error(engine, spec, &self.names, STAGE, DEDUP, &tie_cond, ties)?);
-            }
+        let sql = if self.checks_batch_ties() {
+            dedup_tie_sql(self.spec, &self.names, &self.compared, &self.meta_cols, STAGE)
+        } else {
+            dedup_sql(self.spec, &self.names, &self.compared, &self.meta_cols, STAGE)
+        };
+        engine.stage_on_read(DEDUP, &Sql::raw(sql))?;
+        Ok(())
+    }
+
+    /// Two rows of a key at its newest version with other values are
+    /// refused (`on_tie = "error"`; exact copies collapse).
+    fn checks_batch_ties(&self) -> bool {
+        self.spec.on_tie == OnTie::Error && !self.compared.is_empty()
+    }
+
+    /// The batch's ties refused: `counted` when [`Cow::touched`] counted
+    /// the flags on its scan of the dedup, else counted here.
+    fn refuse_batch_ties(&mut self, engine: &mut dyn Leases, counted: Option<u64>) -> Result<()> {
+        if !self.checks_batch_ties() {
+            return Ok(());
+        }
+        let ties = match counted {
+            Some(n) => n,
+            None => count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {DEDUP} WHERE {}", quote_ident(BATCH_TIE))))?,
+        };
+        self.trace.step("dedup, ties");
+        if ties > 0 {
+            let tie_cond = batch_tie_cond(self.spec, &self.compared);
+            return Err(tie_error(engine, self.spec, &self.names, STAGE, DEDUP, &tie_cond, ties)?);
         }
         Ok(())
     }
@@ -397,8 +423,9 @@ impl Cow<'_> {
         let has_tombs = engine.table_columns(&tomb)?.is_some();
         if has_tombs {
             let (version, del) = (quote_ident(&spec.version), format!("b.{}", quote_ident(DELETED)));
+            let cols = self.names.iter().map(String::as_str).chain([DELETED]).map(|c| q("b", c)).collect::<Vec<_>>().join(", ");
             engine.stage_copy(BATCH, &Sql::raw(format!(
-                "SELECT * FROM {DEDUP} AS b WHERE NOT EXISTS (SELECT 1 FROM {} AS d WHERE {} AND (d.{version} > b.{version} OR (d.{version} = b.{version} AND NOT {del})))",
+                "SELECT {cols} FROM {DEDUP} AS b WHERE NOT EXISTS (SELECT 1 FROM {} AS d WHERE {} AND (d.{version} > b.{version} OR (d.{version} = b.{version} AND NOT {del})))",
                 tomb.quoted(),
                 keys_match("d", "b", &spec.key)
             )))?;
@@ -407,20 +434,30 @@ impl Cow<'_> {
             // Nothing can beat a row: the dedup is the batch (no copy).
             self.batch = DEDUP;
         }
-        self.trace.step("ties, tombstones");
+        self.trace.step("tombstones");
         Ok(has_tombs)
     }
 
-    /// 4. The partitions the batch touches, bound as values.
-    fn touched(&mut self, engine: &mut dyn Leases, prune: Option<&str>) -> Result<Touched> {
+    /// 4. The partitions the batch touches, bound as values; read off the
+    ///    dedup itself (no stored tombstone), also its keys' ties, counted.
+    fn touched(&mut self, engine: &mut dyn Leases, prune: Option<&str>) -> Result<(Touched, Option<u64>)> {
         let batch = self.batch;
-        let Some(p) = prune else { return Ok(Touched { values: Vec::new(), sql: Sql::new(), in_scope: "true".into() }) };
+        let Some(p) = prune else { return Ok((Touched { values: Vec::new(), sql: Sql::new(), in_scope: "true".into() }, None)) };
         let ty = self.source_cols.iter().find(|c| c.name == p).map(|c| c.ty.clone()).unwrap_or_default();
         let (mut values, mut touches_null) = (Vec::new(), false);
-        for r in engine.query(&Sql::raw(format!("SELECT DISTINCT {} FROM {batch}", quote_ident(p))))?.rows {
+        let pc = quote_ident(p);
+        let mut ties = (batch == DEDUP && self.checks_batch_ties()).then_some(0u64);
+        let sql = match ties {
+            Some(_) => format!("SELECT {pc}, count(CASE WHEN {} THEN 1 END) AS \"n\" FROM {batch} GROUP BY {pc}", quote_ident(BATCH_TIE)),
+            None => format!("SELECT DISTINCT {pc} FROM {batch}"),
+        };
+        for r in engine.query(&Sql::raw(sql))?.rows {
             match &r[0] {
                 Value::Null => touches_null = true,
                 v => values.push(v.clone()),
+            }
+            if let Some(n) = ties.as_mut() {
+                *n += r[1].as_u64().ok_or_else(|| Error::Internal(format!("a count of ties came back as {:?}", r[1])))?;
             }
         }
         let mut sql = Sql::new();
@@ -440,7 +477,7 @@ impl Cow<'_> {
         }
         sql.push(")");
         let in_scope = format!("coalesce({}, false)", sql.text);
-        Ok(Touched { values, sql, in_scope })
+        Ok((Touched { values, sql, in_scope }, ties))
     }
 
     /// The target, created now when missing (partitioned by the job's

@@ -81,6 +81,41 @@ pub fn dedup_sql(spec: &MergeSpec, names: &[String], compared: &[String], meta_c
     format!("SELECT {all} FROM (SELECT *, row_number() OVER (PARTITION BY {key_list} ORDER BY {order}) AS \"__fixpoint_rank\" FROM {stage}) AS r WHERE \"__fixpoint_rank\" = 1")
 }
 
+/// The batch's flag on the row [`dedup_tie_sql`] keeps: its key has a
+/// tie at that row's version.
+pub const BATCH_TIE: &str = "__fixpoint_batch_tie";
+
+/// [`dedup_sql`] with the tie check of [`batch_tie_cond`] read off the same
+/// window, as a flag [`BATCH_TIE`] on each kept row: the rows of a key are
+/// sorted by version, tombstone, then `compared`, so equal values are next
+/// to each other and a key has a tie at its kept (upsert) row's version
+/// exactly when two neighbouring upserts at that version differ. One sort
+/// of the batch, and no join of the batch with itself.
+pub fn dedup_tie_sql(spec: &MergeSpec, names: &[String], compared: &[String], meta_cols: &[String], stage: &str) -> String {
+    let (version, del) = (quote_ident(&spec.version), quote_ident(DELETED));
+    let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
+    let order = std::iter::once(format!("{version} DESC"))
+        .chain([format!("{del} DESC")])
+        .chain(compared.iter().chain(meta_cols.iter()).map(|c| format!("{} ASC NULLS FIRST", quote_ident(c))))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let window = format!("OVER (PARTITION BY {key_list} ORDER BY {order})");
+    let differ = if compared.is_empty() {
+        "false".to_owned()
+    } else {
+        compared.iter().map(|c| format!("lead({c}) {window} IS DISTINCT FROM {c}", c = quote_ident(c))).collect::<Vec<_>>().join(" OR ")
+    };
+    let pair = format!("NOT {del} AND lead({version}) {window} = {version} AND NOT lead({del}) {window} AND ({differ})");
+    let all = names.iter().map(|c| quote_ident(c)).chain([del.clone()]).collect::<Vec<_>>().join(", ");
+    let tie = quote_ident(BATCH_TIE);
+    format!(
+        "SELECT {all}, coalesce(NOT {del} AND \"__fixpoint_pair_version\" = {version}, false) AS {tie} FROM (\
+         SELECT *, max(CASE WHEN \"__fixpoint_pair\" THEN {version} END) OVER (PARTITION BY {key_list}) AS \"__fixpoint_pair_version\" FROM (\
+         SELECT *, row_number() {window} AS \"__fixpoint_rank\", coalesce({pair}, false) AS \"__fixpoint_pair\" FROM {stage}) AS i) AS r \
+         WHERE \"__fixpoint_rank\" = 1"
+    )
+}
+
 /// The MERGE's actions from batch `b`: the UPDATE's SET list (every column
 /// but the key, and but `kept`, a column the UPDATE's condition only lets
 /// through when the target holds the batch's value), the INSERT's column
