@@ -8,9 +8,9 @@
 //!
 //! - `s`: the source, read once, each row's input hash beside it;
 //! - `r`: the dedup window (newest version first, then the compared
-//!   columns, then the metadata), which also tells a tie in the batch (a
-//!   row at the key's newest version whose next row there differs in the
-//!   compared columns: equal values sort next to each other);
+//!   columns, then the metadata), and a second window over the same sort
+//!   whose `dense_rank` tells a tie in the batch (another row of the key at
+//!   its newest version that differs in the compared columns);
 //! - `c`: the kept rows joined with the target on the key (index lookups
 //!   where the key has an index): what each row does (update, insert,
 //!   left alone), ties with the target, keys held in another partition, the
@@ -65,7 +65,7 @@ pub(crate) fn fits(pg: &mut Postgres, m: &MergeRequest<'_>) -> Result<bool> {
 /// `__fixpoint_` (the spec refuses such names).
 const H: &str = "\"__fixpoint_h\"";
 const RANK: &str = "\"__fixpoint_rank\"";
-const PAIR: &str = "\"__fixpoint_pair\"";
+const DRANK: &str = "\"__fixpoint_drank\"";
 const TOP: &str = "\"__fixpoint_top\"";
 const TID: &str = "\"__fixpoint_tid\"";
 const TOID: &str = "\"__fixpoint_toid\"";
@@ -184,29 +184,25 @@ fn statement(pg: &Postgres, m: &MergeRequest<'_>, output_cols: &[Column], input_
         OnTie::Deterministic => "false".to_owned(),
     };
     let batch_tie = match spec.on_tie {
-        OnTie::Error => format!("{version} = {TOP} AND {PAIR}"),
+        OnTie::Error => format!("{version} = {TOP} AND {DRANK} > 1"),
         OnTie::Deterministic => "false".to_owned(),
-    };
-    // A row and the next of its key at the same version differ in the
-    // compared columns: equal values sort next to each other, so a key
-    // has a tie at its newest version exactly when a row there is such a
-    // pair.
-    let pair = if m.compared.is_empty() {
-        "false".to_owned()
-    } else {
-        let differ = m.compared.iter().map(|c| format!("lead({c}) OVER \"w\" IS DISTINCT FROM {c}", c = quote_ident(c))).collect::<Vec<_>>().join(" OR ");
-        format!("coalesce(lead({version}) OVER \"w\" = {version} AND ({differ}), false)")
     };
     let (set, col_list, values) = merge_actions(spec, m.names, None);
     let on = keys_match("t", "b", &spec.key);
     let mut sql = Sql::new();
     // r: the source once, with its input hash, whether its key or version
-    // is NULL, the dedup window, and from the same window (one sort) the
-    // key's newest version and whether the next row ties with the row.
+    // is NULL, the dedup window, and the rank of the compared values at
+    // each version (the same sort, one column fewer).
     sql.push(&format!("WITH \"r\" AS MATERIALIZED (SELECT x.*, {input_hash} AS {H}, ({null_key}) AS {NULLS}, "));
-    sql.push(&format!("row_number() OVER \"w\" AS {RANK}, {pair} AS {PAIR}, first_value({version}) OVER \"w\" AS {TOP} FROM "));
+    sql.push(&format!(
+        "row_number() OVER (PARTITION BY {key_list} ORDER BY {full}) AS {RANK}, \
+         dense_rank() OVER (PARTITION BY {key_list} ORDER BY {values_order}) AS {DRANK}, \
+         first_value({version}) OVER (PARTITION BY {key_list} ORDER BY {values_order}) AS {TOP} FROM ",
+        full = full.join(", "),
+        values_order = by_values.join(", ")
+    ));
     fixpoint_core::engine::measure::Scope::Source { template: m.job.source.template(), params: m.params }.write_from(&mut sql, "x");
-    sql.push(&format!(" WINDOW \"w\" AS (PARTITION BY {key_list} ORDER BY {})), ", full.join(", ")));
+    sql.push("), ");
     // What the kept rows `b` that reach it (joined with the target `t`)
     // say: whether the key is held, newer, a tie with the target or held
     // in another partition, and the hash of the target's row left alone.
@@ -230,7 +226,7 @@ fn statement(pg: &Postgres, m: &MergeRequest<'_>, output_cols: &[Column], input_
         // kept rows together with the updated keys (the rest of their
         // columns NULL) by key and keeps the keys with no update.
         let returned = spec.key.iter().map(|k| format!("{} AS {}", q("b", k), quote_ident(k))).collect::<Vec<_>>().join(", ");
-        let r_cols: Vec<String> = m.names.iter().cloned().chain([H, NULLS, RANK, PAIR, TOP].map(|c| c.trim_matches('"').to_owned())).collect();
+        let r_cols: Vec<String> = m.names.iter().cloned().chain([H, NULLS, RANK, DRANK, TOP].map(|c| c.trim_matches('"').to_owned())).collect();
         let padded = r_cols.iter().map(|c| if spec.key.contains(c) { q("u", c) } else { "NULL".to_owned() }).collect::<Vec<_>>().join(", ");
         sql.push(&format!(
             "\"u\" AS (UPDATE {target} AS t SET {set} FROM \"r\" AS b WHERE {on} AND b.{RANK} = 1 AND {newer} AND {held} \

@@ -560,3 +560,49 @@ fn with_swap_delete_insert_a_snapshot_older_than_the_run_sees_the_old_day() {
     assert_eq!((again.method.as_str(), again.rows_deleted, again.rows_inserted), ("delete+insert", 1, 1));
     assert_eq!(again.output(), r21.output());
 }
+
+/// A job whose guards wait for the insert (no `:run_key`, the target's
+/// columns the source's): the day's table is filled while the guard scan
+/// reads the same snapshot beside it. The day is the source's (an
+/// independent digest), a retry is skipped; a row of another day is
+/// refused by the guards, naming it (the day's table refuses it too), and
+/// the old partition stays; so does a day with too few rows.
+#[test]
+fn guards_beside_the_exchange_insert() {
+    let Some(mut db) = with_target(
+        "CREATE SCHEMA silver;
+CREATE TABLE silver.orders (order_id BIGINT, customer_id BIGINT, order_total DECIMAL(12,2), currency VARCHAR, updated_at TIMESTAMP, dt DATE) PARTITION BY LIST (dt);
+CREATE TABLE silver.orders_20261020 PARTITION OF silver.orders FOR VALUES IN ('2026-10-20')",
+    ) else {
+        return;
+    };
+    let spec = r#"
+name = "plain_orders"
+target = "silver.orders"
+strategy = "replace_partition"
+partition = "dt"
+
+[source]
+sql = "SELECT order_id, customer_id, order_total, currency, updated_at, dt FROM bronze.orders WHERE dt = :run_date"
+"#;
+    let r = job(spec).load_with(d("2026-10-20"), &mut db, &force()).unwrap();
+    assert_eq!((r.method.as_str(), r.rows_deleted, r.rows_inserted, r.output_rows), ("partition exchange", 0, 6, 6));
+    let digest = |db: &mut dyn Engine, from: &str| rows(db, &format!("SELECT count(*), sum(hashtextextended(CAST(ROW(order_id, customer_id, order_total, currency, updated_at, dt) AS TEXT), 0)) FROM {from}"));
+    assert_eq!(digest(&mut db, "silver.orders_20261020"), digest(&mut db, "bronze.orders WHERE dt = DATE '2026-10-20'"));
+    assert_eq!(r.output(), day_fp(&mut db, "silver.orders", "2026-10-20", &[]), "the output fingerprint is the stored day's");
+    assert_eq!((r.input_rows, r.input_checksum.as_str()), (r.output_rows, r.output_checksum.as_str()), "the day holds the source's rows as they are");
+    assert_eq!(job(spec).load(d("2026-10-20"), &mut db).unwrap().outcome, "skipped");
+    let before = rows(&mut db, "SELECT * FROM silver.orders ORDER BY order_id, updated_at");
+    let old = oid(&mut db, "silver.orders_20261020");
+
+    let wide = job(&spec.replace("WHERE dt = :run_date", "WHERE dt >= :run_date"));
+    let err = wide.load_with(d("2026-10-20"), &mut db, &force()).unwrap_err();
+    assert!(matches!(err, Error::OutOfPartition { rows: 1, .. }), "{err}");
+    assert!(err.to_string().contains("order_id: 7"), "the row of another day is named: {err}");
+    let few = job(&format!("min_rows = 7\n{spec}"));
+    let err = few.load_with(d("2026-10-20"), &mut db, &force()).unwrap_err();
+    assert!(matches!(err, Error::TooFewRows { rows: 6, min_rows: 7, .. }), "{err}");
+    assert_eq!(rows(&mut db, "SELECT * FROM silver.orders ORDER BY order_id, updated_at"), before, "refused: the day as it was");
+    assert_eq!(oid(&mut db, "silver.orders_20261020"), old, "the old partition stays attached");
+    assert_eq!(tables_in_silver(&mut db), vec![vec!["\"orders\""], vec!["\"orders_20261020\""]], "no day table left behind");
+}

@@ -134,7 +134,7 @@ impl Day<'_> {
         }
 
         // 3. The guards, before anything is deleted.
-        let mut guarded = self.guard(engine, exchange, last.is_some() && file_key.is_none(), file_key.is_none())?;
+        let mut guarded = self.guard(engine, last.is_some() && file_key.is_none(), file_key.is_none())?;
 
         // 4. A retry over the same input, with the target still holding the
         //    recorded output, has nothing to do.
@@ -153,7 +153,7 @@ impl Day<'_> {
         // 5. The target created or given the source's new columns; the day written.
         let created_target = self.prepare_target(engine)?;
         let written = match &layout {
-            DayPartition::Swappable { existing } if exchange => self.swap_in(engine, existing.as_ref(), &guarded)?,
+            DayPartition::Swappable { existing } if exchange => self.swap_in(engine, existing.as_ref(), &mut guarded)?,
             _ => self.delete_insert(engine, &layout, &mut guarded)?,
         };
 
@@ -220,12 +220,11 @@ impl Day<'_> {
     /// tap the insert, the guards and the output fingerprint are taken as
     /// the rows stream into the delete + insert, and a failed guard rolls
     /// both back: no scan of its own.
-    fn guard(&mut self, engine: &mut dyn Engine, exchange: bool, for_skip: bool, for_key: bool) -> Result<Guarded> {
+    fn guard(&mut self, engine: &mut dyn Engine, for_skip: bool, for_key: bool) -> Result<Guarded> {
         let (job, partition, shape) = (self.job, self.partition, &self.shape);
         let needed_before = for_skip || (for_key && job.source.template().uses_any(&[RunParam::RunKey])) || shape.output != shape.input;
         let is_date = |cols: &[Column]| cols.iter().any(|c| c.name == partition && c.ty.eq_ignore_ascii_case("DATE"));
-        let tappable = !exchange
-            && !matches!(self.opts.fault, Some((FailPoint::MidInsert, _)))
+        let tappable = !matches!(self.opts.fault, Some((FailPoint::MidInsert, _)))
             && is_date(&shape.source)
             && shape.target.as_deref().is_none_or(is_date)
             && engine.accelerator().is_some();
@@ -294,16 +293,25 @@ impl Day<'_> {
 
     /// 5a. Partition exchange: the day built as a standalone table (readers
     ///     still see the old day, unblocked), then the old partition
-    ///     detached and the new one attached, in this transaction.
-    fn swap_in(&mut self, engine: &mut dyn Engine, existing: Option<&TableName>, guarded: &Guarded) -> Result<Written> {
+    ///     detached and the new one attached, in this transaction. Where the
+    ///     guards wait for the insert, they ride on it as in 5b (the day's
+    ///     table refuses a row of another day: its CHECK).
+    fn swap_in(&mut self, engine: &mut dyn Engine, existing: Option<&TableName>, guarded: &mut Guarded) -> Result<Written> {
         let (job, partition, day) = (self.job, self.partition, self.run_date.date());
         let staged = partition_exchange(engine)?.create_day_table(&job.target, partition, day)?;
         self.half_insert_fault(engine, &staged, guarded.rows)?;
-        let rows_inserted = engine.execute(&self.insert(&staged, None))?;
-        self.trace.step("insert (staged)");
+        let (rows_inserted, tapped) = if guarded.deferred {
+            let (inserted, output, _) = self.insert_deferred(engine, guarded, &staged, false)?;
+            (inserted, output)
+        } else {
+            let inserted = engine.execute(&self.insert(&staged, None))?;
+            self.trace.step("insert (staged)");
+            (inserted, None)
+        };
         self.opts.step(FailPoint::AfterInsert)?;
-        let output = match &guarded.input {
-            Some(input) if self.shape.output == self.shape.input => input.clone(),
+        let output = match (tapped, &guarded.input) {
+            (Some(output), _) => output,
+            (None, Some(input)) if self.shape.output == self.shape.input => input.clone(),
             _ => fingerprint(engine, Method::Native, &Scope::Table { table: &staged, filter: None }, &self.shape.output)?,
         };
         self.trace.step("output fp");
@@ -344,7 +352,7 @@ impl Day<'_> {
         self.opts.step(FailPoint::AfterDelete)?;
         self.half_insert_fault(engine, &job.target, guarded.rows)?;
         let (rows_inserted, output, method) = if guarded.deferred {
-            self.insert_deferred(engine, guarded)?
+            self.insert_deferred(engine, guarded, &job.target, true)?
         } else {
             let inserted = engine.execute(&self.insert(&job.target, None))?;
             self.trace.step("insert");
@@ -354,10 +362,13 @@ impl Day<'_> {
         Ok(Written { rows_deleted, rows_inserted, method, output })
     }
 
-    /// The insert of guards that waited for it: the accelerator's, its
-    /// rows checked on its figures and the output fingerprint its sum; or,
-    /// should it decline, the guard scan and then the plain insert.
-    fn insert_deferred(&mut self, engine: &mut dyn Engine, guarded: &mut Guarded) -> Result<(u64, Option<Fingerprint>, &'static str)> {
+    /// The insert into `into` (the target, or an exchange's day table) of
+    /// guards that waited for it: the accelerator's, its rows checked on its
+    /// figures and the output fingerprint its sum; or, should it decline,
+    /// the guard scan and then the plain insert. `copies`: the engine may
+    /// copy a file source's files straight in (not into a day table, whose
+    /// CHECK would refuse a row of another day before the guards name it).
+    fn insert_deferred(&mut self, engine: &mut dyn Engine, guarded: &mut Guarded, into: &TableName, copies: bool) -> Result<(u64, Option<Fingerprint>, &'static str)> {
         let (job, shape, params, partition) = (self.job, &self.shape, &self.params, self.partition);
         let scan_fp = fingerprint_select(engine, Method::Native, "s", &shape.input)?;
         let scan = guard_scan(job, params, partition, self.run_date.date(), &scan_fp.select);
@@ -367,12 +378,12 @@ impl Day<'_> {
         };
         let tapped = match engine.accelerator() {
             Some(acc) => {
-                let insert = |tap: &Sql| insert_sql(job, shape, params, partition, &job.target, None, Some(tap));
+                let insert = |tap: &Sql| insert_sql(job, shape, params, partition, into, None, Some(tap));
                 let day = DayInsert {
                     partition: format!("s.{}", quote_ident(partition)),
                     column: partition,
-                    target: &job.target,
-                    files_as_is: job.source.reads_files_as_they_are() && shape.target.as_deref().is_none_or(|t| same_types(&shape.source, t)),
+                    target: into,
+                    files_as_is: copies && job.source.reads_files_as_they_are() && shape.target.as_deref().is_none_or(|t| same_types(&shape.source, t)),
                     alias: "s",
                     hashed: &shape.input,
                     day: self.run_date.date(),
@@ -401,7 +412,7 @@ impl Day<'_> {
                 } else {
                     self.scan(engine, guarded.fp.clone(), false)?
                 };
-                let inserted = engine.execute(&self.insert(&job.target, None))?;
+                let inserted = engine.execute(&self.insert(into, None))?;
                 self.trace.step("insert");
                 Ok((inserted, None, "delete+insert"))
             }
