@@ -1336,6 +1336,23 @@ fn postgres_partition_exchange_killed_at_random_moments() {
     );
 }
 
+/// A target `PARTITION BY LIST (dt)`, forced: the day's table filled with
+/// the guard scan beside its insert, then swapped in.
+#[test]
+fn postgres_partition_exchange_guards_beside_the_insert_killed_at_random_moments() {
+    pg_plan(
+        "exchange_beside",
+        &KillPlan {
+            setup: exchange_setup,
+            method: "partition exchange",
+            extra: &["--force"],
+            steps: &[BESIDE, "swap"],
+            not_steps: &["guards"],
+            ..rp_plan("postgres replace_partition, partition exchange, guard scan beside the insert")
+        },
+    );
+}
+
 /// Without `deleted`: the one-statement merge (its writes and checks in
 /// one statement).
 #[test]

@@ -948,6 +948,21 @@ on_tie = "deterministic"
 sql = "SELECT k, v, amount, cur, op, p FROM m.changes WHERE batch = :run_date"
 "#;
 
+    /// Batch `i`'s day.
+    fn day(i: usize) -> String {
+        format!("2026-10-{:02}", i + 1)
+    }
+
+    /// `m.changes`, each batch's rows under its day.
+    fn seed_batches(db: &mut dyn fixpoint_core::Engine, batches: &[Vec<Row>]) {
+        for (i, b) in batches.iter().enumerate() {
+            if !b.is_empty() {
+                let values: Vec<String> = b.iter().map(|r| format!("(DATE '{}', {})", day(i), r.sql())).collect();
+                exec(db, &format!("INSERT INTO m.changes VALUES {}", values.join(", ")));
+            }
+        }
+    }
+
     fn check(batches: Vec<Vec<Row>>, order: Vec<usize>, engine: &dyn EngineUnderTest) -> Result<(), TestCaseError> {
         check_job(batches, order, engine, false)
     }
@@ -968,13 +983,7 @@ sql = "SELECT k, v, amount, cur, op, p FROM m.changes WHERE batch = :run_date"
         if let Some(create) = create {
             exec(db, create);
         }
-        let day = |i: usize| format!("2026-10-{:02}", i + 1);
-        for (i, b) in batches.iter().enumerate() {
-            if !b.is_empty() {
-                let values: Vec<String> = b.iter().map(|r| format!("(DATE '{}', {})", day(i), r.sql())).collect();
-                exec(db, &format!("INSERT INTO m.changes VALUES {}", values.join(", ")));
-            }
-        }
+        seed_batches(db, &batches);
         let job = if upserts { job(&JOB.replace("deleted = \"op = 'D'\"\n", "")) } else { job(JOB) };
         let mut seen = Vec::new();
         for &i in &order {
@@ -1026,13 +1035,7 @@ sql = "SELECT k, v, amount, cur, op, p FROM m.changes WHERE batch = :run_date"
         let mut db = engine.fresh();
         let db = db.as_mut();
         exec(db, "CREATE SCHEMA m;\nCREATE TABLE m.changes (batch DATE, k BIGINT, v BIGINT, amount BIGINT, cur VARCHAR, op VARCHAR, p BIGINT)");
-        let day = |i: usize| format!("2026-10-{:02}", i + 1);
-        for (i, b) in batches.iter().enumerate() {
-            if !b.is_empty() {
-                let values: Vec<String> = b.iter().map(|r| format!("(DATE '{}', {})", day(i), r.sql())).collect();
-                exec(db, &format!("INSERT INTO m.changes VALUES {}", values.join(", ")));
-            }
-        }
+        seed_batches(db, &batches);
         let mut spec = JOB.replace("on_tie = \"deterministic\"\n", "");
         if upserts {
             spec = spec.replace("deleted = \"op = 'D'\"\n", "");
