@@ -174,7 +174,20 @@ fn permission_denied(code: &str, message: &str) -> Error {
     }
 }
 
-const SESSION: &str = "SET DateStyle = 'ISO, YMD'; SET TimeZone = 'UTC'; SET IntervalStyle = 'postgres'; SET extra_float_digits = 1";
+/// The session's settings. Values are read and written in ISO forms. The
+/// memory kept for temporary tables (`temp_buffers`, taken only as they
+/// fill; settable only before a session's first temporary table) is raised
+/// to 256 MB where it is lower: a run's temporary tables of some 100k rows
+/// each no longer spill to files one by one.
+const SESSION: &str = "SET DateStyle = 'ISO, YMD'; SET TimeZone = 'UTC'; SET IntervalStyle = 'postgres'; SET extra_float_digits = 1; \
+    SELECT set_config('temp_buffers', '256MB', false) WHERE pg_size_bytes(current_setting('temp_buffers')) < pg_size_bytes('256MB')";
+
+/// The statistics target of a temporary table's `ANALYZE`: a sample of
+/// 3,000 rows (the default target, 100, samples 30,000, and took 0.5 s of
+/// a history run over its eight temporary tables), which gives the planner
+/// the row count and a rough number of distinct values: what it needs to
+/// choose its joins.
+const TEMP_STATISTICS: u32 = 10;
 
 impl Postgres {
     /// Connects to `postgres://user[:password]@host:port/db`.
@@ -667,8 +680,16 @@ impl Engine for Postgres {
         sql.params = query.params.clone();
         let rows = self.execute(&sql)?;
         // Autovacuum never analyzes temporary tables: without statistics the
-        // planner guesses their size and picks nested loops over millions of rows.
-        self.execute(&Sql::raw(format!("ANALYZE {name}")))?;
+        // planner guesses their size and picks nested loops over millions of
+        // rows. A small sample does (the session's target is restored
+        // whatever the outcome).
+        self.execute(&Sql::raw(format!("SET default_statistics_target = {TEMP_STATISTICS}")))?;
+        let analyzed = self.execute(&Sql::raw(format!("ANALYZE {name}")));
+        // After a failed ANALYZE in a transaction the reset fails too (and
+        // the transaction's end undoes the SET): the first error is the one.
+        let reset = self.execute(&Sql::raw("RESET default_statistics_target".to_owned()));
+        analyzed?;
+        reset?;
         Ok(rows)
     }
 
