@@ -171,42 +171,28 @@ pub fn run_sql(args: BenchSqlArgs) -> Result<(), Error> {
         if let Some(script) = &args.exec {
             let start = Instant::now();
             crate::bench_pg::exec_script(url, script)?;
-            println!(
-                "{}",
-                json!({"elapsed_ms": start.elapsed().as_secs_f64() * 1000.0})
-            );
+            println!("{}", json!({"elapsed_ms": start.elapsed().as_secs_f64() * 1000.0}));
             return Ok(());
         }
         return crate::bench_pg::run_sql(url, &args.table, d, args.merge, args.exchange);
     }
-    let file = args
-        .file
-        .ok_or_else(|| Error::argument("fixpoint-bench sql needs --file or --pg", None))?;
+    let file = args.file.ok_or_else(|| Error::argument("fixpoint-bench sql needs --file or --pg", None))?;
     let db = DuckDb::open(&file, Duration::from_secs(60))?;
     let conn = db.connection();
     if let Some(script) = &args.exec {
-        conn.execute_batch(script)
-            .map_err(db_err("the benchmark's set-up"))?;
+        conn.execute_batch(script).map_err(db_err("the benchmark's set-up"))?;
         println!("{}", json!({"elapsed_ms": 0.0}));
         return Ok(());
     }
     if let Some(query) = &args.query {
-        let value: Option<String> = conn
-            .query_row(&format!("SELECT CAST(({query}) AS VARCHAR)"), [], |r| {
-                r.get(0)
-            })
-            .map_err(db_err("a result check"))?;
+        let value: Option<String> = conn.query_row(&format!("SELECT CAST(({query}) AS VARCHAR)"), [], |r| r.get(0)).map_err(db_err("a result check"))?;
         println!("{}", json!({"elapsed_ms": 0.0, "value": value}));
         return Ok(());
     }
     if args.readme {
         let start = Instant::now();
         conn.execute_batch("BEGIN").map_err(db_err("BEGIN"))?;
-        conn.execute(
-            "DELETE FROM silver.orders_readme WHERE dt = CAST($1 AS DATE)",
-            [d.to_string()],
-        )
-        .map_err(db_err("DELETE"))?;
+        conn.execute("DELETE FROM silver.orders_readme WHERE dt = CAST($1 AS DATE)", [d.to_string()]).map_err(db_err("DELETE"))?;
         let n = conn
             .execute(
                 "INSERT INTO silver.orders_readme
@@ -219,10 +205,7 @@ pub fn run_sql(args: BenchSqlArgs) -> Result<(), Error> {
             )
             .map_err(db_err("INSERT"))?;
         conn.execute_batch("COMMIT").map_err(db_err("COMMIT"))?;
-        println!(
-            "{}",
-            json!({"elapsed_ms": start.elapsed().as_secs_f64() * 1000.0, "rows_inserted": n})
-        );
+        println!("{}", json!({"elapsed_ms": start.elapsed().as_secs_f64() * 1000.0, "rows_inserted": n}));
         return Ok(());
     }
     if args.merge {
@@ -243,10 +226,7 @@ pub fn run_sql(args: BenchSqlArgs) -> Result<(), Error> {
                 now - merge_faults
             );
         }
-        println!(
-            "{}",
-            json!({"elapsed_ms": start.elapsed().as_secs_f64() * 1000.0, "rows_changed": n})
-        );
+        println!("{}", json!({"elapsed_ms": start.elapsed().as_secs_f64() * 1000.0, "rows_changed": n}));
         return Ok(());
     }
     let trace = std::env::var_os("FIXPOINT_TRACE").is_some();
@@ -254,33 +234,20 @@ pub fn run_sql(args: BenchSqlArgs) -> Result<(), Error> {
     let mut last = start;
     let mut step = |what: &str| {
         if trace {
-            eprintln!(
-                "fixpoint-bench sql: {what:<10} {:>8.1} ms",
-                last.elapsed().as_secs_f64() * 1000.0
-            );
+            eprintln!("fixpoint-bench sql: {what:<10} {:>8.1} ms", last.elapsed().as_secs_f64() * 1000.0);
             last = Instant::now();
         }
     };
     conn.execute_batch("BEGIN").map_err(db_err("BEGIN"))?;
-    conn.execute(
-        "DELETE FROM silver.orders WHERE dt = CAST($1 AS DATE)",
-        [d.to_string()],
-    )
-    .map_err(db_err("DELETE"))?;
+    conn.execute("DELETE FROM silver.orders WHERE dt = CAST($1 AS DATE)", [d.to_string()]).map_err(db_err("DELETE"))?;
     step("delete");
     let n = conn
-        .execute(
-            &format!("INSERT INTO silver.orders {SOURCE} CAST($1 AS DATE)"),
-            [d.to_string()],
-        )
+        .execute(&format!("INSERT INTO silver.orders {SOURCE} CAST($1 AS DATE)"), [d.to_string()])
         .map_err(db_err("INSERT"))?;
     step("insert");
     conn.execute_batch("COMMIT").map_err(db_err("COMMIT"))?;
     step("commit");
-    println!(
-        "{}",
-        json!({"elapsed_ms": start.elapsed().as_secs_f64() * 1000.0, "rows_inserted": n})
-    );
+    println!("{}", json!({"elapsed_ms": start.elapsed().as_secs_f64() * 1000.0, "rows_inserted": n}));
     Ok(())
 }
 
@@ -294,43 +261,22 @@ pub(crate) struct Sample {
 
 pub(crate) fn measure(cmd: &mut Command) -> Result<(Sample, serde_json::Value), Error> {
     let start = Instant::now();
-    let child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|source| Error::Io {
-            path: "fixpoint".into(),
-            source,
-        })?;
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
     let pid = child.id() as libc::pid_t;
     let mut stdout = child.stdout.expect("piped");
     let mut text = String::new();
-    std::io::Read::read_to_string(&mut stdout, &mut text).map_err(|source| Error::Io {
-        path: "fixpoint".into(),
-        source,
-    })?;
+    std::io::Read::read_to_string(&mut stdout, &mut text).map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
     let mut status = 0;
     // SAFETY: an all-zero rusage is a valid value, and wait4 writes it for our own child.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
     let wall = start.elapsed().as_secs_f64();
     if r != pid || !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
-        return Err(Error::Internal(format!(
-            "benchmark child failed (status {status}): {text}"
-        )));
+        return Err(Error::Internal(format!("benchmark child failed (status {status}): {text}")));
     }
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| Error::Internal(format!("bad child output {text:?}: {e}")))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Internal(format!("bad child output {text:?}: {e}")))?;
     let inner = v["elapsed_ms"].as_f64().unwrap_or(f64::NAN) / 1000.0;
-    Ok((
-        Sample {
-            wall,
-            inner,
-            rss_mb: usage.ru_maxrss as f64 / 1024.0,
-            faults: usage.ru_minflt as u64,
-        },
-        v,
-    ))
+    Ok((Sample { wall, inner, rss_mb: usage.ru_maxrss as f64 / 1024.0, faults: usage.ru_minflt as u64 }, v))
 }
 
 /// The median of the rounds' own ratios `a[i] / b[i]` (each round runs both
@@ -363,38 +309,18 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
 /// (what `wait4` reports) from its parent's at the fork, so a parent that
 /// had built the tables itself would inflate every side's figure alike.
 pub(crate) fn exec_in_child(file: &Path, sql: &str) -> Result<(), Error> {
-    let exe = std::env::current_exe().map_err(|source| Error::Io {
-        path: "fixpoint".into(),
-        source,
-    })?;
+    let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
     let mut c = Command::new(exe);
-    c.args([
-        "sql",
-        "--file",
-        &file.display().to_string(),
-        "--date",
-        "2026-10-20",
-        &format!("--exec={sql}"),
-    ]);
+    c.args(["sql", "--file", &file.display().to_string(), "--date", "2026-10-20", &format!("--exec={sql}")]);
     measure(&mut c).map(|_| ())
 }
 
 /// The value of `query` on the DuckDB `file`, read in a child process
 /// (`fixpoint-bench sql --query`), like [`exec_in_child`].
 pub(crate) fn digest_in_child(file: &Path, query: &str) -> Result<String, Error> {
-    let exe = std::env::current_exe().map_err(|source| Error::Io {
-        path: "fixpoint".into(),
-        source,
-    })?;
+    let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
     let mut c = Command::new(exe);
-    c.args([
-        "sql",
-        "--file",
-        &file.display().to_string(),
-        "--date",
-        "2026-10-20",
-        &format!("--query={query}"),
-    ]);
+    c.args(["sql", "--file", &file.display().to_string(), "--date", "2026-10-20", &format!("--query={query}")]);
     let (_, v) = measure(&mut c)?;
     Ok(v["value"].as_str().unwrap_or("NULL").to_owned())
 }
@@ -409,12 +335,7 @@ fn digest_sql(select: &str) -> String {
 /// Checks that `side` left `table`'s day equal to the rows of `expected`
 /// (both digested in a child process), before any ratio is printed.
 fn check_day(file: &Path, side: &str, table: &str, expected: &str) -> Result<(), Error> {
-    let got = digest_in_child(
-        file,
-        &digest_sql(&format!(
-            "SELECT {ORDER_COLUMNS} FROM {table} WHERE dt = DATE '2026-10-20'"
-        )),
-    )?;
+    let got = digest_in_child(file, &digest_sql(&format!("SELECT {ORDER_COLUMNS} FROM {table} WHERE dt = DATE '2026-10-20'")))?;
     let want = digest_in_child(file, &digest_sql(expected))?;
     if got != want {
         return Err(Error::Internal(format!("the benchmark's sides disagree: after {side}, {table}'s day digests as {got} and the source's rows as {want}; no ratio is printed")));
@@ -425,15 +346,7 @@ fn check_day(file: &Path, side: &str, table: &str, expected: &str) -> Result<(),
 /// Builds (once; a marker file remembers the shape) a DuckDB file with a
 /// `table` of `rows` orders spread over `days` days from `first_day`, then
 /// runs `after`.
-fn build_orders(
-    file: &Path,
-    rows: u64,
-    days: u64,
-    schemas: &str,
-    table: &str,
-    first_day: &str,
-    after: &str,
-) -> Result<(), Error> {
+fn build_orders(file: &Path, rows: u64, days: u64, schemas: &str, table: &str, first_day: &str, after: &str) -> Result<(), Error> {
     let marker = file.with_extension("rows");
     let want = format!("{rows} {days} {table}");
     if file.exists() && std::fs::read_to_string(&marker).ok().as_deref() == Some(want.as_str()) {
@@ -442,10 +355,7 @@ fn build_orders(
     for p in [file.to_owned(), file.with_extension("duckdb.wal")] {
         let _ = std::fs::remove_file(p);
     }
-    eprintln!(
-        "bench: building {} ({rows} rows over {days} days)…",
-        file.display()
-    );
+    eprintln!("bench: building {} ({rows} rows over {days} days)…", file.display());
     exec_in_child(
         file,
         &format!(
@@ -462,23 +372,12 @@ fn build_orders(
             per_day = rows / days
         ),
     )?;
-    std::fs::write(&marker, want).map_err(|source| Error::Io {
-        path: marker.clone(),
-        source,
-    })?;
+    std::fs::write(&marker, want).map_err(|source| Error::Io { path: marker.clone(), source })?;
     Ok(())
 }
 
 fn setup(file: &Path, rows: u64, days: u64) -> Result<(), Error> {
-    build_orders(
-        file,
-        rows,
-        days,
-        "CREATE SCHEMA bronze; CREATE SCHEMA silver;",
-        "bronze.orders",
-        "2026-10-19",
-        "CREATE TABLE silver.orders AS SELECT * FROM bronze.orders;",
-    )
+    build_orders(file, rows, days, "CREATE SCHEMA bronze; CREATE SCHEMA silver;", "bronze.orders", "2026-10-19", "CREATE TABLE silver.orders AS SELECT * FROM bronze.orders;")
 }
 
 impl BenchArgs {
@@ -502,10 +401,7 @@ impl BenchArgs {
 }
 
 pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
-    std::fs::create_dir_all(&args.dir).map_err(|source| Error::Io {
-        path: args.dir.clone(),
-        source,
-    })?;
+    std::fs::create_dir_all(&args.dir).map_err(|source| Error::Io { path: args.dir.clone(), source })?;
     if args.strategy == BenchStrategy::History || args.strategy == BenchStrategy::PostgresHistory {
         return crate::bench_history::run(args, out);
     }
@@ -516,11 +412,7 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
         return run_backfill(args, out);
     }
     if args.strategy == BenchStrategy::PostgresBackfill {
-        let (rows, days) = if args.rows == 20_000_000 && args.days == 4 {
-            (30_000_000, 30)
-        } else {
-            (args.rows, args.days)
-        };
+        let (rows, days) = if args.rows == 20_000_000 && args.days == 4 { (30_000_000, 30) } else { (args.rows, args.days) };
         return crate::bench_pg::run_backfill(&args.db, rows, days, args.rounds, &args.dir, out);
     }
     if args.strategy == BenchStrategy::Lookback {
@@ -533,54 +425,22 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
         return run_backfill_files(args, out);
     }
     if args.strategy == BenchStrategy::Files {
-        let rows = if args.rows == 20_000_000 {
-            5_000_000
-        } else {
-            args.rows
-        };
+        let rows = if args.rows == 20_000_000 { 5_000_000 } else { args.rows };
         let pg = (args.db != "none").then_some(args.db.as_str());
         return crate::bench_files::run(rows, args.rounds, &args.dir, pg, out);
     }
     if args.strategy == BenchStrategy::Spark {
         #[cfg(feature = "spark")]
         {
-            let (rows, days) = if args.rows == 20_000_000 && args.days == 4 {
-                (2_000_000, 2)
-            } else {
-                (args.rows, args.days)
-            };
-            let changes = if args.changes == 200_000 {
-                100_000
-            } else {
-                args.changes
-            };
-            return crate::bench_spark::run(
-                &args.db,
-                rows,
-                days,
-                changes,
-                args.rounds,
-                args.merge_only,
-                &args.dir,
-                out,
-            );
+            let (rows, days) = if args.rows == 20_000_000 && args.days == 4 { (2_000_000, 2) } else { (args.rows, args.days) };
+            let changes = if args.changes == 200_000 { 100_000 } else { args.changes };
+            return crate::bench_spark::run(&args.db, rows, days, changes, args.rounds, args.merge_only, &args.dir, out);
         }
         #[cfg(not(feature = "spark"))]
-        return Err(Error::argument(
-            "--strategy spark needs a fixpoint built with the cargo feature `spark`",
-            Some("cargo build --release --features fixpoint-cli/spark"),
-        ));
+        return Err(Error::argument("--strategy spark needs a fixpoint built with the cargo feature `spark`", Some("cargo build --release --features fixpoint-cli/spark")));
     }
     if args.strategy == BenchStrategy::Postgres {
-        return crate::bench_pg::run(
-            &args.db,
-            args.rows,
-            args.days,
-            args.changes,
-            args.rounds,
-            &args.dir,
-            out,
-        );
+        return crate::bench_pg::run(&args.db, args.rows, args.days, args.changes, args.rounds, &args.dir, out);
     }
     let file = args.dir.join("bench.duckdb");
     setup(&file, args.rows, args.days)?;
@@ -593,24 +453,11 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
     )
     .map_err(|source| Error::Io { path: job.clone(), source })?;
     let date = "2026-10-20";
-    let exe = std::env::current_exe().map_err(|source| Error::Io {
-        path: "fixpoint".into(),
-        source,
-    })?;
+    let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
     let url = format!("duckdb:{}", file.display());
     let fixpoint = |extra: &[&str]| {
         let mut c = crate::fixpoint_command();
-        c.args([
-            "run",
-            &job.display().to_string(),
-            "--date",
-            date,
-            "--db",
-            &url,
-            "--output",
-            "json",
-        ])
-        .args(extra);
+        c.args(["run", &job.display().to_string(), "--date", date, "--db", &url, "--output", "json"]).args(extra);
         c
     };
     let hand = || {
@@ -626,11 +473,7 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
     let source_day = format!("{SOURCE}DATE '{date}'");
     for round in 0..args.rounds {
         eprintln!("bench: round {}/{}", round + 1, args.rounds);
-        let order = if round % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
+        let order = if round % 2 == 0 { [true, false] } else { [false, true] };
         for fixpoint_side in order {
             if fixpoint_side {
                 let (s, v) = measure(&mut fixpoint(&["--force"]))?;
@@ -650,16 +493,8 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
     }
     let readme = readme_shape(&file, &exe, date, args.rounds)?;
     let med = |v: &[Sample], f: fn(&Sample) -> f64| median(v.iter().map(f).collect());
-    let (fx_in, hw_in, sk_in) = (
-        med(&fx, |s| s.inner),
-        med(&hw, |s| s.inner),
-        med(&skip, |s| s.inner),
-    );
-    let (fx_wall, hw_wall, sk_wall) = (
-        med(&fx, |s| s.wall),
-        med(&hw, |s| s.wall),
-        med(&skip, |s| s.wall),
-    );
+    let (fx_in, hw_in, sk_in) = (med(&fx, |s| s.inner), med(&hw, |s| s.inner), med(&skip, |s| s.inner));
+    let (fx_wall, hw_wall, sk_wall) = (med(&fx, |s| s.wall), med(&hw, |s| s.wall), med(&skip, |s| s.wall));
     let rss = |v: &[Sample]| v.iter().map(|s| s.rss_mb).fold(0.0, f64::max);
     let result = json!({
         "rows_in_table": args.rows, "rows_replaced": rows, "rounds": args.rounds,
@@ -684,37 +519,16 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
         println!("| hand-written BEGIN; DELETE; INSERT … SELECT; COMMIT | {hw_in:.3} | {hw_wall:.3} | {:.0} |", rss(&hw));
         println!("| fixpoint run --force (guards, fingerprints, ledger) | {fx_in:.3} | {fx_wall:.3} | {:.0} |", rss(&fx));
         println!("| fixpoint run, retry skipped (same input, same output) | {sk_in:.3} | {sk_wall:.3} | {:.0} |", rss(&skip));
-        println!(
-            "ratio fixpoint / hand-written: {:.3} (load), {:.3} (whole process)",
-            fx_in / hw_in,
-            fx_wall / hw_wall
-        );
-        println!(
-            "median of the rounds' own load ratios: {:.3}",
-            paired_ratio(&fx, &hw)
-        );
-        println!(
-            "page faults per process (median): {:.0} fixpoint, {:.0} hand-written",
-            faults(&fx),
-            faults(&hw)
-        );
+        println!("ratio fixpoint / hand-written: {:.3} (load), {:.3} (whole process)", fx_in / hw_in, fx_wall / hw_wall);
+        println!("median of the rounds' own load ratios: {:.3}", paired_ratio(&fx, &hw));
+        println!("page faults per process (median): {:.0} fixpoint, {:.0} hand-written", faults(&fx), faults(&hw));
         let (rf, rh) = (med(&readme.0, |s| s.inner), med(&readme.1, |s| s.inner));
         println!("the README's example job (row_number dedup, :run_key, now(), min_rows; no --force; one source row changed before each side):");
         println!("| side | load (s) | peak RSS (MiB) |");
         println!("|---|---|---|");
-        println!(
-            "| hand-written BEGIN; DELETE; INSERT … dedup SELECT; COMMIT | {rh:.3} | {:.0} |",
-            rss(&readme.1)
-        );
-        println!(
-            "| fixpoint run (the README's job) | {rf:.3} | {:.0} |",
-            rss(&readme.0)
-        );
-        println!(
-            "ratio fixpoint / hand-written: {:.3}; median of the rounds' own ratios: {:.3}",
-            rf / rh,
-            paired_ratio(&readme.0, &readme.1)
-        );
+        println!("| hand-written BEGIN; DELETE; INSERT … dedup SELECT; COMMIT | {rh:.3} | {:.0} |", rss(&readme.1));
+        println!("| fixpoint run (the README's job) | {rf:.3} | {:.0} |", rss(&readme.0));
+        println!("ratio fixpoint / hand-written: {:.3}; median of the rounds' own ratios: {:.3}", rf / rh, paired_ratio(&readme.0, &readme.1));
     }
     Ok(())
 }
@@ -723,43 +537,19 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
 /// before each side one source row of the day changes (so fixpoint's run is
 /// a real one, not a skip, without --force); after each, the day must hold
 /// exactly the deduplicated source. (fixpoint's samples, the hand's.)
-fn readme_shape(
-    file: &Path,
-    exe: &Path,
-    date: &str,
-    rounds: u32,
-) -> Result<(Vec<Sample>, Vec<Sample>), Error> {
+fn readme_shape(file: &Path, exe: &Path, date: &str, rounds: u32) -> Result<(Vec<Sample>, Vec<Sample>), Error> {
     let dir = file.parent().unwrap_or(Path::new("."));
     let job = dir.join("bench_readme.toml");
-    std::fs::write(&job, README_JOB).map_err(|source| Error::Io {
-        path: job.clone(),
-        source,
-    })?;
+    std::fs::write(&job, README_JOB).map_err(|source| Error::Io { path: job.clone(), source })?;
     let url = format!("duckdb:{}", file.display());
     let fixpoint = || {
         let mut c = crate::fixpoint_command();
-        c.args([
-            "run",
-            &job.display().to_string(),
-            "--date",
-            date,
-            "--db",
-            &url,
-            "--output",
-            "json",
-        ]);
+        c.args(["run", &job.display().to_string(), "--date", date, "--db", &url, "--output", "json"]);
         c
     };
     let hand = || {
         let mut c = Command::new(exe);
-        c.args([
-            "sql",
-            "--file",
-            &file.display().to_string(),
-            "--date",
-            date,
-            "--readme",
-        ]);
+        c.args(["sql", "--file", &file.display().to_string(), "--date", date, "--readme"]);
         c
     };
     let mut tick = 0u32;
@@ -777,35 +567,19 @@ fn readme_shape(
     let (mut fx, mut hw) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         eprintln!("bench: README job round {}/{rounds}", round + 1);
-        let order = if round % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
+        let order = if round % 2 == 0 { [true, false] } else { [false, true] };
         for fixpoint_side in order {
             change()?;
             if fixpoint_side {
                 let (s, v) = measure(&mut fixpoint())?;
                 if v["outcome"] != "committed" {
-                    return Err(Error::Internal(format!(
-                        "the README job's run did not commit: {v}"
-                    )));
+                    return Err(Error::Internal(format!("the README job's run did not commit: {v}")));
                 }
                 fx.push(s);
-                check_day(
-                    file,
-                    "the README job's run",
-                    "silver.orders_readme",
-                    README_ROWS,
-                )?;
+                check_day(file, "the README job's run", "silver.orders_readme", README_ROWS)?;
             } else {
                 hw.push(measure(&mut hand())?.0);
-                check_day(
-                    file,
-                    "the README job's hand-written form",
-                    "silver.orders_readme",
-                    README_ROWS,
-                )?;
+                check_day(file, "the README job's hand-written form", "silver.orders_readme", README_ROWS)?;
             }
         }
     }
@@ -838,60 +612,24 @@ fn new_batch(file: &Path, changes: u64) -> Result<(), Error> {
 /// copy of the database (fixpoint pruned, fixpoint unpruned, the
 /// hand-written MERGE), the three tables then digested whole (count and
 /// sum of DuckDB's `hash`, in a child process): they must be equal.
-fn verify_merge(
-    file: &Path,
-    exe: &Path,
-    pruned: &Path,
-    unpruned: &Path,
-    changes: u64,
-) -> Result<(), Error> {
+fn verify_merge(file: &Path, exe: &Path, pruned: &Path, unpruned: &Path, changes: u64) -> Result<(), Error> {
     new_batch(file, changes)?;
     let copy = |name: &str| -> Result<PathBuf, Error> {
         let to = file.with_file_name(format!("verify-{name}.duckdb"));
         let _ = std::fs::remove_file(to.with_extension("duckdb.wal"));
-        std::fs::copy(file, &to).map_err(|source| Error::Io {
-            path: to.clone(),
-            source,
-        })?;
+        std::fs::copy(file, &to).map_err(|source| Error::Io { path: to.clone(), source })?;
         Ok(to)
     };
     let mut digests = Vec::new();
-    for (name, job) in [
-        ("pruned", Some(pruned)),
-        ("unpruned", Some(unpruned)),
-        ("hand", None),
-    ] {
+    for (name, job) in [("pruned", Some(pruned)), ("unpruned", Some(unpruned)), ("hand", None)] {
         let db = copy(name)?;
-        let mut c = if job.is_some() {
-            crate::fixpoint_command()
-        } else {
-            Command::new(exe)
-        };
+        let mut c = if job.is_some() { crate::fixpoint_command() } else { Command::new(exe) };
         match job {
-            Some(job) => c.args([
-                "run",
-                &job.display().to_string(),
-                "--date",
-                "2026-10-20",
-                "--db",
-                &format!("duckdb:{}", db.display()),
-                "--output",
-                "json",
-            ]),
-            None => c.args([
-                "sql",
-                "--file",
-                &db.display().to_string(),
-                "--date",
-                "2026-10-20",
-                "--merge",
-            ]),
+            Some(job) => c.args(["run", &job.display().to_string(), "--date", "2026-10-20", "--db", &format!("duckdb:{}", db.display()), "--output", "json"]),
+            None => c.args(["sql", "--file", &db.display().to_string(), "--date", "2026-10-20", "--merge"]),
         };
         measure(&mut c)?;
-        digests.push((
-            name,
-            digest_in_child(&db, &digest_sql("SELECT * FROM silver.orders"))?,
-        ));
+        digests.push((name, digest_in_child(&db, &digest_sql("SELECT * FROM silver.orders"))?));
         for p in [db.clone(), db.with_extension("duckdb.wal")] {
             let _ = std::fs::remove_file(p);
         }
@@ -899,23 +637,12 @@ fn verify_merge(
     if digests.iter().any(|(_, d)| *d != digests[0].1) {
         return Err(Error::Internal(format!("the benchmark's sides disagree on one batch merged into one table: {digests:?}; no ratio is printed")));
     }
-    eprintln!(
-        "bench: one batch merged by each side gives the same table ({})",
-        digests[0].1
-    );
+    eprintln!("bench: one batch merged by each side gives the same table ({})", digests[0].1);
     Ok(())
 }
 
 fn setup_merge(file: &Path, rows: u64, days: u64) -> Result<(), Error> {
-    build_orders(
-        file,
-        rows,
-        days,
-        "CREATE SCHEMA staging; CREATE SCHEMA silver;",
-        "silver.orders",
-        "2026-07-01",
-        "",
-    )
+    build_orders(file, rows, days, "CREATE SCHEMA staging; CREATE SCHEMA silver;", "silver.orders", "2026-07-01", "")
 }
 
 fn run_merge(args: BenchArgs, out: &Output) -> Result<(), Error> {
@@ -928,56 +655,31 @@ fn run_merge(args: BenchArgs, out: &Output) -> Result<(), Error> {
             "name = \"{name}\"\ntarget = \"silver.orders\"\nstrategy = \"merge\"\nkey = [\"order_id\"]\nversion = \"updated_at\"\n{}\n[source]\nsql = \"SELECT order_id, customer_id, order_total, currency, updated_at, dt FROM staging.changes\"\n",
             if partition { "partition = \"dt\"\n" } else { "" }
         );
-        std::fs::write(&path, text).map_err(|source| Error::Io {
-            path: path.clone(),
-            source,
-        })?;
+        std::fs::write(&path, text).map_err(|source| Error::Io { path: path.clone(), source })?;
         Ok(path)
     };
     let pruned = write_job("bench_merge", true)?;
     let unpruned = write_job("bench_merge_unpruned", false)?;
-    let exe = std::env::current_exe().map_err(|source| Error::Io {
-        path: "fixpoint".into(),
-        source,
-    })?;
+    let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
     let url = format!("duckdb:{}", file.display());
     let fixpoint = |job: &Path| {
         let mut c = crate::fixpoint_command();
-        c.args([
-            "run",
-            &job.display().to_string(),
-            "--date",
-            "2026-10-20",
-            "--db",
-            &url,
-            "--output",
-            "json",
-        ]);
+        c.args(["run", &job.display().to_string(), "--date", "2026-10-20", "--db", &url, "--output", "json"]);
         c
     };
     let hand = || {
         let mut c = Command::new(&exe);
-        c.args([
-            "sql",
-            "--file",
-            &file.display().to_string(),
-            "--date",
-            "2026-10-20",
-            "--merge",
-        ]);
+        c.args(["sql", "--file", &file.display().to_string(), "--date", "2026-10-20", "--merge"]);
         c
     };
     new_batch(&file, args.changes)?;
     measure(&mut fixpoint(&pruned))?;
     verify_merge(&file, &exe, &pruned, &unpruned, args.changes)?;
-    let (mut fx, mut hw, mut un, mut fx_replay, mut hw_replay) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut fx, mut hw, mut un, mut fx_replay, mut hw_replay) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut last = serde_json::Value::Null;
     // Every batch has the same keys (newer versions each time): each side
     // must change as many rows as the others.
-    let changed = |v: &serde_json::Value| {
-        v["rows_updated"].as_u64().unwrap_or(0) + v["rows_inserted"].as_u64().unwrap_or(0)
-    };
+    let changed = |v: &serde_json::Value| v["rows_updated"].as_u64().unwrap_or(0) + v["rows_inserted"].as_u64().unwrap_or(0);
     let mut counts = std::collections::BTreeSet::new();
     for round in 0..args.rounds {
         eprintln!("bench: round {}/{}", round + 1, args.rounds);
@@ -992,24 +694,17 @@ fn run_merge(args: BenchArgs, out: &Output) -> Result<(), Error> {
                     fx.push(s);
                     let (s, v) = measure(&mut fixpoint(&pruned))?;
                     if changed(&v) != 0 {
-                        return Err(Error::Internal(format!(
-                            "the replayed batch changed rows: {v}"
-                        )));
+                        return Err(Error::Internal(format!("the replayed batch changed rows: {v}")));
                     }
                     fx_replay.push(s);
                 }
                 1 => {
                     let (s, v) = measure(&mut hand())?;
-                    counts.insert((
-                        "hand-written",
-                        v["rows_changed"].as_u64().unwrap_or(u64::MAX),
-                    ));
+                    counts.insert(("hand-written", v["rows_changed"].as_u64().unwrap_or(u64::MAX)));
                     hw.push(s);
                     let (s, v) = measure(&mut hand())?;
                     if v["rows_changed"].as_u64() != Some(0) {
-                        return Err(Error::Internal(format!(
-                            "the hand-written replay changed rows: {v}"
-                        )));
+                        return Err(Error::Internal(format!("the hand-written replay changed rows: {v}")));
                     }
                     hw_replay.push(s);
                 }
@@ -1021,13 +716,7 @@ fn run_merge(args: BenchArgs, out: &Output) -> Result<(), Error> {
             }
         }
     }
-    if counts
-        .iter()
-        .map(|(_, n)| n)
-        .collect::<std::collections::BTreeSet<_>>()
-        .len()
-        != 1
-    {
+    if counts.iter().map(|(_, n)| n).collect::<std::collections::BTreeSet<_>>().len() != 1 {
         return Err(Error::Internal(format!("the benchmark's sides changed different numbers of rows: {counts:?}; no ratio is printed")));
     }
     let med = |v: &[Sample]| median(v.iter().map(|s| s.inner).collect());
@@ -1049,39 +738,12 @@ fn run_merge(args: BenchArgs, out: &Output) -> Result<(), Error> {
         println!("merge {} changed rows (1 in 10 keys twice) into a {}-row table of {days} partitions, median of {} alternating rounds", args.changes, args.rows, args.rounds);
         println!("| side | merge (s) | replayed batch (s) | peak RSS (MiB) |");
         println!("|---|---|---|---|");
-        println!(
-            "| hand-written ROW_NUMBER dedup + guarded MERGE | {:.3} | {:.3} | {:.0} |",
-            med(&hw),
-            med(&hw_replay),
-            rss(&hw)
-        );
-        println!(
-            "| fixpoint run, pruned to touched partitions | {:.3} | {:.3} | {:.0} |",
-            med(&fx),
-            med(&fx_replay),
-            rss(&fx)
-        );
-        println!(
-            "| fixpoint run, unpruned | {:.3} | | {:.0} |",
-            med(&un),
-            rss(&un)
-        );
-        println!(
-            "ratio fixpoint / hand-written: {:.3} (pruned), {:.3} (unpruned)",
-            med(&fx) / med(&hw),
-            med(&un) / med(&hw)
-        );
-        println!(
-            "median of the rounds' own ratios: {:.3} (pruned), {:.3} (unpruned)",
-            paired_ratio(&fx, &hw),
-            paired_ratio(&un, &hw)
-        );
-        println!(
-            "page faults per process (median): {:.0} hand-written, {:.0} pruned, {:.0} unpruned",
-            faults(&hw),
-            faults(&fx),
-            faults(&un)
-        );
+        println!("| hand-written ROW_NUMBER dedup + guarded MERGE | {:.3} | {:.3} | {:.0} |", med(&hw), med(&hw_replay), rss(&hw));
+        println!("| fixpoint run, pruned to touched partitions | {:.3} | {:.3} | {:.0} |", med(&fx), med(&fx_replay), rss(&fx));
+        println!("| fixpoint run, unpruned | {:.3} | | {:.0} |", med(&un), rss(&un));
+        println!("ratio fixpoint / hand-written: {:.3} (pruned), {:.3} (unpruned)", med(&fx) / med(&hw), med(&un) / med(&hw));
+        println!("median of the rounds' own ratios: {:.3} (pruned), {:.3} (unpruned)", paired_ratio(&fx, &hw), paired_ratio(&un, &hw));
+        println!("page faults per process (median): {:.0} hand-written, {:.0} pruned, {:.0} unpruned", faults(&hw), faults(&fx), faults(&un));
         println!("fixpoint's last report: {last}");
     }
     Ok(())
@@ -1091,11 +753,7 @@ fn run_merge(args: BenchArgs, out: &Output) -> Result<(), Error> {
 /// `--parallel 2`; then the same backfill again (every date skipped), against
 /// one day's forced load.
 fn run_backfill(args: BenchArgs, out: &Output) -> Result<(), Error> {
-    let (rows, days) = if args.rows == 20_000_000 && args.days == 4 {
-        (30_000_000, 30)
-    } else {
-        (args.rows, args.days)
-    };
+    let (rows, days) = if args.rows == 20_000_000 && args.days == 4 { (30_000_000, 30) } else { (args.rows, args.days) };
     let file = args.dir.join("backfill.duckdb");
     setup(&file, rows, days)?;
     let job = args.dir.join("bench_backfill.toml");
@@ -1106,30 +764,13 @@ fn run_backfill(args: BenchArgs, out: &Output) -> Result<(), Error> {
     .map_err(|source| Error::Io { path: job.clone(), source })?;
     let url = format!("duckdb:{}", file.display());
     let first = RunDate::parse("2026-10-19")?;
-    let last = RunDate::range(
-        first,
-        RunDate::from_naive(first.date() + chrono::Duration::days(days as i64 - 1)),
-    );
+    let last = RunDate::range(first, RunDate::from_naive(first.date() + chrono::Duration::days(days as i64 - 1)));
     let to = last.last().expect("days > 0").to_string();
-    let empty = || {
-        exec_in_child(&file, "DROP TABLE IF EXISTS silver.orders; DROP SCHEMA IF EXISTS fixpoint CASCADE; CHECKPOINT;")
-    };
+    let empty = || exec_in_child(&file, "DROP TABLE IF EXISTS silver.orders; DROP SCHEMA IF EXISTS fixpoint CASCADE; CHECKPOINT;");
     let timed = |extra: &[&str]| -> Result<Sample, Error> {
         let start = Instant::now();
         let mut c = crate::fixpoint_command();
-        c.args([
-            "backfill",
-            &job.display().to_string(),
-            "--from",
-            "2026-10-19",
-            "--to",
-            &to,
-            "--db",
-            &url,
-            "--output",
-            "json",
-        ])
-        .args(extra);
+        c.args(["backfill", &job.display().to_string(), "--from", "2026-10-19", "--to", &to, "--db", &url, "--output", "json"]).args(extra);
         let (mut s, _) = measure(&mut c)?;
         s.inner = start.elapsed().as_secs_f64();
         Ok(s)
@@ -1148,17 +789,7 @@ fn run_backfill(args: BenchArgs, out: &Output) -> Result<(), Error> {
     let mut one = Vec::new();
     for _ in 0..args.rounds {
         let mut c = crate::fixpoint_command();
-        c.args([
-            "run",
-            &job.display().to_string(),
-            "--date",
-            "2026-10-20",
-            "--db",
-            &url,
-            "--force",
-            "--output",
-            "json",
-        ]);
+        c.args(["run", &job.display().to_string(), "--date", "2026-10-20", "--db", &url, "--force", "--output", "json"]);
         let start = Instant::now();
         let (mut s, _) = measure(&mut c)?;
         s.inner = start.elapsed().as_secs_f64();
@@ -1184,15 +815,10 @@ fn run_backfill(args: BenchArgs, out: &Output) -> Result<(), Error> {
         let mut stmt = conn
             .prepare(&format!("SELECT dt, count(*), CAST(sum(hash({cols})) AS VARCHAR) FROM silver.orders GROUP BY dt"))
             .map_err(db_err("the floor's partition scan"))?;
-        let groups = stmt
-            .query_map([], |r| r.get::<_, u64>(1))
-            .map_err(db_err("the floor's partition scan"))?
-            .count();
+        let groups = stmt.query_map([], |r| r.get::<_, u64>(1)).map_err(db_err("the floor's partition scan"))?.count();
         floor.push(start.elapsed().as_secs_f64());
         if n != rows || groups != days as usize {
-            return Err(Error::Internal(format!(
-                "the floor read {n} source rows and {groups} days"
-            )));
+            return Err(Error::Internal(format!("the floor read {n} source rows and {groups} days")));
         }
     }
     let med = |v: &[Sample]| median(v.iter().map(|s| s.inner).collect());
@@ -1210,28 +836,12 @@ fn run_backfill(args: BenchArgs, out: &Output) -> Result<(), Error> {
         println!("backfill {days} days × {} rows into an empty target, median of {} rounds (whole process)", rows / days, args.rounds);
         println!("| run | time (s) | peak RSS (MiB) |");
         println!("|---|---|---|");
-        println!(
-            "| backfill, sequential | {:.2} | {:.0} |",
-            med(&seq),
-            rss(&seq)
-        );
+        println!("| backfill, sequential | {:.2} | {:.0} |", med(&seq), rss(&seq));
         println!("| backfill --parallel 2 (DuckDB: one writer per file, so serialized) | {:.2} | {:.0} |", med(&par), rss(&par));
-        println!(
-            "| the same backfill again (every date skipped) | {:.2} | {:.0} |",
-            med(&rerun),
-            rss(&rerun)
-        );
-        println!(
-            "| one day's load, forced | {:.2} | {:.0} |",
-            med(&one),
-            rss(&one)
-        );
+        println!("| the same backfill again (every date skipped) | {:.2} | {:.0} |", med(&rerun), rss(&rerun));
+        println!("| one day's load, forced | {:.2} | {:.0} |", med(&one), rss(&one));
         println!("| the floor: every day's source and partition read once, hand-written, in process | {floor:.2} | |");
-        println!(
-            "re-run of a completed backfill / one day's load: {:.2}; / the floor: {:.2}",
-            med(&rerun) / med(&one),
-            med(&rerun) / floor
-        );
+        println!("re-run of a completed backfill / one day's load: {:.2}; / the floor: {:.2}", med(&rerun) / med(&one), med(&rerun) / floor);
     }
     Ok(())
 }
@@ -1239,9 +849,9 @@ fn run_backfill(args: BenchArgs, out: &Output) -> Result<(), Error> {
 /// Fingerprints and diff, in process (the engine does the work; the client
 /// holds one row per segment at most).
 fn run_fingerprint(args: BenchArgs, out: &Output) -> Result<(), Error> {
+    use fixpoint_core::tools::diff::{diff, DiffOptions, Sides};
     use fixpoint_core::engine::measure::{fingerprint, Scope};
     use fixpoint_core::engine::Engine;
-    use fixpoint_core::tools::diff::{diff, DiffOptions, Sides};
     use fixpoint_core::{Method, TableName};
     let file = args.dir.join("bench.duckdb");
     setup(&file, args.rows, args.days)?;
@@ -1256,14 +866,8 @@ fn run_fingerprint(args: BenchArgs, out: &Output) -> Result<(), Error> {
         .map_err(db_err("preparing the diff copy"))?;
     let a = TableName::parse("bronze.orders")?;
     let b = TableName::parse("silver.orders_copy")?;
-    let cols = db
-        .table_columns(&a)?
-        .ok_or_else(|| Error::Internal("bench table missing".into()))?;
-    let list = cols
-        .iter()
-        .map(|c| format!("\"{}\"", c.name))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let cols = db.table_columns(&a)?.ok_or_else(|| Error::Internal("bench table missing".into()))?;
+    let list = cols.iter().map(|c| format!("\"{}\"", c.name)).collect::<Vec<_>>().join(", ");
     let hand_sql = format!("SELECT count(*), sum(hash({list})) FROM bronze.orders");
     let time = |f: &mut dyn FnMut() -> Result<(), Error>| -> Result<f64, Error> {
         let mut v = Vec::new();
@@ -1275,20 +879,11 @@ fn run_fingerprint(args: BenchArgs, out: &Output) -> Result<(), Error> {
         Ok(median(v))
     };
     let conn = db.connection();
-    let hand = time(&mut || {
-        conn.query_row(&hand_sql, [], |_| Ok(()))
-            .map_err(db_err("hand-written hash sum"))
-    })?;
-    let scope = Scope::Table {
-        table: &a,
-        filter: None,
-    };
+    let hand = time(&mut || conn.query_row(&hand_sql, [], |_| Ok(())).map_err(db_err("hand-written hash sum")))?;
+    let scope = Scope::Table { table: &a, filter: None };
     let native = time(&mut || fingerprint(&mut db, Method::Native, &scope, &cols).map(|_| ()))?;
     let portable = time(&mut || fingerprint(&mut db, Method::Portable, &scope, &cols).map(|_| ()))?;
-    let opts = DiffOptions {
-        key: vec!["order_id".into()],
-        ..Default::default()
-    };
+    let opts = DiffOptions { key: vec!["order_id".into()], ..Default::default() };
     let mut report = None;
     let diff_s = time(&mut || {
         report = Some(diff(&mut Sides::One(&mut db), &a, &b, &opts)?);
@@ -1310,28 +905,13 @@ fn run_fingerprint(args: BenchArgs, out: &Output) -> Result<(), Error> {
     if out.is_json() {
         out.json(&result);
     } else {
-        println!(
-            "fingerprints of a {}-row table, median of {} rounds, in process",
-            args.rows, args.rounds
-        );
+        println!("fingerprints of a {}-row table, median of {} rounds, in process", args.rows, args.rounds);
         println!("| what | time (s) | rows/s |");
         println!("|---|---|---|");
-        println!(
-            "| hand-written SELECT count(*), sum(hash(cols)) | {hand:.3} | {:.1}M |",
-            rows / hand / 1e6
-        );
-        println!(
-            "| fixpoint native fingerprint | {native:.3} | {:.1}M |",
-            rows / native / 1e6
-        );
-        println!(
-            "| fixpoint portable fingerprint | {portable:.3} | {:.1}M |",
-            rows / portable / 1e6
-        );
-        println!(
-            "| diff of two {}-row tables, one changed row | {diff_s:.3} | |",
-            args.rows
-        );
+        println!("| hand-written SELECT count(*), sum(hash(cols)) | {hand:.3} | {:.1}M |", rows / hand / 1e6);
+        println!("| fixpoint native fingerprint | {native:.3} | {:.1}M |", rows / native / 1e6);
+        println!("| fixpoint portable fingerprint | {portable:.3} | {:.1}M |", rows / portable / 1e6);
+        println!("| diff of two {}-row tables, one changed row | {diff_s:.3} | |", args.rows);
         println!(
             "native / hand-written: {:.2}; diff found {} changed row with {} segment queries per side and {} rows read; peak RSS {:.0} MiB",
             native / hand,
@@ -1353,10 +933,7 @@ fn day_files(file: &Path, dir: &Path, first: chrono::NaiveDate, count: i64) -> R
         let folder = dir.join(format!("dt={}", day.format("%Y-%m-%d")));
         let part = folder.join("part-0.parquet");
         if !part.exists() {
-            std::fs::create_dir_all(&folder).map_err(|source| Error::Io {
-                path: folder.clone(),
-                source,
-            })?;
+            std::fs::create_dir_all(&folder).map_err(|source| Error::Io { path: folder.clone(), source })?;
             // Benchmark fixture: the path is ours.
             exec_in_child(
                 file,
@@ -1375,20 +952,11 @@ fn day_files(file: &Path, dir: &Path, first: chrono::NaiveDate, count: i64) -> R
 /// with every date done (each date: its files hashed, the partition's
 /// fingerprint checked), against one day's load.
 fn run_backfill_files(args: BenchArgs, out: &Output) -> Result<(), Error> {
-    let (rows, days) = if args.rows == 20_000_000 && args.days == 4 {
-        (30_000_000, 30)
-    } else {
-        (args.rows, args.days)
-    };
+    let (rows, days) = if args.rows == 20_000_000 && args.days == 4 { (30_000_000, 30) } else { (args.rows, args.days) };
     let file = args.dir.join("backfill.duckdb");
     setup(&file, rows, days)?;
     let first = RunDate::parse("2026-10-19")?;
-    day_files(
-        &file,
-        &args.dir.join("backfill_files"),
-        first.date(),
-        days as i64,
-    )?;
+    day_files(&file, &args.dir.join("backfill_files"), first.date(), days as i64)?;
     let job = args.dir.join("bench_backfill_files.toml");
     std::fs::write(
         &job,
@@ -1396,8 +964,7 @@ fn run_backfill_files(args: BenchArgs, out: &Output) -> Result<(), Error> {
     )
     .map_err(|source| Error::Io { path: job.clone(), source })?;
     let url = format!("duckdb:{}", file.display());
-    let to =
-        RunDate::from_naive(first.date() + chrono::Duration::days(days as i64 - 1)).to_string();
+    let to = RunDate::from_naive(first.date() + chrono::Duration::days(days as i64 - 1)).to_string();
     let timed = |args: &[&str]| -> Result<Sample, Error> {
         let start = Instant::now();
         let mut c = crate::fixpoint_command();
@@ -1407,26 +974,13 @@ fn run_backfill_files(args: BenchArgs, out: &Output) -> Result<(), Error> {
         Ok(s)
     };
     let job_s = job.display().to_string();
-    let backfill = [
-        "backfill",
-        job_s.as_str(),
-        "--from",
-        "2026-10-19",
-        "--to",
-        to.as_str(),
-    ];
+    let backfill = ["backfill", job_s.as_str(), "--from", "2026-10-19", "--to", to.as_str()];
     let full = timed(&backfill)?;
     let (mut rerun, mut one) = (Vec::new(), Vec::new());
     for round in 0..args.rounds {
         eprintln!("bench: round {}/{}", round + 1, args.rounds);
         rerun.push(timed(&backfill)?);
-        one.push(timed(&[
-            "run",
-            job_s.as_str(),
-            "--date",
-            "2026-10-20",
-            "--force",
-        ])?);
+        one.push(timed(&["run", job_s.as_str(), "--date", "2026-10-20", "--force"])?);
     }
     let med = |v: &[Sample]| median(v.iter().map(|s| s.inner).collect());
     let rss = |v: &[Sample]| v.iter().map(|s| s.rss_mb).fold(0.0, f64::max);
@@ -1441,62 +995,29 @@ fn run_backfill_files(args: BenchArgs, out: &Output) -> Result<(), Error> {
         println!("backfill {days} days × {} rows from Parquet files, median of {} rounds (whole process)", rows / days, args.rounds);
         println!("| run | time (s) | peak RSS (MiB) |");
         println!("|---|---|---|");
-        println!(
-            "| the first backfill (once) | {:.3} | {:.0} |",
-            full.inner, full.rss_mb
-        );
-        println!(
-            "| its re-run, every date done (skipped) | {:.3} | {:.0} |",
-            med(&rerun),
-            rss(&rerun)
-        );
-        println!(
-            "| one day's load (--force) | {:.3} | {:.0} |",
-            med(&one),
-            rss(&one)
-        );
+        println!("| the first backfill (once) | {:.3} | {:.0} |", full.inner, full.rss_mb);
+        println!("| its re-run, every date done (skipped) | {:.3} | {:.0} |", med(&rerun), rss(&rerun));
+        println!("| one day's load (--force) | {:.3} | {:.0} |", med(&one), rss(&one));
         println!("re-run / one day's load: {:.2}", med(&rerun) / med(&one));
     }
     Ok(())
 }
 
 fn run_lookback(args: BenchArgs, out: &Output) -> Result<(), Error> {
-    let (rows, days) = if args.rows == 20_000_000 && args.days == 4 {
-        (30_000_000, 30)
-    } else {
-        (args.rows, args.days)
-    };
+    let (rows, days) = if args.rows == 20_000_000 && args.days == 4 { (30_000_000, 30) } else { (args.rows, args.days) };
     let file = args.dir.join("backfill.duckdb");
     setup(&file, rows, days)?;
     let body = format!("target = \"silver.orders\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n\n[source]\nsql = \"{SOURCE}:run_date\"\n");
     let plain = args.dir.join("bench_lookback_plain.toml");
     let window = args.dir.join("bench_lookback_7.toml");
     for (path, extra) in [(&plain, ""), (&window, "lookback = 7\n")] {
-        std::fs::write(path, format!("{extra}name = \"bench_lookback\"\n{body}")).map_err(
-            |source| Error::Io {
-                path: path.clone(),
-                source,
-            },
-        )?;
+        std::fs::write(path, format!("{extra}name = \"bench_lookback\"\n{body}")).map_err(|source| Error::Io { path: path.clone(), source })?;
     }
     let url = format!("duckdb:{}", file.display());
-    let last = RunDate::from_naive(
-        RunDate::parse("2026-10-19")?.date() + chrono::Duration::days(days as i64 - 1),
-    )
-    .to_string();
+    let last = RunDate::from_naive(RunDate::parse("2026-10-19")?.date() + chrono::Duration::days(days as i64 - 1)).to_string();
     let cmd = |job: &Path, extra: &[&str]| {
         let mut c = crate::fixpoint_command();
-        c.args([
-            "run",
-            &job.display().to_string(),
-            "--date",
-            &last,
-            "--db",
-            &url,
-            "--output",
-            "json",
-        ])
-        .args(extra);
+        c.args(["run", &job.display().to_string(), "--date", &last, "--db", &url, "--output", "json"]).args(extra);
         c
     };
     // Load the window once (the 8 last days), so every later run finds them done.
@@ -1523,14 +1044,7 @@ fn run_lookback(args: BenchArgs, out: &Output) -> Result<(), Error> {
     let fplain = args.dir.join("bench_lookback_files_plain.toml");
     let fwindow = args.dir.join("bench_lookback_files_7.toml");
     for (path, extra) in [(&fplain, ""), (&fwindow, "lookback = 7\n")] {
-        std::fs::write(
-            path,
-            format!("{extra}name = \"bench_lookback_files\"\n{fbody}"),
-        )
-        .map_err(|source| Error::Io {
-            path: path.clone(),
-            source,
-        })?;
+        std::fs::write(path, format!("{extra}name = \"bench_lookback_files\"\n{fbody}")).map_err(|source| Error::Io { path: path.clone(), source })?;
     }
     measure(&mut cmd(&fwindow, &[]))?;
     let (mut falone, mut fwin, mut fforced) = (Vec::new(), Vec::new(), Vec::new());
@@ -1559,50 +1073,18 @@ fn run_lookback(args: BenchArgs, out: &Output) -> Result<(), Error> {
         println!("run for {last} on {days} days × {} rows, nothing changed, median of {} rounds (whole process)", rows / days, args.rounds);
         println!("| run | time (s) | peak RSS (MiB) |");
         println!("|---|---|---|");
-        println!(
-            "| the day alone (skipped: unchanged) | {:.3} | {:.0} |",
-            med(&alone),
-            rss(&alone)
-        );
-        println!(
-            "| the day with lookback = 7 (8 days probed, all skipped) | {:.3} | {:.0} |",
-            med(&win),
-            rss(&win)
-        );
-        println!(
-            "| the day reloaded (--force) | {:.3} | {:.0} |",
-            med(&forced),
-            rss(&forced)
-        );
-        println!(
-            "lookback 7 / the day alone: {:.2}; / the day reloaded: {:.2}",
-            med(&win) / med(&alone),
-            med(&win) / med(&forced)
-        );
+        println!("| the day alone (skipped: unchanged) | {:.3} | {:.0} |", med(&alone), rss(&alone));
+        println!("| the day with lookback = 7 (8 days probed, all skipped) | {:.3} | {:.0} |", med(&win), rss(&win));
+        println!("| the day reloaded (--force) | {:.3} | {:.0} |", med(&forced), rss(&forced));
+        println!("lookback 7 / the day alone: {:.2}; / the day reloaded: {:.2}", med(&win) / med(&alone), med(&win) / med(&forced));
         println!();
         println!("the same job reading a folder of Parquet files per day (file source):");
         println!("| run | time (s) | peak RSS (MiB) |");
         println!("|---|---|---|");
-        println!(
-            "| the day alone (skipped: same files) | {:.3} | {:.0} |",
-            med(&falone),
-            rss(&falone)
-        );
-        println!(
-            "| the day with lookback = 7 (8 days' files hashed, all skipped) | {:.3} | {:.0} |",
-            med(&fwin),
-            rss(&fwin)
-        );
-        println!(
-            "| the day reloaded (--force) | {:.3} | {:.0} |",
-            med(&fforced),
-            rss(&fforced)
-        );
-        println!(
-            "lookback 7 / the day alone: {:.2}; / the day reloaded: {:.2}",
-            med(&fwin) / med(&falone),
-            med(&fwin) / med(&fforced)
-        );
+        println!("| the day alone (skipped: same files) | {:.3} | {:.0} |", med(&falone), rss(&falone));
+        println!("| the day with lookback = 7 (8 days' files hashed, all skipped) | {:.3} | {:.0} |", med(&fwin), rss(&fwin));
+        println!("| the day reloaded (--force) | {:.3} | {:.0} |", med(&fforced), rss(&fforced));
+        println!("lookback 7 / the day alone: {:.2}; / the day reloaded: {:.2}", med(&fwin) / med(&falone), med(&fwin) / med(&fforced));
     }
     Ok(())
 }

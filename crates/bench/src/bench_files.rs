@@ -27,10 +27,7 @@ fn db_err(context: &str) -> impl FnOnce(duckdb::Error) -> Error + '_ {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
-    move |source| Error::Io {
-        path: path.to_owned(),
-        source,
-    }
+    move |source| Error::Io { path: path.to_owned(), source }
 }
 
 /// The day's folder of `FILES` Parquet files with `rows` rows in all, and
@@ -77,9 +74,7 @@ fn setup(dir: &Path, rows: u64) -> Result<(), Error> {
          CHECKPOINT;",
         all = rows * 4
     ));
-    db.connection()
-        .execute_batch(&script)
-        .map_err(db_err("writing the benchmark files"))?;
+    db.connection().execute_batch(&script).map_err(db_err("writing the benchmark files"))?;
     std::fs::write(&marker, want).map_err(io(&marker))?;
     Ok(())
 }
@@ -90,23 +85,10 @@ fn listed(dir: &Path) -> Result<InputFiles, Error> {
     let mut files = Vec::new();
     for f in 0..FILES {
         let name = format!("part-{f}.parquet");
-        let size = std::fs::metadata(base.join(&name))
-            .map_err(io(&base))?
-            .len();
-        files.push(InputFile {
-            path: name,
-            size,
-            blake3: String::new(),
-            etag: None,
-        });
+        let size = std::fs::metadata(base.join(&name)).map_err(io(&base))?.len();
+        files.push(InputFile { path: name, size, blake3: String::new(), etag: None });
     }
-    Ok(InputFiles {
-        checksum: String::new(),
-        files,
-        base,
-        format: FileFormat::Parquet,
-        origin: Default::default(),
-    })
+    Ok(InputFiles { checksum: String::new(), files, base, format: FileFormat::Parquet, origin: Default::default() })
 }
 
 /// The hand-written load of the day's files (`fixpoint-bench sql --files DIR`).
@@ -118,8 +100,7 @@ pub fn run_sql(files_dir: &Path, file: Option<&Path>, pg: Option<&str>) -> Resul
         let mut db = fixpoint_postgres::Postgres::connect(url)?;
         db.execute(&Sql::raw("BEGIN"))?;
         let mut del = Sql::new();
-        del.push("DELETE FROM silver.orders WHERE dt = ")
-            .typed_param(fixpoint_core::Value::Date(d.date()), "DATE");
+        del.push("DELETE FROM silver.orders WHERE dt = ").typed_param(fixpoint_core::Value::Date(d.date()), "DATE");
         db.execute(&del)?;
         let n = db.copy_files_into(&files, &TableName::parse("silver.orders")?)?;
         db.execute(&Sql::raw("COMMIT"))?;
@@ -130,11 +111,7 @@ pub fn run_sql(files_dir: &Path, file: Option<&Path>, pg: Option<&str>) -> Resul
         let conn = db.connection();
         let glob = files.base.join("*.parquet");
         conn.execute_batch("BEGIN").map_err(db_err("BEGIN"))?;
-        conn.execute(
-            "DELETE FROM silver.orders WHERE dt = CAST($1 AS DATE)",
-            [DAY],
-        )
-        .map_err(db_err("DELETE"))?;
+        conn.execute("DELETE FROM silver.orders WHERE dt = CAST($1 AS DATE)", [DAY]).map_err(db_err("DELETE"))?;
         // Hand-written, as a user would: the path in the SQL text.
         let n = conn
             .execute(&format!("INSERT INTO silver.orders SELECT * FROM read_parquet('{}', hive_partitioning = true)", glob.display()), [])
@@ -142,10 +119,7 @@ pub fn run_sql(files_dir: &Path, file: Option<&Path>, pg: Option<&str>) -> Resul
         conn.execute_batch("COMMIT").map_err(db_err("COMMIT"))?;
         n as u64
     };
-    println!(
-        "{}",
-        json!({"elapsed_ms": start.elapsed().as_secs_f64() * 1000.0, "rows_inserted": n})
-    );
+    println!("{}", json!({"elapsed_ms": start.elapsed().as_secs_f64() * 1000.0, "rows_inserted": n}));
     Ok(())
 }
 
@@ -163,22 +137,14 @@ fn setup_pg(admin: &str, duck: &Path, rows: u64) -> Result<String, Error> {
     let shape = format!("{rows} v1");
     if let Ok(mut db) = Postgres::connect(&url) {
         let mut sql = Sql::new();
-        sql.push("SELECT count(*) FROM bench.meta WHERE shape = ")
-            .typed_param(fixpoint_core::Value::Text(shape.clone()), "TEXT");
-        if db
-            .query(&sql)
-            .ok()
-            .and_then(|r| r.rows.first().and_then(|r| r[0].as_u64()))
-            == Some(1)
-        {
+        sql.push("SELECT count(*) FROM bench.meta WHERE shape = ").typed_param(fixpoint_core::Value::Text(shape.clone()), "TEXT");
+        if db.query(&sql).ok().and_then(|r| r.rows.first().and_then(|r| r[0].as_u64())) == Some(1) {
             return Ok(url);
         }
     }
     eprintln!("bench: building PostgreSQL database {name}…");
     let mut server = Postgres::connect(admin)?;
-    server.execute(&Sql::raw(format!(
-        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-    )))?;
+    server.execute(&Sql::raw(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))?;
     server.execute(&Sql::raw(format!("CREATE DATABASE {name}")))?;
     let mut db = Postgres::connect(&url)?;
     for stmt in [
@@ -197,9 +163,7 @@ fn setup_pg(admin: &str, duck: &Path, rows: u64) -> Result<String, Error> {
     db.execute(&Sql::raw("CREATE INDEX ON silver.orders (dt)"))?;
     db.execute(&Sql::raw("VACUUM ANALYZE silver.orders"))?;
     let mut sql = Sql::new();
-    sql.push("INSERT INTO bench.meta VALUES (")
-        .typed_param(fixpoint_core::Value::Text(shape), "TEXT")
-        .push(")");
+    sql.push("INSERT INTO bench.meta VALUES (").typed_param(fixpoint_core::Value::Text(shape), "TEXT").push(")");
     db.execute(&sql)?;
     Ok(url)
 }
@@ -216,9 +180,7 @@ fn files_digest(dir: &Path) -> Result<String, Error> {
     let duck = DuckDb::open_in_memory()?;
     let glob = files.base.join("*.parquet");
     let sql = format!("{DIGEST}read_parquet('{}')", glob.display());
-    duck.connection()
-        .query_row(&sql, [], |r| r.get::<_, String>(0))
-        .map_err(db_err("the files' digest"))
+    duck.connection().query_row(&sql, [], |r| r.get::<_, String>(0)).map_err(db_err("the files' digest"))
 }
 
 /// The digest of the day in `silver.orders` on `url` (a DuckDB file or PostgreSQL).
@@ -227,21 +189,14 @@ fn day_digest(url: &str) -> Result<String, Error> {
     match url.strip_prefix("duckdb:") {
         Some(file) => {
             let duck = DuckDb::open(Path::new(file), Duration::from_secs(60))?;
-            duck.connection()
-                .query_row(&format!("{DIGEST}{table}"), [], |r| r.get::<_, String>(0))
-                .map_err(db_err("the day's digest"))
+            duck.connection().query_row(&format!("{DIGEST}{table}"), [], |r| r.get::<_, String>(0)).map_err(db_err("the day's digest"))
         }
-        None => crate::bench_pg::value(url, &format!("{DIGEST}{table}"))
-            .map(|v| v.trim_matches('"').to_owned()),
+        None => crate::bench_pg::value(url, &format!("{DIGEST}{table}")).map(|v| v.trim_matches('"').to_owned()),
     }
 }
 
 fn summary(v: &[Sample]) -> (f64, f64, f64) {
-    (
-        median(v.iter().map(|s| s.inner).collect()),
-        median(v.iter().map(|s| s.wall).collect()),
-        v.iter().map(|s| s.rss_mb).fold(0.0, f64::max),
-    )
+    (median(v.iter().map(|s| s.inner).collect()), median(v.iter().map(|s| s.wall).collect()), v.iter().map(|s| s.rss_mb).fold(0.0, f64::max))
 }
 
 /// Alternating rounds of fixpoint and the hand-written load; medians.
@@ -257,11 +212,7 @@ fn alternate(
     let run = |c: &dyn Fn() -> Command| -> Result<(Sample, serde_json::Value), Error> {
         before()?;
         let r = measure(&mut c())?;
-        check(if r.1.get("outcome").is_some() {
-            "fixpoint"
-        } else {
-            "the hand-written load"
-        })?;
+        check(if r.1.get("outcome").is_some() { "fixpoint" } else { "the hand-written load" })?;
         Ok(r)
     };
     run(fixpoint)?;
@@ -283,29 +234,18 @@ fn alternate(
     Ok((fx, hw, rows))
 }
 
-pub fn run(
-    rows: u64,
-    rounds: u32,
-    dir: &Path,
-    pg_admin: Option<&str>,
-    out: &Output,
-) -> Result<(), Error> {
+pub fn run(rows: u64, rounds: u32, dir: &Path, pg_admin: Option<&str>, out: &Output) -> Result<(), Error> {
     let dir = std::path::absolute(dir).map_err(io(dir))?;
     setup(&dir, rows)?;
     // 1. Hashing throughput against cat (both from the page cache: warmed first).
-    let source = FileSource::parse(PATTERN, None, false, None, dir.clone())
-        .map_err(|(k, m)| Error::Internal(format!("{k}: {m}")))?;
+    let source = FileSource::parse(PATTERN, None, false, None, dir.clone()).map_err(|(k, m)| Error::Internal(format!("{k}: {m}")))?;
     let day = RunDate::parse(DAY)?;
     let listed_files = listed(&dir)?;
     let paths: Vec<PathBuf> = listed_files.paths();
     let bytes: u64 = listed_files.files.iter().map(|f| f.size).sum();
     let cat = || -> Result<f64, Error> {
         let start = Instant::now();
-        let status = Command::new("cat")
-            .args(&paths)
-            .stdout(std::process::Stdio::null())
-            .status()
-            .map_err(io(Path::new("cat")))?;
+        let status = Command::new("cat").args(&paths).stdout(std::process::Stdio::null()).status().map_err(io(Path::new("cat")))?;
         if !status.success() {
             return Err(Error::Internal("cat failed".into()));
         }
@@ -337,17 +277,7 @@ pub fn run(
         let job = job.clone();
         move || {
             let mut c = crate::fixpoint_command();
-            c.args([
-                "run",
-                &job.display().to_string(),
-                "--date",
-                DAY,
-                "--db",
-                &url,
-                "--output",
-                "json",
-                "--force",
-            ]);
+            c.args(["run", &job.display().to_string(), "--date", DAY, "--db", &url, "--output", "json", "--force"]);
             c
         }
     };
@@ -376,13 +306,7 @@ pub fn run(
         }
     };
     let duck_url = format!("duckdb:{}", duck.display());
-    let (fx, hw, loaded) = alternate(
-        rounds,
-        &run_on(duck_url.clone()),
-        &hand_on(None),
-        &|| Ok(()),
-        &check_on(duck_url),
-    )?;
+    let (fx, hw, loaded) = alternate(rounds, &run_on(duck_url.clone()), &hand_on(None), &|| Ok(()), &check_on(duck_url))?;
     let (dfx, dhw) = (summary(&fx), summary(&hw));
 
     // 3. The day into PostgreSQL.
@@ -397,22 +321,12 @@ pub fn run(
             let vacuum_url = url.clone();
             let settle = hand_on(Some(url.clone()));
             let before = move || -> Result<(), Error> {
-                let vacuum = || {
-                    fixpoint_postgres::Postgres::connect(&vacuum_url)?
-                        .execute(&Sql::raw("VACUUM silver.orders"))
-                        .map(|_| ())
-                };
+                let vacuum = || fixpoint_postgres::Postgres::connect(&vacuum_url)?.execute(&Sql::raw("VACUUM silver.orders")).map(|_| ());
                 vacuum()?;
                 measure(&mut settle())?;
                 vacuum()
             };
-            let (fx, hw, _) = alternate(
-                rounds,
-                &run_on(url.clone()),
-                &hand_on(Some(url.clone())),
-                &before,
-                &check_on(url),
-            )?;
+            let (fx, hw, _) = alternate(rounds, &run_on(url.clone()), &hand_on(Some(url.clone())), &before, &check_on(url))?;
             Some((summary(&fx), summary(&hw)))
         }
         None => None,
@@ -431,20 +345,11 @@ pub fn run(
         out.json(&result);
         return Ok(());
     }
-    println!(
-        "a {rows}-row day in {FILES} Parquet files ({:.1} MB), median of {rounds} rounds",
-        bytes as f64 / 1e6
-    );
+    println!("a {rows}-row day in {FILES} Parquet files ({:.1} MB), median of {rounds} rounds", bytes as f64 / 1e6);
     println!("| what | time (s) | throughput |");
     println!("|---|---|---|");
-    println!(
-        "| cat FILES > /dev/null | {cat_s:.3} | {:.2} GB/s |",
-        gb / cat_s
-    );
-    println!(
-        "| fixpoint input fingerprint (BLAKE3 of every file) | {hash_s:.3} | {:.2} GB/s |",
-        gb / hash_s
-    );
+    println!("| cat FILES > /dev/null | {cat_s:.3} | {:.2} GB/s |", gb / cat_s);
+    println!("| fixpoint input fingerprint (BLAKE3 of every file) | {hash_s:.3} | {:.2} GB/s |", gb / hash_s);
     println!();
     println!("| load of the day | fixpoint (s) | hand-written (s) | ratio | process ratio | peak RSS fixpoint / hand (MiB) |");
     println!("|---|---|---|---|---|---|");

@@ -22,9 +22,7 @@ use std::process::Command;
 use fixpoint_core::Error;
 use serde_json::json;
 
-use crate::bench::{
-    digest_in_child, exec_in_child, faults, measure, median, paired_ratio, BenchArgs, Sample,
-};
+use crate::bench::{digest_in_child, exec_in_child, faults, measure, median, paired_ratio, BenchArgs, Sample};
 use crate::Output;
 
 /// The hand-written in-order history update, one transaction.
@@ -92,9 +90,7 @@ impl Bench {
     fn range(&self, from: u64, to: u64, name: &str) -> String {
         match self {
             Bench::Duck(_) => format!("range({from}, {to}) AS r_{name}({name})"),
-            Bench::Pg(_) => {
-                format!("generate_series(CAST({from} AS BIGINT), {to} - 1) AS r_{name}({name})")
-            }
+            Bench::Pg(_) => format!("generate_series(CAST({from} AS BIGINT), {to} - 1) AS r_{name}({name})"),
         }
     }
 
@@ -142,11 +138,7 @@ fn build(bench: &Bench, marker: &Path, rows: u64) -> Result<(), Error> {
         }
     }
     if let Bench::Pg(url) = bench {
-        if crate::bench_pg::value(url, "SELECT shape FROM bench.meta")
-            .ok()
-            .as_deref()
-            == Some(want.as_str())
-        {
+        if crate::bench_pg::value(url, "SELECT shape FROM bench.meta").ok().as_deref() == Some(want.as_str()) {
             return Ok(());
         }
     }
@@ -154,10 +146,7 @@ fn build(bench: &Bench, marker: &Path, rows: u64) -> Result<(), Error> {
         bench.exec("DROP SCHEMA IF EXISTS silver CASCADE;\nDROP SCHEMA IF EXISTS staging CASCADE;\nDROP SCHEMA IF EXISTS bench CASCADE;\nDROP SCHEMA IF EXISTS fixpoint CASCADE")?;
     }
     let keys = rows / 5;
-    eprintln!(
-        "bench: building {} ({rows} history rows, {keys} keys)…",
-        bench.url()
-    );
+    eprintln!("bench: building {} ({rows} history rows, {keys} keys)…", bench.url());
     let (i, j) = (bench.text("i"), bench.text("j"));
     bench.exec(&format!(
         "CREATE SCHEMA silver;\nCREATE SCHEMA staging;\nCREATE SCHEMA bench;
@@ -173,10 +162,7 @@ INSERT INTO bench.meta VALUES ('{want}');\n{}",
         rj = bench.range(1, 6, "j"),
     ))?;
     if let Bench::Duck(_) = bench {
-        std::fs::write(marker, want).map_err(|source| Error::Io {
-            path: marker.to_owned(),
-            source,
-        })?;
+        std::fs::write(marker, want).map_err(|source| Error::Io { path: marker.to_owned(), source })?;
     }
     Ok(())
 }
@@ -184,11 +170,7 @@ INSERT INTO bench.meta VALUES ('{want}');\n{}",
 /// The sides' tables back to the built state (on PostgreSQL with an
 /// index on the key each).
 fn reset(bench: &Bench) -> Result<(), Error> {
-    let index = if bench.is_pg() {
-        "CREATE INDEX ON silver.dim_fixpoint (id);\nCREATE INDEX ON silver.dim_hand (id);\nCREATE INDEX ON silver.dim_floor (id);\n"
-    } else {
-        ""
-    };
+    let index = if bench.is_pg() { "CREATE INDEX ON silver.dim_fixpoint (id);\nCREATE INDEX ON silver.dim_hand (id);\nCREATE INDEX ON silver.dim_floor (id);\n" } else { "" };
     bench.exec(&format!(
         "DROP TABLE IF EXISTS silver.dim_fixpoint;\nDROP TABLE IF EXISTS silver.dim_hand;\nDROP TABLE IF EXISTS silver.dim_floor;
 CREATE TABLE silver.dim_fixpoint AS SELECT * FROM silver.dim;
@@ -224,13 +206,8 @@ SELECT i, 'late' || {i}, 'late{r}', CAST(21 + {r} AS BIGINT) FROM {lat};\n{}",
 /// the late version between their versions 20 and 30.
 fn verify(bench: &Bench, rows: u64, changes: u64, rounds_done: u64) -> Result<(), Error> {
     let in_order = changes * 9 / 10;
-    let digest =
-        |table: &str| bench.value(&bench.digest(&format!("{table} AS d WHERE id < {in_order}")));
-    let (a, b, f) = (
-        digest("silver.dim_fixpoint")?,
-        digest("silver.dim_hand")?,
-        digest("silver.dim_floor")?,
-    );
+    let digest = |table: &str| bench.value(&bench.digest(&format!("{table} AS d WHERE id < {in_order}")));
+    let (a, b, f) = (digest("silver.dim_fixpoint")?, digest("silver.dim_hand")?, digest("silver.dim_floor")?);
     if a != b || f != b {
         return Err(Error::Internal(format!("the benchmark's sides disagree on the in-order keys: fixpoint {a}, hand-written {b}, floor {f}; no ratio is printed")));
     }
@@ -252,10 +229,7 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
     let (rows, changes) = (args.rows_or(10_000_000), args.changes_or(100_000));
     let marker = args.dir.join("history.rows");
     let bench = if args.strategy == crate::bench::BenchStrategy::PostgresHistory {
-        Bench::Pg(crate::bench_pg::database(
-            &args.db,
-            "fixpoint_bench_history",
-        )?)
+        Bench::Pg(crate::bench_pg::database(&args.db, "fixpoint_bench_history")?)
     } else {
         Bench::Duck(args.dir.join("history.duckdb"))
     };
@@ -267,23 +241,11 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
         "name = \"bench_history\"\ntarget = \"silver.dim_fixpoint\"\nstrategy = \"history\"\nkey = [\"id\"]\nversion = \"v\"\n\n[source]\nsql = \"SELECT id, email, city, v FROM staging.hchanges\"\n",
     )
     .map_err(|source| Error::Io { path: job.clone(), source })?;
-    let exe = std::env::current_exe().map_err(|source| Error::Io {
-        path: "fixpoint".into(),
-        source,
-    })?;
+    let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
     let url = bench.url();
     let fixpoint = || {
         let mut c = crate::fixpoint_command();
-        c.args([
-            "run",
-            &job.display().to_string(),
-            "--date",
-            "2026-10-20",
-            "--db",
-            &url,
-            "--output",
-            "json",
-        ]);
+        c.args(["run", &job.display().to_string(), "--date", "2026-10-20", "--db", &url, "--output", "json"]);
         c
     };
     let floor = floor_sql(bench.row_hash());
@@ -296,8 +258,7 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
         c.args(["--date", "2026-10-20", &format!("--exec={script}")]);
         c
     };
-    let (mut fx, mut hw, mut fl): (Vec<Sample>, Vec<Sample>, Vec<Sample>) =
-        (Vec::new(), Vec::new(), Vec::new());
+    let (mut fx, mut hw, mut fl): (Vec<Sample>, Vec<Sample>, Vec<Sample>) = (Vec::new(), Vec::new(), Vec::new());
     let mut last = serde_json::Value::Null;
     for round in 0..args.rounds as u64 {
         eprintln!("bench: round {}/{}", round + 1, args.rounds);
@@ -317,11 +278,7 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
                 let start = std::time::Instant::now();
                 let (mut s, _) = measure(&mut hand(if side == 1 { HAND_HISTORY } else { &floor }))?;
                 s.inner = start.elapsed().as_secs_f64();
-                if side == 1 {
-                    hw.push(s)
-                } else {
-                    fl.push(s)
-                }
+                if side == 1 { hw.push(s) } else { fl.push(s) }
             }
         }
         if bench.is_pg() {
@@ -342,38 +299,15 @@ pub fn run(args: BenchArgs, out: &Output) -> Result<(), Error> {
     if out.is_json() {
         out.json(&result);
     } else {
-        println!(
-            "history on {}: {changes} changes",
-            if bench.is_pg() {
-                "PostgreSQL"
-            } else {
-                "DuckDB"
-            }
-        );
+        println!("history on {}: {changes} changes", if bench.is_pg() { "PostgreSQL" } else { "DuckDB" });
         println!("{changes} changes (1 in 10 a late older version) into a {rows}-row history table, median of {} alternating rounds (wall time of each process)", args.rounds);
         println!("| side | run (s) | peak RSS (MiB) |");
         println!("|---|---|---|");
         println!("| hand-written: close the open rows, insert the new versions (in-order only) | {:.3} | {:.0} |", med(&hw), rss(&hw));
-        println!(
-            "| the floor: the hand-written SQL and the two fingerprint reads | {:.3} | {:.0} |",
-            med(&fl),
-            rss(&fl)
-        );
-        println!(
-            "| fixpoint run (late versions placed) | {:.3} | {:.0} |",
-            med(&fx),
-            rss(&fx)
-        );
-        println!(
-            "ratio fixpoint / hand-written: {:.3}; median of the rounds' own ratios: {:.3}",
-            med(&fx) / med(&hw),
-            paired_ratio(&fx, &hw)
-        );
-        println!(
-            "ratio floor / hand-written: {:.3}; fixpoint / floor: {:.3}",
-            med(&fl) / med(&hw),
-            med(&fx) / med(&fl)
-        );
+        println!("| the floor: the hand-written SQL and the two fingerprint reads | {:.3} | {:.0} |", med(&fl), rss(&fl));
+        println!("| fixpoint run (late versions placed) | {:.3} | {:.0} |", med(&fx), rss(&fx));
+        println!("ratio fixpoint / hand-written: {:.3}; median of the rounds' own ratios: {:.3}", med(&fx) / med(&hw), paired_ratio(&fx, &hw));
+        println!("ratio floor / hand-written: {:.3}; fixpoint / floor: {:.3}", med(&fl) / med(&hw), med(&fx) / med(&fl));
         println!("fixpoint's last report: {last}");
     }
     Ok(())

@@ -48,12 +48,7 @@ pub(crate) fn exec_script(url: &str, script: &str) -> Result<(), Error> {
 pub(crate) fn value(url: &str, query: &str) -> Result<String, Error> {
     let mut db = Postgres::connect(url)?;
     let rows = db.query(&Sql::raw(query))?;
-    Ok(rows
-        .rows
-        .first()
-        .and_then(|r| r.first())
-        .map(|v| v.display())
-        .unwrap_or_else(|| "NULL".into()))
+    Ok(rows.rows.first().and_then(|r| r.first()).map(|v| v.display()).unwrap_or_else(|| "NULL".into()))
 }
 
 /// The URL of the database `name` on the server of `admin`, created when
@@ -87,28 +82,19 @@ fn setup(admin: &str, rows: u64, days: u64) -> Result<String, Error> {
     let shape = format!("{rows} {days} v1");
     if let Ok(mut db) = Postgres::connect(&url) {
         let mut sql = Sql::new();
-        sql.push("SELECT count(*) FROM bench.meta WHERE shape = ")
-            .typed_param(Value::Text(shape.clone()), "TEXT");
-        if db
-            .query(&sql)
-            .ok()
-            .and_then(|r| r.rows.first().and_then(|r| r[0].as_u64()))
-            == Some(1)
-        {
+        sql.push("SELECT count(*) FROM bench.meta WHERE shape = ").typed_param(Value::Text(shape.clone()), "TEXT");
+        if db.query(&sql).ok().and_then(|r| r.rows.first().and_then(|r| r[0].as_u64())) == Some(1) {
             return Ok(url);
         }
     }
     eprintln!("bench: building database {DATABASE} ({rows} rows over {days} days)…");
     let mut server = Postgres::connect(admin)?;
-    server.execute(&Sql::raw(format!(
-        "DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)"
-    )))?;
+    server.execute(&Sql::raw(format!("DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")))?;
     server.execute(&Sql::raw(format!("CREATE DATABASE {DATABASE}")))?;
     let mut db = Postgres::connect(&url)?;
     let mut partitions = String::new();
     for d in 0..days {
-        let day = chrono::NaiveDate::from_ymd_opt(2026, 10, 19).expect("date")
-            + chrono::Duration::days(d as i64);
+        let day = chrono::NaiveDate::from_ymd_opt(2026, 10, 19).expect("date") + chrono::Duration::days(d as i64);
         partitions.push_str(&format!(
             "CREATE TABLE silver.orders_part_{} PARTITION OF silver.orders_part FOR VALUES IN ('{}');\n",
             day.format("%Y%m%d"),
@@ -159,77 +145,41 @@ ANALYZE staging.changes"
 }
 
 /// The hand-written SQL on PostgreSQL (the `fixpoint-bench sql --pg` child).
-pub fn run_sql(
-    url: &str,
-    table: &str,
-    d: RunDate,
-    merge: bool,
-    exchange: bool,
-) -> Result<(), Error> {
+pub fn run_sql(url: &str, table: &str, d: RunDate, merge: bool, exchange: bool) -> Result<(), Error> {
     let table = fixpoint_core::TableName::parse(table)?;
     let mut db = Postgres::connect(url)?;
     let start = Instant::now();
     db.execute(&Sql::raw("BEGIN"))?;
     let n = if merge {
-        db.execute(&Sql::raw(
-            HAND_MERGE.replace("silver.orders", &table.quoted()),
-        ))?
+        db.execute(&Sql::raw(HAND_MERGE.replace("silver.orders", &table.quoted())))?
     } else if exchange {
         // The day's table (its CHECK lets ATTACH skip the validation scan),
         // filled, then swapped with the day's partition, which keeps its name.
         let day = d.date();
-        let part = fixpoint_core::TableName {
-            schema: table.schema.clone(),
-            table: format!("{}_{}", table.table, day.format("%Y%m%d")),
-        };
-        let new = fixpoint_core::TableName {
-            schema: table.schema.clone(),
-            table: format!("{}_{}_hand", table.table, day.format("%Y%m%d")),
-        };
+        let part = fixpoint_core::TableName { schema: table.schema.clone(), table: format!("{}_{}", table.table, day.format("%Y%m%d")) };
+        let new = fixpoint_core::TableName { schema: table.schema.clone(), table: format!("{}_{}_hand", table.table, day.format("%Y%m%d")) };
         let lit = day.format("%Y-%m-%d");
         db.execute(&Sql::raw(format!("CREATE TABLE {} (LIKE {}, CONSTRAINT hand_day CHECK (dt IS NOT NULL AND dt = DATE '{lit}'))", new.quoted(), table.quoted())))?;
         let mut ins = Sql::new();
-        ins.push("INSERT INTO ")
-            .push(&new.quoted())
-            .push(&format!(" SELECT {COLUMNS} FROM bronze.orders WHERE dt = "));
+        ins.push("INSERT INTO ").push(&new.quoted()).push(&format!(" SELECT {COLUMNS} FROM bronze.orders WHERE dt = "));
         ins.typed_param(Value::Date(day), "DATE");
         let n = db.execute(&ins)?;
-        db.execute(&Sql::raw(format!(
-            "ALTER TABLE {} DETACH PARTITION {}",
-            table.quoted(),
-            part.quoted()
-        )))?;
+        db.execute(&Sql::raw(format!("ALTER TABLE {} DETACH PARTITION {}", table.quoted(), part.quoted())))?;
         db.execute(&Sql::raw(format!("DROP TABLE {}", part.quoted())))?;
-        db.execute(&Sql::raw(format!(
-            "ALTER TABLE {} ATTACH PARTITION {} FOR VALUES IN ('{lit}')",
-            table.quoted(),
-            new.quoted()
-        )))?;
-        db.execute(&Sql::raw(format!(
-            "ALTER TABLE {} RENAME TO {}",
-            new.quoted(),
-            fixpoint_core::job::ident::quote_ident(&part.table)
-        )))?;
+        db.execute(&Sql::raw(format!("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES IN ('{lit}')", table.quoted(), new.quoted())))?;
+        db.execute(&Sql::raw(format!("ALTER TABLE {} RENAME TO {}", new.quoted(), fixpoint_core::job::ident::quote_ident(&part.table))))?;
         n
     } else {
         let mut del = Sql::new();
-        del.push("DELETE FROM ")
-            .push(&table.quoted())
-            .push(" WHERE dt = ")
-            .typed_param(Value::Date(d.date()), "DATE");
+        del.push("DELETE FROM ").push(&table.quoted()).push(" WHERE dt = ").typed_param(Value::Date(d.date()), "DATE");
         db.execute(&del)?;
         let mut ins = Sql::new();
-        ins.push("INSERT INTO ")
-            .push(&table.quoted())
-            .push(&format!(" SELECT {COLUMNS} FROM bronze.orders WHERE dt = "));
+        ins.push("INSERT INTO ").push(&table.quoted()).push(&format!(" SELECT {COLUMNS} FROM bronze.orders WHERE dt = "));
         ins.typed_param(Value::Date(d.date()), "DATE");
         db.execute(&ins)?
     };
     db.execute(&Sql::raw("COMMIT"))?;
-    println!(
-        "{}",
-        json!({"elapsed_ms": start.elapsed().as_secs_f64() * 1000.0, "rows": n})
-    );
+    println!("{}", json!({"elapsed_ms": start.elapsed().as_secs_f64() * 1000.0, "rows": n}));
     Ok(())
 }
 
@@ -240,12 +190,7 @@ fn digest(url: &str, from: &str) -> Result<String, Error> {
     let mut db = Postgres::connect(url)?;
     let sql = format!("SELECT count(*) || ':' || coalesce(sum(hashtextextended(CAST(ROW({COLUMNS}) AS TEXT), 0)), 0) FROM {from}");
     let rows = db.query(&Sql::raw(sql))?;
-    Ok(rows
-        .rows
-        .first()
-        .and_then(|r| r.first())
-        .map(|v| v.display())
-        .unwrap_or_default())
+    Ok(rows.rows.first().and_then(|r| r.first()).map(|v| v.display()).unwrap_or_default())
 }
 
 /// Checks that `side` left `table`'s day holding exactly the source's day.
@@ -258,37 +203,16 @@ fn check_day(url: &str, side: &str, table: &str, date: &str) -> Result<(), Error
     Ok(())
 }
 
-pub fn run(
-    admin: &str,
-    rows: u64,
-    days: u64,
-    changes: u64,
-    rounds: u32,
-    dir: &Path,
-    out: &Output,
-) -> Result<(), Error> {
-    let (rows, days, changes) = if rows == 20_000_000 && days == 4 {
-        (
-            5_000_000,
-            5,
-            if changes == 200_000 { 100_000 } else { changes },
-        )
-    } else {
-        (rows, days, changes)
-    };
+pub fn run(admin: &str, rows: u64, days: u64, changes: u64, rounds: u32, dir: &Path, out: &Output) -> Result<(), Error> {
+    let (rows, days, changes) =
+        if rows == 20_000_000 && days == 4 { (5_000_000, 5, if changes == 200_000 { 100_000 } else { changes }) } else { (rows, days, changes) };
     let url = setup(admin, rows, days)?;
     let write_job = |name: &str, body: &str| -> Result<String, Error> {
         let path = dir.join(format!("{name}.toml"));
-        std::fs::write(&path, format!("name = \"{name}\"\n{body}")).map_err(|source| {
-            Error::Io {
-                path: path.clone(),
-                source,
-            }
-        })?;
+        std::fs::write(&path, format!("name = \"{name}\"\n{body}")).map_err(|source| Error::Io { path: path.clone(), source })?;
         Ok(path.display().to_string())
     };
-    let source =
-        format!("[source]\nsql = \"SELECT {COLUMNS} FROM bronze.orders WHERE dt = :run_date\"\n");
+    let source = format!("[source]\nsql = \"SELECT {COLUMNS} FROM bronze.orders WHERE dt = :run_date\"\n");
     let plain = write_job("bench_pg_plain", &format!("target = \"silver.orders\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n{source}"))?;
     let part = write_job("bench_pg_part", &format!("target = \"silver.orders_part\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n{source}"))?;
     let merge = write_job(
@@ -296,15 +220,10 @@ pub fn run(
         &format!("target = \"silver.orders_m\"\nstrategy = \"merge\"\nkey = [\"order_id\"]\nversion = \"updated_at\"\npartition = \"dt\"\n[source]\nsql = \"SELECT {COLUMNS} FROM staging.changes\"\n"),
     )?;
     let date = "2026-10-20";
-    let exe = std::env::current_exe().map_err(|source| Error::Io {
-        path: "fixpoint".into(),
-        source,
-    })?;
+    let exe = std::env::current_exe().map_err(|source| Error::Io { path: "fixpoint".into(), source })?;
     let fixpoint = |job: &str| {
         let mut c = crate::fixpoint_command();
-        c.args([
-            "run", job, "--date", date, "--db", &url, "--force", "--output", "json",
-        ]);
+        c.args(["run", job, "--date", date, "--db", &url, "--force", "--output", "json"]);
         c
     };
     // A retry over the same input: no --force, so it may skip.
@@ -315,9 +234,7 @@ pub fn run(
     };
     let hand = |table: &str, merge: bool| {
         let mut c = Command::new(&exe);
-        c.args([
-            "sql", "--pg", &url, "--table", table, "--date", date, "--file", "-",
-        ]);
+        c.args(["sql", "--pg", &url, "--table", table, "--date", date, "--file", "-"]);
         if merge {
             c.arg("--merge");
         }
@@ -343,22 +260,14 @@ pub fn run(
     let mut replaced = 0;
     for round in 0..rounds {
         eprintln!("bench: replace round {}/{rounds}", round + 1);
-        let order: [usize; 5] = if round % 2 == 0 {
-            [0, 1, 2, 3, 4]
-        } else {
-            [4, 3, 2, 1, 0]
-        };
+        let order: [usize; 5] = if round % 2 == 0 { [0, 1, 2, 3, 4] } else { [4, 3, 2, 1, 0] };
         for side in order {
             // Each load leaves the table's pages laid out one of two ways
             // (the day's rows at the end, or in the space the one before
             // freed), and a load from one is slower than from the other:
             // an untimed load between two measured ones starts each from
             // the same layout.
-            let table = if side < 2 {
-                "silver.orders"
-            } else {
-                "silver.orders_part"
-            };
+            let table = if side < 2 { "silver.orders" } else { "silver.orders_part" };
             vacuum()?;
             measure(&mut hand(table, false))?;
             vacuum()?;
@@ -372,19 +281,14 @@ pub fn run(
             if side == 2 {
                 replaced = v["rows_inserted"].as_u64().unwrap_or(0);
                 if v["method"] != "partition exchange" {
-                    return Err(Error::Internal(format!(
-                        "the partitioned target was not swapped: {v}"
-                    )));
+                    return Err(Error::Internal(format!("the partitioned target was not swapped: {v}")));
                 }
             }
             let (name, table) = [
                 ("the hand-written SQL (plain table)", "silver.orders"),
                 ("fixpoint's delete+insert", "silver.orders"),
                 ("fixpoint's partition exchange", "silver.orders_part"),
-                (
-                    "the hand-written SQL (partitioned table)",
-                    "silver.orders_part",
-                ),
+                ("the hand-written SQL (partitioned table)", "silver.orders_part"),
                 ("the hand-written partition exchange", "silver.orders_part"),
             ][side];
             check_day(&url, name, table, date)?;
@@ -413,10 +317,7 @@ pub fn run(
         exec(&mut db, "DROP TABLE IF EXISTS silver.orders_check;\nCREATE TABLE silver.orders_check AS SELECT * FROM silver.orders_m;\nALTER TABLE silver.orders_check ADD PRIMARY KEY (order_id);\nANALYZE silver.orders_check")?;
         measure(&mut fixpoint(&merge))?;
         measure(&mut hand("silver.orders_check", true))?;
-        let (fx, hw) = (
-            digest(&url, "silver.orders_m AS d")?,
-            digest(&url, "silver.orders_check AS d")?,
-        );
+        let (fx, hw) = (digest(&url, "silver.orders_m AS d")?, digest(&url, "silver.orders_check AS d")?);
         db.execute(&Sql::raw("DROP TABLE silver.orders_check"))?;
         if fx != hw {
             return Err(Error::Internal(format!("the benchmark's sides disagree on one batch merged into one table: fixpoint {fx}, hand-written {hw}; no ratio is printed")));
@@ -428,19 +329,12 @@ pub fn run(
     let mut counts = std::collections::BTreeSet::new();
     for round in 0..rounds {
         eprintln!("bench: merge round {}/{rounds}", round + 1);
-        let order = if round % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
+        let order = if round % 2 == 0 { [true, false] } else { [false, true] };
         for fx in order {
             new_batch(&url, changes)?;
             if fx {
                 let (s, v) = measure(&mut fixpoint(&merge))?;
-                counts.insert(
-                    v["rows_updated"].as_u64().unwrap_or(0)
-                        + v["rows_inserted"].as_u64().unwrap_or(0),
-                );
+                counts.insert(v["rows_updated"].as_u64().unwrap_or(0) + v["rows_inserted"].as_u64().unwrap_or(0));
                 last = v;
                 fm.push(s);
             } else {
@@ -451,9 +345,7 @@ pub fn run(
         }
     }
     if counts.len() != 1 {
-        return Err(Error::Internal(format!(
-            "the merge's sides changed different numbers of rows: {counts:?}; no ratio is printed"
-        )));
+        return Err(Error::Internal(format!("the merge's sides changed different numbers of rows: {counts:?}; no ratio is printed")));
     }
     let med = |v: &[Sample]| median(v.iter().map(|s| s.inner).collect());
     let wall = |v: &[Sample]| median(v.iter().map(|s| s.wall).collect());
@@ -482,32 +374,12 @@ pub fn run(
         println!("| side | load (s) | process (s) | client peak RSS (MiB) |");
         println!("|---|---|---|---|");
         println!("| hand-written BEGIN; DELETE; INSERT … SELECT; COMMIT (plain table) | {:.3} | {:.3} | {:.0} |", med(hw), wall(hw), rss(hw));
-        println!(
-            "| fixpoint run --force, delete+insert (plain table) | {:.3} | {:.3} | {:.0} |",
-            med(fx_plain),
-            wall(fx_plain),
-            rss(fx_plain)
-        );
+        println!("| fixpoint run --force, delete+insert (plain table) | {:.3} | {:.3} | {:.0} |", med(fx_plain), wall(fx_plain), rss(fx_plain));
         println!("| fixpoint run --force, partition exchange (LIST-partitioned table) | {:.3} | {:.3} | {:.0} |", med(fx_part), wall(fx_part), rss(fx_part));
-        println!(
-            "| hand-written DELETE + INSERT on the partitioned table | {:.3} | {:.3} | {:.0} |",
-            med(hw_part),
-            wall(hw_part),
-            rss(hw_part)
-        );
+        println!("| hand-written DELETE + INSERT on the partitioned table | {:.3} | {:.3} | {:.0} |", med(hw_part), wall(hw_part), rss(hw_part));
         println!("| hand-written partition exchange (build the day's table, detach, drop, attach) | {:.3} | {:.3} | {:.0} |", med(hw_swap), wall(hw_swap), rss(hw_swap));
-        println!(
-            "| fixpoint retry, skipped (plain table) | {:.3} | {:.3} | {:.0} |",
-            med(&skips[0]),
-            wall(&skips[0]),
-            rss(&skips[0])
-        );
-        println!(
-            "| fixpoint retry, skipped (partitioned table) | {:.3} | {:.3} | {:.0} |",
-            med(&skips[1]),
-            wall(&skips[1]),
-            rss(&skips[1])
-        );
+        println!("| fixpoint retry, skipped (plain table) | {:.3} | {:.3} | {:.0} |", med(&skips[0]), wall(&skips[0]), rss(&skips[0]));
+        println!("| fixpoint retry, skipped (partitioned table) | {:.3} | {:.3} | {:.0} |", med(&skips[1]), wall(&skips[1]), rss(&skips[1]));
         println!(
             "retry skipped / hand-written rewrite of the day: {:.3} (plain), {:.3} (partitioned)",
             med(&skips[0]) / med(hw),
@@ -523,16 +395,8 @@ pub fn run(
         println!("merge {changes} changed rows (1 in 10 keys twice) into the {rows}-row table (primary key on order_id):");
         println!("| side | merge (s) | client peak RSS (MiB) |");
         println!("|---|---|---|");
-        println!(
-            "| hand-written ROW_NUMBER dedup + guarded MERGE | {:.3} | {:.0} |",
-            med(&hm),
-            rss(&hm)
-        );
-        println!(
-            "| fixpoint run (merge) | {:.3} | {:.0} |",
-            med(&fm),
-            rss(&fm)
-        );
+        println!("| hand-written ROW_NUMBER dedup + guarded MERGE | {:.3} | {:.0} |", med(&hm), rss(&hm));
+        println!("| fixpoint run (merge) | {:.3} | {:.0} |", med(&fm), rss(&fm));
         println!("ratio fixpoint / hand-written: {:.3}", med(&fm) / med(&hm));
     }
     Ok(())
@@ -540,32 +404,18 @@ pub fn run(
 
 /// A backfill of `days` days into an empty table, sequential and with
 /// `--parallel 2`, then the same backfill again (every date skipped).
-pub fn run_backfill(
-    admin: &str,
-    rows: u64,
-    days: u64,
-    rounds: u32,
-    dir: &Path,
-    out: &Output,
-) -> Result<(), Error> {
+pub fn run_backfill(admin: &str, rows: u64, days: u64, rounds: u32, dir: &Path, out: &Output) -> Result<(), Error> {
     let url = with_database(admin, "fixpoint_bench_backfill");
     let shape = format!("{rows} {days} v1");
     let ready = Postgres::connect(&url).ok().and_then(|mut db| {
         let mut sql = Sql::new();
-        sql.push("SELECT count(*) FROM bench.meta WHERE shape = ")
-            .typed_param(Value::Text(shape.clone()), "TEXT");
-        db.query(&sql)
-            .ok()
-            .and_then(|r| r.rows.first().and_then(|r| r[0].as_u64()))
+        sql.push("SELECT count(*) FROM bench.meta WHERE shape = ").typed_param(Value::Text(shape.clone()), "TEXT");
+        db.query(&sql).ok().and_then(|r| r.rows.first().and_then(|r| r[0].as_u64()))
     }) == Some(1);
     if !ready {
-        eprintln!(
-            "bench: building database fixpoint_bench_backfill ({rows} rows over {days} days)…"
-        );
+        eprintln!("bench: building database fixpoint_bench_backfill ({rows} rows over {days} days)…");
         let mut server = Postgres::connect(admin)?;
-        server.execute(&Sql::raw(
-            "DROP DATABASE IF EXISTS fixpoint_bench_backfill WITH (FORCE)",
-        ))?;
+        server.execute(&Sql::raw("DROP DATABASE IF EXISTS fixpoint_bench_backfill WITH (FORCE)"))?;
         server.execute(&Sql::raw("CREATE DATABASE fixpoint_bench_backfill"))?;
         let mut db = Postgres::connect(&url)?;
         exec(
@@ -588,35 +438,18 @@ INSERT INTO bench.meta VALUES ('{shape}')",
         format!("name = \"bench_pg_backfill\"\ntarget = \"silver.orders\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\n\n[source]\nsql = \"SELECT {COLUMNS} FROM bronze.orders WHERE dt = :run_date\"\n"),
     )
     .map_err(|source| Error::Io { path: job.clone(), source })?;
-    let to = (chrono::NaiveDate::from_ymd_opt(2026, 10, 19).expect("date")
-        + chrono::Duration::days(days as i64 - 1))
-    .format("%Y-%m-%d")
-    .to_string();
+    let to = (chrono::NaiveDate::from_ymd_opt(2026, 10, 19).expect("date") + chrono::Duration::days(days as i64 - 1)).format("%Y-%m-%d").to_string();
     let empty = || -> Result<(), Error> {
         let mut db = Postgres::connect(&url)?;
         db.execute(&Sql::raw("DROP SCHEMA IF EXISTS silver CASCADE"))?;
         db.execute(&Sql::raw("DROP SCHEMA IF EXISTS fixpoint CASCADE"))?;
         db.execute(&Sql::raw("CREATE SCHEMA silver"))?;
-        db.execute(&Sql::raw(&format!(
-            "CREATE TABLE silver.orders AS SELECT {COLUMNS} FROM bronze.orders WHERE false"
-        )))?;
+        db.execute(&Sql::raw(&format!("CREATE TABLE silver.orders AS SELECT {COLUMNS} FROM bronze.orders WHERE false")))?;
         Ok(())
     };
     let timed = |extra: &[&str]| -> Result<Sample, Error> {
         let mut c = crate::fixpoint_command();
-        c.args([
-            "backfill",
-            &job.display().to_string(),
-            "--from",
-            "2026-10-19",
-            "--to",
-            &to,
-            "--db",
-            &url,
-            "--output",
-            "json",
-        ])
-        .args(extra);
+        c.args(["backfill", &job.display().to_string(), "--from", "2026-10-19", "--to", &to, "--db", &url, "--output", "json"]).args(extra);
         let start = Instant::now();
         let (mut s, _) = measure(&mut c)?;
         s.inner = start.elapsed().as_secs_f64();
@@ -638,17 +471,7 @@ INSERT INTO bench.meta VALUES ('{shape}')",
     let mut floor = Vec::new();
     for _ in 0..rounds {
         let mut c = crate::fixpoint_command();
-        c.args([
-            "run",
-            &job.display().to_string(),
-            "--date",
-            "2026-10-20",
-            "--force",
-            "--db",
-            &url,
-            "--output",
-            "json",
-        ]);
+        c.args(["run", &job.display().to_string(), "--date", "2026-10-20", "--force", "--db", &url, "--output", "json"]);
         let start = Instant::now();
         let (mut s, _) = measure(&mut c)?;
         s.inner = start.elapsed().as_secs_f64();
@@ -657,8 +480,7 @@ INSERT INTO bench.meta VALUES ('{shape}')",
         let start = Instant::now();
         let mut n = 0;
         for day in 0..days as i64 {
-            let d = chrono::NaiveDate::from_ymd_opt(2026, 10, 19).expect("date")
-                + chrono::Duration::days(day);
+            let d = chrono::NaiveDate::from_ymd_opt(2026, 10, 19).expect("date") + chrono::Duration::days(day);
             let mut sql = Sql::new();
             sql.push(&format!("SELECT count(*), sum(hashtextextended(CAST(ROW({COLUMNS}) AS TEXT), 0)) FROM bronze.orders WHERE dt = "));
             sql.typed_param(Value::Date(d), "DATE");
@@ -670,9 +492,7 @@ INSERT INTO bench.meta VALUES ('{shape}')",
             .len();
         floor.push(start.elapsed().as_secs_f64());
         if n != rows || groups != days as usize {
-            return Err(Error::Internal(format!(
-                "the floor read {n} source rows and {groups} days"
-            )));
+            return Err(Error::Internal(format!("the floor read {n} source rows and {groups} days")));
         }
     }
     let med = |v: &[Sample]| median(v.iter().map(|s| s.inner).collect());
@@ -687,19 +507,10 @@ INSERT INTO bench.meta VALUES ('{shape}')",
         println!("|---|---|");
         println!("| backfill, sequential | {:.1} |", med(&seq));
         println!("| backfill --parallel 2 | {:.1} |", med(&par));
-        println!(
-            "| the same backfill again (every date skipped) | {:.1} |",
-            med(&rerun)
-        );
+        println!("| the same backfill again (every date skipped) | {:.1} |", med(&rerun));
         println!("| one day's load, forced | {:.1} |", med(&one));
-        println!(
-            "| the floor: every day's source and partition read once, hand-written | {floor:.1} |"
-        );
-        println!(
-            "re-run of a completed backfill / one day's load: {:.2}; / the floor: {:.2}",
-            med(&rerun) / med(&one),
-            med(&rerun) / floor
-        );
+        println!("| the floor: every day's source and partition read once, hand-written | {floor:.1} |");
+        println!("re-run of a completed backfill / one day's load: {:.2}; / the floor: {:.2}", med(&rerun) / med(&one), med(&rerun) / floor);
     }
     Ok(())
 }

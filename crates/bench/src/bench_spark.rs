@@ -35,10 +35,7 @@ fn peak_rss_mb() -> f64 {
 /// from 2026-10-19, built once (bench.meta remembers the shape).
 fn setup(db: &mut Spark, per_day: u64, days: u64) -> Result<(), Error> {
     let shape = format!("{per_day} {days} v1");
-    let have = db
-        .query(&Sql::raw("SELECT shape FROM bench.meta"))
-        .ok()
-        .and_then(|r| r.rows.first().map(|r| r[0].display()));
+    let have = db.query(&Sql::raw("SELECT shape FROM bench.meta")).ok().and_then(|r| r.rows.first().map(|r| r[0].display()));
     if have.as_deref() == Some(&format!("{shape:?}")) {
         return Ok(());
     }
@@ -72,14 +69,7 @@ INSERT INTO bench.meta VALUES ('{shape}')"
 
 /// A batch of `changes` rows for round `round` (1 in 10 keys twice), spread
 /// over the table's days, each newer than anything before.
-fn changes(
-    db: &mut Spark,
-    table: &str,
-    changes: u64,
-    total: u64,
-    per_day: u64,
-    round: u64,
-) -> Result<(), Error> {
+fn changes(db: &mut Spark, table: &str, changes: u64, total: u64, per_day: u64, round: u64) -> Result<(), Error> {
     let distinct = changes - changes / 10;
     exec(
         db,
@@ -113,12 +103,7 @@ DROP VIEW hand_merged";
 fn digest(db: &mut Spark, from: &str) -> Result<String, Error> {
     let sql = format!("SELECT concat(CAST(count(*) AS STRING), ':', CAST(coalesce(sum(CAST(hash({COLUMNS}) AS DECIMAL(38, 0))), 0) AS STRING)) FROM {from}");
     let rows = db.query(&Sql::raw(sql))?;
-    Ok(rows
-        .rows
-        .first()
-        .and_then(|r| r.first())
-        .map(|v| v.display())
-        .unwrap_or_default())
+    Ok(rows.rows.first().and_then(|r| r.first()).map(|v| v.display()).unwrap_or_default())
 }
 
 /// Checks that `side` left the day holding exactly the source's day.
@@ -135,41 +120,24 @@ fn check_day(db: &mut Spark, side: &str) -> Result<(), Error> {
 }
 
 #[allow(clippy::too_many_arguments)]
-pub fn run(
-    url: &str,
-    rows: u64,
-    days: u64,
-    n_changes: u64,
-    rounds: u32,
-    merge_only: bool,
-    dir: &Path,
-    out: &Output,
-) -> Result<(), Error> {
+pub fn run(url: &str, rows: u64, days: u64, n_changes: u64, rounds: u32, merge_only: bool, dir: &Path, out: &Output) -> Result<(), Error> {
     let mut db = Spark::connect(url, std::time::Duration::from_secs(30))?;
     let per_day = rows / days;
     setup(&mut db, per_day, days)?;
-    std::fs::create_dir_all(dir).map_err(|source| Error::Io {
-        path: dir.to_owned(),
-        source,
-    })?;
+    std::fs::create_dir_all(dir).map_err(|source| Error::Io { path: dir.to_owned(), source })?;
     let date = RunDate::parse("2026-10-20")?;
     let replace = Job::from_toml(
         "name = \"bench_orders\"\ntarget = \"silver.orders\"\nstrategy = \"replace_partition\"\npartition = \"dt\"\nmin_rows = 1\n\n[source]\nsql = \"SELECT order_id, customer_id, order_total, currency, updated_at, dt FROM bronze.orders WHERE dt = :run_date\"\n",
         &dir.join("bench_spark_orders.toml"),
     )?;
-    let force = RunOptions {
-        force: true,
-        ..Default::default()
-    };
+    let force = RunOptions { force: true, ..Default::default() };
     // fixpoint again, its writes not observed (the plan that scans the
     // source before the write and the day after it), in a session of its own.
-    let mut scanning =
-        Spark::connect(url, std::time::Duration::from_secs(30))?.without_observed_writes();
+    let mut scanning = Spark::connect(url, std::time::Duration::from_secs(30))?.without_observed_writes();
     // Warm-up: the first statements of a session pay for its setup.
     replace.load_with(date, &mut db, &force)?;
     replace.load_with(date, &mut scanning, &force)?;
-    let (mut hand, mut ours, mut skip, mut scanned) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut hand, mut ours, mut skip, mut scanned) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut inserted = 0;
     for round in 0..if merge_only { 0 } else { rounds } {
         let order = if round % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
@@ -180,20 +148,14 @@ pub fn run(
                 ours.push(t.elapsed().as_secs_f64());
                 inserted = r.rows_inserted;
                 if r.method != "partition overwrite, observed" {
-                    return Err(Error::Internal(format!(
-                        "fixpoint's run was not observed: {}",
-                        r.method
-                    )));
+                    return Err(Error::Internal(format!("fixpoint's run was not observed: {}", r.method)));
                 }
                 check_day(&mut db, "fixpoint's run")?;
             } else if side == 2 {
                 let r = replace.load_with(date, &mut scanning, &force)?;
                 scanned.push(t.elapsed().as_secs_f64());
                 if r.method != "partition overwrite" {
-                    return Err(Error::Internal(format!(
-                        "fixpoint's scanning run reported {}",
-                        r.method
-                    )));
+                    return Err(Error::Internal(format!("fixpoint's scanning run reported {}", r.method)));
                 }
                 check_day(&mut db, "fixpoint's scanning run")?;
             } else {
@@ -206,10 +168,7 @@ pub fn run(
         let s = replace.load(date, &mut db)?;
         skip.push(t.elapsed().as_secs_f64());
         if s.outcome != "skipped" {
-            return Err(Error::Internal(format!(
-                "the retry was not skipped: {}",
-                s.outcome
-            )));
+            return Err(Error::Internal(format!("the retry was not skipped: {}", s.outcome)));
         }
         eprintln!(
             "bench: replace round {round}: hand {:.2} s, fixpoint {:.2} s ({inserted} rows), scanning {:.2} s, skip {:.2} s",
@@ -220,21 +179,11 @@ pub fn run(
         );
     }
     drop(scanning);
-    let (hand_m, ours_m, skip_m, scanned_m) = (
-        median(hand.clone()),
-        median(ours.clone()),
-        median(skip.clone()),
-        median(scanned.clone()),
-    );
+    let (hand_m, ours_m, skip_m, scanned_m) = (median(hand.clone()), median(ours.clone()), median(skip.clone()), median(scanned.clone()));
 
     // Merge: each side applies its own batch per round (newer each time),
     // on the table as built (an earlier bench run left newer versions).
-    exec(
-        &mut db,
-        &format!(
-            "INSERT OVERWRITE TABLE silver.orders ({COLUMNS}) SELECT {COLUMNS} FROM bronze.orders"
-        ),
-    )?;
+    exec(&mut db, &format!("INSERT OVERWRITE TABLE silver.orders ({COLUMNS}) SELECT {COLUMNS} FROM bronze.orders"))?;
     let job = Job::from_toml(
         "name = \"bench_merge\"\ntarget = \"silver.orders\"\nstrategy = \"merge\"\nkey = [\"order_id\"]\nversion = \"updated_at\"\npartition = \"dt\"\n\n[source]\nsql = \"SELECT order_id, customer_id, order_total, currency, updated_at, dt FROM staging.ours\"\n",
         &dir.join("bench_spark_merge.toml"),
@@ -245,16 +194,8 @@ pub fn run(
         changes(&mut db, "ours", n_changes, rows, per_day, 2 * rounds as u64)?;
         exec(&mut db, "DROP TABLE IF EXISTS silver.orders_check;\nCREATE TABLE silver.orders_check USING parquet PARTITIONED BY (dt) AS SELECT * FROM silver.orders")?;
         job.load(date, &mut db)?;
-        exec(
-            &mut db,
-            &HAND_MERGE
-                .replace("{T}", "ours")
-                .replace("silver.orders ", "silver.orders_check "),
-        )?;
-        let (fx, hw) = (
-            digest(&mut db, "silver.orders")?,
-            digest(&mut db, "silver.orders_check")?,
-        );
+        exec(&mut db, &HAND_MERGE.replace("{T}", "ours").replace("silver.orders ", "silver.orders_check "))?;
+        let (fx, hw) = (digest(&mut db, "silver.orders")?, digest(&mut db, "silver.orders_check")?);
         exec(&mut db, "DROP TABLE silver.orders_check")?;
         if fx != hw {
             return Err(Error::Internal(format!("the benchmark's sides disagree on one batch merged into one table: fixpoint {fx}, hand-written {hw}; no ratio is printed")));
@@ -264,44 +205,22 @@ pub fn run(
     let (mut hand_merge, mut ours_merge) = (Vec::new(), Vec::new());
     let mut changed = 0;
     for round in 0..rounds as u64 {
-        let order = if round % 2 == 0 {
-            [false, true]
-        } else {
-            [true, false]
-        };
+        let order = if round % 2 == 0 { [false, true] } else { [true, false] };
         for fixpoint_side in order {
             if fixpoint_side {
-                changes(
-                    &mut db,
-                    "ours",
-                    n_changes,
-                    rows,
-                    per_day,
-                    2 * (rounds as u64 + 1 + round) + 1,
-                )?;
+                changes(&mut db, "ours", n_changes, rows, per_day, 2 * (rounds as u64 + 1 + round) + 1)?;
                 let t = Instant::now();
                 let r = job.load(date, &mut db)?;
                 ours_merge.push(t.elapsed().as_secs_f64());
                 changed = r.rows_updated + r.rows_inserted;
             } else {
-                changes(
-                    &mut db,
-                    "hand",
-                    n_changes,
-                    rows,
-                    per_day,
-                    2 * (rounds as u64 + 1 + round),
-                )?;
+                changes(&mut db, "hand", n_changes, rows, per_day, 2 * (rounds as u64 + 1 + round))?;
                 let t = Instant::now();
                 exec(&mut db, &HAND_MERGE.replace("{T}", "hand"))?;
                 hand_merge.push(t.elapsed().as_secs_f64());
             }
         }
-        eprintln!(
-            "bench: merge round {round}: hand {:.2} s, fixpoint {:.2} s ({changed} changed)",
-            hand_merge[hand_merge.len() - 1],
-            ours_merge[ours_merge.len() - 1]
-        );
+        eprintln!("bench: merge round {round}: hand {:.2} s, fixpoint {:.2} s ({changed} changed)", hand_merge[hand_merge.len() - 1], ours_merge[ours_merge.len() - 1]);
     }
     let (hm, om) = (median(hand_merge.clone()), median(ours_merge.clone()));
     let rss = peak_rss_mb();

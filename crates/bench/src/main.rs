@@ -20,11 +20,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 
 #[derive(Parser)]
-#[command(
-    name = "fixpoint-bench",
-    version,
-    about = "Measure fixpoint against hand-written SQL (see BENCHMARKS.md)"
-)]
+#[command(name = "fixpoint-bench", version, about = "Measure fixpoint against hand-written SQL (see BENCHMARKS.md)")]
 #[command(args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
@@ -68,10 +64,7 @@ pub fn fixpoint_exe(given: Option<&PathBuf>) -> Result<PathBuf, fixpoint_core::E
     if let Some(p) = given {
         return Ok(p.clone());
     }
-    let me = std::env::current_exe().map_err(|source| fixpoint_core::Error::Io {
-        path: "fixpoint-bench".into(),
-        source,
-    })?;
+    let me = std::env::current_exe().map_err(|source| fixpoint_core::Error::Io { path: "fixpoint-bench".into(), source })?;
     let beside = me.with_file_name(format!("fixpoint{}", std::env::consts::EXE_SUFFIX));
     if beside.is_file() {
         Ok(beside)
@@ -97,9 +90,7 @@ fn main() -> ExitCode {
         Some(Sub::Sql(args)) => bench::run_sql(args),
         None => fixpoint_exe(cli.bench.fixpoint.as_ref()).and_then(|exe| {
             FIXPOINT.set(exe).expect("set once");
-            let out = Output {
-                json: cli.bench.output == Format::Json,
-            };
+            let out = Output { json: cli.bench.output == Format::Json };
             bench::run(cli.bench, &out)
         }),
     };
@@ -110,11 +101,7 @@ fn main() -> ExitCode {
             if let Some(h) = e.hint() {
                 eprintln!("hint: {h}");
             }
-            ExitCode::from(if e.class() == fixpoint_core::ErrorClass::Input {
-                2
-            } else {
-                1
-            })
+            ExitCode::from(if e.class() == fixpoint_core::ErrorClass::Input { 2 } else { 1 })
         }
     }
 }

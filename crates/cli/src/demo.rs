@@ -8,8 +8,8 @@ use std::time::Duration;
 use fixpoint_core::engine::measure::{fingerprint, Filter, Scope};
 
 use fixpoint_core::engine::Engine;
-use fixpoint_core::run::ledger;
 use fixpoint_core::{Error, Fingerprint, Job, Method, RunDate, RunOptions};
+use fixpoint_core::run::ledger;
 use fixpoint_duckdb::DuckDb;
 use serde_json::json;
 
@@ -58,14 +58,8 @@ fn date(s: &str) -> RunDate {
 
 fn partition_fp(engine: &mut DuckDb, job: &Job, d: RunDate) -> Result<Fingerprint, Error> {
     let cols = engine.table_columns(&job.target)?.unwrap_or_default();
-    let cols: Vec<_> = cols
-        .into_iter()
-        .filter(|c| !job.metadata.contains(&c.name))
-        .collect();
-    let scope = Scope::Table {
-        table: &job.target,
-        filter: Some(Filter::DateEquals("dt", d.date())),
-    };
+    let cols: Vec<_> = cols.into_iter().filter(|c| !job.metadata.contains(&c.name)).collect();
+    let scope = Scope::Table { table: &job.target, filter: Some(Filter::DateEquals("dt", d.date())) };
     fingerprint(engine, Method::Native, &scope, &cols)
 }
 
@@ -83,10 +77,7 @@ fn n(v: u64) -> String {
 
 pub fn run(rows: u64, dir: &Path, out: &Output) -> Result<(), Error> {
     if rows < 100 {
-        return Err(Error::argument(
-            format!("--rows {rows}: the demo needs at least 100 rows"),
-            Some("try --rows 100000"),
-        ));
+        return Err(Error::argument(format!("--rows {rows}: the demo needs at least 100 rows"), Some("try --rows 100000")));
     }
     let io = |path: &Path| {
         let path = path.to_owned();
@@ -131,22 +122,10 @@ pub fn run(rows: u64, dir: &Path, out: &Output) -> Result<(), Error> {
          INSERT INTO bronze.orders VALUES ({late}, 42, 19.99, 'EUR', TIMESTAMP '2026-10-21 02:14:00', DATE '2026-10-20');",
         late = rows + 1
     );
-    engine.connection().execute_batch(&setup).map_err(|e| {
-        fixpoint_duckdb::database_error("building the demo's bronze.orders".into(), e)
-    })?;
-    log(format!(
-        "fixpoint demo: {} rows of bronze.orders over 2026-10-18 … 2026-10-22 in {}",
-        n(rows + 3),
-        db_path.display()
-    ));
-    log(
-        "  (order 2 arrives twice with a newer version, order 7 twice identically, order"
-            .to_owned(),
-    );
-    log(format!(
-        "   {} on 2026-10-20 arrives late, at 2026-10-21 02:14)",
-        rows + 1
-    ));
+    engine.connection().execute_batch(&setup).map_err(|e| fixpoint_duckdb::database_error("building the demo's bronze.orders".into(), e))?;
+    log(format!("fixpoint demo: {} rows of bronze.orders over 2026-10-18 … 2026-10-22 in {}", n(rows + 3), db_path.display()));
+    log("  (order 2 arrives twice with a newer version, order 7 twice identically, order".to_owned());
+    log(format!("   {} on 2026-10-20 arrives late, at 2026-10-21 02:14)", rows + 1));
     log(format!("job file: {}", job_path.display()));
     log(String::new());
 
@@ -156,64 +135,29 @@ pub fn run(rows: u64, dir: &Path, out: &Output) -> Result<(), Error> {
     log("1. Load 2026-10-19 and 2026-10-20 (a backfill is a loop over dates)".into());
     let r19 = job.load(d19, &mut engine)?;
     let r20 = job.load(d20, &mut engine)?;
-    log(format!(
-        "   2026-10-19  {}  run key {}",
-        show(&r19.output()),
-        r19.run_key
-    ));
-    log(format!(
-        "   2026-10-20  {}  run key {}",
-        show(&r20.output()),
-        r20.run_key
-    ));
-    check(
-        r20.input_rows == (rows + 3) / 5 + 1,
-        "order 2 and order 7 collapse to one row each",
-    )?;
+    log(format!("   2026-10-19  {}  run key {}", show(&r19.output()), r19.run_key));
+    log(format!("   2026-10-20  {}  run key {}", show(&r20.output()), r20.run_key));
+    check(r20.input_rows == (rows + 3) / 5 + 1, "order 2 and order 7 collapse to one row each")?;
 
     log("2. The scheduler retries 2026-10-20".into());
     let again = job.load(d20, &mut engine)?;
-    log(format!(
-        "   run again:       {} ({})",
-        show(&again.output()),
-        again.outcome
-    ));
-    check(
-        again.outcome == "skipped" && again.output() == r20.output(),
-        "a retry over the same input is a no-op",
-    )?;
-    let forced = job.load_with(
-        d20,
-        &mut engine,
-        &RunOptions {
-            force: true,
-            ..Default::default()
-        },
-    )?;
+    log(format!("   run again:       {} ({})", show(&again.output()), again.outcome));
+    check(again.outcome == "skipped" && again.output() == r20.output(), "a retry over the same input is a no-op")?;
+    let forced = job.load_with(d20, &mut engine, &RunOptions { force: true, ..Default::default() })?;
     log(format!(
         "   forced rewrite:  {} ({} deleted, {} inserted)",
         show(&forced.output()),
         n(forced.rows_deleted),
         n(forced.rows_inserted)
     ));
-    check(
-        forced.output() == r20.output() && forced.run_key == r20.run_key,
-        "a forced rewrite gives the same fingerprint",
-    )?;
+    check(forced.output() == r20.output() && forced.run_key == r20.run_key, "a forced rewrite gives the same fingerprint")?;
     log("   same row count, same checksum, same run key.".into());
 
     log("3. 02:14: the first attempt for 2026-10-21 dies after writing half the day".into());
     drop(engine);
     let exe = std::env::current_exe().map_err(io(Path::new("fixpoint")))?;
     let status = Command::new(exe)
-        .args([
-            "run",
-            &job_path.display().to_string(),
-            "--date",
-            "2026-10-21",
-            "--db",
-            &url,
-        ])
+        .args(["run", &job_path.display().to_string(), "--date", "2026-10-21", "--db", &url])
         .env("FIXPOINT_TEST_MODE", "1")
         .env("FIXPOINT_FAIL_AT", "mid_insert")
         .env("FIXPOINT_FAIL_MODE", "abort")
@@ -225,26 +169,11 @@ pub fn run(rows: u64, dir: &Path, out: &Output) -> Result<(), Error> {
     let mut engine = DuckDb::open(&db_path, Duration::from_secs(10))?;
     let after_crash = partition_fp(&mut engine, &job, d21)?;
     let ledger_rows = ledger::entries(&mut engine, Some(&job.name), Some(d21), None)?.len();
-    log(format!(
-        "   attempt 1: process killed ({status}) after inserting about half the day"
-    ));
-    log(format!(
-        "   partition 2026-10-21 now: {} rows; ledger entries for it: {ledger_rows}",
-        n(after_crash.rows)
-    ));
-    check(
-        after_crash.rows == 0 && ledger_rows == 0,
-        "nothing of the dead attempt is visible",
-    )?;
+    log(format!("   attempt 1: process killed ({status}) after inserting about half the day"));
+    log(format!("   partition 2026-10-21 now: {} rows; ledger entries for it: {ledger_rows}", n(after_crash.rows)));
+    check(after_crash.rows == 0 && ledger_rows == 0, "nothing of the dead attempt is visible")?;
     let retry = job.load(d21, &mut engine)?;
-    let again = job.load_with(
-        d21,
-        &mut engine,
-        &RunOptions {
-            force: true,
-            ..Default::default()
-        },
-    )?;
+    let again = job.load_with(d21, &mut engine, &RunOptions { force: true, ..Default::default() })?;
     log(format!("   retry:           {}", show(&retry.output())));
     log(format!("   run again:       {}", show(&again.output())));
     check(retry.output() == again.output(), "the retry converges")?;
@@ -257,8 +186,7 @@ pub fn run(rows: u64, dir: &Path, out: &Output) -> Result<(), Error> {
     log("4. One input row changes: order 12 of 2026-10-20 gets a new total".into());
     let conn = engine.connection();
     let exec = |sql: &str| {
-        conn.execute_batch(sql)
-            .map_err(|e| fixpoint_duckdb::database_error("demo".into(), e))
+        conn.execute_batch(sql).map_err(|e| fixpoint_duckdb::database_error("demo".into(), e))
     };
     exec("CREATE TEMP TABLE before_change AS SELECT * EXCLUDE (load_id, loaded_at) FROM silver.orders WHERE dt = DATE '2026-10-20';
           UPDATE bronze.orders SET order_total = order_total + 1, updated_at = updated_at + INTERVAL 1 SECOND WHERE order_id = 12;")?;
@@ -275,15 +203,8 @@ pub fn run(rows: u64, dir: &Path, out: &Output) -> Result<(), Error> {
         )
         .map_err(|e| fixpoint_duckdb::database_error("demo diff".into(), e))?;
     log(format!("   run key {} → {}", r20.run_key, changed.run_key));
-    log(format!(
-        "   orders of 2026-10-20 whose output changed: {} (order {})",
-        diff.0,
-        diff.1.unwrap_or(0)
-    ));
-    check(
-        changed.run_key != r20.run_key && diff == (1, Some(12)),
-        "only the changed row's output changes",
-    )?;
+    log(format!("   orders of 2026-10-20 whose output changed: {} (order {})", diff.0, diff.1.unwrap_or(0)));
+    check(changed.run_key != r20.run_key && diff == (1, Some(12)), "only the changed row's output changes")?;
 
     log("5. Other days untouched".into());
     let fp19 = partition_fp(&mut engine, &job, d19)?;
@@ -292,10 +213,7 @@ pub fn run(rows: u64, dir: &Path, out: &Output) -> Result<(), Error> {
     log(String::new());
     log("Verdict: every rerun left the same row count and checksum; the diff is empty.".into());
     log("Explore:".into());
-    log(format!(
-        "  fixpoint run {} --date 2026-10-22 --db {url}",
-        job_path.display()
-    ));
+    log(format!("  fixpoint run {} --date 2026-10-22 --db {url}", job_path.display()));
     log(format!(
         "  fixpoint fingerprint silver.orders --where \"dt = DATE '2026-10-20'\" --exclude load_id,loaded_at --db {url}"
     ));

@@ -29,10 +29,7 @@ use serde_json::{json, Map, Value};
 use crate::output;
 
 /// Who made the events (OpenLineage's `producer`).
-pub const PRODUCER: &str = concat!(
-    "https://github.com/fixpoint-data/fixpoint/tree/v",
-    env!("CARGO_PKG_VERSION")
-);
+pub const PRODUCER: &str = concat!("https://github.com/fixpoint-data/fixpoint/tree/v", env!("CARGO_PKG_VERSION"));
 /// The schema of the events.
 const EVENT_SCHEMA: &str = "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent";
 /// The schema of fixpoint's own run facet (docs/lineage.md).
@@ -63,23 +60,15 @@ impl RunRef {
                 Some("give it as {namespace}/{job name}/{run id}, the run id a UUID (what Airflow's lineage_parent_id macro gives), or unset it"),
             )
         };
-        let (rest, run_id) = text
-            .rsplit_once('/')
-            .ok_or_else(|| bad("is not {namespace}/{job name}/{run id}"))?;
-        let (namespace, name) = rest
-            .split_once('/')
-            .ok_or_else(|| bad("is not {namespace}/{job name}/{run id}"))?;
+        let (rest, run_id) = text.rsplit_once('/').ok_or_else(|| bad("is not {namespace}/{job name}/{run id}"))?;
+        let (namespace, name) = rest.split_once('/').ok_or_else(|| bad("is not {namespace}/{job name}/{run id}"))?;
         if namespace.is_empty() || name.is_empty() {
             return Err(bad("has an empty namespace or job name"));
         }
         if !is_uuid(run_id) {
             return Err(bad("does not end in a UUID run id"));
         }
-        Ok(RunRef {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-            run_id: run_id.to_ascii_lowercase(),
-        })
+        Ok(RunRef { namespace: namespace.to_owned(), name: name.to_owned(), run_id: run_id.to_ascii_lowercase() })
     }
 }
 
@@ -87,10 +76,7 @@ impl RunRef {
 fn is_uuid(s: &str) -> bool {
     let groups: Vec<&str> = s.split('-').collect();
     groups.len() == 5
-        && groups
-            .iter()
-            .zip([8, 4, 4, 4, 12])
-            .all(|(g, n)| g.len() == n && g.chars().all(|c| c.is_ascii_hexdigit()))
+        && groups.iter().zip([8, 4, 4, 4, 12]).all(|(g, n)| g.len() == n && g.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
 /// Where the events of this process go, and what names them.
@@ -120,17 +106,8 @@ impl Config {
     /// The configuration from the environment and the command line, or
     /// `None` when neither `OPENLINEAGE_URL` nor `--lineage-file` asks for
     /// events. A malformed setting is refused (exit 2) before the run.
-    pub fn from_env(
-        file: Option<PathBuf>,
-        attempt: u32,
-        db_url: &str,
-    ) -> Result<Option<Config>, Error> {
-        let var = |name: &str| {
-            std::env::var(name)
-                .ok()
-                .map(|v| v.trim().to_owned())
-                .filter(|v| !v.is_empty())
-        };
+    pub fn from_env(file: Option<PathBuf>, attempt: u32, db_url: &str) -> Result<Option<Config>, Error> {
+        let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
         let url = var("OPENLINEAGE_URL");
         if url.is_none() && file.is_none() {
             return Ok(None);
@@ -144,26 +121,16 @@ impl Config {
             }
         }
         if let Some(f) = &file {
-            let folder = f
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."));
+            let folder = f.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
             if !folder.is_dir() {
                 return Err(Error::argument(
-                    format!(
-                        "--lineage-file {}: the folder {} does not exist",
-                        f.display(),
-                        folder.display()
-                    ),
+                    format!("--lineage-file {}: the folder {} does not exist", f.display(), folder.display()),
                     Some("create the folder first: fixpoint creates the file, never its folder"),
                 ));
             }
         }
         if attempt == 0 {
-            return Err(Error::argument(
-                "--attempt 0: attempts count from 1",
-                Some("pass the scheduler's try number: 1 for the first try"),
-            ));
+            return Err(Error::argument("--attempt 0: attempts count from 1", Some("pass the scheduler's try number: 1 for the first try")));
         }
         let timeout = match var("FIXPOINT_LINEAGE_TIMEOUT_MS") {
             None => DEFAULT_TIMEOUT,
@@ -179,12 +146,8 @@ impl Config {
             api_key: var("OPENLINEAGE_API_KEY"),
             file,
             namespace: var("OPENLINEAGE_NAMESPACE").unwrap_or_else(|| "fixpoint".into()),
-            parent: var("OPENLINEAGE_PARENT_ID")
-                .map(|p| RunRef::parse("OPENLINEAGE_PARENT_ID", &p))
-                .transpose()?,
-            root: var("OPENLINEAGE_ROOT_PARENT_ID")
-                .map(|p| RunRef::parse("OPENLINEAGE_ROOT_PARENT_ID", &p))
-                .transpose()?,
+            parent: var("OPENLINEAGE_PARENT_ID").map(|p| RunRef::parse("OPENLINEAGE_PARENT_ID", &p)).transpose()?,
+            root: var("OPENLINEAGE_ROOT_PARENT_ID").map(|p| RunRef::parse("OPENLINEAGE_ROOT_PARENT_ID", &p)).transpose()?,
             attempt,
             timeout,
             db: Store::of_url(db_url),
@@ -198,11 +161,7 @@ pub enum Store {
     /// `duckdb://{absolute path}`, tables `{catalog}.{schema}.{table}`.
     DuckDb { path: String, catalog: String },
     /// `postgres://{host}:{port}`, tables `{database}.{schema}.{table}`.
-    Postgres {
-        host: String,
-        port: u16,
-        database: String,
-    },
+    Postgres { host: String, port: u16, database: String },
     /// `spark://{host}:{port}` (Spark Connect), tables `{schema}.{table}`.
     Spark { host: String, port: u16 },
     /// A Delta warehouse: its tables are folders (`file` or `s3://bucket`).
@@ -214,75 +173,38 @@ pub enum Store {
 impl Store {
     /// The store of a database URL (never with its user or password).
     pub fn of_url(url: &str) -> Store {
-        if let Some(rest) = url
-            .strip_prefix("postgres://")
-            .or_else(|| url.strip_prefix("postgresql://"))
-        {
+        if let Some(rest) = url.strip_prefix("postgres://").or_else(|| url.strip_prefix("postgresql://")) {
             let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
             let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
             // host, host:port, [v6] or [v6]:port
             let (host, port) = match hostport.strip_prefix('[').and_then(|h| h.split_once(']')) {
-                Some((v6, rest)) => (
-                    format!("[{v6}]"),
-                    rest.strip_prefix(':')
-                        .and_then(|p| p.parse().ok())
-                        .unwrap_or(5432),
-                ),
+                Some((v6, rest)) => (format!("[{v6}]"), rest.strip_prefix(':').and_then(|p| p.parse().ok()).unwrap_or(5432)),
                 None => match hostport.rsplit_once(':') {
                     Some((h, p)) => (h.to_owned(), p.parse().unwrap_or(5432)),
                     None => (hostport.to_owned(), 5432),
                 },
             };
             let database = path.split('?').next().unwrap_or("").to_owned();
-            let user = authority
-                .rsplit_once('@')
-                .map(|(u, _)| u.split(':').next().unwrap_or("").to_owned())
-                .unwrap_or_default();
+            let user = authority.rsplit_once('@').map(|(u, _)| u.split(':').next().unwrap_or("").to_owned()).unwrap_or_default();
             let database = if database.is_empty() { user } else { database };
-            return Store::Postgres {
-                host: if host.is_empty() {
-                    "localhost".into()
-                } else {
-                    host
-                },
-                port,
-                database,
-            };
+            return Store::Postgres { host: if host.is_empty() { "localhost".into() } else { host }, port, database };
         }
         if let Some(rest) = url.strip_prefix("sc://") {
             let hostport = rest.split(['/', ';']).next().unwrap_or(rest);
-            let (host, port) = hostport
-                .rsplit_once(':')
-                .map_or((hostport, 15002), |(h, p)| (h, p.parse().unwrap_or(15002)));
-            return Store::Spark {
-                host: host.to_owned(),
-                port,
-            };
+            let (host, port) = hostport.rsplit_once(':').map_or((hostport, 15002), |(h, p)| (h, p.parse().unwrap_or(15002)));
+            return Store::Spark { host: host.to_owned(), port };
         }
         if let Some(rest) = url.strip_prefix("delta:") {
-            let root = if rest.contains("://") {
-                rest.trim_end_matches('/').to_owned()
-            } else {
-                absolute(Path::new(rest))
-            };
+            let root = if rest.contains("://") { rest.trim_end_matches('/').to_owned() } else { absolute(Path::new(rest)) };
             return Store::Delta { root };
         }
         if let Some(rest) = url.strip_prefix("duckdb:") {
             if rest.is_empty() || rest == ":memory:" {
-                return Store::DuckDb {
-                    path: ":memory:".into(),
-                    catalog: "memory".into(),
-                };
+                return Store::DuckDb { path: ":memory:".into(), catalog: "memory".into() };
             }
             let path = Path::new(rest);
-            let catalog = path
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "main".into());
-            return Store::DuckDb {
-                path: absolute(path),
-                catalog,
-            };
+            let catalog = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "main".into());
+            return Store::DuckDb { path: absolute(path), catalog };
         }
         Store::Other
     }
@@ -309,16 +231,10 @@ impl Store {
         };
         match self {
             Store::DuckDb { catalog, .. } => {
-                let catalog = if parts.len() == 3 {
-                    parts[0].clone()
-                } else {
-                    catalog.clone()
-                };
+                let catalog = if parts.len() == 3 { parts[0].clone() } else { catalog.clone() };
                 (self.namespace(), format!("{catalog}.{schema}.{table}"))
             }
-            Store::Postgres { database, .. } => {
-                (self.namespace(), format!("{database}.{schema}.{table}"))
-            }
+            Store::Postgres { database, .. } => (self.namespace(), format!("{database}.{schema}.{table}")),
             Store::Delta { root } => file_dataset(&format!("{root}/{schema}/{table}")),
             Store::Spark { .. } | Store::Other => (self.namespace(), format!("{schema}.{table}")),
         }
@@ -335,13 +251,7 @@ impl Store {
 
 /// A path made absolute (against the working folder), as text.
 fn absolute(p: &Path) -> String {
-    let abs = if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        std::env::current_dir()
-            .map(|d| d.join(p))
-            .unwrap_or_else(|_| p.to_path_buf())
-    };
+    let abs = if p.is_absolute() { p.to_path_buf() } else { std::env::current_dir().map(|d| d.join(p)).unwrap_or_else(|_| p.to_path_buf()) };
     abs.to_string_lossy().into_owned()
 }
 
@@ -357,22 +267,9 @@ fn file_dataset(location: &str) -> (String, String) {
 /// A run's id: a UUID (version 7 layout) whose time is the run date's
 /// midnight (UTC) and whose other bits are a hash of the namespace, the
 /// job, the run date, the run key and the attempt.
-pub fn run_id(
-    namespace: &str,
-    job: &str,
-    run_date: RunDate,
-    run_key: Option<&str>,
-    attempt: u32,
-) -> String {
+pub fn run_id(namespace: &str, job: &str, run_date: RunDate, run_key: Option<&str>, attempt: u32) -> String {
     let mut h = blake3::Hasher::new();
-    for part in [
-        "fixpoint-openlineage-run-v1",
-        namespace,
-        job,
-        &run_date.to_string(),
-        run_key.unwrap_or(""),
-        &attempt.to_string(),
-    ] {
+    for part in ["fixpoint-openlineage-run-v1", namespace, job, &run_date.to_string(), run_key.unwrap_or(""), &attempt.to_string()] {
         h.update(&(part.len() as u64).to_le_bytes());
         h.update(part.as_bytes());
     }
@@ -384,14 +281,7 @@ pub fn run_id(
     b[6] = 0x70 | (b[6] & 0x0f);
     b[8] = 0x80 | (b[8] & 0x3f);
     let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    )
+    format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
 }
 
 /// One run being watched.
@@ -420,18 +310,9 @@ impl Lineage {
     pub fn start(config: Config) -> Result<Arc<Lineage>, Error> {
         let file = match &config.file {
             None => None,
-            Some(path) => Some(Mutex::new(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .map_err(|e| {
-                        Error::argument(
-                            format!("--lineage-file {}: {e}", path.display()),
-                            Some("give a file fixpoint may create or append to"),
-                        )
-                    })?,
-            )),
+            Some(path) => Some(Mutex::new(std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| {
+                Error::argument(format!("--lineage-file {}: {e}", path.display()), Some("give a file fixpoint may create or append to"))
+            })?)),
         };
         let done = Arc::new((Mutex::new(0usize), std::sync::Condvar::new()));
         let (http, worker) = match &config.url {
@@ -463,15 +344,7 @@ impl Lineage {
                 (Some(tx), Some(worker))
             }
         };
-        Ok(Arc::new(Lineage {
-            config,
-            runs: Mutex::new(HashMap::new()),
-            http: Mutex::new(http),
-            worker: Mutex::new(worker),
-            done,
-            queued: Mutex::new(0),
-            file,
-        }))
+        Ok(Arc::new(Lineage { config, runs: Mutex::new(HashMap::new()), http: Mutex::new(http), worker: Mutex::new(worker), done, queued: Mutex::new(0), file }))
     }
 
     /// Waits, at most the timeout, for the events still queued, then says
@@ -488,10 +361,7 @@ impl Lineage {
             if left.is_zero() {
                 break;
             }
-            sent = cv
-                .wait_timeout(sent, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            sent = cv.wait_timeout(sent, left).unwrap_or_else(|p| p.into_inner()).0;
         }
         if *sent < queued {
             eprintln!(
@@ -509,14 +379,7 @@ impl Lineage {
         if let Some(f) = &self.file {
             let mut f = f.lock().unwrap_or_else(|p| p.into_inner());
             if let Err(e) = writeln!(f, "{line}").and_then(|_| f.flush()) {
-                eprintln!(
-                    "fixpoint: lineage: could not append the {what} event to {}: {e}",
-                    self.config
-                        .file
-                        .as_deref()
-                        .unwrap_or(Path::new(""))
-                        .display()
-                );
+                eprintln!("fixpoint: lineage: could not append the {what} event to {}: {e}", self.config.file.as_deref().unwrap_or(Path::new("")).display());
             }
         }
         if let Some(tx) = self.http.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
@@ -527,15 +390,7 @@ impl Lineage {
     }
 
     /// The parts every event of a run shares.
-    fn event(
-        &self,
-        kind: &str,
-        time: &str,
-        job: &Job,
-        run_date: RunDate,
-        key: Option<&str>,
-        run_facets: Map<String, Value>,
-    ) -> Map<String, Value> {
+    fn event(&self, kind: &str, time: &str, job: &Job, run_date: RunDate, key: Option<&str>, run_facets: Map<String, Value>) -> Map<String, Value> {
         let c = &self.config;
         let mut run_facets = run_facets;
         run_facets.insert(
@@ -590,10 +445,7 @@ impl Lineage {
         e.insert("producer".into(), json!(PRODUCER));
         e.insert("schemaURL".into(), json!(EVENT_SCHEMA));
         e.insert("run".into(), json!({"runId": run_id(&c.namespace, &job.name, run_date, key, c.attempt), "facets": run_facets}));
-        e.insert(
-            "job".into(),
-            json!({"namespace": c.namespace, "name": job.name, "facets": job_facets}),
-        );
+        e.insert("job".into(), json!({"namespace": c.namespace, "name": job.name, "facets": job_facets}));
         e
     }
 
@@ -601,9 +453,7 @@ impl Lineage {
     fn inputs(&self, job: &Job, report: Option<&RunReport>) -> Vec<Value> {
         let mut out = Vec::new();
         let mut seen = std::collections::BTreeSet::new();
-        if let Some(rels) =
-            fixpoint_core::job::sqlrefs::relations(&job.source.template().text_for_parsing())
-        {
+        if let Some(rels) = fixpoint_core::job::sqlrefs::relations(&job.source.template().text_for_parsing()) {
             for parts in rels {
                 if job.source.files.is_some() && parts.len() == 1 && parts[0] == "input" {
                     continue;
@@ -630,22 +480,14 @@ impl Lineage {
     }
 
     /// The target, with its columns and (for a run that wrote) the rows written.
-    fn output(
-        &self,
-        job: &Job,
-        report: Option<&RunReport>,
-        engine: Option<&mut dyn Engine>,
-    ) -> Value {
+    fn output(&self, job: &Job, report: Option<&RunReport>, engine: Option<&mut dyn Engine>) -> Value {
         let parts = vec![job.target.schema.clone(), job.target.table.clone()];
         let (namespace, name) = self.config.db.table(&parts);
         let mut facets = Map::new();
         if let Some(engine) = engine {
             if let Ok(Some(cols)) = engine.table_columns(&job.target) {
-                let fields: Vec<Value> = cols
-                    .iter()
-                    .enumerate()
-                    .map(|(i, c)| json!({"name": c.name, "type": c.ty, "ordinal_position": i + 1}))
-                    .collect();
+                let fields: Vec<Value> =
+                    cols.iter().enumerate().map(|(i, c)| json!({"name": c.name, "type": c.ty, "ordinal_position": i + 1})).collect();
                 facets.insert(
                     "schema".into(),
                     json!({
@@ -668,14 +510,7 @@ impl Lineage {
     }
 
     /// fixpoint's own run facet.
-    fn fixpoint_facet(
-        &self,
-        job: &Job,
-        run_date: RunDate,
-        key: Option<&str>,
-        report: Option<&RunReport>,
-        error: Option<&Error>,
-    ) -> Value {
+    fn fixpoint_facet(&self, job: &Job, run_date: RunDate, key: Option<&str>, report: Option<&RunReport>, error: Option<&Error>) -> Value {
         let mut f = json!({
             "_producer": PRODUCER,
             "_schemaURL": FIXPOINT_FACET_SCHEMA,
@@ -709,10 +544,7 @@ impl Lineage {
 
     fn send_start(&self, job: &Job, run_date: RunDate, started_at: &str, key: Option<&str>) {
         let mut facets = Map::new();
-        facets.insert(
-            "fixpoint".into(),
-            self.fixpoint_facet(job, run_date, key, None, None),
-        );
+        facets.insert("fixpoint".into(), self.fixpoint_facet(job, run_date, key, None, None));
         let mut e = self.event("START", started_at, job, run_date, key, facets);
         e.insert("inputs".into(), Value::Array(self.inputs(job, None)));
         e.insert("outputs".into(), json!([self.output(job, None, None)]));
@@ -723,14 +555,7 @@ impl Lineage {
 impl RunObserver for Lineage {
     fn started(&self, job: &Job, run_date: RunDate) {
         let now = Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true);
-        self.runs.lock().unwrap_or_else(|p| p.into_inner()).insert(
-            (job.name.clone(), run_date),
-            Watched {
-                started_at: now,
-                key: None,
-                start_sent: false,
-            },
-        );
+        self.runs.lock().unwrap_or_else(|p| p.into_inner()).insert((job.name.clone(), run_date), Watched { started_at: now, key: None, start_sent: false });
     }
 
     fn run_key_known(&self, job: &Job, run_date: RunDate, run_key: &str) {
@@ -750,38 +575,19 @@ impl RunObserver for Lineage {
         }
     }
 
-    fn finished(
-        &self,
-        job: &Job,
-        run_date: RunDate,
-        result: Result<&RunReport, &Error>,
-        engine: Option<&mut dyn Engine>,
-    ) {
-        let watched = self
-            .runs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&(job.name.clone(), run_date));
-        let started_at = watched
-            .as_ref()
-            .map(|w| w.started_at.clone())
-            .unwrap_or_else(|| Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true));
+    fn finished(&self, job: &Job, run_date: RunDate, result: Result<&RunReport, &Error>, engine: Option<&mut dyn Engine>) {
+        let watched = self.runs.lock().unwrap_or_else(|p| p.into_inner()).remove(&(job.name.clone(), run_date));
+        let started_at = watched.as_ref().map(|w| w.started_at.clone()).unwrap_or_else(|| Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true));
         let report = result.ok();
         // The run key: the report's (a skip's too), else the one the run
         // had found before it failed, else none.
-        let key = report
-            .map(|r| r.run_key.clone())
-            .filter(|k| !k.is_empty())
-            .or_else(|| watched.as_ref().and_then(|w| w.key.clone()));
+        let key = report.map(|r| r.run_key.clone()).filter(|k| !k.is_empty()).or_else(|| watched.as_ref().and_then(|w| w.key.clone()));
         if !watched.as_ref().is_some_and(|w| w.start_sent) {
             self.send_start(job, run_date, &started_at, key.as_deref());
         }
         let now = Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true);
         let mut facets = Map::new();
-        facets.insert(
-            "fixpoint".into(),
-            self.fixpoint_facet(job, run_date, key.as_deref(), report, result.err()),
-        );
+        facets.insert("fixpoint".into(), self.fixpoint_facet(job, run_date, key.as_deref(), report, result.err()));
         if let Err(e) = result {
             facets.insert(
                 "errorMessage".into(),
@@ -820,35 +626,17 @@ mod tests {
         assert_ne!(a, run_id("fixpoint", "orders", d.next(), Some("k1"), 1));
         assert_ne!(a, run_id("fixpoint", "other", d, Some("k1"), 1));
         // The time part is the run date's midnight: 2026-10-20T00:00Z.
-        let millis = u64::from_str_radix(&a[..8], 16).unwrap() << 16
-            | u64::from_str_radix(&a[9..13], 16).unwrap();
+        let millis = u64::from_str_radix(&a[..8], 16).unwrap() << 16 | u64::from_str_radix(&a[9..13], 16).unwrap();
         assert_eq!(millis, 1_792_454_400_000);
     }
 
     #[test]
     fn parents_read_as_airflow_writes_them() {
-        let p = RunRef::parse(
-            "OPENLINEAGE_PARENT_ID",
-            "airflow/etl.load_orders/01890f5e-8f7c-7c3a-9b1e-2f3a4b5c6d7e",
-        )
-        .unwrap();
-        assert_eq!(
-            p,
-            RunRef {
-                namespace: "airflow".into(),
-                name: "etl.load_orders".into(),
-                run_id: "01890f5e-8f7c-7c3a-9b1e-2f3a4b5c6d7e".into()
-            }
-        );
+        let p = RunRef::parse("OPENLINEAGE_PARENT_ID", "airflow/etl.load_orders/01890f5e-8f7c-7c3a-9b1e-2f3a4b5c6d7e").unwrap();
+        assert_eq!(p, RunRef { namespace: "airflow".into(), name: "etl.load_orders".into(), run_id: "01890f5e-8f7c-7c3a-9b1e-2f3a4b5c6d7e".into() });
         let nested = RunRef::parse("P", "ns/a/b/01890f5e-8f7c-7c3a-9b1e-2f3a4b5c6d7e").unwrap();
         assert_eq!(nested.name, "a/b");
-        for bad in [
-            "",
-            "ns",
-            "ns/job",
-            "ns/job/not-a-uuid",
-            "/job/01890f5e-8f7c-7c3a-9b1e-2f3a4b5c6d7e",
-        ] {
+        for bad in ["", "ns", "ns/job", "ns/job/not-a-uuid", "/job/01890f5e-8f7c-7c3a-9b1e-2f3a4b5c6d7e"] {
             let e = RunRef::parse("OPENLINEAGE_PARENT_ID", bad).unwrap_err();
             assert!(e.to_string().contains("OPENLINEAGE_PARENT_ID"), "{e}");
         }
@@ -858,61 +646,18 @@ mod tests {
     fn stores_are_named_without_credentials() {
         assert_eq!(
             Store::of_url("postgres://alice:s3cret@db.example.com:6543/warehouse?sslmode=require"),
-            Store::Postgres {
-                host: "db.example.com".into(),
-                port: 6543,
-                database: "warehouse".into()
-            }
+            Store::Postgres { host: "db.example.com".into(), port: 6543, database: "warehouse".into() }
         );
-        assert_eq!(
-            Store::of_url("postgres://root@127.0.0.1/test"),
-            Store::Postgres {
-                host: "127.0.0.1".into(),
-                port: 5432,
-                database: "test".into()
-            }
-        );
-        assert_eq!(
-            Store::of_url("postgres://u:p@[::1]:6000/db"),
-            Store::Postgres {
-                host: "[::1]".into(),
-                port: 6000,
-                database: "db".into()
-            }
-        );
-        assert_eq!(
-            Store::of_url("postgres://u@[::1]/db"),
-            Store::Postgres {
-                host: "[::1]".into(),
-                port: 5432,
-                database: "db".into()
-            }
-        );
+        assert_eq!(Store::of_url("postgres://root@127.0.0.1/test"), Store::Postgres { host: "127.0.0.1".into(), port: 5432, database: "test".into() });
+        assert_eq!(Store::of_url("postgres://u:p@[::1]:6000/db"), Store::Postgres { host: "[::1]".into(), port: 6000, database: "db".into() });
+        assert_eq!(Store::of_url("postgres://u@[::1]/db"), Store::Postgres { host: "[::1]".into(), port: 5432, database: "db".into() });
         let pg = Store::of_url("postgres://root@127.0.0.1:5432/test");
-        assert_eq!(
-            pg.table(&["silver".into(), "orders".into()]),
-            (
-                "postgres://127.0.0.1:5432".into(),
-                "test.silver.orders".into()
-            )
-        );
+        assert_eq!(pg.table(&["silver".into(), "orders".into()]), ("postgres://127.0.0.1:5432".into(), "test.silver.orders".into()));
         assert_eq!(pg.table(&["orders".into()]).1, "test.public.orders");
         let duck = Store::of_url("duckdb:/data/wh.duckdb");
-        assert_eq!(
-            duck.table(&["silver".into(), "orders".into()]),
-            ("duckdb:///data/wh.duckdb".into(), "wh.silver.orders".into())
-        );
-        assert_eq!(
-            Store::of_url("sc://localhost:15002").table(&["s".into(), "t".into()]),
-            ("spark://localhost:15002".into(), "s.t".into())
-        );
-        assert_eq!(
-            Store::of_url("delta:s3://lake/wh").table(&["s".into(), "t".into()]),
-            ("s3://lake".into(), "wh/s/t".into())
-        );
-        assert_eq!(
-            file_dataset("/in/day.parquet"),
-            ("file".into(), "/in/day.parquet".into())
-        );
+        assert_eq!(duck.table(&["silver".into(), "orders".into()]), ("duckdb:///data/wh.duckdb".into(), "wh.silver.orders".into()));
+        assert_eq!(Store::of_url("sc://localhost:15002").table(&["s".into(), "t".into()]), ("spark://localhost:15002".into(), "s.t".into()));
+        assert_eq!(Store::of_url("delta:s3://lake/wh").table(&["s".into(), "t".into()]), ("s3://lake".into(), "wh/s/t".into()));
+        assert_eq!(file_dataset("/in/day.parquet"), ("file".into(), "/in/day.parquet".into()));
     }
 }

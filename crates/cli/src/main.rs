@@ -79,9 +79,7 @@ struct LineageGuard(Option<std::sync::Arc<lineage::Lineage>>);
 impl LineageGuard {
     /// The observer to put in the run's options.
     fn observer(&self) -> Option<fixpoint_core::Observer> {
-        self.0.as_ref().map(|l| {
-            fixpoint_core::Observer(l.clone() as std::sync::Arc<dyn fixpoint_core::RunObserver>)
-        })
+        self.0.as_ref().map(|l| fixpoint_core::Observer(l.clone() as std::sync::Arc<dyn fixpoint_core::RunObserver>))
     }
 
     /// A run of `job` for each of `dates` that failed before it started
@@ -121,12 +119,8 @@ impl DbArgs {
     /// with a note on stderr that it is created (and where).
     fn open(&self) -> Result<Box<dyn Engine>, Error> {
         if self.db.is_none() && !std::path::Path::new(DEFAULT_DB_FILE).exists() {
-            let here = std::env::current_dir()
-                .map(|d| d.display().to_string())
-                .unwrap_or_else(|_| ".".into());
-            eprintln!(
-                "fixpoint: creating DuckDB database {DEFAULT_DB_FILE} in {here} (no --db given)"
-            );
+            let here = std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_else(|_| ".".into());
+            eprintln!("fixpoint: creating DuckDB database {DEFAULT_DB_FILE} in {here} (no --db given)");
         }
         open_engine(self.url(), Duration::from_secs(self.wait))
     }
@@ -408,17 +402,11 @@ fn main() -> ExitCode {
 /// `--output=json` before any `--`), read from the raw arguments: for
 /// errors in the arguments themselves, before clap has parsed them.
 fn json_requested() -> bool {
-    let args: Vec<String> = std::env::args_os()
-        .skip(1)
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
+    let args: Vec<String> = std::env::args_os().skip(1).map(|a| a.to_string_lossy().into_owned()).collect();
     args.iter()
         .take_while(|a| a.as_str() != "--")
         .enumerate()
-        .any(|(i, a)| {
-            a == "--output=json"
-                || (a == "--output" && args.get(i + 1).map(String::as_str) == Some("json"))
-        })
+        .any(|(i, a)| a == "--output=json" || (a == "--output" && args.get(i + 1).map(String::as_str) == Some("json")))
 }
 
 /// clap's error as the JSON error object of every other error:
@@ -430,13 +418,7 @@ fn clap_error_json(e: &clap::Error) -> serde_json::Value {
     // included), then come tips and the usage.
     let mut paragraphs = text.split("\n\n").map(str::trim).filter(|p| !p.is_empty());
     let first = paragraphs.next().unwrap_or("");
-    let message = first
-        .strip_prefix("error: ")
-        .unwrap_or(first)
-        .lines()
-        .map(str::trim)
-        .collect::<Vec<_>>()
-        .join(" ");
+    let message = first.strip_prefix("error: ").unwrap_or(first).lines().map(str::trim).collect::<Vec<_>>().join(" ");
     let mut tips = Vec::new();
     let mut usage = None;
     for l in paragraphs.flat_map(str::lines).map(str::trim) {
@@ -446,11 +428,7 @@ fn clap_error_json(e: &clap::Error) -> serde_json::Value {
             usage = Some(u.to_owned());
         }
     }
-    let hint = if tips.is_empty() {
-        "see `fixpoint --help` or `fixpoint COMMAND --help`".to_owned()
-    } else {
-        tips.join("; ")
-    };
+    let hint = if tips.is_empty() { "see `fixpoint --help` or `fixpoint COMMAND --help`".to_owned() } else { tips.join("; ") };
     serde_json::json!({"error": {"class": "input", "message": message, "hint": hint, "usage": usage, "exit_code": output::code::INPUT}})
 }
 
@@ -458,9 +436,7 @@ fn clap_error_json(e: &clap::Error) -> serde_json::Value {
 /// user's to fix (exit 2), said before DuckDB fails on it with a runtime
 /// error. DuckDB creates the file, never its folder.
 fn check_duckdb_folder(path: &std::path::Path) -> Result<(), Error> {
-    let Some(folder) = path.parent().filter(|f| !f.as_os_str().is_empty()) else {
-        return Ok(());
-    };
+    let Some(folder) = path.parent().filter(|f| !f.as_os_str().is_empty()) else { return Ok(()) };
     let what = match std::fs::metadata(folder) {
         Ok(m) if m.is_dir() => return Ok(()),
         Ok(_) => "is not a folder",
@@ -482,27 +458,19 @@ pub(crate) fn open_engine(url: &str, wait: Duration) -> Result<Box<dyn Engine>, 
                 check_duckdb_folder(&p)?;
                 Box::new(duckdb_switches(fixpoint_duckdb::DuckDb::open(&p, wait)?)?)
             }
-            fixpoint_duckdb::DuckTarget::Memory => {
-                Box::new(duckdb_switches(fixpoint_duckdb::DuckDb::open_in_memory()?)?)
-            }
+            fixpoint_duckdb::DuckTarget::Memory => Box::new(duckdb_switches(fixpoint_duckdb::DuckDb::open_in_memory()?)?),
         });
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        return Ok(Box::new(postgres_switches(
-            fixpoint_postgres::Postgres::connect_waiting(url, wait)?,
-        )?));
+        return Ok(Box::new(postgres_switches(fixpoint_postgres::Postgres::connect_waiting(url, wait)?)?));
     }
     #[cfg(feature = "spark")]
     if fixpoint_spark::is_spark_url(url) {
-        return Ok(Box::new(spark_switches(
-            fixpoint_spark::Spark::connect(url, wait.max(Duration::from_secs(10)))?.with_wait(wait),
-        )?));
+        return Ok(Box::new(spark_switches(fixpoint_spark::Spark::connect(url, wait.max(Duration::from_secs(10)))?.with_wait(wait))?));
     }
     #[cfg(feature = "delta")]
     if fixpoint_delta::is_delta_url(url) {
-        return Ok(Box::new(
-            fixpoint_delta::Delta::open_url(url)?.with_fault(delta_fault()?),
-        ));
+        return Ok(Box::new(fixpoint_delta::Delta::open_url(url)?.with_fault(delta_fault()?)));
     }
     if fixpoint_delta::is_delta_url(url) {
         return Err(Error::argument(
@@ -528,9 +496,7 @@ pub(crate) fn open_engine(url: &str, wait: Duration) -> Result<Box<dyn Engine>, 
 /// with `FIXPOINT_TEST_MODE=1`, like fault injection.
 #[cfg(feature = "delta")]
 fn delta_fault() -> Result<Option<fixpoint_delta::DeltaFault>, Error> {
-    let Ok(spec) = std::env::var("FIXPOINT_DELTA_FAULT") else {
-        return Ok(None);
-    };
+    let Ok(spec) = std::env::var("FIXPOINT_DELTA_FAULT") else { return Ok(None) };
     if std::env::var(TEST_MODE).as_deref() != Ok("1") {
         eprintln!("fixpoint: warning: FIXPOINT_DELTA_FAULT={spec:?} is ignored: it needs {TEST_MODE}=1 as well (unset FIXPOINT_DELTA_FAULT to silence this)");
         return Ok(None);
@@ -538,10 +504,7 @@ fn delta_fault() -> Result<Option<fixpoint_delta::DeltaFault>, Error> {
     match spec.as_str() {
         "lose_commit_ack" => Ok(Some(fixpoint_delta::DeltaFault::LoseCommitAck)),
         "abort_after_commit" => Ok(Some(fixpoint_delta::DeltaFault::AbortAfterCommit)),
-        other => Err(Error::argument(
-            format!("FIXPOINT_DELTA_FAULT: {other:?} is not a Delta fault"),
-            Some("use lose_commit_ack or abort_after_commit"),
-        )),
+        other => Err(Error::argument(format!("FIXPOINT_DELTA_FAULT: {other:?} is not a Delta fault"), Some("use lose_commit_ack or abort_after_commit"))),
     }
 }
 
@@ -558,34 +521,17 @@ const SWITCHES_HINT: &str = "use untapped_day_insert, two_statement_merge, no_ta
 /// fault injection, obeyed only with `FIXPOINT_TEST_MODE=1`; ignored with a
 /// warning otherwise.
 fn test_switches() -> Result<Vec<String>, Error> {
-    let Ok(spec) = std::env::var("FIXPOINT_TEST_SWITCHES") else {
-        return Ok(Vec::new());
-    };
+    let Ok(spec) = std::env::var("FIXPOINT_TEST_SWITCHES") else { return Ok(Vec::new()) };
     if std::env::var(TEST_MODE).as_deref() != Ok("1") {
         eprintln!(
             "fixpoint: warning: FIXPOINT_TEST_SWITCHES={spec:?} is ignored: test switches need {TEST_MODE}=1 as well (unset FIXPOINT_TEST_SWITCHES to silence this)"
         );
         return Ok(Vec::new());
     }
-    let switches: Vec<String> = spec
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect();
+    let switches: Vec<String> = spec.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect();
     for s in &switches {
-        if ![
-            "untapped_day_insert",
-            "two_statement_merge",
-            "no_taps",
-            "unobserved_writes",
-        ]
-        .contains(&s.as_str())
-        {
-            return Err(Error::argument(
-                format!("FIXPOINT_TEST_SWITCHES: {s:?} is not a test switch"),
-                Some(SWITCHES_HINT),
-            ));
+        if !["untapped_day_insert", "two_statement_merge", "no_taps", "unobserved_writes"].contains(&s.as_str()) {
+            return Err(Error::argument(format!("FIXPOINT_TEST_SWITCHES: {s:?} is not a test switch"), Some(SWITCHES_HINT)));
         }
     }
     Ok(switches)
@@ -608,9 +554,7 @@ fn duckdb_switches(mut duck: fixpoint_duckdb::DuckDb) -> Result<fixpoint_duckdb:
 
 /// PostgreSQL's switch (`no_taps`: no accelerator, the portable plans
 /// only; DuckDB's other switches name plans PostgreSQL does not have).
-fn postgres_switches(
-    mut pg: fixpoint_postgres::Postgres,
-) -> Result<fixpoint_postgres::Postgres, Error> {
+fn postgres_switches(mut pg: fixpoint_postgres::Postgres) -> Result<fixpoint_postgres::Postgres, Error> {
     for switch in test_switches()? {
         if switch == "no_taps" {
             pg = pg.without_accelerator();
@@ -638,9 +582,7 @@ fn spark_switches(mut spark: fixpoint_spark::Spark) -> Result<fixpoint_spark::Sp
 /// production environment must not fail every run, so without test mode it
 /// is ignored, with a warning.
 fn fault_from_env() -> Result<(Option<(FailPoint, FaultAction)>, Option<RunDate>), Error> {
-    let Ok(spec) = std::env::var("FIXPOINT_FAIL_AT") else {
-        return Ok((None, None));
-    };
+    let Ok(spec) = std::env::var("FIXPOINT_FAIL_AT") else { return Ok((None, None)) };
     if std::env::var(TEST_MODE).as_deref() != Ok("1") {
         eprintln!(
             "fixpoint: warning: FIXPOINT_FAIL_AT={spec:?} is ignored: fault injection is for tests and needs {TEST_MODE}=1 as well (unset FIXPOINT_FAIL_AT to silence this)"
@@ -661,10 +603,7 @@ fn fault_from_env() -> Result<(Option<(FailPoint, FaultAction)>, Option<RunDate>
     let action = match mode.as_str() {
         "abort" => FaultAction::Abort,
         "" | "error" => FaultAction::Error,
-        other => match other
-            .strip_prefix("pause:")
-            .and_then(|ms| ms.parse::<u64>().ok())
-        {
+        other => match other.strip_prefix("pause:").and_then(|ms| ms.parse::<u64>().ok()) {
             Some(ms) => FaultAction::Pause(ms),
             None => {
                 return Err(Error::argument(
@@ -677,10 +616,7 @@ fn fault_from_env() -> Result<(Option<(FailPoint, FaultAction)>, Option<RunDate>
     Ok((Some((point, action)), date))
 }
 
-fn parse_job_and_engine(
-    job: &std::path::Path,
-    db: &DbArgs,
-) -> Result<(Job, Box<dyn Engine>), Error> {
+fn parse_job_and_engine(job: &std::path::Path, db: &DbArgs) -> Result<(Job, Box<dyn Engine>), Error> {
     let job = Job::from_file(job)?;
     let engine = db.open()?;
     Ok((job, engine))
@@ -693,11 +629,7 @@ fn date_count(from: RunDate, to: RunDate, start: Option<RunDate>) -> u64 {
     if first > to {
         0
     } else {
-        to.date()
-            .signed_duration_since(first.date())
-            .num_days()
-            .unsigned_abs()
-            + 1
+        to.date().signed_duration_since(first.date()).num_days().unsigned_abs() + 1
     }
 }
 
@@ -729,34 +661,20 @@ fn lint_gate(job: &Job, db_url: &str, engine: &mut dyn Engine, allow: bool) -> R
         f
     }) {
         Ok(findings) => {
-            let errors: Vec<_> = findings
-                .iter()
-                .filter(|f| f.severity == Severity::Error)
-                .collect();
+            let errors: Vec<_> = findings.iter().filter(|f| f.severity == Severity::Error).collect();
             if errors.is_empty() {
                 return Ok(());
             }
-            let list = errors
-                .iter()
-                .map(|f| format!("  line {}:{}: {}: {}", f.line, f.column, f.rule, f.message))
-                .collect::<Vec<_>>()
-                .join("\n");
+            let list = errors.iter().map(|f| format!("  line {}:{}: {}: {}", f.line, f.column, f.rule, f.message)).collect::<Vec<_>>().join("\n");
             if allow {
-                eprintln!(
-                    "fixpoint: running despite lint errors (--allow-nondeterministic):\n{list}"
-                );
+                eprintln!("fixpoint: running despite lint errors (--allow-nondeterministic):\n{list}");
                 return Ok(());
             }
             Err(Error::Spec {
                 file: job.path.clone().unwrap_or_default(),
                 key: "source.sql".into(),
-                message: format!(
-                    "{} lint error(s): reruns of this job would not leave the same table\n{list}",
-                    errors.len()
-                ),
-                hint: Some(
-                    "fix them (see `fixpoint lint`), or pass --allow-nondeterministic".into(),
-                ),
+                message: format!("{} lint error(s): reruns of this job would not leave the same table\n{list}", errors.len()),
+                hint: Some("fix them (see `fixpoint lint`), or pass --allow-nondeterministic".into()),
             })
         }
         // SQL the linter cannot read is not known to be deterministic: refused
@@ -786,23 +704,12 @@ fn lint_gate(job: &Job, db_url: &str, engine: &mut dyn Engine, allow: bool) -> R
 /// (on stdout), `Err` with an error not yet reported.
 fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
     match command {
-        Command::Run {
-            job,
-            date,
-            db,
-            force,
-            allow_nondeterministic,
-            no_wait,
-            lineage,
-            ..
-        } => {
+        Command::Run { job, date, db, force, allow_nondeterministic, no_wait, lineage, .. } => {
             interrupt::watch(out.is_json());
             let Some(date) = date else {
                 return Err(Error::argument(
                     "--date is required: a run's date comes from the caller, never from the clock",
-                    Some(
-                        "pass the logical date the scheduler is processing, e.g. --date 2026-10-20",
-                    ),
+                    Some("pass the logical date the scheduler is processing, e.g. --date 2026-10-20"),
                 ));
             };
             let run_date = RunDate::parse(&date)?;
@@ -824,19 +731,8 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
                 ));
             }
             if job.lookback > 0 {
-                let opts = RunOptions {
-                    force,
-                    fault,
-                    no_wait,
-                    observer: lineage.observer(),
-                };
-                let (report, failure) = fixpoint_core::tools::lookback::run_window(
-                    &job,
-                    run_date,
-                    engine.as_mut(),
-                    &opts,
-                    fault_date,
-                );
+                let opts = RunOptions { force, fault, no_wait, observer: lineage.observer() };
+                let (report, failure) = fixpoint_core::tools::lookback::run_window(&job, run_date, engine.as_mut(), &opts, fault_date);
                 interrupt::over();
                 out.window(&report, &job, failure.as_ref());
                 return match failure {
@@ -850,129 +746,54 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
                     }
                 };
             }
-            let fault = if fault_date.is_some_and(|d| d != run_date) {
-                None
-            } else {
-                fault
-            };
-            let opts = RunOptions {
-                force,
-                fault,
-                no_wait,
-                observer: lineage.observer(),
-            };
+            let fault = if fault_date.is_some_and(|d| d != run_date) { None } else { fault };
+            let opts = RunOptions { force, fault, no_wait, observer: lineage.observer() };
             let report = job.load_with(run_date, engine.as_mut(), &opts)?;
             interrupt::over();
             out.run_report(&report, &job);
             Ok(ExitStatus::Success)
         }
-        Command::Fingerprint {
-            table,
-            predicate,
-            exclude,
-            portable,
-            db,
-            ..
-        } => {
+        Command::Fingerprint { table, predicate, exclude, portable, db, .. } => {
             let table = TableName::parse(&table)?;
             if let Some(p) = &predicate {
                 fixpoint_core::job::sql::check_predicate("--where", p)?;
             }
             let mut engine = db.open()?;
             let columns = engine.table_columns(&table)?.ok_or_else(|| Error::Schema {
-                message: format!(
-                    "table {table} does not exist in {}",
-                    output::redact_url(db.url())
-                ),
+                message: format!("table {table} does not exist in {}", output::redact_url(db.url())),
                 hint: Some("check the table name and --db".into()),
             })?;
             for e in &exclude {
                 if !columns.iter().any(|c| &c.name == e) {
                     return Err(Error::argument(
                         format!("--exclude {e}: {table} has no such column"),
-                        Some(&format!(
-                            "its columns are {}",
-                            columns
-                                .iter()
-                                .map(|c| c.name.as_str())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        )),
+                        Some(&format!("its columns are {}", columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", "))),
                     ));
                 }
             }
-            let names = columns
-                .iter()
-                .map(|c| c.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ");
-            let columns: Vec<_> = columns
-                .into_iter()
-                .filter(|c| !exclude.contains(&c.name))
-                .collect();
-            let method = if portable {
-                Method::Portable
-            } else {
-                Method::Native
-            };
+            let names = columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ");
+            let columns: Vec<_> = columns.into_iter().filter(|c| !exclude.contains(&c.name)).collect();
+            let method = if portable { Method::Portable } else { Method::Native };
             let filter = predicate.as_deref().map(Filter::Predicate);
-            let fp = fingerprint(
-                engine.as_mut(),
-                method,
-                &Scope::Table {
-                    table: &table,
-                    filter,
-                },
-                &columns,
-            )
-            .map_err(|e| match (e, predicate.as_deref()) {
+            let fp = fingerprint(engine.as_mut(), method, &Scope::Table { table: &table, filter }, &columns).map_err(|e| match (e, predicate.as_deref()) {
                 // The condition does not run on the table (a column it
                 // lacks, a type error): the user's to fix, shown without
                 // the SQL fixpoint wrapped around it.
-                (
-                    Error::Database {
-                        engine: name,
-                        message,
-                        failure,
-                        ..
-                    },
-                    Some(p),
-                ) if failure.is_statement() => Error::Sql {
+                (Error::Database { engine: name, message, failure, .. }, Some(p)) if failure.is_statement() => Error::Sql {
                     what: "--where".into(),
-                    message: format!(
-                        "{p:?} does not run on {table} ({name}): {}",
-                        message.lines().next().unwrap_or("").trim()
-                    ),
-                    hint: Some(format!(
-                        "the condition may use the columns of {table}: {names}"
-                    )),
+                    message: format!("{p:?} does not run on {table} ({name}): {}", message.lines().next().unwrap_or("").trim()),
+                    hint: Some(format!("the condition may use the columns of {table}: {names}")),
                 },
                 (e, _) => e,
             })?;
             out.fingerprint(&table, &fp);
             Ok(ExitStatus::Success)
         }
-        Command::Backfill {
-            job,
-            from,
-            to,
-            parallel,
-            force,
-            keep_going,
-            allow_nondeterministic,
-            no_wait,
-            max_dates,
-            db,
-            lineage,
-            ..
-        } => {
+        Command::Backfill { job, from, to, parallel, force, keep_going, allow_nondeterministic, no_wait, max_dates, db, lineage, .. } => {
             interrupt::watch(out.is_json());
             let (from, to) = (RunDate::parse(&from)?, RunDate::parse(&to)?);
             if from > to {
-                return Err(Error::argument(
-                    format!("--from {from} is after --to {to}"),
-                    Some("give the range in date order"),
-                ));
+                return Err(Error::argument(format!("--from {from} is after --to {to}"), Some("give the range in date order")));
             }
             if parallel == 0 {
                 return Err(Error::argument("--parallel 0: expected at least 1", None));
@@ -981,11 +802,7 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
             let count = date_count(from, to, job.start);
             check_range(from, to, count, max_dates, "check --from and --to")?;
             let first = job.start.map_or(from, |s| s.max(from));
-            let dates = if count == 0 {
-                Vec::new()
-            } else {
-                RunDate::range(first, to)
-            };
+            let dates = if count == 0 { Vec::new() } else { RunDate::range(first, to) };
             let lineage = lineage.start(db.url())?;
             interrupt::backfill(&job.name, &dates, false);
             let opened = (|| -> Result<Box<dyn Engine>, Error> {
@@ -1000,22 +817,11 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
                 eprintln!("fixpoint: duckdb allows one writer per database file; running the dates one at a time");
             }
             let (fault, fault_date) = fault_from_env()?;
-            let opts = fixpoint_core::tools::backfill::BackfillOptions {
-                run: RunOptions {
-                    force,
-                    fault,
-                    no_wait,
-                    observer: lineage.observer(),
-                },
-                keep_going,
-                fault_date,
-            };
+            let opts = fixpoint_core::tools::backfill::BackfillOptions { run: RunOptions { force, fault, no_wait, observer: lineage.observer() }, keep_going, fault_date };
             if let Some(start) = job.start {
                 let left_out = date_count(from, to, None) - count;
                 if left_out > 0 {
-                    eprintln!(
-                        "fixpoint: {left_out} date(s) before the job's start {start} left out"
-                    );
+                    eprintln!("fixpoint: {left_out} date(s) before the job's start {start} left out");
                 }
             }
             let wait = Duration::from_secs(db.wait);
@@ -1026,90 +832,49 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
                 let url = db.url();
                 let connect = || open_engine(url, wait);
                 out.backfill(&job, &dates, |progress| {
-                    let outcomes = fixpoint_core::tools::backfill::backfill_parallel(
-                        &job,
-                        &dates,
-                        parallel,
-                        &connect,
-                        &opts,
-                        |o: &DateOutcome| {
-                            interrupt::finished(o);
-                            progress(o);
-                        },
-                    );
+                    let outcomes = fixpoint_core::tools::backfill::backfill_parallel(&job, &dates, parallel, &connect, &opts, |o: &DateOutcome| {
+                        interrupt::finished(o);
+                        progress(o);
+                    });
                     interrupt::over();
                     outcomes
                 })
             } else {
                 out.backfill(&job, &dates, |progress| {
-                    let outcomes = fixpoint_core::tools::backfill::backfill(
-                        &job,
-                        &dates,
-                        engine.as_mut(),
-                        &opts,
-                        |o: &DateOutcome| {
-                            interrupt::finished(o);
-                            progress(o);
-                        },
-                    );
+                    let outcomes = fixpoint_core::tools::backfill::backfill(&job, &dates, engine.as_mut(), &opts, |o: &DateOutcome| {
+                        interrupt::finished(o);
+                        progress(o);
+                    });
                     interrupt::over();
                     outcomes
                 })
             };
             Ok(status)
         }
-        Command::Status {
-            job,
-            from,
-            to,
-            max_dates,
-            db,
-            ..
-        } => {
+        Command::Status { job, from, to, max_dates, db, .. } => {
             let job = Job::from_file(&job)?;
             let from = from.as_deref().map(RunDate::parse).transpose()?;
             let to = to.as_deref().map(RunDate::parse).transpose()?;
-            let reversed = |from: RunDate, to: RunDate| {
-                Error::argument(
-                    format!("--from {from} is after --to {to}"),
-                    Some("give the range in date order"),
-                )
-            };
+            let reversed = |from: RunDate, to: RunDate| Error::argument(format!("--from {from} is after --to {to}"), Some("give the range in date order"));
             // A range given in full is checked before the database is opened.
             if let (Some(f), Some(t)) = (from, to) {
                 if f > t {
                     return Err(reversed(f, t));
                 }
-                check_range(
-                    f,
-                    t,
-                    date_count(f, t, job.start),
-                    max_dates,
-                    "check --from and --to",
-                )?;
+                check_range(f, t, date_count(f, t, job.start), max_dates, "check --from and --to")?;
             }
             let mut engine = db.open()?;
             let (from, to, fix) = match (from, to) {
                 (Some(f), Some(t)) => (f, t, "check --from and --to"),
                 (from, to) => {
-                    let mut loaded: Vec<RunDate> = fixpoint_core::run::ledger::entries(
-                        engine.as_mut(),
-                        Some(&job.name),
-                        None,
-                        None,
-                    )?
-                    .iter()
-                    .filter_map(|e| RunDate::parse(&e.run_date).ok())
-                    .collect();
+                    let mut loaded: Vec<RunDate> = fixpoint_core::run::ledger::entries(engine.as_mut(), Some(&job.name), None, None)?
+                        .iter()
+                        .filter_map(|e| RunDate::parse(&e.run_date).ok())
+                        .collect();
                     loaded.sort();
                     let f = match from {
                         Some(f) => f,
-                        None => *loaded.first().ok_or_else(|| {
-                            Error::argument(
-                                format!("job {} has no runs in the ledger yet", job.name),
-                                Some("give --from and --to"),
-                            )
-                        })?,
+                        None => *loaded.first().ok_or_else(|| Error::argument(format!("job {} has no runs in the ledger yet", job.name), Some("give --from and --to")))?,
                     };
                     let t = match to {
                         Some(t) => t,
@@ -1123,11 +888,7 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
             }
             let count = date_count(from, to, job.start);
             check_range(from, to, count, max_dates, fix)?;
-            let dates = if count == 0 {
-                Vec::new()
-            } else {
-                RunDate::range(job.start.map_or(from, |s| s.max(from)), to)
-            };
+            let dates = if count == 0 { Vec::new() } else { RunDate::range(job.start.map_or(from, |s| s.max(from)), to) };
             let rows = fixpoint_core::tools::backfill::status_range(&job, &dates, engine.as_mut())?;
             let attention = fixpoint_core::tools::backfill::needing_attention(&job, &rows);
             out.status(&job, &rows, attention);
@@ -1144,22 +905,14 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
         }
         Command::Runs { job, limit, db, .. } => {
             let mut engine = db.open()?;
-            let entries = fixpoint_core::run::ledger::entries(
-                engine.as_mut(),
-                job.as_deref(),
-                None,
-                Some(limit),
-            )?;
+            let entries = fixpoint_core::run::ledger::entries(engine.as_mut(), job.as_deref(), None, Some(limit))?;
             if entries.is_empty() && limit > 0 {
                 let known = fixpoint_core::run::ledger::jobs(engine.as_mut())?;
                 match &job {
                     // A job without runs: most likely a typo in its name.
                     Some(name) => {
                         let listed = if known.is_empty() {
-                            format!(
-                                "the ledger in {} has no runs yet",
-                                output::redact_url(db.url())
-                            )
+                            format!("the ledger in {} has no runs yet", output::redact_url(db.url()))
                         } else {
                             format!("jobs with runs: {}", known.join(", "))
                         };
@@ -1168,25 +921,13 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
                             Some("--job takes the job's name (`name` in its job file, not the file's name); check it, and --db"),
                         ));
                     }
-                    None => eprintln!(
-                        "fixpoint: the ledger in {} has no runs yet",
-                        output::redact_url(db.url())
-                    ),
+                    None => eprintln!("fixpoint: the ledger in {} has no runs yet", output::redact_url(db.url())),
                 }
             }
             out.runs(&entries);
             Ok(ExitStatus::Success)
         }
-        Command::Prove {
-            job,
-            date,
-            runs,
-            crash,
-            no_mutate,
-            mutate_key,
-            db,
-            ..
-        } => {
+        Command::Prove { job, date, runs, crash, no_mutate, mutate_key, db, .. } => {
             let run_date = RunDate::parse(&date)?;
             if runs > MAX_PROVE_RUNS {
                 return Err(Error::argument(
@@ -1197,29 +938,16 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
             let mutate_key = mutate_key
                 .iter()
                 .map(|kv| {
-                    kv.split_once('=')
-                        .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
-                        .ok_or_else(|| {
-                            Error::argument(
-                                format!("--mutate-key {kv:?}: expected COLUMN=VALUE"),
-                                Some("e.g. --mutate-key order_id=4"),
-                            )
-                        })
+                    kv.split_once('=').map(|(k, v)| (k.trim().to_owned(), v.to_owned())).ok_or_else(|| {
+                        Error::argument(format!("--mutate-key {kv:?}: expected COLUMN=VALUE"), Some("e.g. --mutate-key order_id=4"))
+                    })
                 })
                 .collect::<Result<Vec<_>, Error>>()?;
             if no_mutate && !mutate_key.is_empty() {
-                return Err(Error::argument(
-                    "--mutate-key with --no-mutate: the mutation check is off",
-                    Some("drop one of them"),
-                ));
+                return Err(Error::argument("--mutate-key with --no-mutate: the mutation check is off", Some("drop one of them")));
             }
             let (job, mut engine) = parse_job_and_engine(&job, &db)?;
-            let opts = fixpoint_core::tools::prove::ProveOptions {
-                runs,
-                crash,
-                mutate: !no_mutate,
-                mutate_key,
-            };
+            let opts = fixpoint_core::tools::prove::ProveOptions { runs, crash, mutate: !no_mutate, mutate_key };
             let proof = fixpoint_core::tools::prove::prove(&job, run_date, engine.as_mut(), &opts)?;
             out.proof(&proof);
             if proof.proved {
@@ -1228,36 +956,21 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
                 Ok(ExitStatus::Proof)
             }
         }
-        Command::Lint {
-            jobs,
-            dialect,
-            deny_warnings,
-            db,
-            ..
-        } => {
+        Command::Lint { jobs, dialect, deny_warnings, db, .. } => {
             let dialect = match dialect {
                 DialectArg::Duckdb => SqlDialect::DuckDb,
                 DialectArg::Postgres => SqlDialect::Postgres,
                 DialectArg::Spark => SqlDialect::Spark,
             };
-            let mut engine = db
-                .as_deref()
-                .map(|url| open_engine(url, Duration::from_secs(60)))
-                .transpose()?;
+            let mut engine = db.as_deref().map(|url| open_engine(url, Duration::from_secs(60))).transpose()?;
             // Every file is linted; one that cannot be read, parsed or
             // linted is reported with its error, and the rest go on.
-            let mut all: Vec<(
-                String,
-                Result<Vec<fixpoint_core::tools::lint::Finding>, Error>,
-            )> = Vec::new();
+            let mut all: Vec<(String, Result<Vec<fixpoint_core::tools::lint::Finding>, Error>)> = Vec::new();
             for path in &jobs {
                 let linted = Job::from_file(path).and_then(|job| {
                     let mut findings = lint(&job, dialect)?;
                     if let Some(engine) = engine.as_mut() {
-                        findings.extend(fixpoint_core::tools::lint::lint_target(
-                            &job,
-                            engine.as_mut(),
-                        )?);
+                        findings.extend(fixpoint_core::tools::lint::lint_target(&job, engine.as_mut())?);
                     }
                     Ok(findings)
                 });
@@ -1279,17 +992,7 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
             }
             Ok(ExitStatus::Success)
         }
-        Command::Diff {
-            table_a,
-            table_b,
-            key,
-            predicate,
-            exclude,
-            limit,
-            db_b,
-            db,
-            ..
-        } => {
+        Command::Diff { table_a, table_b, key, predicate, exclude, limit, db_b, db, .. } => {
             let (ta, tb) = (TableName::parse(&table_a)?, TableName::parse(&table_b)?);
             let wait = Duration::from_secs(db.wait);
             let mut a = db.open()?;
@@ -1301,13 +1004,7 @@ fn dispatch(command: Command, out: &Output) -> Result<ExitStatus, Error> {
                 Some(b) => fixpoint_core::tools::diff::Sides::Two(a.as_mut(), b.as_mut()),
                 None => fixpoint_core::tools::diff::Sides::One(a.as_mut()),
             };
-            let opts = fixpoint_core::tools::diff::DiffOptions {
-                key,
-                predicate,
-                exclude,
-                segment_rows: 0,
-                max_listed: limit,
-            };
+            let opts = fixpoint_core::tools::diff::DiffOptions { key, predicate, exclude, segment_rows: 0, max_listed: limit };
             let report = fixpoint_core::tools::diff::diff(&mut sides, &ta, &tb, &opts)?;
             out.diff(&report);
             if report.identical {
@@ -1354,20 +1051,9 @@ mod interrupt {
         /// Nothing written yet (arguments, the job file).
         Starting,
         /// A run of one date (or of a lookback window ending at it).
-        Run {
-            job: String,
-            date: RunDate,
-            lookback: u32,
-            transactional: bool,
-        },
+        Run { job: String, date: RunDate, lookback: u32, transactional: bool },
         /// A backfill: its dates in order, and what became of each so far.
-        Backfill {
-            job: String,
-            dates: Vec<RunDate>,
-            outcomes: Vec<(RunDate, Outcome)>,
-            parallel: bool,
-            transactional: bool,
-        },
+        Backfill { job: String, dates: Vec<RunDate>, outcomes: Vec<(RunDate, Outcome)>, parallel: bool, transactional: bool },
         /// The work is over; only its report is being printed.
         Over,
     }
@@ -1377,10 +1063,7 @@ mod interrupt {
         activity: Activity,
     }
 
-    static STATE: Mutex<State> = Mutex::new(State {
-        json: false,
-        activity: Activity::Starting,
-    });
+    static STATE: Mutex<State> = Mutex::new(State { json: false, activity: Activity::Starting });
 
     fn state() -> MutexGuard<'static, State> {
         STATE.lock().unwrap_or_else(|e| e.into_inner())
@@ -1396,31 +1079,18 @@ mod interrupt {
 
     /// A run of `job` for `date` starts.
     pub fn run(job: &str, date: RunDate, lookback: u32) {
-        state().activity = Activity::Run {
-            job: job.to_owned(),
-            date,
-            lookback,
-            transactional: true,
-        };
+        state().activity = Activity::Run { job: job.to_owned(), date, lookback, transactional: true };
     }
 
     /// A backfill of `job` over `dates` starts (`parallel`: several dates at once).
     pub fn backfill(job: &str, dates: &[RunDate], parallel: bool) {
-        state().activity = Activity::Backfill {
-            job: job.to_owned(),
-            dates: dates.to_vec(),
-            outcomes: Vec::new(),
-            parallel,
-            transactional: true,
-        };
+        state().activity = Activity::Backfill { job: job.to_owned(), dates: dates.to_vec(), outcomes: Vec::new(), parallel, transactional: true };
     }
 
     /// The engine is open: whether it has transactions (Spark has not).
     pub fn engine_opened(has_transactions: bool) {
         match &mut state().activity {
-            Activity::Run { transactional, .. } | Activity::Backfill { transactional, .. } => {
-                *transactional = has_transactions
-            }
+            Activity::Run { transactional, .. } | Activity::Backfill { transactional, .. } => *transactional = has_transactions,
             Activity::Starting | Activity::Over => {}
         }
     }
@@ -1428,14 +1098,7 @@ mod interrupt {
     /// A date of the backfill is done (committed, skipped or failed).
     pub fn finished(o: &DateOutcome) {
         let (date, outcome) = match o {
-            DateOutcome::Done(r) => (
-                RunDate::parse(&r.run_date).ok(),
-                if r.outcome == "committed" {
-                    Outcome::Committed
-                } else {
-                    Outcome::Skipped
-                },
-            ),
+            DateOutcome::Done(r) => (RunDate::parse(&r.run_date).ok(), if r.outcome == "committed" { Outcome::Committed } else { Outcome::Skipped }),
             DateOutcome::Failed(d, _) => (Some(*d), Outcome::Failed),
             DateOutcome::NotRun(_) => (None, Outcome::Skipped),
         };
@@ -1476,25 +1139,21 @@ mod interrupt {
             unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
         }
         WRITE_END.store(write_end, std::sync::atomic::Ordering::Relaxed);
-        let watcher = std::thread::Builder::new()
-            .name("fixpoint-interrupt".into())
-            .spawn(move || {
-                let mut byte = [0u8];
-                loop {
-                    // SAFETY: read(2) into a one-byte buffer that outlives the call.
-                    let n = unsafe { libc::read(read_end, byte.as_mut_ptr().cast(), 1) };
-                    if n == 1 {
-                        break;
-                    }
-                    if n < 0
-                        && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
-                    {
-                        continue;
-                    }
-                    return;
+        let watcher = std::thread::Builder::new().name("fixpoint-interrupt".into()).spawn(move || {
+            let mut byte = [0u8];
+            loop {
+                // SAFETY: read(2) into a one-byte buffer that outlives the call.
+                let n = unsafe { libc::read(read_end, byte.as_mut_ptr().cast(), 1) };
+                if n == 1 {
+                    break;
                 }
-                report_and_exit();
-            });
+                if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return;
+            }
+            report_and_exit();
+        });
         if watcher.is_err() {
             return;
         }
@@ -1533,11 +1192,7 @@ mod interrupt {
         }
         if let Some(v) = json {
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(
-                out,
-                "{}",
-                serde_json::to_string_pretty(&v).unwrap_or_default()
-            );
+            let _ = writeln!(out, "{}", serde_json::to_string_pretty(&v).unwrap_or_default());
             let _ = out.flush();
         }
         // SAFETY: _exit(2) ends the process at once, as a kill would; see the module's comment.
@@ -1562,11 +1217,7 @@ mod interrupt {
             while j + 1 < dates.len() && dates[j].next() == dates[j + 1] {
                 j += 1;
             }
-            parts.push(if i == j {
-                dates[i].to_string()
-            } else {
-                format!("{} … {}", dates[i], dates[j])
-            });
+            parts.push(if i == j { dates[i].to_string() } else { format!("{} … {}", dates[i], dates[j]) });
             i = j + 1;
         }
         parts.join(", ")
@@ -1579,10 +1230,7 @@ mod interrupt {
     /// The lines for stderr, and the JSON error for stdout (none once the
     /// report may have started printing).
     fn describe(activity: &Activity) -> (Vec<String>, Option<serde_json::Value>) {
-        let json_error = |message: &str,
-                          hint: &str,
-                          extra: serde_json::Value|
-         -> serde_json::Value {
+        let json_error = |message: &str, hint: &str, extra: serde_json::Value| -> serde_json::Value {
             let mut error = serde_json::json!({"class": "interrupted", "message": message, "hint": hint, "exit_code": EXIT_CODE});
             if let (Some(e), serde_json::Value::Object(more)) = (error.as_object_mut(), extra) {
                 e.extend(more);

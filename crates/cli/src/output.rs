@@ -3,9 +3,9 @@
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use fixpoint_core::run::ledger::Entry;
 use fixpoint_core::tools::backfill::{DateOutcome, DateState, DateStatus};
 use fixpoint_core::tools::diff::Row;
+use fixpoint_core::run::ledger::Entry;
 use fixpoint_core::tools::lookback::{DayError, WindowReport};
 use fixpoint_core::{Error, ErrorClass, Fingerprint, Job, RunDate, RunReport, Strategy, TableName};
 
@@ -123,10 +123,7 @@ pub struct Output {
 
 impl Output {
     pub fn new(json: bool) -> Output {
-        Output {
-            json,
-            closed: AtomicBool::new(false),
-        }
+        Output { json, closed: AtomicBool::new(false) }
     }
 
     /// Writes one line on stdout. A closed stdout (EPIPE: `| head -1`,
@@ -221,27 +218,12 @@ impl Output {
         say!(self, "  run key  {}", r.run_key);
         if let Some(f) = &r.input_files {
             let bytes: u64 = f.files.iter().map(|x| x.size).sum();
-            say!(
-                self,
-                "  files    {} file(s), {bytes} bytes, checksum {}",
-                f.files.len(),
-                f.checksum
-            );
+            say!(self, "  files    {} file(s), {bytes} bytes, checksum {}", f.files.len(), f.checksum);
         }
         if r.outcome != "skipped" || r.input_files.is_none() {
-            say!(
-                self,
-                "  input    {} rows, checksum {}",
-                r.input_rows,
-                r.input_checksum
-            );
+            say!(self, "  input    {} rows, checksum {}", r.input_rows, r.input_checksum);
         }
-        say!(
-            self,
-            "  output   {} rows, checksum {}",
-            r.output_rows,
-            r.output_checksum
-        );
+        say!(self, "  output   {} rows, checksum {}", r.output_rows, r.output_checksum);
         if let Some(note) = &r.method_note {
             say!(self, "  note     {note}");
         }
@@ -257,33 +239,20 @@ impl Output {
             v["table"] = json!(table.to_string());
             self.json(&v);
         } else {
-            say!(
-                self,
-                "{table}: {} rows, checksum {} ({})",
-                fp.rows,
-                fp.checksum,
-                fp.kind
-            );
+            say!(self, "{table}: {} rows, checksum {} ({})", fp.rows, fp.checksum, fp.kind);
         }
     }
 
     /// Runs a backfill with a progress bar on stderr (when it is a terminal
     /// and the output is text), prints the summary, returns the exit code.
     /// Runs a backfill through `run` (sequential or parallel), showing progress, and reports it.
-    pub fn backfill(
-        &self,
-        job: &Job,
-        dates: &[RunDate],
-        run: impl FnOnce(&mut dyn FnMut(&DateOutcome)) -> Vec<DateOutcome>,
-    ) -> ExitStatus {
+    pub fn backfill(&self, job: &Job, dates: &[RunDate], run: impl FnOnce(&mut dyn FnMut(&DateOutcome)) -> Vec<DateOutcome>) -> ExitStatus {
         let bar = if !self.json && std::io::stderr().is_terminal() {
             indicatif::ProgressBar::new(dates.len() as u64)
         } else {
             indicatif::ProgressBar::hidden()
         };
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(PROGRESS_TEMPLATE).expect("template"),
-        );
+        bar.set_style(indicatif::ProgressStyle::with_template(PROGRESS_TEMPLATE).expect("template"));
         let mut written = 0u64;
         bar.set_message("0");
         let outcomes = run(&mut |o: &DateOutcome| {
@@ -318,36 +287,15 @@ impl Output {
                 .collect();
             self.json(&json!({"job": job.name, "dates": dates, "committed": committed, "skipped": skipped, "failed": failed, "not_run": not_run, "rows_written": written, "exit_code": code}));
         } else {
-            say!(
-                self,
-                "{:<12} {:<10} {:>10} {:>10} {:>10}  run key / error",
-                "date",
-                "outcome",
-                "deleted",
-                "written",
-                "rows"
-            );
+            say!(self, "{:<12} {:<10} {:>10} {:>10} {:>10}  run key / error", "date", "outcome", "deleted", "written", "rows");
             for o in &outcomes {
                 match o {
                     DateOutcome::Done(r) => say!(
                         self,
                         "{:<12} {:<10} {:>10} {:>10} {:>10}  {}",
-                        r.run_date,
-                        r.outcome,
-                        r.rows_deleted,
-                        r.rows_inserted + r.rows_updated,
-                        r.output_rows,
-                        r.run_key
+                        r.run_date, r.outcome, r.rows_deleted, r.rows_inserted + r.rows_updated, r.output_rows, r.run_key
                     ),
-                    DateOutcome::Failed(d, e) => say!(
-                        self,
-                        "{:<12} {:<10} {:>10} {:>10} {:>10}  {e}",
-                        d.to_string(),
-                        "failed",
-                        "",
-                        "",
-                        ""
-                    ),
+                    DateOutcome::Failed(d, e) => say!(self, "{:<12} {:<10} {:>10} {:>10} {:>10}  {e}", d.to_string(), "failed", "", "", ""),
                     DateOutcome::NotRun(d) => say!(self, "{:<12} {:<10}", d.to_string(), "not run"),
                 }
             }
@@ -380,21 +328,8 @@ impl Output {
             return;
         }
         let job = job.name.as_str();
-        let max = rows
-            .iter()
-            .filter_map(|r| r.rows_now.or(r.last_run.as_ref().map(|l| l.output_rows)))
-            .max()
-            .unwrap_or(0)
-            .max(1);
-        say!(
-            self,
-            "{:<12} {:<15} {:>10} {:<20} {:<34} rows",
-            "date",
-            "state",
-            "rows",
-            "last run (UTC)",
-            "run key"
-        );
+        let max = rows.iter().filter_map(|r| r.rows_now.or(r.last_run.as_ref().map(|l| l.output_rows))).max().unwrap_or(0).max(1);
+        say!(self, "{:<12} {:<15} {:>10} {:<20} {:<34} rows", "date", "state", "rows", "last run (UTC)", "run key");
         for r in rows {
             let state = match r.state {
                 DateState::Ok => "ok",
@@ -405,23 +340,15 @@ impl Output {
                 DateState::NoInput => "NO INPUT",
             };
             let n = r.rows_now.or(r.last_run.as_ref().map(|l| l.output_rows));
-            let bar_len = n
-                .map(|n| ((n as f64 / max as f64) * 30.0).round() as usize)
-                .unwrap_or(0);
+            let bar_len = n.map(|n| ((n as f64 / max as f64) * 30.0).round() as usize).unwrap_or(0);
             say!(
                 self,
                 "{:<12} {:<15} {:>10} {:<20} {:<34} {}",
                 r.run_date,
                 state,
                 n.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
-                r.last_run
-                    .as_ref()
-                    .map(|l| l.finished_at.format("%Y-%m-%d %H:%M:%S").to_string())
-                    .unwrap_or_else(|| "-".into()),
-                r.last_run
-                    .as_ref()
-                    .map(|l| l.run_key.as_str())
-                    .unwrap_or("-"),
+                r.last_run.as_ref().map(|l| l.finished_at.format("%Y-%m-%d %H:%M:%S").to_string()).unwrap_or_else(|| "-".into()),
+                r.last_run.as_ref().map(|l| l.run_key.as_str()).unwrap_or("-"),
                 "█".repeat(bar_len)
             );
             if !r.files_changed.is_empty() {
@@ -431,24 +358,12 @@ impl Output {
                 say!(self, "{:<12} {n}", "");
             }
         }
-        say!(
-            self,
-            "{job}: {} dates, {attention} need attention",
-            rows.len()
-        );
+        say!(self, "{job}: {} dates, {attention} need attention", rows.len());
     }
 
     /// The lint report of every file: its findings, or (on stderr, and in
     /// the JSON under `error`) why it could not be linted.
-    pub fn lint(
-        &self,
-        all: &[(
-            String,
-            Result<Vec<fixpoint_core::tools::lint::Finding>, Error>,
-        )],
-        errors: usize,
-        warnings: usize,
-    ) {
+    pub fn lint(&self, all: &[(String, Result<Vec<fixpoint_core::tools::lint::Finding>, Error>)], errors: usize, warnings: usize) {
         let failed = all.iter().filter(|(_, r)| r.is_err()).count();
         for (file, r) in all {
             if let Err(e) = r {
@@ -470,9 +385,7 @@ impl Output {
                     }
                 })
                 .collect();
-            self.json(
-                &json!({"files": files, "errors": errors, "warnings": warnings, "failed": failed}),
-            );
+            self.json(&json!({"files": files, "errors": errors, "warnings": warnings, "failed": failed}));
             return;
         }
         for (file, r) in all {
@@ -486,32 +399,15 @@ impl Output {
                     say!(self, "{file}: {sev}[{}]: {}", f.rule, f.message);
                     say!(self, "  (the target table) hint: {}", f.hint);
                 } else {
-                    say!(
-                        self,
-                        "{file}:{}:{}: {sev}[{}]: {}",
-                        f.line,
-                        f.column,
-                        f.rule,
-                        f.message
-                    );
-                    say!(
-                        self,
-                        "  (source.sql line {}, column {}) hint: {}",
-                        f.sql_line,
-                        f.sql_column,
-                        f.hint
-                    );
+                    say!(self, "{file}:{}:{}: {sev}[{}]: {}", f.line, f.column, f.rule, f.message);
+                    say!(self, "  (source.sql line {}, column {}) hint: {}", f.sql_line, f.sql_column, f.hint);
                 }
             }
         }
         if failed > 0 {
             say!(self, "{} file(s): {errors} error(s), {warnings} warning(s); {failed} file(s) could not be linted (see stderr)", all.len());
         } else {
-            say!(
-                self,
-                "{} file(s): {errors} error(s), {warnings} warning(s)",
-                all.len()
-            );
+            say!(self, "{} file(s): {errors} error(s), {warnings} warning(s)", all.len());
         }
     }
 
@@ -544,9 +440,7 @@ impl Output {
                         // The run date itself failed: its error, as a run
                         // without lookback prints it (in full when it was
                         // the window's first failure).
-                        (None, _, Some(e)) if first_failed == Some(i) => {
-                            json!({ "error": error_object(e) })
-                        }
+                        (None, _, Some(e)) if first_failed == Some(i) => json!({ "error": error_object(e) }),
                         (None, Some(x), _) => json!({ "error": day_error_object(x, &day.reason) }),
                         (None, None, _) => {
                             let error = json!({"class": "internal", "message": day.reason, "hint": null, "exit_code": code::INTERNAL});
@@ -560,31 +454,11 @@ impl Output {
             self.json(&top);
             return;
         }
-        say!(
-            self,
-            "{} {} with lookback {}: {} day(s) written, {} skipped, {} failed",
-            w.job,
-            w.run_date,
-            w.lookback,
-            w.written,
-            w.skipped,
-            w.failed
-        );
+        say!(self, "{} {} with lookback {}: {} day(s) written, {} skipped, {} failed", w.job, w.run_date, w.lookback, w.written, w.skipped, w.failed);
         say!(self, "{:<12} {:<10} {:>10}  why", "date", "action", "rows");
         for d in &w.days {
-            let rows = d
-                .report
-                .as_ref()
-                .map(|r| r.output_rows.to_string())
-                .unwrap_or_default();
-            say!(
-                self,
-                "{:<12} {:<10} {:>10}  {}",
-                d.run_date,
-                d.action,
-                rows,
-                d.reason
-            );
+            let rows = d.report.as_ref().map(|r| r.output_rows.to_string()).unwrap_or_default();
+            say!(self, "{:<12} {:<10} {:>10}  {}", d.run_date, d.action, rows, d.reason);
         }
     }
 
@@ -593,21 +467,11 @@ impl Output {
             self.json_of(d);
             return;
         }
-        say!(
-            self,
-            "diff {} vs {} on key ({})",
-            d.a,
-            d.b,
-            d.key.join(", ")
-        );
+        say!(self, "diff {} vs {} on key ({})", d.a, d.b, d.key.join(", "));
         say!(self, "  A  {}", d.fingerprint_a);
         say!(self, "  B  {}", d.fingerprint_b);
         if d.identical {
-            say!(
-                self,
-                "identical: {} rows, no row transferred",
-                d.fingerprint_a.rows
-            );
+            say!(self, "identical: {} rows, no row transferred", d.fingerprint_a.rows);
             return;
         }
         for r in &d.listed_only_in_a {
@@ -617,21 +481,13 @@ impl Output {
             say!(self, "  only in B  {r}");
         }
         for r in &d.listed_changed {
-            let changes: Vec<String> = r
-                .changes
-                .iter()
-                .map(|c| format!("{}: {} -> {}", c.column, c.a, c.b))
-                .collect();
+            let changes: Vec<String> = r.changes.iter().map(|c| format!("{}: {} -> {}", c.column, c.a, c.b)).collect();
             say!(self, "  changed    {}: {}", r.key, changes.join("; "));
         }
         say!(
             self,
             "{} only in A, {} only in B, {} changed ({} segment queries per side, {} rows read)",
-            d.only_in_a,
-            d.only_in_b,
-            d.changed,
-            d.segment_queries,
-            d.rows_transferred
+            d.only_in_a, d.only_in_b, d.changed, d.segment_queries, d.rows_transferred
         );
         if let Some(note) = &d.note {
             say!(self, "not identical: {note}");
@@ -644,21 +500,9 @@ impl Output {
             return;
         }
         say!(self, "prove {} {} (scope: {})", p.job, p.run_date, p.scope);
-        say!(
-            self,
-            "  before    {} rows, checksum {}",
-            p.before.rows,
-            p.before.checksum
-        );
+        say!(self, "  before    {} rows, checksum {}", p.before.rows, p.before.checksum);
         for r in &p.runs {
-            say!(
-                self,
-                "  run {}     {} rows, checksum {}  (run key {})",
-                r.run,
-                r.rows,
-                r.checksum,
-                r.run_key
-            );
+            say!(self, "  run {}     {} rows, checksum {}  (run key {})", r.run, r.rows, r.checksum, r.run_key);
             for d in &r.differs_from_first {
                 say!(self, "            {d}");
             }
@@ -683,13 +527,7 @@ impl Output {
         if let Some(m) = &p.mutation {
             say!(self, "  mutation  {}: {}", m.outcome, m.message);
             if !m.row.is_empty() {
-                say!(
-                    self,
-                    "            input row of {}: {{{}}}, changed {}",
-                    m.table,
-                    m.row.join(", "),
-                    m.change
-                );
+                say!(self, "            input row of {}: {{{}}}, changed {}", m.table, m.row.join(", "), m.change);
             }
             for s in &m.sample {
                 say!(self, "            {s}");
@@ -706,16 +544,7 @@ impl Output {
             self.json(&json!({"runs": entries.iter().map(entry_json).collect::<Vec<_>>()}));
             return;
         }
-        say!(
-            self,
-            "{:<20} {:<16} {:<12} {:<10} {:>10} {:>10}  run key",
-            "finished (UTC)",
-            "job",
-            "date",
-            "outcome",
-            "written",
-            "rows"
-        );
+        say!(self, "{:<20} {:<16} {:<12} {:<10} {:>10} {:>10}  run key", "finished (UTC)", "job", "date", "outcome", "written", "rows");
         for e in entries {
             say!(
                 self,
@@ -751,28 +580,14 @@ impl Output {
 pub fn error_object(e: &Error) -> Value {
     let mut v = json!({"class": class_name(e.class()), "message": e.to_string(), "hint": e.hint(), "exit_code": exit_code(e)});
     match e {
-        Error::OutOfPartition {
-            rows,
-            column,
-            sample,
-            ..
-        } => {
+        Error::OutOfPartition { rows, column, sample, .. } => {
             v["offending"] = json!(rows);
             v["column"] = json!(column);
             v["sample"] = row_value(&Row::from_pairs(&sample.0));
         }
-        Error::AuditFailed {
-            audit,
-            sample,
-            results,
-            ..
-        } => {
+        Error::AuditFailed { audit, sample, results, .. } => {
             v["audit"] = json!(audit);
-            v["sample"] = if sample.is_empty() {
-                Value::Null
-            } else {
-                display_row(sample)
-            };
+            v["sample"] = if sample.is_empty() { Value::Null } else { display_row(sample) };
             v["audits"] = audits_json(results);
         }
         _ => {}
@@ -806,19 +621,10 @@ fn audits_json(results: &[fixpoint_core::error::AuditResult]) -> Value {
 
 /// Turns the sample rows of the audits under `v["audits"]` into objects.
 fn rows_in_audits(v: &mut Value) {
-    let Some(audits) = v.get_mut("audits").and_then(Value::as_array_mut) else {
-        return;
-    };
+    let Some(audits) = v.get_mut("audits").and_then(Value::as_array_mut) else { return };
     for a in audits {
         if let Some(sample) = a.get_mut("sample") {
-            let rows: Vec<Value> = sample
-                .as_array()
-                .map(|s| {
-                    s.iter()
-                        .map(|x| display_row(x.as_str().unwrap_or_default()))
-                        .collect()
-                })
-                .unwrap_or_default();
+            let rows: Vec<Value> = sample.as_array().map(|s| s.iter().map(|x| display_row(x.as_str().unwrap_or_default())).collect()).unwrap_or_default();
             *sample = Value::Array(rows);
         }
     }
@@ -837,16 +643,9 @@ fn nest_fingerprints(v: &mut Value) {
     let Some(o) = v.as_object_mut() else { return };
     let kind = o.remove("fingerprint_kind").unwrap_or(Value::Null);
     for side in ["input", "output"] {
-        let rows = o
-            .remove(format!("{side}_rows").as_str())
-            .unwrap_or(Value::Null);
-        let checksum = o
-            .remove(format!("{side}_checksum").as_str())
-            .unwrap_or(Value::Null);
-        o.insert(
-            side.to_owned(),
-            json!({"rows": rows, "checksum": checksum, "kind": kind.clone()}),
-        );
+        let rows = o.remove(format!("{side}_rows").as_str()).unwrap_or(Value::Null);
+        let checksum = o.remove(format!("{side}_checksum").as_str()).unwrap_or(Value::Null);
+        o.insert(side.to_owned(), json!({"rows": rows, "checksum": checksum, "kind": kind.clone()}));
     }
 }
 
@@ -894,24 +693,9 @@ pub fn entry_json(e: &Entry) -> Value {
 fn status_json(r: &DateStatus, job: &Job) -> Value {
     let mut v = serde_json::to_value(r).expect("a status serializes");
     if let Some(o) = v.as_object_mut() {
-        o.insert(
-            "last_run".to_owned(),
-            r.last_run.as_ref().map(entry_json).unwrap_or(Value::Null),
-        );
-        o.insert(
-            "input_now".to_owned(),
-            r.input_now
-                .as_ref()
-                .map(fingerprint_value)
-                .unwrap_or(Value::Null),
-        );
-        o.insert(
-            "output_now".to_owned(),
-            r.output_now
-                .as_ref()
-                .map(fingerprint_value)
-                .unwrap_or(Value::Null),
-        );
+        o.insert("last_run".to_owned(), r.last_run.as_ref().map(entry_json).unwrap_or(Value::Null));
+        o.insert("input_now".to_owned(), r.input_now.as_ref().map(fingerprint_value).unwrap_or(Value::Null));
+        o.insert("output_now".to_owned(), r.output_now.as_ref().map(fingerprint_value).unwrap_or(Value::Null));
         if r.run_key_now.is_empty() {
             o.insert("run_key_now".to_owned(), Value::Null);
         }
@@ -939,8 +723,7 @@ fn naming(file: &str, e: &Error) -> String {
 /// The backfill's progress line (on a terminal): at most 79 columns with
 /// up to 7-digit date counts, a 6-character row count ([`compact`]) and
 /// indicatif's short durations (`{elapsed}`, `{eta}`: `59s`, `12m`, `3h`).
-pub const PROGRESS_TEMPLATE: &str =
-    "{bar:20} {pos}/{len} dates, {msg} rows, {elapsed} elapsed, ETA {eta}";
+pub const PROGRESS_TEMPLATE: &str = "{bar:20} {pos}/{len} dates, {msg} rows, {elapsed} elapsed, ETA {eta}";
 
 /// A count in at most 6 characters: `999`, `12.3k`, `999.9k`, `1.0M`, `18.4E`.
 pub fn compact(n: u64) -> String {
@@ -971,17 +754,7 @@ mod tests {
         assert_eq!(compact(999_999), "1.0M");
         assert_eq!(compact(2_500_000_000), "2.5G");
         assert_eq!(compact(u64::MAX), "18.4E");
-        for n in [
-            0,
-            999,
-            1000,
-            999_949,
-            999_950,
-            999_999,
-            999_999_999,
-            u64::MAX / 3,
-            u64::MAX,
-        ] {
+        for n in [0, 999, 1000, 999_949, 999_950, 999_999, 999_999_999, u64::MAX / 3, u64::MAX] {
             assert!(compact(n).chars().count() <= 6, "{n}: {}", compact(n));
         }
     }
@@ -999,14 +772,7 @@ mod tests {
             .replace("{msg}", "999.9k")
             .replace("{elapsed}", "100y")
             .replace("{eta}", "100y");
-        assert!(
-            !widest.contains('{'),
-            "every placeholder replaced: {widest}"
-        );
-        assert!(
-            widest.chars().count() <= 80,
-            "{} columns: {widest}",
-            widest.chars().count()
-        );
+        assert!(!widest.contains('{'), "every placeholder replaced: {widest}");
+        assert!(widest.chars().count() <= 80, "{} columns: {widest}", widest.chars().count());
     }
 }

@@ -65,25 +65,13 @@ struct Out {
 fn run(bin: &Path, dir: &Path, args: &[&str], as_nobody: bool) -> Out {
     let mut cmd = if as_nobody {
         let mut c = Command::new("setpriv");
-        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-            .arg(bin);
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups"]).arg(bin);
         c
     } else {
         Command::new(bin)
     };
-    let o = cmd
-        .args(args)
-        .current_dir(dir)
-        .env_remove("FIXPOINT_DB")
-        .env_remove("FIXPOINT_FAIL_AT")
-        .env_remove("FIXPOINT_TEST_MODE")
-        .output()
-        .expect("runs");
-    Out {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
+    let o = cmd.args(args).current_dir(dir).env_remove("FIXPOINT_DB").env_remove("FIXPOINT_FAIL_AT").env_remove("FIXPOINT_TEST_MODE").output().expect("runs");
+    Out { code: o.status.code().unwrap_or(-1), stdout: String::from_utf8_lossy(&o.stdout).into_owned(), stderr: String::from_utf8_lossy(&o.stderr).into_owned() }
 }
 
 /// The engines the catalogue runs on.
@@ -149,16 +137,7 @@ struct Case {
 }
 
 fn case(name: &'static str, job: Option<String>, args: &[&str], code: i32, needle: &str) -> Case {
-    Case {
-        name,
-        job,
-        args: args.iter().map(|s| s.to_string()).collect(),
-        code,
-        needle: needle.into(),
-        special: Special::None,
-        worded: Vec::new(),
-        not_on: Vec::new(),
-    }
+    Case { name, job, args: args.iter().map(|s| s.to_string()).collect(), code, needle: needle.into(), special: Special::None, worded: Vec::new(), not_on: Vec::new() }
 }
 
 impl Case {
@@ -175,60 +154,26 @@ impl Case {
     }
 
     fn needle(&self, e: Eng) -> &str {
-        self.worded
-            .iter()
-            .find(|(w, _)| *w == e)
-            .map_or(&self.needle, |(_, n)| n)
+        self.worded.iter().find(|(w, _)| *w == e).map_or(&self.needle, |(_, n)| n)
     }
 }
 
-const RUN: &[&str] = &[
-    "run",
-    "case.toml",
-    "--date",
-    "2026-10-20",
-    "--db",
-    "duckdb:w.duckdb",
-];
+const RUN: &[&str] = &["run", "case.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb"];
 /// A rerun of a loaded day (audits are not part of the run key: without
 /// --force the run would find its output in place and skip).
-const RUN_FORCED: &[&str] = &[
-    "run",
-    "case.toml",
-    "--date",
-    "2026-10-20",
-    "--db",
-    "duckdb:w.duckdb",
-    "--force",
-];
+const RUN_FORCED: &[&str] = &["run", "case.toml", "--date", "2026-10-20", "--db", "duckdb:w.duckdb", "--force"];
 
 fn cases() -> Vec<Case> {
     let r = |from: &str, to: &str| Some(REPLACE.replace(from, to));
     let m = |from: &str, to: &str| Some(MERGE.replace(from, to));
-    let src = |sql: &str| {
-        Some(REPLACE.replace(
-            "SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date",
-            sql,
-        ))
-    };
-    let pg = std::env::var("FIXPOINT_TEST_PG")
-        .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into());
-    let host = pg
-        .split('@')
-        .nth(1)
-        .and_then(|h| h.split('/').next())
-        .unwrap_or("127.0.0.1:5432")
-        .to_owned();
+    let src = |sql: &str| Some(REPLACE.replace("SELECT order_id, order_total, dt FROM bronze.orders WHERE dt = :run_date", sql));
+    let pg = std::env::var("FIXPOINT_TEST_PG").unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into());
+    let host = pg.split('@').nth(1).and_then(|h| h.split('/').next()).unwrap_or("127.0.0.1:5432").to_owned();
     let pg_user = format!("postgres://no_such_role:secret@{host}/test");
     let pg_db = format!("postgres://root@{host}/no_such_database");
     let with = |c: Case, s: Special| Case { special: s, ..c };
     let h = |from: &str, to: &str| Some(HISTORY.replace(from, to));
-    let hsrc = |sql: &str| {
-        h(
-            "SELECT order_id, order_total, updated_at FROM bronze.orders WHERE dt = :run_date",
-            sql,
-        )
-    };
+    let hsrc = |sql: &str| h("SELECT order_id, order_total, updated_at FROM bronze.orders WHERE dt = :run_date", sql);
     vec![
         // The job file.
         case("malformed TOML", r("name = \"silver_orders\"", "name = \"silver_orders"), RUN, 2, "case.toml: name: "),
@@ -399,13 +344,10 @@ fn cases() -> Vec<Case> {
 }
 
 fn pg_reachable() -> bool {
-    let url = std::env::var("FIXPOINT_TEST_PG")
-        .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into());
+    let url = std::env::var("FIXPOINT_TEST_PG").unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into());
     match fixpoint_postgres::Postgres::connect(&url) {
         Ok(_) => true,
-        Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("postgres is unreachable under CI=true: {e}")
-        }
+        Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("postgres is unreachable under CI=true: {e}"),
         Err(e) => {
             eprintln!("skipped the PostgreSQL cases: the server is unreachable ({e})");
             false
@@ -431,11 +373,7 @@ fn workdir() -> (tempfile::TempDir, std::path::PathBuf) {
     std::fs::copy(env!("CARGO_BIN_EXE_fixpoint"), &bin).unwrap();
     chmod(&bin, 0o755);
     chmod(&dir, 0o777);
-    std::fs::write(
-        dir.join("garbage.duckdb"),
-        "this is not a database\n".repeat(400),
-    )
-    .unwrap();
+    std::fs::write(dir.join("garbage.duckdb"), "this is not a database\n".repeat(400)).unwrap();
     std::fs::create_dir(dir.join("folder")).unwrap();
     std::fs::write(dir.join("job.toml"), REPLACE).unwrap();
     std::fs::write(dir.join("merge.toml"), MERGE).unwrap();
@@ -446,11 +384,7 @@ fn workdir() -> (tempfile::TempDir, std::path::PathBuf) {
 /// of the merge), then goes through every case that applies to `e` at
 /// `url`, comparing `state()` before and after each.
 fn catalogue(e: Eng, url: &str, dir: &Path, bin: &Path, state: &mut dyn FnMut() -> Vec<String>) {
-    for (job, date) in [
-        ("job.toml", "2026-10-20"),
-        ("merge.toml", "2026-10-20"),
-        ("merge.toml", "2026-10-19"),
-    ] {
+    for (job, date) in [("job.toml", "2026-10-20"), ("merge.toml", "2026-10-20"), ("merge.toml", "2026-10-19")] {
         let o = run(bin, dir, &["run", job, "--date", date, "--db", url], false);
         assert_eq!(o.code, 0, "{}", o.stderr);
     }
@@ -458,18 +392,12 @@ fn catalogue(e: Eng, url: &str, dir: &Path, bin: &Path, state: &mut dyn FnMut() 
     let root = unsafe { libc::geteuid() } == 0;
     let pg = e == Eng::DuckDb && pg_reachable();
     let before = state();
-    assert!(
-        before[1].contains("2.5"),
-        "the target is loaded: {before:?}"
-    );
+    assert!(before[1].contains("2.5"), "the target is loaded: {before:?}");
     let mut checked = 0;
     let mut failures: Vec<String> = Vec::new();
     let print = std::env::var_os("FIXPOINT_PRINT_CATALOGUE").is_some();
     if print {
-        eprintln!(
-            "\n{} ({url}):\n\n| case | exit | message (first error line) |\n|---|---|---|",
-            e.label()
-        );
+        eprintln!("\n{} ({url}):\n\n| case | exit | message (first error line) |\n|---|---|---|", e.label());
     }
     for c in cases() {
         if c.special == Special::Pg && !pg || c.not_on.contains(&e) {
@@ -496,11 +424,7 @@ fn catalogue(e: Eng, url: &str, dir: &Path, bin: &Path, state: &mut dyn FnMut() 
             _ => {}
         }
         let nobody = root && matches!(c.special, Special::Unreadable | Special::ReadOnly);
-        let args: Vec<&str> = c
-            .args
-            .iter()
-            .map(|a| if a == DUCKDB_URL { url } else { a.as_str() })
-            .collect();
+        let args: Vec<&str> = c.args.iter().map(|a| if a == DUCKDB_URL { url } else { a.as_str() }).collect();
         let text = run(bin, dir, &args, nobody);
         let mut json_args = args.clone();
         json_args.extend(["--output", "json"]);
@@ -515,49 +439,21 @@ fn catalogue(e: Eng, url: &str, dir: &Path, bin: &Path, state: &mut dyn FnMut() 
         // Every case is checked; the failures are told together at the end.
         let verdict = (|| -> Result<(), String> {
             let check = |ok: bool, what: String| if ok { Ok(()) } else { Err(what) };
-            check(
-                text.code == c.code,
-                format!(
-                    "{name}: exit code {} (expected {}); stderr:\n{}",
-                    text.code, c.code, text.stderr
-                ),
-            )?;
-            check(
-                text.stderr.contains(needle),
-                format!(
-                    "{name}: the message names the problem ({needle:?}):\n{}",
-                    text.stderr
-                ),
-            )?;
-            check(
-                text.stdout.is_empty(),
-                format!("{name}: nothing on stdout in text mode: {}", text.stdout),
-            )?;
-            check(
-                !text.stderr.contains("secret") && !json.stdout.contains("secret"),
-                format!("{name}: passwords are never printed"),
-            )?;
-            check(
-                json.code == c.code,
-                format!("{name}: --output json: {}", json.stderr),
-            )?;
+            check(text.code == c.code, format!("{name}: exit code {} (expected {}); stderr:\n{}", text.code, c.code, text.stderr))?;
+            check(text.stderr.contains(needle), format!("{name}: the message names the problem ({needle:?}):\n{}", text.stderr))?;
+            check(text.stdout.is_empty(), format!("{name}: nothing on stdout in text mode: {}", text.stdout))?;
+            check(!text.stderr.contains("secret") && !json.stdout.contains("secret"), format!("{name}: passwords are never printed"))?;
+            check(json.code == c.code, format!("{name}: --output json: {}", json.stderr))?;
             if !json.stdout.is_empty() {
-                let v: serde_json::Value = serde_json::from_str(&json.stdout)
-                    .map_err(|e| format!("{name}: {e}: {}", json.stdout))?;
+                let v: serde_json::Value = serde_json::from_str(&json.stdout).map_err(|e| format!("{name}: {e}: {}", json.stdout))?;
                 check(v["error"]["exit_code"] == c.code, format!("{name}: {v}"))?;
             } else {
                 // Only clap's own argument errors come before the output mode is known.
-                check(
-                    c.code == 2,
-                    format!("{name}: JSON error expected on stdout"),
-                )?;
+                check(c.code == 2, format!("{name}: JSON error expected on stdout"))?;
                 check(json.stderr.contains(needle), name.clone())?;
             }
             let after = state();
-            check(
-                after == before,
-                format!("{name}: the database is unchanged: before {before:?}, after {after:?}"),
-            )
+            check(after == before, format!("{name}: the database is unchanged: before {before:?}, after {after:?}"))
         })();
         if let Err(why) = verdict {
             failures.push(why);
@@ -565,28 +461,13 @@ fn catalogue(e: Eng, url: &str, dir: &Path, bin: &Path, state: &mut dyn FnMut() 
         }
         checked += 1;
         if print {
-            let first = text
-                .stderr
-                .lines()
-                .find(|l| l.starts_with("error"))
-                .or(text.stderr.lines().next())
-                .unwrap_or("")
-                .replace('|', "\\|");
+            let first = text.stderr.lines().find(|l| l.starts_with("error")).or(text.stderr.lines().next()).unwrap_or("").replace('|', "\\|");
             let first = first.replace(&dir.display().to_string(), "[DIR]");
             eprintln!("| {} | {} | `` {} `` |", c.name, c.code, first);
         }
     }
-    eprintln!(
-        "bad-input catalogue on {}: {checked} cases checked, {} failed",
-        e.label(),
-        failures.len()
-    );
-    assert!(
-        failures.is_empty(),
-        "{} case(s) failed:\n\n{}",
-        failures.len(),
-        failures.join("\n\n")
-    );
+    eprintln!("bad-input catalogue on {}: {checked} cases checked, {} failed", e.label(), failures.len());
+    assert!(failures.is_empty(), "{} case(s) failed:\n\n{}", failures.len(), failures.join("\n\n"));
     let least = if e == Eng::DuckDb { 73 } else { 60 };
     assert!(checked >= least, "{checked}");
 }
@@ -599,9 +480,7 @@ fn every_bad_input_is_named_refused_and_changes_nothing() {
         let db = duckdb::Connection::open(dir.join("w.duckdb")).unwrap();
         db.execute_batch(SETUP).unwrap();
     }
-    catalogue(Eng::DuckDb, DUCKDB_URL, dir, &bin, &mut || {
-        duckdb_state(dir)
-    });
+    catalogue(Eng::DuckDb, DUCKDB_URL, dir, &bin, &mut || duckdb_state(dir));
 }
 
 /// The same cases on PostgreSQL, in a database of their own; the state
@@ -611,16 +490,11 @@ fn every_bad_input_is_named_refused_and_changes_nothing_on_postgres() {
     if !pg_reachable() {
         return;
     }
-    let admin_url = std::env::var("FIXPOINT_TEST_PG")
-        .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into());
+    let admin_url = std::env::var("FIXPOINT_TEST_PG").unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into());
     let name = format!("fixpoint_bad_input_{}", std::process::id());
     let mut admin = postgres::Client::connect(&admin_url, postgres::NoTls).unwrap();
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
-        .unwrap();
-    admin
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .unwrap();
+    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).unwrap();
+    admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
     let (base, _) = admin_url.rsplit_once('/').expect("a URL with a database");
     let url = format!("{base}/{name}");
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -628,9 +502,7 @@ fn every_bad_input_is_named_refused_and_changes_nothing_on_postgres() {
         db.batch_execute(SETUP).unwrap();
         let (tmp, bin) = workdir();
         let dir = tmp.path();
-        catalogue(Eng::Postgres, &url, dir, &bin, &mut || {
-            postgres_state(&mut db)
-        });
+        catalogue(Eng::Postgres, &url, dir, &bin, &mut || postgres_state(&mut db));
     }));
     let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
     if let Err(e) = result {
@@ -663,14 +535,10 @@ mod spark {
 
     #[test]
     fn every_bad_input_is_named_refused_and_changes_nothing_on_spark() {
-        let url =
-            std::env::var("FIXPOINT_TEST_SPARK").unwrap_or_else(|_| "sc://127.0.0.1:15002".into());
-        let mut db = match fixpoint_spark::Spark::connect(&url, std::time::Duration::from_secs(10))
-        {
+        let url = std::env::var("FIXPOINT_TEST_SPARK").unwrap_or_else(|_| "sc://127.0.0.1:15002".into());
+        let mut db = match fixpoint_spark::Spark::connect(&url, std::time::Duration::from_secs(10)) {
             Ok(db) => db,
-            Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
-                panic!("spark is unreachable under CI=true: {e}")
-            }
+            Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("spark is unreachable under CI=true: {e}"),
             Err(e) => {
                 eprintln!("skipped: spark is unreachable ({e})");
                 return;
@@ -679,12 +547,10 @@ mod spark {
         // Cached relations of runs killed earlier (see the scenarios' `fresh`).
         db.execute(&Sql::raw("CLEAR CACHE")).unwrap();
         for d in ["bronze", "silver", "views", "fixpoint"] {
-            db.execute(&Sql::raw(format!("DROP DATABASE IF EXISTS {d} CASCADE")))
-                .unwrap();
+            db.execute(&Sql::raw(format!("DROP DATABASE IF EXISTS {d} CASCADE"))).unwrap();
         }
         for stmt in SETUP.split(";\n").map(str::trim).filter(|s| !s.is_empty()) {
-            db.execute(&Sql::raw(stmt))
-                .unwrap_or_else(|e| panic!("{e}\n{stmt}"));
+            db.execute(&Sql::raw(stmt)).unwrap_or_else(|e| panic!("{e}\n{stmt}"));
         }
         let (tmp, bin) = workdir();
         let dir = tmp.path();
@@ -698,11 +564,7 @@ mod spark {
         let mut all = |sql: &str| -> String {
             match db.query(&Sql::raw(sql)) {
                 Ok(r) => {
-                    let mut rows: Vec<String> = r
-                        .rows
-                        .iter()
-                        .map(|r| r.iter().map(|v| v.display()).collect::<Vec<_>>().join("|"))
-                        .collect();
+                    let mut rows: Vec<String> = r.rows.iter().map(|r| r.iter().map(|v| v.display()).collect::<Vec<_>>().join("|")).collect();
                     rows.sort();
                     rows.join(";")
                 }
@@ -711,12 +573,7 @@ mod spark {
         };
         let mut tables = Vec::new();
         for d in ["bronze", "silver", "views", "fixpoint"] {
-            tables.extend(
-                all(&format!("SHOW TABLES IN {d}"))
-                    .split(';')
-                    .filter(|t| !t.contains("lease__"))
-                    .map(str::to_owned),
-            );
+            tables.extend(all(&format!("SHOW TABLES IN {d}")).split(';').filter(|t| !t.contains("lease__")).map(str::to_owned));
         }
         vec![
             tables.join(","),

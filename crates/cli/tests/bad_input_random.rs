@@ -170,17 +170,7 @@ const TYPOS: &[(&str, &str)] = &[
 
 /// `[source]` keys with wrong values (raw TOML).
 const SRC_WRONG: &[(&str, &[&str])] = &[
-    (
-        "sql",
-        &[
-            "[\"SELECT 1\"]",
-            "5",
-            "\"\"",
-            "\"   \"",
-            "{ text = \"SELECT 1\" }",
-            "true",
-        ],
-    ),
+    ("sql", &["[\"SELECT 1\"]", "5", "\"\"", "\"   \"", "{ text = \"SELECT 1\" }", "true"]),
     (
         "files",
         &[
@@ -199,10 +189,7 @@ const SRC_WRONG: &[(&str, &[&str])] = &[
     ),
     ("format", &["\"xml\"", "5", "\"csv\"", "\"parquet\""]),
     ("allow_missing", &["\"yes\"", "1", "true"]),
-    (
-        "require_marker",
-        &["5", "\"\"", "\"../_SUCCESS\"", "\"_SUCCESS\""],
-    ),
+    ("require_marker", &["5", "\"\"", "\"../_SUCCESS\"", "\"_SUCCESS\""]),
     ("query", &["\"SELECT 1\""]),
 ];
 
@@ -299,12 +286,7 @@ const OTHER_SQL: &[&str] = &[
 fn hostile_sqls() -> &'static [String] {
     static SQLS: OnceLock<Vec<String>> = OnceLock::new();
     SQLS.get_or_init(|| {
-        let mut v: Vec<String> = OTHER_SQL
-            .iter()
-            .chain(PROVE_SQL)
-            .chain(DDL_SQL)
-            .map(|s| s.to_string())
-            .collect();
+        let mut v: Vec<String> = OTHER_SQL.iter().chain(PROVE_SQL).chain(DDL_SQL).map(|s| s.to_string()).collect();
         v.extend(long_sqls());
         v
     })
@@ -314,14 +296,8 @@ fn long_sqls() -> Vec<String> {
     vec![
         format!("SELECT {}1{} AS x", "(".repeat(3000), ")".repeat(3000)),
         format!("SELECT {} AS x", vec!["1"; 5000].join(" + ")),
-        format!(
-            "SELECT '{}' AS s, * FROM bronze.orders WHERE dt = :run_date",
-            "x".repeat(200_000)
-        ),
-        format!(
-            "SELECT * FROM bronze.orders WHERE dt = :run_date{}",
-            " ".repeat(100_000)
-        ),
+        format!("SELECT '{}' AS s, * FROM bronze.orders WHERE dt = :run_date", "x".repeat(200_000)),
+        format!("SELECT * FROM bronze.orders WHERE dt = :run_date{}", " ".repeat(100_000)),
     ]
 }
 
@@ -370,20 +346,7 @@ fn idents(free: &str) -> Vec<String> {
 }
 
 const IDENT_FIELDS: &[&str] = &["target", "partition", "key", "version", "metadata", "name"];
-const FREE_FIELDS: &[&str] = &[
-    "name",
-    "target",
-    "partition",
-    "version",
-    "key",
-    "metadata",
-    "strategy",
-    "on_tie",
-    "on_schema_change",
-    "deleted",
-    "start",
-    "source.sql",
-];
+const FREE_FIELDS: &[&str] = &["name", "target", "partition", "version", "key", "metadata", "strategy", "on_tie", "on_schema_change", "deleted", "start", "source.sql"];
 
 /// Raw text appended to a job file (after its `[source]` table).
 const RAW_APPENDS: &[&str] = &[
@@ -406,13 +369,7 @@ const RAW_APPENDS: &[&str] = &[
     "[[source]]\nsql = \"SELECT 1\"\n",
 ];
 
-const DATES_OK: &[&str] = &[
-    "2026-10-20",
-    "2026-10-19",
-    "2026-10-21",
-    "2026-10-18",
-    "2026-10-22",
-];
+const DATES_OK: &[&str] = &["2026-10-20", "2026-10-19", "2026-10-21", "2026-10-18", "2026-10-22"];
 /// Valid but extreme: only for single-date commands (a backfill or status over
 /// 0001-01-01 … 9999-12-31 would run for hours).
 const DATES_EDGE: &[&str] = &["9999-12-31", "0001-01-01", "2024-02-29"];
@@ -490,15 +447,7 @@ const FLAGS: &[&[&str]] = &[
 
 /// Whole command lines that are wrong in themselves.
 const RAW_CMDS: &[&[&str]] = &[
-    &[
-        "run",
-        "case.toml",
-        "case.toml",
-        "--date",
-        "2026-10-20",
-        "--db",
-        DB,
-    ],
+    &["run", "case.toml", "case.toml", "--date", "2026-10-20", "--db", DB],
     &[""],
     &["runn", "case.toml"],
     &["run"],
@@ -506,55 +455,12 @@ const RAW_CMDS: &[&[&str]] = &[
     &["status", "--db", DB],
     &["prove", "case.toml", "--db", DB],
     &["lint"],
-    &[
-        "fingerprint",
-        "silver.orders; DROP TABLE bronze.orders",
-        "--db",
-        DB,
-    ],
-    &[
-        "fingerprint",
-        "silver.orders",
-        "--where",
-        "1=1; DROP TABLE bronze.orders",
-        "--db",
-        DB,
-    ],
-    &[
-        "fingerprint",
-        "silver.orders",
-        "--exclude",
-        "x\"; DROP TABLE bronze.orders; --",
-        "--db",
-        DB,
-    ],
-    &[
-        "diff",
-        "silver.orders",
-        "silver.orders_m",
-        "--key",
-        "x\"; DROP TABLE bronze.orders; --",
-        "--db",
-        DB,
-    ],
-    &[
-        "diff",
-        "silver.orders",
-        "bronze.orders",
-        "--key",
-        "order_id",
-        "--where",
-        "1=1); DROP TABLE bronze.orders; --",
-        "--db",
-        DB,
-    ],
-    &[
-        "runs",
-        "--job",
-        "x'; DROP TABLE bronze.orders; --",
-        "--db",
-        DB,
-    ],
+    &["fingerprint", "silver.orders; DROP TABLE bronze.orders", "--db", DB],
+    &["fingerprint", "silver.orders", "--where", "1=1; DROP TABLE bronze.orders", "--db", DB],
+    &["fingerprint", "silver.orders", "--exclude", "x\"; DROP TABLE bronze.orders; --", "--db", DB],
+    &["diff", "silver.orders", "silver.orders_m", "--key", "x\"; DROP TABLE bronze.orders; --", "--db", DB],
+    &["diff", "silver.orders", "bronze.orders", "--key", "order_id", "--where", "1=1); DROP TABLE bronze.orders; --", "--db", DB],
+    &["runs", "--job", "x'; DROP TABLE bronze.orders; --", "--db", DB],
     &["--db", DB],
     &["help", "run"],
     &["run", "--help"],
@@ -576,9 +482,7 @@ fn toml_str(s: &str) -> String {
             '\n' => out.push_str("\\n"),
             '\t' => out.push_str("\\t"),
             '\r' => out.push_str("\\r"),
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                out.push_str(&format!("\\u{:04X}", c as u32))
-            }
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => out.push_str(&format!("\\u{:04X}", c as u32)),
             c => out.push(c),
         }
     }
@@ -589,8 +493,7 @@ fn toml_str(s: &str) -> String {
 /// Letters, digits and `_`, not starting with a digit (fixpoint's rule).
 fn is_plain(s: &str) -> bool {
     let mut chars = s.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 fn valid_table(t: &str) -> bool {
@@ -602,17 +505,10 @@ fn valid_table(t: &str) -> bool {
 /// schema but silver, fixpoint and prove's sandbox): a job may legitimately
 /// write any table it names, and bronze must stay as it is.
 fn as_target(ident: &str) -> String {
-    let t = if ident.contains('.') {
-        ident.to_owned()
-    } else {
-        format!("silver.{ident}")
-    };
+    let t = if ident.contains('.') { ident.to_owned() } else { format!("silver.{ident}") };
     let parts: Vec<&str> = t.split('.').collect();
     let allowed = ["silver", "fixpoint", "fixpoint_sandbox_1a2b3c4d"];
-    if parts.len() == 2
-        && parts.iter().all(|p| is_plain(p))
-        && !allowed.iter().any(|a| parts[0].eq_ignore_ascii_case(a))
-    {
+    if parts.len() == 2 && parts.iter().all(|p| is_plain(p)) && !allowed.iter().any(|a| parts[0].eq_ignore_ascii_case(a)) {
         format!("silver.{}", parts[1])
     } else {
         t
@@ -643,27 +539,11 @@ fn kv(k: &str, v: &str) -> (String, String) {
 impl Doc {
     fn base(merge: bool) -> Doc {
         let top = if merge {
-            vec![
-                kv("name", "\"orders_merge\""),
-                kv("target", "\"silver.orders_m\""),
-                kv("strategy", "\"merge\""),
-                kv("key", "[\"order_id\"]"),
-                kv("version", "\"updated_at\""),
-            ]
+            vec![kv("name", "\"orders_merge\""), kv("target", "\"silver.orders_m\""), kv("strategy", "\"merge\""), kv("key", "[\"order_id\"]"), kv("version", "\"updated_at\"")]
         } else {
-            vec![
-                kv("name", "\"silver_orders\""),
-                kv("target", "\"silver.orders\""),
-                kv("strategy", "\"replace_partition\""),
-                kv("partition", "\"dt\""),
-                kv("min_rows", "1"),
-            ]
+            vec![kv("name", "\"silver_orders\""), kv("target", "\"silver.orders\""), kv("strategy", "\"replace_partition\""), kv("partition", "\"dt\""), kv("min_rows", "1")]
         };
-        Doc {
-            top,
-            source: Src::Table(vec![("sql".to_owned(), toml_str(BASE_SQL))]),
-            tail: String::new(),
-        }
+        Doc { top, source: Src::Table(vec![("sql".to_owned(), toml_str(BASE_SQL))]), tail: String::new() }
     }
 
     fn set(&mut self, key: &str, value: String) {
@@ -749,16 +629,8 @@ fn apply_shape(doc: &mut Doc, n: usize) {
         4 => doc.source = Src::Table(Vec::new()),
         5 => doc.set_source("sql", format!("[{sql}]")),
         6 => doc.set_source("files", toml_str("bronze/orders/dt={run_date}/*.parquet")),
-        7 => {
-            doc.source = Src::Table(vec![(
-                "files".to_owned(),
-                toml_str("nowhere/dt={run_date}/*.csv"),
-            )])
-        }
-        8 => doc.set_source(
-            "sql",
-            format!("'''\n{}\n; DROP TABLE bronze.orders\n'''", BASE_SQL),
-        ),
+        7 => doc.source = Src::Table(vec![("files".to_owned(), toml_str("nowhere/dt={run_date}/*.csv"))]),
+        8 => doc.set_source("sql", format!("'''\n{}\n; DROP TABLE bronze.orders\n'''", BASE_SQL)),
         _ => doc.source = Src::Inline(format!("{{ sql = {sql} }}")),
     }
 }
@@ -779,10 +651,7 @@ fn set_ident(doc: &mut Doc, field: &str, ident: &str) -> bool {
         }
         "name" => {
             doc.set("name", toml_str(ident));
-            ident.is_empty()
-                || !ident
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+            ident.is_empty() || !ident.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
         }
         _ => {
             doc.set(field, toml_str(ident));
@@ -884,11 +753,7 @@ fn describe_job(job: &JobFile) -> String {
     match job {
         JobFile::Text(t) if t.is_empty() => "(an empty file)".to_owned(),
         JobFile::Text(t) => clip(t, 3000),
-        JobFile::Bytes(b) => format!(
-            "({} bytes, not UTF-8; first ones: {:?})",
-            b.len(),
-            &b[..b.len().min(48)]
-        ),
+        JobFile::Bytes(b) => format!("({} bytes, not UTF-8; first ones: {:?})", b.len(), &b[..b.len().min(48)]),
         JobFile::Missing => "(no such file)".to_owned(),
         JobFile::Directory => "(a folder)".to_owned(),
     }
@@ -938,15 +803,8 @@ fn invoke(work: &Path, out_dir: &Path, args: &[OsString]) -> Outcome {
         }
     };
     let elapsed = started.elapsed();
-    let read =
-        |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned();
-    Outcome {
-        code: status.code(),
-        stdout: read(&out_path),
-        stderr: read(&err_path),
-        timed_out,
-        elapsed,
-    }
+    let read = |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).into_owned();
+    Outcome { code: status.code(), stdout: read(&out_path), stderr: read(&err_path), timed_out, elapsed }
 }
 
 fn os(args: &[&str]) -> Vec<OsString> {
@@ -954,10 +812,7 @@ fn os(args: &[&str]) -> Vec<OsString> {
 }
 
 fn show_args(args: &[OsString]) -> String {
-    args.iter()
-        .map(|a| clip(&format!("{a:?}"), 200))
-        .collect::<Vec<_>>()
-        .join(" ")
+    args.iter().map(|a| clip(&format!("{a:?}"), 200)).collect::<Vec<_>>().join(" ")
 }
 
 /// (schema, kind, name) → DDL and rows.
@@ -990,21 +845,12 @@ fn snapshot(db: &Path) -> Result<State, String> {
     let mut state = State::new();
     for (kind, schema, name, sql) in objects {
         let content = if kind == "table" {
-            let query = format!(
-                "SELECT CAST(fixpoint_snapshot_row AS VARCHAR) FROM {}.{} AS fixpoint_snapshot_row",
-                quote(&schema),
-                quote(&name)
-            );
+            let query = format!("SELECT CAST(fixpoint_snapshot_row AS VARCHAR) FROM {}.{} AS fixpoint_snapshot_row", quote(&schema), quote(&name));
             let mut stmt = conn.prepare(&query).map_err(|e| err(query.as_str(), e))?;
-            let mapped = stmt
-                .query_map([], |r| r.get::<_, Option<String>>(0))
-                .map_err(|e| err(query.as_str(), e))?;
+            let mapped = stmt.query_map([], |r| r.get::<_, Option<String>>(0)).map_err(|e| err(query.as_str(), e))?;
             let mut rows = Vec::new();
             for row in mapped {
-                rows.push(
-                    row.map_err(|e| err(query.as_str(), e))?
-                        .unwrap_or_else(|| "NULL".to_owned()),
-                );
+                rows.push(row.map_err(|e| err(query.as_str(), e))?.unwrap_or_else(|| "NULL".to_owned()));
             }
             rows.sort();
             format!("{sql}\n{}", rows.join("\n"))
@@ -1081,11 +927,7 @@ fn reported_count(stdout: &str, json_field: &str, text_marker: &str) -> u64 {
     }
     for line in stdout.lines() {
         if let Some(i) = line.find(text_marker) {
-            if let Some(count) = line[..i]
-                .rsplit(' ')
-                .next()
-                .and_then(|w| w.parse::<u64>().ok())
-            {
+            if let Some(count) = line[..i].rsplit(' ').next().and_then(|w| w.parse::<u64>().ok()) {
                 n = n.max(count);
             }
         }
@@ -1094,9 +936,7 @@ fn reported_count(stdout: &str, json_field: &str, text_marker: &str) -> u64 {
 }
 
 fn has_error_line(stderr: &str) -> bool {
-    stderr
-        .lines()
-        .any(|l| l.starts_with("error:") || l.starts_with("error["))
+    stderr.lines().any(|l| l.starts_with("error:") || l.starts_with("error["))
 }
 
 /// A failure the command reports on stdout by design (no `error:` line).
@@ -1107,10 +947,7 @@ fn reported_on_stdout(args: &[OsString], out: &Outcome) -> bool {
     }
     let cmd = args[0].to_str().unwrap_or("");
     match (cmd, out.code) {
-        ("lint", Some(2)) => {
-            reported_count(&out.stdout, "errors", " error(s)") > 0
-                || reported_count(&out.stdout, "warnings", " warning(s)") > 0
-        }
+        ("lint", Some(2)) => reported_count(&out.stdout, "errors", " error(s)") > 0 || reported_count(&out.stdout, "warnings", " warning(s)") > 0,
         ("prove", Some(4)) => out.stdout.contains("not idempotent"),
         ("diff", Some(4)) => !out.stdout.trim().is_empty(),
         _ => false,
@@ -1130,19 +967,10 @@ fn partial_writes_allowed(args: &[OsString], stdout: &str) -> bool {
     }
 }
 
-fn judge(
-    args: &[OsString],
-    out: &Outcome,
-    before: &State,
-    after: &State,
-    must_fail: bool,
-) -> Vec<String> {
+fn judge(args: &[OsString], out: &Outcome, before: &State, after: &State, must_fail: bool) -> Vec<String> {
     let mut problems = Vec::new();
     if out.timed_out {
-        problems.push(format!(
-            "did not finish within {} s (killed)",
-            TIMEOUT.as_secs()
-        ));
+        problems.push(format!("did not finish within {} s (killed)", TIMEOUT.as_secs()));
     }
     match out.code {
         None => problems.push("ended by a signal (a crash), not with an exit code".to_owned()),
@@ -1160,11 +988,7 @@ fn judge(
     let relaxed = ok || partial_writes_allowed(args, &out.stdout);
     let changed = changed_objects(before, after, |schema| !(relaxed && is_writable(schema)));
     if !changed.is_empty() {
-        let what = if relaxed {
-            "objects outside the schemas silver and fixpoint changed"
-        } else {
-            "the database changed although the command failed"
-        };
+        let what = if relaxed { "objects outside the schemas silver and fixpoint changed" } else { "the database changed although the command failed" };
         problems.push(format!("{what}: {}", changed.join(", ")));
     }
     problems
@@ -1198,79 +1022,30 @@ fn setup() -> Env {
         let db = duckdb::Connection::open(work.join("w.duckdb")).expect("create the database");
         db.execute_batch(SETUP).expect("fill bronze");
     }
-    std::fs::write(
-        work.join("notes.txt"),
-        "These are notes, not a database.\n".repeat(3),
-    )
-    .unwrap();
-    std::fs::write(
-        work.join("garbage.duckdb"),
-        "this is not a database\n".repeat(400),
-    )
-    .unwrap();
+    std::fs::write(work.join("notes.txt"), "These are notes, not a database.\n".repeat(3)).unwrap();
+    std::fs::write(work.join("garbage.duckdb"), "this is not a database\n".repeat(400)).unwrap();
     std::fs::create_dir(work.join("folder")).unwrap();
     // Existing data to protect: silver loaded once by each kind of job.
-    for (file, text, date) in [
-        ("good.toml", Doc::base(false).render(), "2026-10-20"),
-        ("good_merge.toml", Doc::base(true).render(), "2026-10-19"),
-    ] {
+    for (file, text, date) in [("good.toml", Doc::base(false).render(), "2026-10-20"), ("good_merge.toml", Doc::base(true).render(), "2026-10-19")] {
         std::fs::write(work.join(file), &text).unwrap();
-        let out = invoke(
-            &work,
-            &out_dir,
-            &os(&["run", file, "--date", date, "--db", DB]),
-        );
-        assert_eq!(
-            out.code,
-            Some(0),
-            "setup: fixpoint run {file} --date {date}:\n{}\n{}",
-            out.stdout,
-            out.stderr
-        );
+        let out = invoke(&work, &out_dir, &os(&["run", file, "--date", date, "--db", DB]));
+        assert_eq!(out.code, Some(0), "setup: fixpoint run {file} --date {date}:\n{}\n{}", out.stdout, out.stderr);
     }
     let state = snapshot(&work.join("w.duckdb")).expect("read the database after setup");
     let loaded = |table: &str, needle: &str| {
-        state
-            .get(&("silver".to_owned(), "table".to_owned(), table.to_owned()))
-            .is_some_and(|rows| rows.contains(needle))
+        state.get(&("silver".to_owned(), "table".to_owned(), table.to_owned())).is_some_and(|rows| rows.contains(needle))
     };
-    assert!(
-        loaded("orders", "5.50") && loaded("orders_m", "3.50"),
-        "setup: silver is loaded: {state:#?}"
-    );
-    assert!(
-        state.keys().any(|k| k.0 == "fixpoint" && k.2 == "runs"),
-        "setup: the ledger exists: {state:#?}"
-    );
-    let fixtures: Vec<(PathBuf, Vec<u8>)> = ["notes.txt", "garbage.duckdb"]
-        .iter()
-        .map(|f| (work.join(f), std::fs::read(work.join(f)).unwrap()))
-        .collect();
-    Env {
-        _tmp: tmp,
-        work,
-        out_dir,
-        state: RefCell::new(state),
-        fixtures,
-        stats: RefCell::new(BTreeMap::new()),
-    }
+    assert!(loaded("orders", "5.50") && loaded("orders_m", "3.50"), "setup: silver is loaded: {state:#?}");
+    assert!(state.keys().any(|k| k.0 == "fixpoint" && k.2 == "runs"), "setup: the ledger exists: {state:#?}");
+    let fixtures: Vec<(PathBuf, Vec<u8>)> = ["notes.txt", "garbage.duckdb"].iter().map(|f| (work.join(f), std::fs::read(work.join(f)).unwrap())).collect();
+    Env { _tmp: tmp, work, out_dir, state: RefCell::new(state), fixtures, stats: RefCell::new(BTreeMap::new()) }
 }
 
 /// Runs one command (the job file already written) and checks every
 /// invariant; returns a readable report of what broke.
-fn check(
-    env: &Env,
-    label: &str,
-    job: &JobFile,
-    args: &[OsString],
-    must_fail: bool,
-) -> Result<(), String> {
+fn check(env: &Env, label: &str, job: &JobFile, args: &[OsString], must_fail: bool) -> Result<(), String> {
     let case_path = env.work.join("case.toml");
-    let job_before = if case_path.is_file() {
-        std::fs::read(&case_path).ok()
-    } else {
-        None
-    };
+    let job_before = if case_path.is_file() { std::fs::read(&case_path).ok() } else { None };
     let out = invoke(&env.work, &env.out_dir, args);
     let before = env.state.borrow().clone();
     let (after, unreadable) = match snapshot(&env.work.join("w.duckdb")) {
@@ -1279,9 +1054,7 @@ fn check(
     };
     let mut problems = judge(args, &out, &before, &after, must_fail);
     if let Some(e) = unreadable {
-        problems.push(format!(
-            "the database cannot be read after the command: {e}"
-        ));
+        problems.push(format!("the database cannot be read after the command: {e}"));
     }
     for (path, bytes) in &env.fixtures {
         if std::fs::read(path).ok().as_deref() != Some(bytes.as_slice()) {
@@ -1293,17 +1066,9 @@ fn check(
             problems.push("the job file case.toml changed".to_owned());
         }
     }
-    let cmd = args
-        .first()
-        .map(|a| a.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "(no arguments)".to_owned());
-    let code = out
-        .code
-        .map_or_else(|| "signal".to_owned(), |c| c.to_string());
-    *env.stats
-        .borrow_mut()
-        .entry(format!("{} → exit {code}", clip(&cmd, 20)))
-        .or_insert(0) += 1;
+    let cmd = args.first().map(|a| a.to_string_lossy().into_owned()).unwrap_or_else(|| "(no arguments)".to_owned());
+    let code = out.code.map_or_else(|| "signal".to_owned(), |c| c.to_string());
+    *env.stats.borrow_mut().entry(format!("{} → exit {code}", clip(&cmd, 20))).or_insert(0) += 1;
     let diff = state_diff(&before, &after);
     *env.state.borrow_mut() = after;
     if problems.is_empty() {
@@ -1325,25 +1090,15 @@ fn indent(s: &str) -> String {
     if s.trim().is_empty() {
         "    (empty)".to_owned()
     } else {
-        s.lines()
-            .map(|l| format!("    | {l}"))
-            .collect::<Vec<_>>()
-            .join("\n")
+        s.lines().map(|l| format!("    | {l}")).collect::<Vec<_>>().join("\n")
     }
 }
 
 fn print_stats(env: &Env, what: &str, started: Instant) {
     let stats = env.stats.borrow();
     let total: u32 = stats.values().sum();
-    let lines: Vec<String> = stats
-        .iter()
-        .map(|(k, n)| format!("  {n:>5}  {k}"))
-        .collect();
-    eprintln!(
-        "{what}: {total} commands in {:.1} s\n{}",
-        started.elapsed().as_secs_f64(),
-        lines.join("\n")
-    );
+    let lines: Vec<String> = stats.iter().map(|(k, n)| format!("  {n:>5}  {k}")).collect();
+    eprintln!("{what}: {total} commands in {:.1} s\n{}", started.elapsed().as_secs_f64(), lines.join("\n"));
 }
 
 // ---------------------------------------------------------------------------
@@ -1358,38 +1113,15 @@ struct Fixed {
 }
 
 fn fixed(name: String, job: JobFile, args: Vec<OsString>, must_fail: bool) -> Fixed {
-    Fixed {
-        name,
-        job,
-        args,
-        must_fail,
-    }
+    Fixed { name, job, args, must_fail }
 }
 
 fn fixed_cases() -> Vec<Fixed> {
     let mut v = Vec::new();
     let run = os(&["run", "case.toml", "--date", "2026-10-20", "--db", DB]);
     let prove = os(&["prove", "case.toml", "--date", "2026-10-20", "--db", DB]);
-    let backfill = os(&[
-        "backfill",
-        "case.toml",
-        "--from",
-        "2026-10-19",
-        "--to",
-        "2026-10-21",
-        "--db",
-        DB,
-    ]);
-    let status = os(&[
-        "status",
-        "case.toml",
-        "--from",
-        "2026-10-18",
-        "--to",
-        "2026-10-22",
-        "--db",
-        DB,
-    ]);
+    let backfill = os(&["backfill", "case.toml", "--from", "2026-10-19", "--to", "2026-10-21", "--db", DB]);
+    let status = os(&["status", "case.toml", "--from", "2026-10-18", "--to", "2026-10-22", "--db", DB]);
     let lint = os(&["lint", "case.toml", "--db", DB]);
     let text = |doc: &Doc| JobFile::Text(doc.render());
 
@@ -1398,110 +1130,55 @@ fn fixed_cases() -> Vec<Fixed> {
         for &value in values {
             let mut doc = Doc::base(matches!(key, "key" | "version" | "deleted" | "on_tie"));
             doc.set(key, value.to_owned());
-            v.push(fixed(
-                format!("{key} = {value}"),
-                text(&doc),
-                run.clone(),
-                false,
-            ));
+            v.push(fixed(format!("{key} = {value}"), text(&doc), run.clone(), false));
         }
     }
     // Misspelled keys (deny_unknown_fields: every one refused).
     for &(from, to) in TYPOS {
         let mut doc = Doc::base(false);
         doc.rename(from, to);
-        v.push(fixed(
-            format!("typo {from} → {to}"),
-            text(&doc),
-            run.clone(),
-            true,
-        ));
+        v.push(fixed(format!("typo {from} → {to}"), text(&doc), run.clone(), true));
     }
     // Wrong [source] keys and shapes.
     for &(key, values) in SRC_WRONG {
         for &value in values {
             let mut doc = Doc::base(false);
             doc.set_source(key, value.to_owned());
-            v.push(fixed(
-                format!("source.{key} = {value}"),
-                text(&doc),
-                run.clone(),
-                false,
-            ));
+            v.push(fixed(format!("source.{key} = {value}"), text(&doc), run.clone(), false));
         }
     }
     for n in 0..10 {
         let mut doc = Doc::base(false);
         apply_shape(&mut doc, n);
-        v.push(fixed(
-            format!("source shape {n}"),
-            text(&doc),
-            run.clone(),
-            false,
-        ));
+        v.push(fixed(format!("source shape {n}"), text(&doc), run.clone(), false));
     }
     // DDL and DML as the source: refused by every command that reads the job.
     for &sql in DDL_SQL {
-        for (what, merge, args) in [
-            ("run", false, &run),
-            ("run (merge job)", true, &run),
-            ("prove", false, &prove),
-            ("backfill", false, &backfill),
-            ("lint", false, &lint),
-        ] {
+        for (what, merge, args) in [("run", false, &run), ("run (merge job)", true, &run), ("prove", false, &prove), ("backfill", false, &backfill), ("lint", false, &lint)] {
             let mut doc = Doc::base(merge);
             doc.set_source("sql", toml_str(sql));
-            v.push(fixed(
-                format!("{what}: source {sql:?}"),
-                text(&doc),
-                args.clone(),
-                true,
-            ));
+            v.push(fixed(format!("{what}: source {sql:?}"), text(&doc), args.clone(), true));
         }
     }
     // Other hostile or broken sources.
-    let others: Vec<String> = OTHER_SQL
-        .iter()
-        .map(|s| s.to_string())
-        .chain(long_sqls())
-        .collect();
+    let others: Vec<String> = OTHER_SQL.iter().map(|s| s.to_string()).chain(long_sqls()).collect();
     for sql in &others {
         let mut doc = Doc::base(false);
         doc.set_source("sql", toml_str(sql));
-        v.push(fixed(
-            format!("run: source {}", clip(&format!("{sql:?}"), 120)),
-            text(&doc),
-            run.clone(),
-            false,
-        ));
+        v.push(fixed(format!("run: source {}", clip(&format!("{sql:?}"), 120)), text(&doc), run.clone(), false));
     }
     for &sql in PROVE_SQL {
         let mut doc = Doc::base(false);
         doc.set_source("sql", toml_str(sql));
-        v.push(fixed(
-            format!("run: source {sql:?}"),
-            text(&doc),
-            run.clone(),
-            false,
-        ));
-        v.push(fixed(
-            format!("prove: source {sql:?}"),
-            text(&doc),
-            prove.clone(),
-            false,
-        ));
+        v.push(fixed(format!("run: source {sql:?}"), text(&doc), run.clone(), false));
+        v.push(fixed(format!("prove: source {sql:?}"), text(&doc), prove.clone(), false));
     }
     // Hostile identifiers (metadata and name too in the generated cases).
     for ident in idents("") {
         for field in ["target", "partition", "key", "version"] {
             let mut doc = Doc::base(matches!(field, "key" | "version"));
             let must_fail = set_ident(&mut doc, field, &ident);
-            v.push(fixed(
-                format!("{field} = {}", clip(&format!("{ident:?}"), 60)),
-                text(&doc),
-                run.clone(),
-                must_fail,
-            ));
+            v.push(fixed(format!("{field} = {}", clip(&format!("{ident:?}"), 60)), text(&doc), run.clone(), must_fail));
         }
     }
     // Odd job files, for every command that reads one.
@@ -1510,401 +1187,62 @@ fn fixed_cases() -> Vec<Fixed> {
         ("no job file", JobFile::Missing, true),
         ("an empty job file", JobFile::Text(String::new()), true),
         ("binary garbage", JobFile::Bytes(garbage_bytes()), true),
-        (
-            "control characters",
-            JobFile::Text("\u{1}\u{7f}\u{1b}[31m = 1\n".to_owned()),
-            true,
-        ),
+        ("control characters", JobFile::Text("\u{1}\u{7f}\u{1b}[31m = 1\n".to_owned()), true),
         ("a folder", JobFile::Directory, true),
-        (
-            "only comments",
-            JobFile::Text("# nothing here\n\n# nor here\n".to_owned()),
-            true,
-        ),
+        ("only comments", JobFile::Text("# nothing here\n\n# nor here\n".to_owned()), true),
         ("UTF-16", JobFile::Bytes(utf16le(&base)), true),
-        (
-            "NUL in a TOML string",
-            JobFile::Bytes(b"name = \"x\0\"\n".to_vec()),
-            true,
-        ),
-        (
-            "only [source]",
-            JobFile::Text(format!("[source]\nsql = {}\n", toml_str(BASE_SQL))),
-            true,
-        ),
-        (
-            "a byte-order mark",
-            JobFile::Text(format!("\u{feff}{base}")),
-            false,
-        ),
-        (
-            "CRLF line ends",
-            JobFile::Text(base.replace('\n', "\r\n")),
-            false,
-        ),
+        ("NUL in a TOML string", JobFile::Bytes(b"name = \"x\0\"\n".to_vec()), true),
+        ("only [source]", JobFile::Text(format!("[source]\nsql = {}\n", toml_str(BASE_SQL))), true),
+        ("a byte-order mark", JobFile::Text(format!("\u{feff}{base}")), false),
+        ("CRLF line ends", JobFile::Text(base.replace('\n', "\r\n")), false),
     ];
     for (what, job, must_fail) in files {
-        for (cmd, args) in [
-            ("run", &run),
-            ("backfill", &backfill),
-            ("prove", &prove),
-            ("status", &status),
-            ("lint", &lint),
-        ] {
-            v.push(fixed(
-                format!("{cmd}: {what}"),
-                job.clone(),
-                args.clone(),
-                must_fail,
-            ));
+        for (cmd, args) in [("run", &run), ("backfill", &backfill), ("prove", &prove), ("status", &status), ("lint", &lint)] {
+            v.push(fixed(format!("{cmd}: {what}"), job.clone(), args.clone(), must_fail));
         }
     }
     // Arguments, with the valid job.
     let good = JobFile::Text(base.clone());
     for &d in DATES_BAD {
-        v.push(fixed(
-            format!("run --date {d:?}"),
-            good.clone(),
-            os(&["run", "case.toml", "--date", d, "--db", DB]),
-            true,
-        ));
-        v.push(fixed(
-            format!("prove --date {d:?}"),
-            good.clone(),
-            os(&["prove", "case.toml", "--date", d, "--db", DB]),
-            true,
-        ));
-        v.push(fixed(
-            format!("backfill --from {d:?}"),
-            good.clone(),
-            os(&[
-                "backfill",
-                "case.toml",
-                "--from",
-                d,
-                "--to",
-                "2026-10-20",
-                "--db",
-                DB,
-            ]),
-            true,
-        ));
-        v.push(fixed(
-            format!("status --to {d:?}"),
-            good.clone(),
-            os(&[
-                "status",
-                "case.toml",
-                "--from",
-                "2026-10-18",
-                "--to",
-                d,
-                "--db",
-                DB,
-            ]),
-            true,
-        ));
+        v.push(fixed(format!("run --date {d:?}"), good.clone(), os(&["run", "case.toml", "--date", d, "--db", DB]), true));
+        v.push(fixed(format!("prove --date {d:?}"), good.clone(), os(&["prove", "case.toml", "--date", d, "--db", DB]), true));
+        v.push(fixed(format!("backfill --from {d:?}"), good.clone(), os(&["backfill", "case.toml", "--from", d, "--to", "2026-10-20", "--db", DB]), true));
+        v.push(fixed(format!("status --to {d:?}"), good.clone(), os(&["status", "case.toml", "--from", "2026-10-18", "--to", d, "--db", DB]), true));
     }
     for &d in DATES_EDGE {
-        v.push(fixed(
-            format!("run --date {d}"),
-            good.clone(),
-            os(&["run", "case.toml", "--date", d, "--db", DB]),
-            false,
-        ));
+        v.push(fixed(format!("run --date {d}"), good.clone(), os(&["run", "case.toml", "--date", d, "--db", DB]), false));
     }
     let special: Vec<(&str, Vec<&str>, bool)> = vec![
-        (
-            "run without --date",
-            vec!["run", "case.toml", "--db", DB],
-            true,
-        ),
-        (
-            "backfill --from after --to",
-            vec![
-                "backfill",
-                "case.toml",
-                "--from",
-                "2026-10-21",
-                "--to",
-                "2026-10-19",
-                "--db",
-                DB,
-            ],
-            true,
-        ),
-        (
-            "status --from after --to",
-            vec![
-                "status",
-                "case.toml",
-                "--from",
-                "2026-10-21",
-                "--to",
-                "2026-10-19",
-                "--db",
-                DB,
-            ],
-            true,
-        ),
-        (
-            "backfill --parallel 0",
-            vec![
-                "backfill",
-                "case.toml",
-                "--from",
-                "2026-10-19",
-                "--to",
-                "2026-10-20",
-                "--parallel",
-                "0",
-                "--db",
-                DB,
-            ],
-            true,
-        ),
-        (
-            "backfill --parallel -1",
-            vec![
-                "backfill",
-                "case.toml",
-                "--from",
-                "2026-10-19",
-                "--to",
-                "2026-10-20",
-                "--parallel",
-                "-1",
-                "--db",
-                DB,
-            ],
-            true,
-        ),
-        (
-            "backfill --parallel x",
-            vec![
-                "backfill",
-                "case.toml",
-                "--from",
-                "2026-10-19",
-                "--to",
-                "2026-10-20",
-                "--parallel",
-                "x",
-                "--db",
-                DB,
-            ],
-            true,
-        ),
-        (
-            "backfill --parallel 2",
-            vec![
-                "backfill",
-                "case.toml",
-                "--from",
-                "2026-10-19",
-                "--to",
-                "2026-10-20",
-                "--parallel",
-                "2",
-                "--db",
-                DB,
-            ],
-            false,
-        ),
-        (
-            "an unknown flag",
-            vec![
-                "run",
-                "case.toml",
-                "--date",
-                "2026-10-20",
-                "--frobnicate",
-                "--db",
-                DB,
-            ],
-            true,
-        ),
-        (
-            "a misspelled flag",
-            vec!["run", "case.toml", "--dat", "2026-10-20", "--db", DB],
-            true,
-        ),
-        (
-            "--date twice",
-            vec![
-                "run",
-                "case.toml",
-                "--date",
-                "2026-10-20",
-                "--date",
-                "2026-10-21",
-                "--db",
-                DB,
-            ],
-            true,
-        ),
-        (
-            "--output xml",
-            vec![
-                "run",
-                "case.toml",
-                "--date",
-                "2026-10-20",
-                "--output",
-                "xml",
-                "--db",
-                DB,
-            ],
-            true,
-        ),
-        (
-            "--wait -1",
-            vec![
-                "run",
-                "case.toml",
-                "--date",
-                "2026-10-20",
-                "--wait",
-                "-1",
-                "--db",
-                DB,
-            ],
-            true,
-        ),
-        (
-            "prove --runs 1",
-            vec![
-                "prove",
-                "case.toml",
-                "--date",
-                "2026-10-20",
-                "--runs",
-                "1",
-                "--db",
-                DB,
-            ],
-            true,
-        ),
-        (
-            "prove --runs 0",
-            vec![
-                "prove",
-                "case.toml",
-                "--date",
-                "2026-10-20",
-                "--runs",
-                "0",
-                "--db",
-                DB,
-            ],
-            true,
-        ),
-        (
-            "prove --mutate-key without =",
-            vec![
-                "prove",
-                "case.toml",
-                "--date",
-                "2026-10-20",
-                "--mutate-key",
-                "nope",
-                "--db",
-                DB,
-            ],
-            true,
-        ),
-        (
-            "prove --mutate-key hostile",
-            vec![
-                "prove",
-                "case.toml",
-                "--date",
-                "2026-10-20",
-                "--mutate-key",
-                "x\"; DROP TABLE bronze.orders; --=1",
-                "--db",
-                DB,
-            ],
-            false,
-        ),
-        (
-            "prove --mutate-key with --no-mutate",
-            vec![
-                "prove",
-                "case.toml",
-                "--date",
-                "2026-10-20",
-                "--mutate-key",
-                "order_id=1",
-                "--no-mutate",
-                "--db",
-                DB,
-            ],
-            true,
-        ),
-        (
-            "lint --dialect oracle",
-            vec!["lint", "case.toml", "--dialect", "oracle"],
-            true,
-        ),
+        ("run without --date", vec!["run", "case.toml", "--db", DB], true),
+        ("backfill --from after --to", vec!["backfill", "case.toml", "--from", "2026-10-21", "--to", "2026-10-19", "--db", DB], true),
+        ("status --from after --to", vec!["status", "case.toml", "--from", "2026-10-21", "--to", "2026-10-19", "--db", DB], true),
+        ("backfill --parallel 0", vec!["backfill", "case.toml", "--from", "2026-10-19", "--to", "2026-10-20", "--parallel", "0", "--db", DB], true),
+        ("backfill --parallel -1", vec!["backfill", "case.toml", "--from", "2026-10-19", "--to", "2026-10-20", "--parallel", "-1", "--db", DB], true),
+        ("backfill --parallel x", vec!["backfill", "case.toml", "--from", "2026-10-19", "--to", "2026-10-20", "--parallel", "x", "--db", DB], true),
+        ("backfill --parallel 2", vec!["backfill", "case.toml", "--from", "2026-10-19", "--to", "2026-10-20", "--parallel", "2", "--db", DB], false),
+        ("an unknown flag", vec!["run", "case.toml", "--date", "2026-10-20", "--frobnicate", "--db", DB], true),
+        ("a misspelled flag", vec!["run", "case.toml", "--dat", "2026-10-20", "--db", DB], true),
+        ("--date twice", vec!["run", "case.toml", "--date", "2026-10-20", "--date", "2026-10-21", "--db", DB], true),
+        ("--output xml", vec!["run", "case.toml", "--date", "2026-10-20", "--output", "xml", "--db", DB], true),
+        ("--wait -1", vec!["run", "case.toml", "--date", "2026-10-20", "--wait", "-1", "--db", DB], true),
+        ("prove --runs 1", vec!["prove", "case.toml", "--date", "2026-10-20", "--runs", "1", "--db", DB], true),
+        ("prove --runs 0", vec!["prove", "case.toml", "--date", "2026-10-20", "--runs", "0", "--db", DB], true),
+        ("prove --mutate-key without =", vec!["prove", "case.toml", "--date", "2026-10-20", "--mutate-key", "nope", "--db", DB], true),
+        ("prove --mutate-key hostile", vec!["prove", "case.toml", "--date", "2026-10-20", "--mutate-key", "x\"; DROP TABLE bronze.orders; --=1", "--db", DB], false),
+        ("prove --mutate-key with --no-mutate", vec!["prove", "case.toml", "--date", "2026-10-20", "--mutate-key", "order_id=1", "--no-mutate", "--db", DB], true),
+        ("lint --dialect oracle", vec!["lint", "case.toml", "--dialect", "oracle"], true),
         ("lint of no file", vec!["lint"], true),
         ("an unknown command", vec!["runn", "case.toml"], true),
-        (
-            "status --db notes.txt",
-            vec![
-                "status",
-                "case.toml",
-                "--from",
-                "2026-10-18",
-                "--to",
-                "2026-10-20",
-                "--db",
-                "duckdb:notes.txt",
-            ],
-            true,
-        ),
-        (
-            "lint --db notes.txt",
-            vec!["lint", "case.toml", "--db", "duckdb:notes.txt"],
-            true,
-        ),
-        (
-            "prove --db garbage.duckdb",
-            vec![
-                "prove",
-                "case.toml",
-                "--date",
-                "2026-10-20",
-                "--db",
-                "duckdb:garbage.duckdb",
-            ],
-            true,
-        ),
-        (
-            "backfill --db folder",
-            vec![
-                "backfill",
-                "case.toml",
-                "--from",
-                "2026-10-19",
-                "--to",
-                "2026-10-20",
-                "--db",
-                "duckdb:folder",
-            ],
-            true,
-        ),
+        ("status --db notes.txt", vec!["status", "case.toml", "--from", "2026-10-18", "--to", "2026-10-20", "--db", "duckdb:notes.txt"], true),
+        ("lint --db notes.txt", vec!["lint", "case.toml", "--db", "duckdb:notes.txt"], true),
+        ("prove --db garbage.duckdb", vec!["prove", "case.toml", "--date", "2026-10-20", "--db", "duckdb:garbage.duckdb"], true),
+        ("backfill --db folder", vec!["backfill", "case.toml", "--from", "2026-10-19", "--to", "2026-10-20", "--db", "duckdb:folder"], true),
     ];
     for (what, args, must_fail) in special {
         v.push(fixed(what.to_owned(), good.clone(), os(&args), must_fail));
     }
     for &(url, must_fail) in BAD_DBS {
-        v.push(fixed(
-            format!("run --db {url:?}"),
-            good.clone(),
-            os(&["run", "case.toml", "--date", "2026-10-20", "--db", url]),
-            must_fail,
-        ));
+        v.push(fixed(format!("run --db {url:?}"), good.clone(), os(&["run", "case.toml", "--date", "2026-10-20", "--db", url]), must_fail));
     }
     #[cfg(unix)]
     {
@@ -1913,29 +1251,14 @@ fn fixed_cases() -> Vec<Fixed> {
         let mut args = os(&["run", "case.toml", "--date"]);
         args.push(not_utf8());
         args.extend(os(&["--db", DB]));
-        v.push(fixed(
-            "a --date that is not UTF-8".to_owned(),
-            good.clone(),
-            args,
-            true,
-        ));
+        v.push(fixed("a --date that is not UTF-8".to_owned(), good.clone(), args, true));
         let mut args = os(&["run"]);
         args.push(not_utf8());
         args.extend(os(&["--date", "2026-10-20", "--db", DB]));
-        v.push(fixed(
-            "a job path that is not UTF-8".to_owned(),
-            good.clone(),
-            args,
-            true,
-        ));
+        v.push(fixed("a job path that is not UTF-8".to_owned(), good.clone(), args, true));
     }
     for &raw in RAW_CMDS {
-        v.push(fixed(
-            format!("fixpoint {}", raw.join(" ")),
-            good.clone(),
-            os(raw),
-            false,
-        ));
+        v.push(fixed(format!("fixpoint {}", raw.join(" ")), good.clone(), os(raw), false));
     }
     v
 }
@@ -1952,11 +1275,7 @@ fn listed_hostile_inputs_change_nothing() {
             failures.push(report);
         }
     }
-    print_stats(
-        &env,
-        &format!("listed hostile inputs ({} cases)", cases.len()),
-        started,
-    );
+    print_stats(&env, &format!("listed hostile inputs ({} cases)", cases.len()), started);
     assert!(
         failures.is_empty(),
         "{} of {} listed hostile inputs broke an invariant:\n\n{}",
@@ -1999,24 +1318,8 @@ fn free_text() -> impl Strategy<Value = String> {
 }
 
 fn cmd_recipe() -> impl Strategy<Value = CmdRecipe> {
-    (
-        any::<u8>(),
-        any::<u8>(),
-        any::<u16>(),
-        any::<u16>(),
-        any::<u8>(),
-        prop::collection::vec(any::<u8>(), 0..3),
-        free_text(),
-    )
-        .prop_map(|(kind, job, date, date2, db, flags, free)| CmdRecipe {
-            kind,
-            job,
-            date,
-            date2,
-            db,
-            flags,
-            free,
-        })
+    (any::<u8>(), any::<u8>(), any::<u16>(), any::<u16>(), any::<u8>(), prop::collection::vec(any::<u8>(), 0..3), free_text())
+        .prop_map(|(kind, job, date, date2, db, flags, free)| CmdRecipe { kind, job, date, date2, db, flags, free })
 }
 
 fn recipe() -> impl Strategy<Value = Recipe> {
@@ -2028,14 +1331,7 @@ fn recipe() -> impl Strategy<Value = Recipe> {
         prop::collection::vec(any::<u8>(), 0..256),
         prop::collection::vec(cmd_recipe(), 1..4),
     )
-        .prop_map(|(file, merge, mutations, free, garbage, commands)| Recipe {
-            file,
-            merge,
-            mutations,
-            free,
-            garbage,
-            commands,
-        })
+        .prop_map(|(file, merge, mutations, free, garbage, commands)| Recipe { file, merge, mutations, free, garbage, commands })
 }
 
 fn pick<T: Clone>(pool: &[T], n: usize) -> T {
@@ -2072,20 +1368,7 @@ fn db_pool(free: &str) -> Vec<Option<String>> {
 
 fn job_pool(free: &str) -> Vec<String> {
     let mut v = vec!["case.toml".to_owned(); 10];
-    v.extend(
-        [
-            "nope.toml",
-            "",
-            ".",
-            "/dev/null",
-            "case.toml/",
-            "w.duckdb",
-            "notes.txt",
-            "folder",
-        ]
-        .iter()
-        .map(|s| s.to_string()),
-    );
+    v.extend(["nope.toml", "", ".", "/dev/null", "case.toml/", "w.duckdb", "notes.txt", "folder"].iter().map(|s| s.to_string()));
     v.push(free.replace('/', "_"));
     v
 }
@@ -2097,10 +1380,7 @@ fn build_args(c: &CmdRecipe) -> Vec<OsString> {
     // Ranges only from the small pool (and bad values), never left to the
     // ledger's first and last dates, which may be 0001-01-01 and 9999-12-31.
     let range: Vec<String> = date_pool(false, &c.free).into_iter().flatten().collect();
-    let (from, to) = (
-        pick(&range, c.date as usize),
-        pick(&range, c.date2 as usize),
-    );
+    let (from, to) = (pick(&range, c.date as usize), pick(&range, c.date2 as usize));
     let mut a: Vec<String> = Vec::new();
     let mut with_db = true;
     match c.kind % 14 {
@@ -2110,53 +1390,23 @@ fn build_args(c: &CmdRecipe) -> Vec<OsString> {
                 a.extend(["--date".to_owned(), d]);
             }
         }
-        4 | 5 => a.extend([
-            "backfill".to_owned(),
-            job,
-            "--from".to_owned(),
-            from,
-            "--to".to_owned(),
-            to,
-        ]),
+        4 | 5 => a.extend(["backfill".to_owned(), job, "--from".to_owned(), from, "--to".to_owned(), to]),
         6 | 7 => {
             a.extend(["prove".to_owned(), job]);
             if let Some(d) = one_date {
                 a.extend(["--date".to_owned(), d]);
             }
         }
-        8 | 9 => a.extend([
-            "status".to_owned(),
-            job,
-            "--from".to_owned(),
-            from,
-            "--to".to_owned(),
-            to,
-        ]),
+        8 | 9 => a.extend(["status".to_owned(), job, "--from".to_owned(), from, "--to".to_owned(), to]),
         10 => {
             a.extend(["lint".to_owned(), job]);
             with_db = false;
         }
         11 => a.extend(["lint".to_owned(), job]),
         12 => {
-            let name = pick(
-                &[
-                    "silver_orders".to_owned(),
-                    "orders_merge".to_owned(),
-                    c.free.clone(),
-                ],
-                c.date2 as usize,
-            );
-            let limit = pick(
-                &["20", "0", "-1", "x", "18446744073709551616"],
-                c.date as usize,
-            );
-            a.extend([
-                "runs".to_owned(),
-                "--job".to_owned(),
-                name,
-                "--limit".to_owned(),
-                limit.to_owned(),
-            ]);
+            let name = pick(&["silver_orders".to_owned(), "orders_merge".to_owned(), c.free.clone()], c.date2 as usize);
+            let limit = pick(&["20", "0", "-1", "x", "18446744073709551616"], c.date as usize);
+            a.extend(["runs".to_owned(), "--job".to_owned(), name, "--limit".to_owned(), limit.to_owned()]);
         }
         _ => {
             a.extend(pick(RAW_CMDS, c.job as usize).iter().map(|s| s.to_string()));
@@ -2198,19 +1448,11 @@ fn build(r: &Recipe) -> (JobFile, Vec<Vec<OsString>>) {
 fn random_bad_inputs_change_nothing() {
     let started = Instant::now();
     let env = setup();
-    let cases: u32 = std::env::var("FIXPOINT_BAD_INPUT_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(48);
+    let cases: u32 = std::env::var("FIXPOINT_BAD_INPUT_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48);
     let seed: u64 = std::env::var("FIXPOINT_BAD_INPUT_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
+        .unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1));
     eprintln!("random bad input: {cases} cases, seed {seed} (FIXPOINT_BAD_INPUT_SEED={seed} repeats them)");
     let config = ProptestConfig {
         cases,
@@ -2225,16 +1467,11 @@ fn random_bad_inputs_change_nothing() {
         let (job, commands) = build(&r);
         write_job(&env.work, &job);
         for args in &commands {
-            check(&env, "generated case", &job, args, false)
-                .map_err(|report| TestCaseError::fail(report))?;
+            check(&env, "generated case", &job, args, false).map_err(|report| TestCaseError::fail(report))?;
         }
         Ok(())
     });
-    print_stats(
-        &env,
-        &format!("random bad input ({cases} cases, seed {seed})"),
-        started,
-    );
+    print_stats(&env, &format!("random bad input ({cases} cases, seed {seed})"), started);
     match result {
         Ok(()) => {}
         Err(TestError::Fail(reason, case)) => {

@@ -57,10 +57,7 @@ sql = "SELECT id, amount, note, dt FROM bronze.c WHERE dt = :run_date"
 /// Where the trials run: a DuckDB file or a PostgreSQL scratch database.
 enum Target {
     Duck(PathBuf),
-    Pg {
-        url: String,
-        _db: fixpoint_postgres::Postgres,
-    },
+    Pg { url: String, _db: fixpoint_postgres::Postgres },
 }
 
 impl Target {
@@ -73,9 +70,7 @@ impl Target {
 
     fn open(&self) -> Box<dyn Engine> {
         match self {
-            Target::Duck(p) => {
-                Box::new(fixpoint_duckdb::DuckDb::open(p, Duration::from_secs(30)).unwrap())
-            }
+            Target::Duck(p) => Box::new(fixpoint_duckdb::DuckDb::open(p, Duration::from_secs(30)).unwrap()),
             Target::Pg { url, .. } => Box::new(fixpoint_postgres::Postgres::connect(url).unwrap()),
         }
     }
@@ -97,14 +92,11 @@ impl Target {
 
     /// `None` (after saying so) when the server is unreachable outside CI.
     fn pg(tag: &str) -> Option<Target> {
-        let admin = std::env::var("FIXPOINT_TEST_PG")
-            .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into());
+        let admin = std::env::var("FIXPOINT_TEST_PG").unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into());
         let name = format!("fixpoint_rel_{tag}_{}", std::process::id());
         let mut pg = match fixpoint_postgres::Postgres::scratch(&admin, &name) {
             Ok(pg) => pg,
-            Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
-                panic!("postgres is unreachable under CI=true: {e}")
-            }
+            Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("postgres is unreachable under CI=true: {e}"),
             Err(e) => {
                 eprintln!("skipped: postgres is unreachable ({e})");
                 return None;
@@ -125,59 +117,23 @@ impl Target {
 }
 
 fn cols() -> Vec<Column> {
-    [
-        ("id", "BIGINT"),
-        ("amount", "DECIMAL(18,2)"),
-        ("note", "VARCHAR"),
-        ("dt", "DATE"),
-    ]
-    .iter()
-    .map(|(n, t)| Column {
-        name: (*n).into(),
-        ty: (*t).into(),
-    })
-    .collect()
+    [("id", "BIGINT"), ("amount", "DECIMAL(18,2)"), ("note", "VARCHAR"), ("dt", "DATE")].iter().map(|(n, t)| Column { name: (*n).into(), ty: (*t).into() }).collect()
 }
 
 /// (rows, checksum) of one day of a table, the same way for source and target.
 fn day_fp(db: &mut dyn Engine, table: &str, day: &str) -> Fingerprint {
     let t = TableName::parse(table).unwrap();
     if db.table_columns(&t).unwrap().is_none() {
-        return Fingerprint {
-            kind: String::new(),
-            rows: 0,
-            checksum: String::new(),
-        };
+        return Fingerprint { kind: String::new(), rows: 0, checksum: String::new() };
     }
     let date = RunDate::parse(day).unwrap().date();
     // The target's own column types (the source's, as it was created).
-    let cols: Vec<Column> = db
-        .table_columns(&t)
-        .unwrap()
-        .unwrap()
-        .into_iter()
-        .filter(|c| cols().iter().any(|x| x.name == c.name))
-        .collect();
-    fingerprint(
-        db,
-        Method::Native,
-        &Scope::Table {
-            table: &t,
-            filter: Some(Filter::DateEquals("dt", date)),
-        },
-        &cols,
-    )
-    .unwrap()
+    let cols: Vec<Column> = db.table_columns(&t).unwrap().unwrap().into_iter().filter(|c| cols().iter().any(|x| x.name == c.name)).collect();
+    fingerprint(db, Method::Native, &Scope::Table { table: &t, filter: Some(Filter::DateEquals("dt", date)) }, &cols).unwrap()
 }
 
 fn fixpoint(dir: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_fixpoint"))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("FIXPOINT_DB")
-        .env_remove("FIXPOINT_FAIL_AT")
-        .output()
-        .unwrap()
+    Command::new(env!("CARGO_BIN_EXE_fixpoint")).args(args).current_dir(dir).env_remove("FIXPOINT_DB").env_remove("FIXPOINT_FAIL_AT").output().unwrap()
 }
 
 /// A small deterministic generator for kill delays (seed printed).
@@ -195,10 +151,7 @@ impl Rng {
 }
 
 fn trials() -> usize {
-    std::env::var("FIXPOINT_CRASH_TRIALS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(8)
+    std::env::var("FIXPOINT_CRASH_TRIALS").ok().and_then(|v| v.parse().ok()).unwrap_or(8)
 }
 
 #[derive(Default, Debug)]
@@ -216,42 +169,21 @@ struct Tally {
 fn kill_trials(dir: &Path, target: &Target, command: &str, engine: &str) {
     std::fs::write(dir.join("job.toml"), JOB).unwrap();
     let url = target.url();
-    let days: Vec<&str> = if command == "run" {
-        vec![DAYS[1]]
-    } else {
-        DAYS.to_vec()
-    };
+    let days: Vec<&str> = if command == "run" { vec![DAYS[1]] } else { DAYS.to_vec() };
     let args: Vec<String> = match command {
-        "run" => ["run", "job.toml", "--date", DAYS[1], "--db", &url]
-            .iter()
-            .map(|s| s.to_string())
-            .collect(),
-        _ => [
-            "backfill", "job.toml", "--from", DAYS[0], "--to", DAYS[2], "--db", &url,
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect(),
+        "run" => ["run", "job.toml", "--date", DAYS[1], "--db", &url].iter().map(|s| s.to_string()).collect(),
+        _ => ["backfill", "job.toml", "--from", DAYS[0], "--to", DAYS[2], "--db", &url].iter().map(|s| s.to_string()).collect(),
     };
     // The first, unkilled load: its duration scales the kill delays.
     let t0 = Instant::now();
     let first = fixpoint(dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
-    assert!(
-        first.status.success(),
-        "{}",
-        String::from_utf8_lossy(&first.stderr)
-    );
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
     let mut full = t0.elapsed();
     let mut current: Vec<Fingerprint> = {
         let mut db = target.open();
-        days.iter()
-            .map(|d| day_fp(db.as_mut(), "silver.c", d))
-            .collect()
+        days.iter().map(|d| day_fp(db.as_mut(), "silver.c", d)).collect()
     };
-    let seed = std::env::var("FIXPOINT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| 0x9E37_79B9_7F4A_7C15 ^ std::process::id() as u64);
+    let seed = std::env::var("FIXPOINT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| 0x9E37_79B9_7F4A_7C15 ^ std::process::id() as u64);
     let mut rng = Rng(seed | 1);
     let mut tally = Tally::default();
     for trial in 0..trials() {
@@ -259,11 +191,8 @@ fn kill_trials(dir: &Path, target: &Target, command: &str, engine: &str) {
         // New input for every day: the run must replace each day whole.
         let next: Vec<Fingerprint> = {
             let mut db = target.open();
-            db.execute(&Sql::raw("UPDATE bronze.c SET amount = amount + 1"))
-                .unwrap();
-            days.iter()
-                .map(|d| day_fp(db.as_mut(), "bronze.c", d))
-                .collect()
+            db.execute(&Sql::raw("UPDATE bronze.c SET amount = amount + 1")).unwrap();
+            days.iter().map(|d| day_fp(db.as_mut(), "bronze.c", d)).collect()
         };
         // A concurrent reader (PostgreSQL): every sample is old or new.
         let stop = Arc::new(AtomicBool::new(false));
@@ -271,14 +200,7 @@ fn kill_trials(dir: &Path, target: &Target, command: &str, engine: &str) {
         let samples = Arc::new(Mutex::new(0usize));
         let reader = match target {
             Target::Pg { url, .. } => {
-                let (url, stop, bad, samples, old, new) = (
-                    url.clone(),
-                    stop.clone(),
-                    bad.clone(),
-                    samples.clone(),
-                    current.clone(),
-                    next.clone(),
-                );
+                let (url, stop, bad, samples, old, new) = (url.clone(), stop.clone(), bad.clone(), samples.clone(), current.clone(), next.clone());
                 let days: Vec<String> = days.iter().map(|s| s.to_string()).collect();
                 Some(std::thread::spawn(move || {
                     let mut db = fixpoint_postgres::Postgres::connect(&url).unwrap();
@@ -287,9 +209,7 @@ fn kill_trials(dir: &Path, target: &Target, command: &str, engine: &str) {
                             let fp = day_fp(&mut db, "silver.c", d);
                             *samples.lock().unwrap() += 1;
                             if fp != old[i] && fp != new[i] {
-                                bad.lock()
-                                    .unwrap()
-                                    .push(format!("{d}: {} rows, {}", fp.rows, fp.checksum));
+                                bad.lock().unwrap().push(format!("{d}: {} rows, {}", fp.rows, fp.checksum));
                             }
                         }
                     }
@@ -328,26 +248,17 @@ fn kill_trials(dir: &Path, target: &Target, command: &str, engine: &str) {
         // are new up to some date and old after it.
         let after: Vec<Fingerprint> = {
             let mut db = target.open();
-            days.iter()
-                .map(|d| day_fp(db.as_mut(), "silver.c", d))
-                .collect()
+            days.iter().map(|d| day_fp(db.as_mut(), "silver.c", d)).collect()
         };
         let mut seen_old = false;
         for (i, fp) in after.iter().enumerate() {
             let is_new = *fp == next[i];
             assert!(is_new || *fp == current[i], "{engine} {command} trial {trial} (seed {seed}, kill after {delay:?}): {} is neither old nor new: {} rows", days[i], fp.rows);
-            assert!(
-                !(is_new && seen_old),
-                "{engine} backfill trial {trial}: {} is new after an old day",
-                days[i]
-            );
+            assert!(!(is_new && seen_old), "{engine} backfill trial {trial}: {} is new after an old day", days[i]);
             seen_old |= !is_new;
         }
         if !finished {
-            match (
-                after.iter().zip(&next).all(|(a, n)| a == n),
-                after.iter().zip(&current).all(|(a, c)| a == c),
-            ) {
+            match (after.iter().zip(&next).all(|(a, n)| a == n), after.iter().zip(&current).all(|(a, c)| a == c)) {
                 (true, _) => tally.new_state_after_kill += 1,
                 (_, true) => tally.old_state_after_kill += 1,
                 _ => tally.mixed_backfill_after_kill += 1,
@@ -357,31 +268,17 @@ fn kill_trials(dir: &Path, target: &Target, command: &str, engine: &str) {
         let t1 = Instant::now();
         let rerun = fixpoint(dir, &args.iter().map(String::as_str).collect::<Vec<_>>());
         full = full.max(t1.elapsed());
-        assert!(
-            rerun.status.success(),
-            "{}",
-            String::from_utf8_lossy(&rerun.stderr)
-        );
+        assert!(rerun.status.success(), "{}", String::from_utf8_lossy(&rerun.stderr));
         let converged: Vec<Fingerprint> = {
             let mut db = target.open();
-            days.iter()
-                .map(|d| day_fp(db.as_mut(), "silver.c", d))
-                .collect()
+            days.iter().map(|d| day_fp(db.as_mut(), "silver.c", d)).collect()
         };
         for i in 0..days.len() {
-            assert_eq!(
-                (converged[i].rows, &converged[i].checksum),
-                (next[i].rows, &next[i].checksum),
-                "{engine} {command} trial {trial}: rerun of {}",
-                days[i]
-            );
+            assert_eq!((converged[i].rows, &converged[i].checksum), (next[i].rows, &next[i].checksum), "{engine} {command} trial {trial}: rerun of {}", days[i]);
         }
         current = converged;
     }
-    eprintln!(
-        "kill -9 {engine} {command}: {tally:?} (seed {seed}, unkilled run {:.2} s)",
-        full.as_secs_f64()
-    );
+    eprintln!("kill -9 {engine} {command}: {tally:?} (seed {seed}, unkilled run {:.2} s)", full.as_secs_f64());
     assert_eq!(tally.trials, trials());
 }
 
@@ -423,9 +320,7 @@ fn double_fired(dir: &Path, target: &Target, engine: &str) {
     let url = target.url();
     let spawn = |date: &str| {
         Command::new(env!("CARGO_BIN_EXE_fixpoint"))
-            .args([
-                "run", "job.toml", "--date", date, "--db", &url, "--output", "json",
-            ])
+            .args(["run", "job.toml", "--date", date, "--db", &url, "--output", "json"])
             .current_dir(dir)
             .env_remove("FIXPOINT_DB")
             .env_remove("FIXPOINT_FAIL_AT")
@@ -439,11 +334,7 @@ fn double_fired(dir: &Path, target: &Target, engine: &str) {
             .into_iter()
             .map(|c| {
                 let o = c.wait_with_output().unwrap();
-                assert!(
-                    o.status.success(),
-                    "{engine}: a double-fired run failed: {}",
-                    String::from_utf8_lossy(&o.stderr)
-                );
+                assert!(o.status.success(), "{engine}: a double-fired run failed: {}", String::from_utf8_lossy(&o.stderr));
                 let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
                 r["outcome"].as_str().unwrap().to_owned()
             })
@@ -452,47 +343,19 @@ fn double_fired(dir: &Path, target: &Target, engine: &str) {
         v
     };
     let same = outcomes((0..3).map(|_| spawn(DAYS[1])).collect());
-    assert_eq!(
-        same,
-        ["committed", "skipped", "skipped"],
-        "{engine}: one run writes, the others find it done"
-    );
-    let neighbours = outcomes(vec![
-        spawn(DAYS[0]),
-        spawn(DAYS[2]),
-        spawn(DAYS[0]),
-        spawn(DAYS[2]),
-    ]);
-    assert_eq!(
-        neighbours,
-        ["committed", "committed", "skipped", "skipped"],
-        "{engine}"
-    );
+    assert_eq!(same, ["committed", "skipped", "skipped"], "{engine}: one run writes, the others find it done");
+    let neighbours = outcomes(vec![spawn(DAYS[0]), spawn(DAYS[2]), spawn(DAYS[0]), spawn(DAYS[2])]);
+    assert_eq!(neighbours, ["committed", "committed", "skipped", "skipped"], "{engine}");
     let mut db = target.open();
     for d in DAYS {
         let fp = day_fp(db.as_mut(), "silver.c", d);
         let src = day_fp(db.as_mut(), "bronze.c", d);
-        assert_eq!(
-            (fp.rows, fp.checksum),
-            (src.rows, src.checksum),
-            "{engine} {d}: one run's contents"
-        );
+        assert_eq!((fp.rows, fp.checksum), (src.rows, src.checksum), "{engine} {d}: one run's contents");
     }
-    let ledger = db
-        .query(&Sql::raw(
-            "SELECT run_date, count(*) FROM fixpoint.runs GROUP BY run_date ORDER BY run_date",
-        ))
-        .unwrap();
-    let per_day: Vec<String> = ledger
-        .rows
-        .iter()
-        .map(|r| format!("{} {}", r[0].display(), r[1].display()))
-        .collect();
+    let ledger = db.query(&Sql::raw("SELECT run_date, count(*) FROM fixpoint.runs GROUP BY run_date ORDER BY run_date")).unwrap();
+    let per_day: Vec<String> = ledger.rows.iter().map(|r| format!("{} {}", r[0].display(), r[1].display())).collect();
     assert_eq!(per_day.len(), 3, "{engine}: {per_day:?}");
-    assert!(
-        per_day.iter().all(|r| r.ends_with(" 1")),
-        "{engine}: one ledger row per date: {per_day:?}"
-    );
+    assert!(per_day.iter().all(|r| r.ends_with(" 1")), "{engine}: one ledger row per date: {per_day:?}");
 }
 
 #[test]
@@ -545,41 +408,22 @@ const COPIED: &str = "insert (the files copied into the target)";
 const UNTAPPED: &str = "insert not tapped (the tapped day insert is switched off)";
 
 fn plan_trials() -> usize {
-    std::env::var("FIXPOINT_CRASH_TRIALS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10)
+    std::env::var("FIXPOINT_CRASH_TRIALS").ok().and_then(|v| v.parse().ok()).unwrap_or(10)
 }
 
 fn base_seed() -> u64 {
-    std::env::var("FIXPOINT_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| 0x9E37_79B9_7F4A_7C15 ^ std::process::id() as u64)
+    std::env::var("FIXPOINT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| 0x9E37_79B9_7F4A_7C15 ^ std::process::id() as u64)
 }
 
 /// FNV-1a: each plan draws its own delays from the one seed.
 fn name_hash(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
 /// `psql` with one SQL string: its rows, one a line (unaligned, no headers).
 fn psql(url: &str, sql: &str) -> Result<String, String> {
     let out = Command::new("psql")
-        .args([
-            "-X",
-            "-q",
-            "-A",
-            "-t",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-c",
-            sql,
-            "-d",
-            url,
-        ])
+        .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql, "-d", url])
         .env("PGCONNECT_TIMEOUT", "10")
         .stdin(Stdio::null())
         .output()
@@ -607,20 +451,13 @@ fn duck_strings(path: &Path, sql: &str) -> duckdb::Result<Vec<String>> {
 enum Db {
     Duck(PathBuf),
     /// A scratch database, dropped with the value.
-    Pg {
-        admin: String,
-        url: String,
-        name: String,
-    },
+    Pg { admin: String, url: String, name: String },
 }
 
 impl Drop for Db {
     fn drop(&mut self) {
         if let Db::Pg { admin, name, .. } = self {
-            let _ = psql(
-                admin.as_str(),
-                &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-            );
+            let _ = psql(admin.as_str(), &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
         }
     }
 }
@@ -668,9 +505,7 @@ impl Db {
             return;
         }
         match self {
-            Db::Duck(p) => duckdb::Connection::open(p)
-                .and_then(|c| c.execute_batch(sql))
-                .unwrap_or_else(|e| panic!("{e}\n{sql}")),
+            Db::Duck(p) => duckdb::Connection::open(p).and_then(|c| c.execute_batch(sql)).unwrap_or_else(|e| panic!("{e}\n{sql}")),
             Db::Pg { url, .. } => {
                 psql(url, sql).unwrap_or_else(|e| panic!("{e}\n{sql}"));
             }
@@ -688,18 +523,13 @@ impl Db {
     }
 
     fn strings(&self, sql: &str) -> Vec<String> {
-        self.try_strings(sql)
-            .unwrap_or_else(|e| panic!("{e}\n{sql}"))
+        self.try_strings(sql).unwrap_or_else(|e| panic!("{e}\n{sql}"))
     }
 
     /// Ledger rows with this run key.
     fn ledger_rows(&self, run_key: &str) -> usize {
-        let n = self.strings(&format!(
-            "SELECT CAST(count(*) AS VARCHAR) FROM fixpoint.runs WHERE run_key = '{run_key}'"
-        ));
-        n[0].trim()
-            .parse()
-            .unwrap_or_else(|e| panic!("ledger count {n:?}: {e}"))
+        let n = self.strings(&format!("SELECT CAST(count(*) AS VARCHAR) FROM fixpoint.runs WHERE run_key = '{run_key}'"));
+        n[0].trim().parse().unwrap_or_else(|e| panic!("ledger count {n:?}: {e}"))
     }
 
     /// PostgreSQL: waits until no other client is connected, so the killed
@@ -717,10 +547,7 @@ impl Db {
             if others.trim() == "0" {
                 return;
             }
-            assert!(
-                t0.elapsed() < Duration::from_secs(120),
-                "the killed run's server backend still runs after 120 s"
-            );
+            assert!(t0.elapsed() < Duration::from_secs(120), "the killed run's server backend still runs after 120 s");
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -729,8 +556,7 @@ impl Db {
 /// Two scratch databases (main and twin), made with `psql`; `None`, after
 /// saying "skipped", when the server is unreachable outside CI.
 fn pg_pair(tag: &str) -> Option<(Db, Db)> {
-    let admin = std::env::var("FIXPOINT_TEST_PG")
-        .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into());
+    let admin = std::env::var("FIXPOINT_TEST_PG").unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into());
     if let Err(e) = psql(&admin, "SELECT 1") {
         if std::env::var("CI").as_deref() == Ok("true") {
             panic!("postgres is unreachable under CI=true: {e}");
@@ -740,24 +566,13 @@ fn pg_pair(tag: &str) -> Option<(Db, Db)> {
     }
     let make = |role: &str| -> Db {
         let name = format!("fixpoint_kill_{tag}_{}_{role}", std::process::id());
-        psql(
-            &admin,
-            &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        psql(&admin, &format!("CREATE DATABASE {name}"))
-            .unwrap_or_else(|e| panic!("creating {name}: {e}"));
+        psql(&admin, &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).unwrap_or_else(|e| panic!("{e}"));
+        psql(&admin, &format!("CREATE DATABASE {name}")).unwrap_or_else(|e| panic!("creating {name}: {e}"));
         let url = match admin.rfind('/') {
-            Some(i) if i > admin.find("://").map_or(0, |s| s + 2) => {
-                format!("{}/{name}", &admin[..i])
-            }
+            Some(i) if i > admin.find("://").map_or(0, |s| s + 2) => format!("{}/{name}", &admin[..i]),
             _ => format!("{admin}/{name}"),
         };
-        Db::Pg {
-            admin: admin.clone(),
-            url,
-            name,
-        }
+        Db::Pg { admin: admin.clone(), url, name }
     };
     Some((make("main"), make("twin")))
 }
@@ -780,18 +595,10 @@ fn trace_steps(stderr: &str) -> Vec<String> {
 
 fn fixpoint_command(dir: &Path, args: &[String], trace: bool, switches: Option<&str>) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_fixpoint"));
-    c.args(args)
-        .current_dir(dir)
-        .env_remove("FIXPOINT_DB")
-        .env_remove("FIXPOINT_FAIL_AT")
-        .stdin(Stdio::null());
+    c.args(args).current_dir(dir).env_remove("FIXPOINT_DB").env_remove("FIXPOINT_FAIL_AT").stdin(Stdio::null());
     match switches {
-        Some(s) => c
-            .env("FIXPOINT_TEST_MODE", "1")
-            .env("FIXPOINT_TEST_SWITCHES", s),
-        None => c
-            .env_remove("FIXPOINT_TEST_MODE")
-            .env_remove("FIXPOINT_TEST_SWITCHES"),
+        Some(s) => c.env("FIXPOINT_TEST_MODE", "1").env("FIXPOINT_TEST_SWITCHES", s),
+        None => c.env_remove("FIXPOINT_TEST_MODE").env_remove("FIXPOINT_TEST_SWITCHES"),
     };
     if trace {
         c.env("FIXPOINT_TRACE", "1");
@@ -801,12 +608,7 @@ fn fixpoint_command(dir: &Path, args: &[String], trace: bool, switches: Option<&
     c
 }
 
-fn run_fixpoint(
-    dir: &Path,
-    args: &[String],
-    trace: bool,
-    switches: Option<&str>,
-) -> (std::process::Output, Duration) {
+fn run_fixpoint(dir: &Path, args: &[String], trace: bool, switches: Option<&str>) -> (std::process::Output, Duration) {
     let mut c = fixpoint_command(dir, args, trace, switches);
     let t0 = Instant::now();
     let out = c.output().unwrap();
@@ -816,18 +618,8 @@ fn run_fixpoint(
 /// Why a state is neither: counts, and a few rows of each difference
 /// (every list sorted).
 fn differ(seen: &[String], old: &[String], new: &[String]) -> String {
-    let missing = |a: &[String], b: &[String]| -> Vec<String> {
-        a.iter()
-            .filter(|x| b.binary_search(x).is_err())
-            .take(3)
-            .cloned()
-            .collect()
-    };
-    let strange: Vec<&String> = seen
-        .iter()
-        .filter(|x| old.binary_search(x).is_err() && new.binary_search(x).is_err())
-        .take(3)
-        .collect();
+    let missing = |a: &[String], b: &[String]| -> Vec<String> { a.iter().filter(|x| b.binary_search(x).is_err()).take(3).cloned().collect() };
+    let strange: Vec<&String> = seen.iter().filter(|x| old.binary_search(x).is_err() && new.binary_search(x).is_err()).take(3).collect();
     format!(
         "{} rows (old state {}, new state {}); rows of neither: {strange:?}; old rows missing: {:?}; new rows missing: {:?}",
         seen.len(),
@@ -893,10 +685,7 @@ fn kill_plan(dir: &Path, plan: &KillPlan, main: &Db, twin: &Db) {
     std::fs::write(dir.join("job.toml"), plan.job).unwrap();
     let name = plan.name;
     let args = |db: &Db, day: &str| -> Vec<String> {
-        let mut a: Vec<String> = ["run", "job.toml", "--date", day, "--db"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let mut a: Vec<String> = ["run", "job.toml", "--date", day, "--db"].iter().map(|s| s.to_string()).collect();
         a.push(db.url());
         a.extend(["--output", "json"].iter().map(|s| s.to_string()));
         a.extend(plan.extra.iter().map(|s| s.to_string()));
@@ -921,32 +710,18 @@ fn kill_plan(dir: &Path, plan: &KillPlan, main: &Db, twin: &Db) {
         files(dir, KILL_DAY_BEFORE, 0);
     }
     input(0);
-    let days: Vec<&str> = if plan.day_before {
-        vec![KILL_DAY_BEFORE, KILL_DAY]
-    } else {
-        vec![KILL_DAY]
-    };
+    let days: Vec<&str> = if plan.day_before { vec![KILL_DAY_BEFORE, KILL_DAY] } else { vec![KILL_DAY] };
     for db in [main, twin] {
         for &day in &days {
             let (out, _) = run_fixpoint(dir, &args(db, day), false, plan.switches);
-            assert!(
-                out.status.success(),
-                "{name}: the first load of {day}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            assert!(out.status.success(), "{name}: the first load of {day}: {}", String::from_utf8_lossy(&out.stderr));
         }
     }
     let mut current = scope(main);
     assert!(!current.is_empty(), "{name}: the first load wrote nothing");
-    assert!(
-        current == scope(twin),
-        "{name}: the first loads of the two databases differ"
-    );
+    assert!(current == scope(twin), "{name}: the first loads of the two databases differ");
     let rest = rest_rows(main);
-    assert!(
-        rest == rest_rows(twin),
-        "{name}: the first loads of the two databases differ outside the scope"
-    );
+    assert!(rest == rest_rows(twin), "{name}: the first loads of the two databases differ outside the scope");
 
     let seed = base_seed();
     let plan_seed = seed ^ name_hash(name);
@@ -960,38 +735,17 @@ fn kill_plan(dir: &Path, plan: &KillPlan, main: &Db, twin: &Db) {
         // The after state: the same run, unkilled, on the twin.
         let (out, took) = run_fixpoint(dir, &args(twin, KILL_DAY), true, plan.switches);
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(
-            out.status.success(),
-            "{name} trial {t}: the unkilled run failed: {stderr}"
-        );
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "{name} trial {t}: the report is not JSON ({e}): {}",
-                String::from_utf8_lossy(&out.stdout)
-            )
-        });
-        assert_eq!(
-            report["outcome"].as_str(),
-            Some("committed"),
-            "{name} trial {t}: {report}"
-        );
-        assert_eq!(
-            report["method"].as_str(),
-            Some(plan.method),
-            "{name} trial {t}: the plan taken; trace:\n{stderr}"
-        );
+        assert!(out.status.success(), "{name} trial {t}: the unkilled run failed: {stderr}");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{name} trial {t}: the report is not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)));
+        assert_eq!(report["outcome"].as_str(), Some("committed"), "{name} trial {t}: {report}");
+        assert_eq!(report["method"].as_str(), Some(plan.method), "{name} trial {t}: the plan taken; trace:\n{stderr}");
         let steps = trace_steps(&stderr);
         for s in plan.steps {
-            assert!(
-                steps.iter().any(|x| x.as_str() == *s),
-                "{name} trial {t}: the unkilled run has no step {s:?}: {steps:?}"
-            );
+            assert!(steps.iter().any(|x| x.as_str() == *s), "{name} trial {t}: the unkilled run has no step {s:?}: {steps:?}");
         }
         for s in plan.not_steps {
-            assert!(
-                !steps.iter().any(|x| x.as_str() == *s),
-                "{name} trial {t}: the unkilled run has the step {s:?}: {steps:?}"
-            );
+            assert!(!steps.iter().any(|x| x.as_str() == *s), "{name} trial {t}: the unkilled run has the step {s:?}: {steps:?}");
         }
         let path = if steps.iter().any(|x| x.as_str() == UNTAPPED) {
             "tapped insert declined, guard scan"
@@ -1008,41 +762,17 @@ fn kill_plan(dir: &Path, plan: &KillPlan, main: &Db, twin: &Db) {
         } else {
             "-"
         };
-        *tally
-            .paths
-            .entry(format!("{} / {path}", plan.method))
-            .or_default() += 1;
-        let key = report["run_key"]
-            .as_str()
-            .unwrap_or_else(|| panic!("{name} trial {t}: no run key: {report}"))
-            .to_owned();
-        assert!(
-            !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric()),
-            "{name} trial {t}: run key {key:?}"
-        );
+        *tally.paths.entry(format!("{} / {path}", plan.method)).or_default() += 1;
+        let key = report["run_key"].as_str().unwrap_or_else(|| panic!("{name} trial {t}: no run key: {report}")).to_owned();
+        assert!(!key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric()), "{name} trial {t}: run key {key:?}");
         let after = scope(twin);
-        assert!(
-            after != current,
-            "{name} trial {t}: the new input must change the scope"
-        );
+        assert!(after != current, "{name} trial {t}: the new input must change the scope");
         if let Some(known) = plan.known {
             let from_source = twin.strings(&known(twin));
-            assert!(
-                from_source == after,
-                "{name} trial {t}: the unkilled run's scope is not the source's: {}",
-                differ(&after, &from_source, &from_source)
-            );
+            assert!(from_source == after, "{name} trial {t}: the unkilled run's scope is not the source's: {}", differ(&after, &from_source, &from_source));
         }
-        assert_eq!(
-            twin.ledger_rows(&key),
-            1,
-            "{name} trial {t}: the unkilled run's ledger row"
-        );
-        assert_eq!(
-            main.ledger_rows(&key),
-            0,
-            "{name} trial {t}: the run key is in the ledger before the run"
-        );
+        assert_eq!(twin.ledger_rows(&key), 1, "{name} trial {t}: the unkilled run's ledger row");
+        assert_eq!(main.ledger_rows(&key), 0, "{name} trial {t}: the run key is in the ledger before the run");
         tally.fastest = Some(tally.fastest.map_or(took, |f| f.min(took)));
         tally.slowest = tally.slowest.max(took);
 
@@ -1062,10 +792,7 @@ fn kill_plan(dir: &Path, plan: &KillPlan, main: &Db, twin: &Db) {
         let killed_log = std::fs::read_to_string(&log).unwrap_or_default();
         let killed_steps = trace_steps(&killed_log);
         if finished {
-            assert!(
-                status.success(),
-                "{name} trial {t}: the run the kill came too late for failed: {killed_log}"
-            );
+            assert!(status.success(), "{name} trial {t}: the run the kill came too late for failed: {killed_log}");
         }
         let judge = |seen: &[String]| -> Option<bool> {
             if seen == after.as_slice() {
@@ -1076,10 +803,7 @@ fn kill_plan(dir: &Path, plan: &KillPlan, main: &Db, twin: &Db) {
                 None
             }
         };
-        let at = format!(
-            "seed {seed}, kill after {delay:?}, last step {:?}",
-            killed_steps.last()
-        );
+        let at = format!("seed {seed}, kill after {delay:?}, last step {:?}", killed_steps.last());
 
         // PostgreSQL: a read while the killed run's backend may still run
         // (READ COMMITTED, one statement); then wait for it to end.
@@ -1098,29 +822,13 @@ fn kill_plan(dir: &Path, plan: &KillPlan, main: &Db, twin: &Db) {
         // The scope is the old state or the new one; the run's ledger row
         // is there exactly with the new one.
         let seen = scope(main);
-        let new = judge(seen.as_slice()).unwrap_or_else(|| {
-            panic!(
-                "{name} trial {t} ({at}): the scope is neither the old nor the new state: {}",
-                differ(&seen, &current, &after)
-            )
-        });
+        let new = judge(seen.as_slice()).unwrap_or_else(|| panic!("{name} trial {t} ({at}): the scope is neither the old nor the new state: {}", differ(&seen, &current, &after)));
         let in_ledger = main.ledger_rows(&key);
-        assert_eq!(
-            in_ledger,
-            usize::from(new),
-            "{name} trial {t} ({at}): the {} state with {in_ledger} ledger row(s) of the run",
-            if new { "new" } else { "old" }
-        );
+        assert_eq!(in_ledger, usize::from(new), "{name} trial {t} ({at}): the {} state with {in_ledger} ledger row(s) of the run", if new { "new" } else { "old" });
         if finished || killed_steps.iter().any(|s| s.as_str() == "commit") {
-            assert!(
-                new,
-                "{name} trial {t} ({at}): the run committed but the scope holds the old state"
-            );
+            assert!(new, "{name} trial {t} ({at}): the run committed but the scope holds the old state");
         }
-        assert!(
-            rest_rows(main) == rest,
-            "{name} trial {t} ({at}): rows outside the scope changed"
-        );
+        assert!(rest_rows(main) == rest, "{name} trial {t} ({at}): rows outside the scope changed");
         if finished {
             tally.finished_before_kill += 1;
         } else {
@@ -1129,34 +837,17 @@ fn kill_plan(dir: &Path, plan: &KillPlan, main: &Db, twin: &Db) {
             } else {
                 tally.killed_old_state += 1;
             }
-            let step = killed_steps.last().map_or_else(
-                || "before the first step".to_owned(),
-                |s| format!("after {s}"),
-            );
+            let step = killed_steps.last().map_or_else(|| "before the first step".to_owned(), |s| format!("after {s}"));
             *tally.killed_after.entry(step).or_default() += 1;
         }
 
         // The rerun converges to the new state.
         let (out, _) = run_fixpoint(dir, &args(main, KILL_DAY), false, plan.switches);
-        assert!(
-            out.status.success(),
-            "{name} trial {t}: the rerun failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "{name} trial {t}: the rerun failed: {}", String::from_utf8_lossy(&out.stderr));
         let converged = scope(main);
-        assert!(
-            converged == after,
-            "{name} trial {t} ({at}): the rerun did not reach the new state: {}",
-            differ(&converged, &current, &after)
-        );
-        assert!(
-            main.ledger_rows(&key) >= 1,
-            "{name} trial {t}: after the rerun the ledger has no row of the run"
-        );
-        assert!(
-            rest_rows(main) == rest,
-            "{name} trial {t}: the rerun changed rows outside the scope"
-        );
+        assert!(converged == after, "{name} trial {t} ({at}): the rerun did not reach the new state: {}", differ(&converged, &current, &after));
+        assert!(main.ledger_rows(&key) >= 1, "{name} trial {t}: after the rerun the ledger has no row of the run");
+        assert!(rest_rows(main) == rest, "{name} trial {t}: the rerun changed rows outside the scope");
         current = after;
     }
     eprintln!(
@@ -1233,17 +924,11 @@ fn rp_change(db: &Db, t: usize) -> String {
 }
 
 fn rp_scope(db: &Db) -> String {
-    format!(
-        "SELECT {} FROM silver.c AS s WHERE dt = DATE '{KILL_DAY}'",
-        db.row_text("s")
-    )
+    format!("SELECT {} FROM silver.c AS s WHERE dt = DATE '{KILL_DAY}'", db.row_text("s"))
 }
 
 fn rp_rest(db: &Db) -> String {
-    format!(
-        "SELECT {} FROM silver.c AS s WHERE dt <> DATE '{KILL_DAY}'",
-        db.row_text("s")
-    )
+    format!("SELECT {} FROM silver.c AS s WHERE dt <> DATE '{KILL_DAY}'", db.row_text("s"))
 }
 
 fn rp_known(db: &Db) -> String {
@@ -1313,11 +998,7 @@ fn write_files(folder: &Path, t: usize) {
             continue;
         }
         let cents = (i * 37 + t * 101) % 1_000_000;
-        texts[i % n].push_str(&format!(
-            "{i},{}.{:02},note {i} {t}\n",
-            cents / 100,
-            cents % 100
-        ));
+        texts[i % n].push_str(&format!("{i},{}.{:02},note {i} {t}\n", cents / 100, cents % 100));
     }
     for (k, text) in texts.iter().enumerate() {
         std::fs::write(folder.join(format!("part-{k}.csv")), text).unwrap();
@@ -1325,26 +1006,15 @@ fn write_files(folder: &Path, t: usize) {
 }
 
 fn files_scope(db: &Db) -> String {
-    format!(
-        "SELECT {} FROM silver.f AS s WHERE dt = DATE '{KILL_DAY}'",
-        db.row_text("s")
-    )
+    format!("SELECT {} FROM silver.f AS s WHERE dt = DATE '{KILL_DAY}'", db.row_text("s"))
 }
 
 fn files_rest(db: &Db) -> String {
-    format!(
-        "SELECT {} FROM silver.f AS s WHERE dt <> DATE '{KILL_DAY}'",
-        db.row_text("s")
-    )
+    format!("SELECT {} FROM silver.f AS s WHERE dt <> DATE '{KILL_DAY}'", db.row_text("s"))
 }
 
 fn files_as_is_plan(name: &'static str, method: &'static str) -> KillPlan {
-    KillPlan {
-        job: FILES_AS_IS_JOB,
-        files: Some(write_hive_day_files as DayFiles),
-        method,
-        ..files_plan(name)
-    }
+    KillPlan { job: FILES_AS_IS_JOB, files: Some(write_hive_day_files as DayFiles), method, ..files_plan(name) }
 }
 
 fn files_plan(name: &'static str) -> KillPlan {
@@ -1452,12 +1122,7 @@ fn merge_scope(db: &Db) -> String {
     format!("SELECT {} FROM silver.m AS s", db.row_text("s"))
 }
 
-fn merge_plan(
-    name: &'static str,
-    job: &'static str,
-    change: Change,
-    method: &'static str,
-) -> KillPlan {
+fn merge_plan(name: &'static str, job: &'static str, change: Change, method: &'static str) -> KillPlan {
     KillPlan {
         name,
         job,
@@ -1498,8 +1163,7 @@ fn history_batch(db: &Db, t: usize) -> String {
     let first_new = MERGE_KEYS + 200 * t as i64;
     let new_keys = db.series(first_new, first_new + 199);
     let picked = format!("(i + {t}) % 5 <> 0");
-    let amount =
-        format!("CAST(CASE WHEN i % 3 = 0 THEN i % 1000 ELSE i % 1000 + {t} END AS DECIMAL(18,2))");
+    let amount = format!("CAST(CASE WHEN i % 3 = 0 THEN i % 1000 ELSE i % 1000 + {t} END AS DECIMAL(18,2))");
     let (v, between, late) = (10 * t + 5, 10 * t + 2, (10 * t).saturating_sub(7));
     format!(
         "DELETE FROM bronze.m;
@@ -1521,11 +1185,7 @@ fn history_plan(name: &'static str) -> KillPlan {
 }
 
 fn history_plan_of(name: &'static str, job: &'static str, change: Change) -> KillPlan {
-    KillPlan {
-        scope: history_scope,
-        steps: &["resolve", "delete", "insert", "well-formed"],
-        ..merge_plan(name, job, change, "history")
-    }
+    KillPlan { scope: history_scope, steps: &["resolve", "delete", "insert", "well-formed"], ..merge_plan(name, job, change, "history") }
 }
 
 const SNAPSHOT_JOB: &str = r#"name = "kill_snapshot"
@@ -1549,8 +1209,7 @@ fn snapshot_batch(db: &Db, t: usize) -> String {
     let keys = db.series(0, MERGE_KEYS - 1);
     let first_new = MERGE_KEYS + 200 * t as i64;
     let new_keys = db.series(first_new, first_new + 199);
-    let amount =
-        format!("CAST(CASE WHEN i % 3 = 0 THEN i % 1000 ELSE i % 1000 + {t} END AS DECIMAL(18,2))");
+    let amount = format!("CAST(CASE WHEN i % 3 = 0 THEN i % 1000 ELSE i % 1000 + {t} END AS DECIMAL(18,2))");
     format!(
         "DELETE FROM bronze.m;
          INSERT INTO bronze.m SELECT i, CAST(i % 1000 AS DECIMAL(18,2)), 'b' || CAST(i AS VARCHAR), 0, 'U', DATE '{KILL_DAY_BEFORE}' FROM {keys} AS r(i)
@@ -1560,10 +1219,7 @@ fn snapshot_batch(db: &Db, t: usize) -> String {
 }
 
 fn snapshot_plan(name: &'static str) -> KillPlan {
-    KillPlan {
-        day_before: true,
-        ..history_plan_of(name, SNAPSHOT_JOB, snapshot_batch)
-    }
+    KillPlan { day_before: true, ..history_plan_of(name, SNAPSHOT_JOB, snapshot_batch) }
 }
 
 fn duck_plan(plan: &KillPlan) {
@@ -1574,9 +1230,7 @@ fn duck_plan(plan: &KillPlan) {
 }
 
 fn pg_plan(tag: &str, plan: &KillPlan) {
-    let Some((main, twin)) = pg_pair(tag) else {
-        return;
-    };
+    let Some((main, twin)) = pg_pair(tag) else { return };
     let tmp = tempfile::tempdir().unwrap();
     kill_plan(tmp.path(), plan, &main, &twin);
 }
@@ -1585,23 +1239,14 @@ fn pg_plan(tag: &str, plan: &KillPlan) {
 /// insert (without `--force` only the day's first load does).
 #[test]
 fn duckdb_tapped_insert_killed_at_random_moments() {
-    duck_plan(&KillPlan {
-        extra: &["--force"],
-        steps: &[TAPPED],
-        not_steps: &["guards"],
-        ..rp_plan("duckdb replace_partition, tapped insert")
-    });
+    duck_plan(&KillPlan { extra: &["--force"], steps: &[TAPPED], not_steps: &["guards"], ..rp_plan("duckdb replace_partition, tapped insert") });
 }
 
 /// After the day's first load, without `--force`: the guard scan, then
 /// delete + insert.
 #[test]
 fn duckdb_guard_scan_insert_killed_at_random_moments() {
-    duck_plan(&KillPlan {
-        steps: &["guards", "insert"],
-        not_steps: &[TAPPED],
-        ..rp_plan("duckdb replace_partition, guard scan")
-    });
+    duck_plan(&KillPlan { steps: &["guards", "insert"], not_steps: &[TAPPED], ..rp_plan("duckdb replace_partition, guard scan") });
 }
 
 /// `--force` with the tapped insert switched off: the plan has deferred
@@ -1627,10 +1272,7 @@ fn duckdb_file_source_killed_at_random_moments() {
 
 #[test]
 fn duckdb_files_as_they_are_killed_at_random_moments() {
-    duck_plan(&files_as_is_plan(
-        "duckdb replace_partition, CSV files as they are",
-        "delete+insert",
-    ));
+    duck_plan(&files_as_is_plan("duckdb replace_partition, CSV files as they are", "delete+insert"));
 }
 
 /// Without `deleted`: the one-statement MERGE.
@@ -1639,12 +1281,7 @@ fn duckdb_merge_one_statement_killed_at_random_moments() {
     duck_plan(&KillPlan {
         steps: &["merge statement", "confirmed"],
         not_steps: &["rolled back"],
-        ..merge_plan(
-            "duckdb merge, one statement",
-            MERGE_JOB,
-            merge_batch_plain,
-            "merge, one statement",
-        )
+        ..merge_plan("duckdb merge, one statement", MERGE_JOB, merge_batch_plain, "merge, one statement")
     });
 }
 
@@ -1655,12 +1292,7 @@ fn duckdb_merge_with_tombstones_killed_at_random_moments() {
     duck_plan(&KillPlan {
         steps: &["dedup, input fp", "merge"],
         not_steps: &["merge statement", "rolled back", "stage"],
-        ..merge_plan(
-            "duckdb merge with tombstones, checks in the statement",
-            MERGE_TOMBSTONES_JOB,
-            merge_batch_plain,
-            "merge, checks in the statement",
-        )
+        ..merge_plan("duckdb merge with tombstones, checks in the statement", MERGE_TOMBSTONES_JOB, merge_batch_plain, "merge, checks in the statement")
     });
 }
 
@@ -1673,12 +1305,7 @@ fn duckdb_merge_join_plan_killed_at_random_moments() {
     duck_plan(&KillPlan {
         steps: &["merge statement", "rolled back", "stage", "classify"],
         not_steps: &[],
-        ..merge_plan(
-            "duckdb merge, join plan (after the accelerated plan declines)",
-            MERGE_TIES_JOB,
-            merge_batch_tied,
-            "merge",
-        )
+        ..merge_plan("duckdb merge, join plan (after the accelerated plan declines)", MERGE_TIES_JOB, merge_batch_tied, "merge")
     });
 }
 
@@ -1686,13 +1313,7 @@ fn duckdb_merge_join_plan_killed_at_random_moments() {
 /// delete + insert.
 #[test]
 fn postgres_guard_scan_insert_killed_at_random_moments() {
-    pg_plan(
-        "rp",
-        &KillPlan {
-            steps: &["guards", "insert"],
-            ..rp_plan("postgres replace_partition, delete + insert")
-        },
-    );
+    pg_plan("rp", &KillPlan { steps: &["guards", "insert"], ..rp_plan("postgres replace_partition, delete + insert") });
 }
 
 /// `--force` on a plain target: the delete, then the insert with the
@@ -1702,12 +1323,7 @@ fn postgres_guard_scan_insert_killed_at_random_moments() {
 fn postgres_guard_scan_beside_the_insert_killed_at_random_moments() {
     pg_plan(
         "beside",
-        &KillPlan {
-            extra: &["--force"],
-            steps: &[BESIDE],
-            not_steps: &["guards"],
-            ..rp_plan("postgres replace_partition, guard scan beside the insert")
-        },
+        &KillPlan { extra: &["--force"], steps: &[BESIDE], not_steps: &["guards"], ..rp_plan("postgres replace_partition, guard scan beside the insert") },
     );
 }
 
@@ -1716,12 +1332,7 @@ fn postgres_guard_scan_beside_the_insert_killed_at_random_moments() {
 fn postgres_partition_exchange_killed_at_random_moments() {
     pg_plan(
         "exchange",
-        &KillPlan {
-            setup: exchange_setup,
-            method: "partition exchange",
-            steps: &["swap"],
-            ..rp_plan("postgres replace_partition, partition exchange")
-        },
+        &KillPlan { setup: exchange_setup, method: "partition exchange", steps: &["swap"], ..rp_plan("postgres replace_partition, partition exchange") },
     );
 }
 
@@ -1737,9 +1348,7 @@ fn postgres_partition_exchange_guards_beside_the_insert_killed_at_random_moments
             extra: &["--force"],
             steps: &[BESIDE, "swap"],
             not_steps: &["guards"],
-            ..rp_plan(
-                "postgres replace_partition, partition exchange, guard scan beside the insert",
-            )
+            ..rp_plan("postgres replace_partition, partition exchange, guard scan beside the insert")
         },
     );
 }
@@ -1753,12 +1362,7 @@ fn postgres_merge_one_statement_killed_at_random_moments() {
         &KillPlan {
             steps: &["merge statement"],
             not_steps: &["rolled back", "stage"],
-            ..merge_plan(
-                "postgres merge, one statement",
-                MERGE_JOB,
-                merge_batch_plain,
-                "merge, one statement",
-            )
+            ..merge_plan("postgres merge, one statement", MERGE_JOB, merge_batch_plain, "merge, one statement")
         },
     );
 }
@@ -1773,12 +1377,7 @@ fn postgres_merge_on_the_key_killed_at_random_moments() {
             setup: merge_keyed_setup,
             steps: &["merge statement"],
             not_steps: &["rolled back", "stage"],
-            ..merge_plan(
-                "postgres merge, one statement, updates on the key",
-                MERGE_JOB,
-                merge_batch_plain,
-                "merge, one statement, updates on the key",
-            )
+            ..merge_plan("postgres merge, one statement, updates on the key", MERGE_JOB, merge_batch_plain, "merge, one statement, updates on the key")
         },
     );
 }
@@ -1789,15 +1388,7 @@ fn postgres_merge_on_the_key_killed_at_random_moments() {
 fn postgres_merge_killed_at_random_moments() {
     pg_plan(
         "merge",
-        &KillPlan {
-            steps: &["stage", "classify"],
-            ..merge_plan(
-                "postgres merge with tombstones",
-                MERGE_TOMBSTONES_JOB,
-                merge_batch_plain,
-                "merge",
-            )
-        },
+        &KillPlan { steps: &["stage", "classify"], ..merge_plan("postgres merge with tombstones", MERGE_TOMBSTONES_JOB, merge_batch_plain, "merge") },
     );
 }
 
@@ -1826,10 +1417,7 @@ fn postgres_snapshot_history_killed_at_random_moments() {
 
 #[test]
 fn postgres_file_source_killed_at_random_moments() {
-    pg_plan(
-        "files",
-        &files_plan("postgres replace_partition, CSV files"),
-    );
+    pg_plan("files", &files_plan("postgres replace_partition, CSV files"));
 }
 
 /// The files copied straight into the target (`COPY`), then the day
@@ -1838,13 +1426,7 @@ fn postgres_file_source_killed_at_random_moments() {
 fn postgres_files_copied_into_the_target_killed_at_random_moments() {
     pg_plan(
         "files_copy",
-        &KillPlan {
-            steps: &[COPIED],
-            ..files_as_is_plan(
-                "postgres replace_partition, CSV files copied into the target",
-                "delete+copy",
-            )
-        },
+        &KillPlan { steps: &[COPIED], ..files_as_is_plan("postgres replace_partition, CSV files copied into the target", "delete+copy") },
     );
 }
 
@@ -1865,10 +1447,7 @@ fn postgres_files_copied_into_the_target_killed_at_random_moments() {
 /// takes 10–15 s, and each trial waits out a lease).
 #[cfg(feature = "spark")]
 mod spark {
-    use super::{
-        base_seed, duck_strings, fixpoint_command, name_hash, Rng, KILL_DAY, KILL_DAY_BEFORE,
-        KILL_SPAN_PCT,
-    };
+    use super::{base_seed, duck_strings, fixpoint_command, name_hash, Rng, KILL_DAY, KILL_DAY_BEFORE, KILL_SPAN_PCT};
     use fixpoint_core::{Engine, Sql};
     use std::collections::BTreeSet;
     use std::path::Path;
@@ -1892,10 +1471,7 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
     const LEASE_SECONDS: u64 = 10;
 
     fn trials() -> usize {
-        std::env::var("FIXPOINT_SPARK_CRASH_TRIALS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(3)
+        std::env::var("FIXPOINT_SPARK_CRASH_TRIALS").ok().and_then(|v| v.parse().ok()).unwrap_or(3)
     }
 
     /// The integers `from..=to` as a relation with one column `i`.
@@ -1916,9 +1492,7 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
         let first_new = KEYS + 50 * t as i64;
         let new_keys = series(first_new, first_new + 49);
         let picked = format!("(i + {t}) % 5 <> 0");
-        let amount = format!(
-            "CAST(CASE WHEN i % 3 = 0 THEN i % 1000 ELSE i % 1000 + {t} END AS DECIMAL(18,2))"
-        );
+        let amount = format!("CAST(CASE WHEN i % 3 = 0 THEN i % 1000 ELSE i % 1000 + {t} END AS DECIMAL(18,2))");
         let (v, between, late) = (10 * t + 5, 10 * t + 2, (10 * t).saturating_sub(7));
         let b = format!("CAST(i % {BUCKETS} AS INT)");
         format!(
@@ -1943,37 +1517,16 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
         /// Every version stored: each row's start, each log entry's
         /// version, as `bucket|id@version`.
         fn versions(&self) -> BTreeSet<String> {
-            let field = |r: &String, i: usize| {
-                r.split('|')
-                    .nth(i)
-                    .unwrap_or_else(|| panic!("{r}"))
-                    .to_owned()
-            };
-            let rows = self
-                .table
-                .iter()
-                .map(|r| format!("{}|{}@{}", field(r, 0), field(r, 1), field(r, 6)));
-            let entries = self
-                .log
-                .iter()
-                .map(|r| format!("{}|{}@{}", field(r, 0), field(r, 1), field(r, 4)));
+            let field = |r: &String, i: usize| r.split('|').nth(i).unwrap_or_else(|| panic!("{r}")).to_owned();
+            let rows = self.table.iter().map(|r| format!("{}|{}@{}", field(r, 0), field(r, 1), field(r, 6)));
+            let entries = self.log.iter().map(|r| format!("{}|{}@{}", field(r, 0), field(r, 1), field(r, 4)));
             rows.chain(entries).collect()
         }
     }
 
     fn spark_strings(db: &mut fixpoint_spark::Spark, sql: &str) -> Vec<String> {
-        let rows = db
-            .query(&Sql::raw(sql))
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        let mut out: Vec<String> = rows
-            .rows
-            .iter()
-            .map(|r| {
-                r[0].as_str()
-                    .unwrap_or_else(|| panic!("{sql}: a NULL or non-text value {:?}", r[0]))
-                    .to_owned()
-            })
-            .collect();
+        let rows = db.query(&Sql::raw(sql)).unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let mut out: Vec<String> = rows.rows.iter().map(|r| r[0].as_str().unwrap_or_else(|| panic!("{sql}: a NULL or non-text value {:?}", r[0])).to_owned()).collect();
         out.sort();
         out
     }
@@ -1982,17 +1535,13 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
     /// runs are other sessions.
     fn refresh(db: &mut fixpoint_spark::Spark, table: &str) {
         let sql = format!("REFRESH TABLE {table}");
-        db.execute(&Sql::raw(sql.clone()))
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        db.execute(&Sql::raw(sql.clone())).unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
     fn spark_state(db: &mut fixpoint_spark::Spark) -> State {
         refresh(db, "silver.h");
         refresh(db, "fixpoint.history__silver__h");
-        State {
-            table: spark_strings(db, TABLE_TEXT),
-            log: spark_strings(db, LOG_TEXT),
-        }
+        State { table: spark_strings(db, TABLE_TEXT), log: spark_strings(db, LOG_TEXT) }
     }
 
     fn duck_state(path: &Path) -> State {
@@ -2001,20 +1550,13 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
             v.sort();
             v
         };
-        State {
-            table: get(TABLE_TEXT),
-            log: get(LOG_TEXT),
-        }
+        State { table: get(TABLE_TEXT), log: get(LOG_TEXT) }
     }
 
     fn ledger_rows(db: &mut fixpoint_spark::Spark) -> i128 {
         refresh(db, "fixpoint.runs");
         let sql = format!("SELECT count(*) FROM fixpoint.runs WHERE job = 'kill_history' AND run_date = DATE '{KILL_DAY}'");
-        db.query(&Sql::raw(sql.clone()))
-            .unwrap_or_else(|e| panic!("{sql}: {e}"))
-            .rows[0][0]
-            .as_i128()
-            .expect("a count")
+        db.query(&Sql::raw(sql.clone())).unwrap_or_else(|e| panic!("{sql}: {e}")).rows[0][0].as_i128().expect("a count")
     }
 
     #[derive(Default)]
@@ -2042,9 +1584,7 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
     fn fresh_cluster(url: &str) -> Option<fixpoint_spark::Spark> {
         let mut db = match fixpoint_spark::Spark::connect(url, Duration::from_secs(10)) {
             Ok(db) => db,
-            Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
-                panic!("spark is unreachable under CI=true: {e}")
-            }
+            Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("spark is unreachable under CI=true: {e}"),
             Err(e) => {
                 eprintln!("skipped: spark is unreachable ({e})");
                 return None;
@@ -2055,15 +1595,10 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
         // table they read recomputes them, which fails once their schema
         // is dropped.
         let mut statements = vec!["CLEAR CACHE".to_owned()];
-        statements.extend(
-            ["bronze", "silver", "fixpoint"]
-                .iter()
-                .map(|s| format!("DROP DATABASE IF EXISTS {s} CASCADE")),
-        );
+        statements.extend(["bronze", "silver", "fixpoint"].iter().map(|s| format!("DROP DATABASE IF EXISTS {s} CASCADE")));
         statements.push("CREATE DATABASE bronze".into());
         for sql in statements {
-            db.execute(&Sql::raw(sql.clone()))
-                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            db.execute(&Sql::raw(sql.clone())).unwrap_or_else(|e| panic!("{sql}: {e}"));
         }
         Some(db)
     }
@@ -2071,27 +1606,15 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
     /// Starts `command` (traced, its stderr into `log`), kills it with
     /// SIGKILL after `delay`: whether it had finished by then (it must have
     /// succeeded), and the last step its trace printed.
-    fn kill_after(
-        mut command: std::process::Command,
-        delay: Duration,
-        log: &Path,
-        t: usize,
-    ) -> (bool, Option<String>) {
-        let mut child = command
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(std::fs::File::create(log).unwrap()))
-            .spawn()
-            .unwrap();
+    fn kill_after(mut command: std::process::Command, delay: Duration, log: &Path, t: usize) -> (bool, Option<String>) {
+        let mut child = command.stdout(Stdio::null()).stderr(Stdio::from(std::fs::File::create(log).unwrap())).spawn().unwrap();
         std::thread::sleep(delay);
         let finished = child.try_wait().unwrap().is_some();
         let _ = child.kill(); // SIGKILL
         let status = child.wait().unwrap();
         let killed_log = std::fs::read_to_string(log).unwrap_or_default();
         if finished {
-            assert!(
-                status.success(),
-                "trial {t}: the run the kill came too late for failed: {killed_log}"
-            );
+            assert!(status.success(), "trial {t}: the run the kill came too late for failed: {killed_log}");
         }
         (finished, super::trace_steps(&killed_log).last().cloned())
     }
@@ -2101,31 +1624,17 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let url = spark_url();
         let connect = || fixpoint_spark::Spark::connect(&url, Duration::from_secs(10));
-        let Some(mut db) = fresh_cluster(&url) else {
-            return;
-        };
-        let exec = |db: &mut fixpoint_spark::Spark, sql: &str| {
-            db.execute(&Sql::raw(sql))
-                .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        };
+        let Some(mut db) = fresh_cluster(&url) else { return };
+        let exec = |db: &mut fixpoint_spark::Spark, sql: &str| db.execute(&Sql::raw(sql)).unwrap_or_else(|e| panic!("{sql}: {e}"));
         exec(&mut db, "CREATE TABLE bronze.m (bucket INT, id BIGINT, amount DECIMAL(18,2), note STRING, v BIGINT, op STRING, batch DATE) USING parquet");
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         let twin = dir.join("twin.duckdb");
-        let duck = |sql: &str| {
-            duckdb::Connection::open(&twin)
-                .and_then(|c| c.execute_batch(sql))
-                .unwrap_or_else(|e| panic!("{e}\n{sql}"))
-        };
+        let duck = |sql: &str| duckdb::Connection::open(&twin).and_then(|c| c.execute_batch(sql)).unwrap_or_else(|e| panic!("{e}\n{sql}"));
         duck("CREATE SCHEMA bronze; CREATE TABLE bronze.m (bucket INT, id BIGINT, amount DECIMAL(18,2), note VARCHAR, v BIGINT, op VARCHAR, batch DATE)");
         std::fs::write(dir.join("job.toml"), JOB).unwrap();
         let args = |db_url: &str| -> Vec<String> {
-            [
-                "run", "job.toml", "--date", KILL_DAY, "--db", db_url, "--output", "json",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect()
+            ["run", "job.toml", "--date", KILL_DAY, "--db", db_url, "--output", "json"].iter().map(|s| s.to_string()).collect()
         };
         let twin_url = format!("duckdb:{}", twin.display());
         let command = |db_url: &str, trace: bool| {
@@ -2137,28 +1646,13 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
             let t0 = Instant::now();
             let out = command(db_url, false).output().unwrap();
             let took = t0.elapsed();
-            assert!(
-                out.status.success(),
-                "a run on {db_url} failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-                panic!(
-                    "the report is not JSON ({e}): {}",
-                    String::from_utf8_lossy(&out.stdout)
-                )
-            });
+            assert!(out.status.success(), "a run on {db_url} failed: {}", String::from_utf8_lossy(&out.stderr));
+            let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("the report is not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)));
             (report, took)
         };
         let input = |db: &mut fixpoint_spark::Spark, t: usize| {
-            exec(
-                db,
-                &format!("INSERT OVERWRITE TABLE bronze.m {}", batch(spark_series, t)),
-            );
-            duck(&format!(
-                "DELETE FROM bronze.m; INSERT INTO bronze.m {}",
-                batch(duck_series, t)
-            ));
+            exec(db, &format!("INSERT OVERWRITE TABLE bronze.m {}", batch(spark_series, t)));
+            duck(&format!("DELETE FROM bronze.m; INSERT INTO bronze.m {}", batch(duck_series, t)));
         };
 
         // The first load, unkilled, on both.
@@ -2166,14 +1660,8 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
         run(&twin_url);
         let (_, mut span) = run(&url);
         let mut current = spark_state(&mut db);
-        assert!(
-            !current.table.is_empty() && !current.log.is_empty(),
-            "the first load wrote no rows or no log entries: {current:?}"
-        );
-        assert!(
-            current == duck_state(&twin),
-            "Spark's first load differs from DuckDB's"
-        );
+        assert!(!current.table.is_empty() && !current.log.is_empty(), "the first load wrote no rows or no log entries: {current:?}");
+        assert!(current == duck_state(&twin), "Spark's first load differs from DuckDB's");
         let mut recorded = ledger_rows(&mut db);
         assert_eq!(recorded, 1);
 
@@ -2185,21 +1673,12 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
             db = connect().expect("the reader connects again");
             input(&mut db, t);
             let (report, _) = run(&twin_url);
-            assert_eq!(
-                report["outcome"].as_str(),
-                Some("committed"),
-                "trial {t}: the twin's run: {report}"
-            );
+            assert_eq!(report["outcome"].as_str(), Some("committed"), "trial {t}: the twin's run: {report}");
             let after = duck_state(&twin);
-            assert!(
-                after != current,
-                "trial {t}: the new input must change the table"
-            );
+            assert!(after != current, "trial {t}: the new input must change the table");
 
-            let delay =
-                Duration::from_micros(rng.below(span.as_micros() as u64 * KILL_SPAN_PCT / 100));
-            let (finished, last_step) =
-                kill_after(command(&url, true), delay, &dir.join("killed.stderr"), t);
+            let delay = Duration::from_micros(rng.below(span.as_micros() as u64 * KILL_SPAN_PCT / 100));
+            let (finished, last_step) = kill_after(command(&url, true), delay, &dir.join("killed.stderr"), t);
             let at = format!("seed {seed}, kill after {delay:?}, last step {last_step:?}");
             // The killed run's lease lapses; a statement it had sent ends.
             std::thread::sleep(Duration::from_secs(LEASE_SECONDS + 2));
@@ -2211,44 +1690,20 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
             } else if seen.table == current.table {
                 false
             } else {
-                panic!(
-                    "trial {t} ({at}): the table is neither the old nor the new rows: {}",
-                    super::differ(&seen.table, &current.table, &after.table)
-                );
+                panic!("trial {t} ({at}): the table is neither the old nor the new rows: {}", super::differ(&seen.table, &current.table, &after.table));
             };
             let (was, is, will) = (current.versions(), seen.versions(), after.versions());
             let lost: Vec<&String> = was.difference(&is).take(5).collect();
-            assert!(
-                lost.is_empty(),
-                "trial {t} ({at}): versions stored before the run are stored nowhere now: {lost:?}"
-            );
-            let strange: Vec<&String> = is
-                .iter()
-                .filter(|v| !was.contains(*v) && !will.contains(*v))
-                .take(5)
-                .collect();
-            assert!(
-                strange.is_empty(),
-                "trial {t} ({at}): versions of neither state: {strange:?}"
-            );
+            assert!(lost.is_empty(), "trial {t} ({at}): versions stored before the run are stored nowhere now: {lost:?}");
+            let strange: Vec<&String> = is.iter().filter(|v| !was.contains(*v) && !will.contains(*v)).take(5).collect();
+            assert!(strange.is_empty(), "trial {t} ({at}): versions of neither state: {strange:?}");
             let in_ledger = ledger_rows(&mut db);
-            assert!(
-                in_ledger == recorded || in_ledger == recorded + 1,
-                "trial {t} ({at}): {in_ledger} ledger rows after {recorded}"
-            );
+            assert!(in_ledger == recorded || in_ledger == recorded + 1, "trial {t} ({at}): {in_ledger} ledger rows after {recorded}");
             if in_ledger == recorded + 1 {
-                assert!(
-                    seen == after,
-                    "trial {t} ({at}): the run's ledger row without its table and log: log {}",
-                    super::differ(&seen.log, &current.log, &after.log)
-                );
+                assert!(seen == after, "trial {t} ({at}): the run's ledger row without its table and log: log {}", super::differ(&seen.log, &current.log, &after.log));
             }
             if finished {
-                assert_eq!(
-                    in_ledger,
-                    recorded + 1,
-                    "trial {t} ({at}): the run finished before the kill without its ledger row"
-                );
+                assert_eq!(in_ledger, recorded + 1, "trial {t} ({at}): the run finished before the kill without its ledger row");
                 tally.finished += 1;
             } else {
                 if new_table {
@@ -2259,13 +1714,7 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
                 if seen.log != current.log && seen.log != after.log {
                     tally.log_between += 1;
                 }
-                *tally
-                    .killed_after
-                    .entry(last_step.map_or_else(
-                        || "before the first step".to_owned(),
-                        |s| format!("after {s}"),
-                    ))
-                    .or_default() += 1;
+                *tally.killed_after.entry(last_step.map_or_else(|| "before the first step".to_owned(), |s| format!("after {s}"))).or_default() += 1;
             }
 
             // The rerun (waiting for a lease still held) converges.
@@ -2275,22 +1724,10 @@ sql = "SELECT bucket, id, amount, note, v, op FROM bronze.m WHERE batch = :run_d
             }
             db = connect().expect("the reader connects again");
             let converged = spark_state(&mut db);
-            assert!(
-                converged.table == after.table,
-                "trial {t} ({at}): the rerun did not reach the new rows: {}",
-                super::differ(&converged.table, &current.table, &after.table)
-            );
-            assert!(
-                converged.log == after.log,
-                "trial {t} ({at}): the rerun did not reach the new log: {}",
-                super::differ(&converged.log, &current.log, &after.log)
-            );
+            assert!(converged.table == after.table, "trial {t} ({at}): the rerun did not reach the new rows: {}", super::differ(&converged.table, &current.table, &after.table));
+            assert!(converged.log == after.log, "trial {t} ({at}): the rerun did not reach the new log: {}", super::differ(&converged.log, &current.log, &after.log));
             recorded += 1;
-            assert_eq!(
-                ledger_rows(&mut db),
-                recorded,
-                "trial {t} ({at}): one ledger row of the run after the rerun"
-            );
+            assert_eq!(ledger_rows(&mut db), recorded, "trial {t} ({at}): one ledger row of the run after the rerun");
             current = after;
         }
         // Leave no killed run's cached relations to the next test.
@@ -2328,8 +1765,7 @@ sql = "SELECT id, amount, note, dt FROM bronze.r WHERE dt = :run_date"
         )
     }
 
-    const RP_TEXT: &str =
-        "SELECT CAST(id AS STRING) || '|' || CAST(amount AS STRING) || '|' || note FROM";
+    const RP_TEXT: &str = "SELECT CAST(id AS STRING) || '|' || CAST(amount AS STRING) || '|' || note FROM";
 
     fn rp_day(db: &mut fixpoint_spark::Spark, table: &str, day: &str) -> Vec<String> {
         refresh(db, table);
@@ -2339,11 +1775,7 @@ sql = "SELECT id, amount, note, dt FROM bronze.r WHERE dt = :run_date"
     fn rp_ledger_rows(db: &mut fixpoint_spark::Spark) -> i128 {
         refresh(db, "fixpoint.runs");
         let sql = format!("SELECT count(*) FROM fixpoint.runs WHERE job = 'kill_replace' AND run_date = DATE '{KILL_DAY}'");
-        db.query(&Sql::raw(sql.clone()))
-            .unwrap_or_else(|e| panic!("{sql}: {e}"))
-            .rows[0][0]
-            .as_i128()
-            .expect("a count")
+        db.query(&Sql::raw(sql.clone())).unwrap_or_else(|e| panic!("{sql}: {e}")).rows[0][0].as_i128().expect("a count")
     }
 
     /// kill -9 on Spark: a replace_partition run, killed at random moments,
@@ -2360,31 +1792,14 @@ sql = "SELECT id, amount, note, dt FROM bronze.r WHERE dt = :run_date"
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let url = spark_url();
         let connect = || fixpoint_spark::Spark::connect(&url, Duration::from_secs(10));
-        let Some(mut db) = fresh_cluster(&url) else {
-            return;
-        };
-        let exec = |db: &mut fixpoint_spark::Spark, sql: &str| {
-            db.execute(&Sql::raw(sql))
-                .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        };
+        let Some(mut db) = fresh_cluster(&url) else { return };
+        let exec = |db: &mut fixpoint_spark::Spark, sql: &str| db.execute(&Sql::raw(sql)).unwrap_or_else(|e| panic!("{sql}: {e}"));
         exec(&mut db, "CREATE TABLE bronze.r (id BIGINT, amount DECIMAL(12,2), note STRING, dt DATE) USING parquet");
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         std::fs::write(dir.join("job.toml"), RP_JOB).unwrap();
         let command = |day: &str, switches: Option<&str>, trace: bool| {
-            let args: Vec<String> = [
-                "run",
-                "job.toml",
-                "--date",
-                day,
-                "--db",
-                url.as_str(),
-                "--output",
-                "json",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+            let args: Vec<String> = ["run", "job.toml", "--date", day, "--db", url.as_str(), "--output", "json"].iter().map(|s| s.to_string()).collect();
             let mut c = fixpoint_command(dir, &args, trace, switches);
             c.env("FIXPOINT_SPARK_LEASE_SECONDS", LEASE_SECONDS.to_string());
             c
@@ -2393,28 +1808,12 @@ sql = "SELECT id, amount, note, dt FROM bronze.r WHERE dt = :run_date"
             let t0 = Instant::now();
             let out = command(day, switches, false).output().unwrap();
             let took = t0.elapsed();
-            assert!(
-                out.status.success(),
-                "a run of {day} failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-                panic!(
-                    "the report is not JSON ({e}): {}",
-                    String::from_utf8_lossy(&out.stdout)
-                )
-            });
+            assert!(out.status.success(), "a run of {day} failed: {}", String::from_utf8_lossy(&out.stderr));
+            let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("the report is not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)));
             (report, took)
         };
         let input = |db: &mut fixpoint_spark::Spark, t: usize| {
-            exec(
-                db,
-                &format!(
-                    "INSERT OVERWRITE TABLE bronze.r {} UNION ALL {}",
-                    rp_source(KILL_DAY_BEFORE, 0),
-                    rp_source(KILL_DAY, t)
-                ),
-            );
+            exec(db, &format!("INSERT OVERWRITE TABLE bronze.r {} UNION ALL {}", rp_source(KILL_DAY_BEFORE, 0), rp_source(KILL_DAY, t)));
         };
 
         input(&mut db, 0);
@@ -2422,17 +1821,9 @@ sql = "SELECT id, amount, note, dt FROM bronze.r WHERE dt = :run_date"
         let (first, mut span) = run(KILL_DAY, None);
         assert_eq!(first["outcome"].as_str(), Some("committed"), "{first}");
         let before_day = rp_day(&mut db, "silver.r", KILL_DAY_BEFORE);
-        assert_eq!(
-            before_day,
-            rp_day(&mut db, "bronze.r", KILL_DAY_BEFORE),
-            "the day before as its source"
-        );
+        assert_eq!(before_day, rp_day(&mut db, "bronze.r", KILL_DAY_BEFORE), "the day before as its source");
         let mut current = rp_day(&mut db, "silver.r", KILL_DAY);
-        assert_eq!(
-            current,
-            rp_day(&mut db, "bronze.r", KILL_DAY),
-            "the first load: the day as its source"
-        );
+        assert_eq!(current, rp_day(&mut db, "bronze.r", KILL_DAY), "the first load: the day as its source");
         let mut recorded = rp_ledger_rows(&mut db);
         assert_eq!(recorded, 1);
 
@@ -2443,29 +1834,15 @@ sql = "SELECT id, amount, note, dt FROM bronze.r WHERE dt = :run_date"
         let mut methods: std::collections::BTreeMap<String, usize> = Default::default();
         let n = 2 * trials().div_ceil(2);
         for t in 1..=n {
-            let switches = if t % 2 == 1 {
-                Some("unobserved_writes")
-            } else {
-                None
-            };
+            let switches = if t % 2 == 1 { Some("unobserved_writes") } else { None };
             db = connect().expect("the reader connects again");
             input(&mut db, t);
             let after = rp_day(&mut db, "bronze.r", KILL_DAY);
-            assert!(
-                after != current,
-                "trial {t}: the new input must change the day"
-            );
+            assert!(after != current, "trial {t}: the new input must change the day");
 
-            let delay =
-                Duration::from_micros(rng.below(span.as_micros() as u64 * KILL_SPAN_PCT / 100));
-            let (finished, last_step) = kill_after(
-                command(KILL_DAY, switches, true),
-                delay,
-                &dir.join("killed.stderr"),
-                t,
-            );
-            let at =
-                format!("seed {seed}, {switches:?}, kill after {delay:?}, last step {last_step:?}");
+            let delay = Duration::from_micros(rng.below(span.as_micros() as u64 * KILL_SPAN_PCT / 100));
+            let (finished, last_step) = kill_after(command(KILL_DAY, switches, true), delay, &dir.join("killed.stderr"), t);
+            let at = format!("seed {seed}, {switches:?}, kill after {delay:?}, last step {last_step:?}");
             std::thread::sleep(Duration::from_secs(LEASE_SECONDS + 2));
 
             db = connect().expect("the reader connects again");
@@ -2475,32 +1852,16 @@ sql = "SELECT id, amount, note, dt FROM bronze.r WHERE dt = :run_date"
             } else if seen == current {
                 false
             } else {
-                panic!(
-                    "trial {t} ({at}): the day is neither the old nor the new rows: {}",
-                    super::differ(&seen, &current, &after)
-                );
+                panic!("trial {t} ({at}): the day is neither the old nor the new rows: {}", super::differ(&seen, &current, &after));
             };
-            assert!(
-                rp_day(&mut db, "silver.r", KILL_DAY_BEFORE) == before_day,
-                "trial {t} ({at}): the day before changed"
-            );
+            assert!(rp_day(&mut db, "silver.r", KILL_DAY_BEFORE) == before_day, "trial {t} ({at}): the day before changed");
             let in_ledger = rp_ledger_rows(&mut db);
-            assert!(
-                in_ledger == recorded || in_ledger == recorded + 1,
-                "trial {t} ({at}): {in_ledger} ledger rows after {recorded}"
-            );
+            assert!(in_ledger == recorded || in_ledger == recorded + 1, "trial {t} ({at}): {in_ledger} ledger rows after {recorded}");
             if in_ledger == recorded + 1 {
-                assert!(
-                    new_rows,
-                    "trial {t} ({at}): the run's ledger row without its rows"
-                );
+                assert!(new_rows, "trial {t} ({at}): the run's ledger row without its rows");
             }
             if finished {
-                assert_eq!(
-                    in_ledger,
-                    recorded + 1,
-                    "trial {t} ({at}): the run finished before the kill without its ledger row"
-                );
+                assert_eq!(in_ledger, recorded + 1, "trial {t} ({at}): the run finished before the kill without its ledger row");
                 finished_n += 1;
             } else {
                 if new_rows {
@@ -2508,35 +1869,20 @@ sql = "SELECT id, amount, note, dt FROM bronze.r WHERE dt = :run_date"
                 } else {
                     old_n += 1;
                 }
-                *landed
-                    .entry(last_step.map_or_else(
-                        || "before the first step".to_owned(),
-                        |s| format!("after {s}"),
-                    ))
-                    .or_default() += 1;
+                *landed.entry(last_step.map_or_else(|| "before the first step".to_owned(), |s| format!("after {s}"))).or_default() += 1;
             }
 
             // The rerun (waiting for a lease still held) converges.
             let (report, took) = run(KILL_DAY, switches);
             if report["outcome"].as_str() == Some("committed") {
                 span = took;
-                *methods
-                    .entry(report["method"].as_str().unwrap_or("?").to_owned())
-                    .or_default() += 1;
+                *methods.entry(report["method"].as_str().unwrap_or("?").to_owned()).or_default() += 1;
             }
             db = connect().expect("the reader connects again");
             let converged = rp_day(&mut db, "silver.r", KILL_DAY);
-            assert!(
-                converged == after,
-                "trial {t} ({at}): the rerun did not reach the new rows: {}",
-                super::differ(&converged, &current, &after)
-            );
+            assert!(converged == after, "trial {t} ({at}): the rerun did not reach the new rows: {}", super::differ(&converged, &current, &after));
             recorded += 1;
-            assert_eq!(
-                rp_ledger_rows(&mut db),
-                recorded,
-                "trial {t} ({at}): one ledger row of the run after the rerun"
-            );
+            assert_eq!(rp_ledger_rows(&mut db), recorded, "trial {t} ({at}): one ledger row of the run after the rerun");
             current = after;
         }
         db = connect().expect("the reader connects again");

@@ -271,19 +271,15 @@ impl Error {
     /// The class of this error (decides the exit code).
     pub fn class(&self) -> ErrorClass {
         match self {
-            Error::Spec { .. }
-            | Error::Argument { .. }
-            | Error::Sql { .. }
-            | Error::Schema { .. } => ErrorClass::Input,
-            Error::OutOfPartition { .. }
-            | Error::TooFewRows { .. }
-            | Error::DataRefused { .. }
-            | Error::Files { .. } => ErrorClass::Data,
+            Error::Spec { .. } | Error::Argument { .. } | Error::Sql { .. } | Error::Schema { .. } => {
+                ErrorClass::Input
+            }
+            Error::OutOfPartition { .. } | Error::TooFewRows { .. } | Error::DataRefused { .. } | Error::Files { .. } => {
+                ErrorClass::Data
+            }
             Error::Busy { .. } => ErrorClass::Busy,
             Error::AuditFailed { .. } => ErrorClass::Audit,
-            Error::Database { .. } | Error::Transient { .. } | Error::Io { .. } => {
-                ErrorClass::Runtime
-            }
+            Error::Database { .. } | Error::Transient { .. } | Error::Io { .. } => ErrorClass::Runtime,
             Error::Injected(_) => ErrorClass::Injected,
             Error::Unsupported { .. } => ErrorClass::Unsupported,
             Error::Internal(_) => ErrorClass::Internal,
@@ -316,10 +312,7 @@ impl Error {
 
     /// Shorthand for an argument error.
     pub fn argument(message: impl Into<String>, hint: Option<&str>) -> Error {
-        Error::Argument {
-            message: message.into(),
-            hint: hint.map(str::to_owned),
-        }
+        Error::Argument { message: message.into(), hint: hint.map(str::to_owned) }
     }
 }
 
@@ -329,20 +322,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Hides the password of a URL (`postgres://u:secret@h/db` → `postgres://u:***@h/db`),
 /// so no output, log or error ever shows it.
 pub fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_owned();
-    };
+    let Some(scheme_end) = url.find("://") else { return url.to_owned() };
     let rest = &url[scheme_end + 3..];
-    let Some(at) = rest.rfind('@') else {
-        return url.to_owned();
-    };
+    let Some(at) = rest.rfind('@') else { return url.to_owned() };
     match rest[..at].find(':') {
-        Some(colon) => format!(
-            "{}://{}:***{}",
-            &url[..scheme_end],
-            &rest[..colon],
-            &rest[at..]
-        ),
+        Some(colon) => format!("{}://{}:***{}", &url[..scheme_end], &rest[..colon], &rest[at..]),
         None => url.to_owned(),
     }
 }
@@ -353,19 +337,10 @@ mod tests {
 
     #[test]
     fn passwords_are_hidden() {
-        assert_eq!(
-            redact_url("postgres://u:s3cret@localhost:5432/db"),
-            "postgres://u:***@localhost:5432/db"
-        );
-        assert_eq!(
-            redact_url("postgres://u@localhost/db"),
-            "postgres://u@localhost/db"
-        );
+        assert_eq!(redact_url("postgres://u:s3cret@localhost:5432/db"), "postgres://u:***@localhost:5432/db");
+        assert_eq!(redact_url("postgres://u@localhost/db"), "postgres://u@localhost/db");
         assert_eq!(redact_url("duckdb:x.duckdb"), "duckdb:x.duckdb");
-        assert_eq!(
-            redact_url("postgres://u:p@ss@h/db"),
-            "postgres://u:***@h/db"
-        );
+        assert_eq!(redact_url("postgres://u:p@ss@h/db"), "postgres://u:***@h/db");
     }
 }
 

@@ -8,15 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// The layers, bottom first.
-const LAYERS: [&str; 7] = [
-    "error",
-    "job",
-    "fingerprint",
-    "engine",
-    "run",
-    "plans",
-    "tools",
-];
+const LAYERS: [&str; 7] = ["error", "job", "fingerprint", "engine", "run", "plans", "tools"];
 
 /// Module path (`plans::merge::sql`) → file.
 fn modules(src: &Path) -> BTreeMap<String, PathBuf> {
@@ -33,10 +25,7 @@ fn modules(src: &Path) -> BTreeMap<String, PathBuf> {
                 continue;
             }
             let rel = path.strip_prefix(src).unwrap().with_extension("");
-            let mut parts: Vec<String> = rel
-                .iter()
-                .map(|p| p.to_string_lossy().into_owned())
-                .collect();
+            let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
             if parts.last().is_some_and(|p| p == "mod") {
                 parts.pop();
             }
@@ -56,11 +45,7 @@ fn code(text: &str) -> String {
         Some(i) => &text[..i],
         None => text,
     };
-    text.lines()
-        .map(|l| l.trim_start())
-        .filter(|l| !l.starts_with("//"))
-        .collect::<Vec<_>>()
-        .join("\n")
+    text.lines().map(|l| l.trim_start()).filter(|l| !l.starts_with("//")).collect::<Vec<_>>().join("\n")
 }
 
 /// The modules a file's code names (`crate::a::b::Item` → the longest
@@ -69,12 +54,8 @@ fn references(module: &str, code: &str, mods: &BTreeMap<String, PathBuf>) -> BTr
     let mut out = BTreeSet::new();
     // A module's own submodules, named by relative paths (`use rows::Rows`).
     for line in code.lines() {
-        let decl = line
-            .trim_start_matches("pub(crate) ")
-            .trim_start_matches("pub ");
-        let Some(name) = decl.strip_prefix("mod ").and_then(|d| d.strip_suffix(';')) else {
-            continue;
-        };
+        let decl = line.trim_start_matches("pub(crate) ").trim_start_matches("pub ");
+        let Some(name) = decl.strip_prefix("mod ").and_then(|d| d.strip_suffix(';')) else { continue };
         let child = format!("{module}::{name}");
         let used = code.match_indices(&format!("{name}::")).any(|(i, _)| {
             let before = code[..i].chars().next_back();
@@ -86,10 +67,7 @@ fn references(module: &str, code: &str, mods: &BTreeMap<String, PathBuf>) -> BTr
     }
     for (i, _) in code.match_indices("crate::") {
         let rest = &code[i + "crate::".len()..];
-        let path: String = rest
-            .chars()
-            .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
-            .collect();
+        let path: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':').collect();
         let parts: Vec<&str> = path.split("::").filter(|p| !p.is_empty()).collect();
         let mut found = None;
         for n in (1..=parts.len()).rev() {
@@ -115,10 +93,7 @@ fn graph() -> BTreeMap<String, BTreeSet<String>> {
     mods.iter()
         .map(|(m, path)| {
             let text = std::fs::read_to_string(path).unwrap();
-            let refs = references(m, &code(&text), &mods)
-                .into_iter()
-                .filter(|r| r != m)
-                .collect();
+            let refs = references(m, &code(&text), &mods).into_iter().filter(|r| r != m).collect();
             (m.clone(), refs)
         })
         .collect()
@@ -141,9 +116,7 @@ fn every_module_sits_in_a_layer_and_uses_only_the_layers_before_it() {
             match LAYERS.iter().position(|l| *l == top(r)) {
                 Some(theirs) if theirs <= mine => {}
                 Some(_) => wrong.push(format!("{m} uses {r}, a layer above it")),
-                None => wrong.push(format!(
-                    "{m} uses {r}: through the crate root, not its module"
-                )),
+                None => wrong.push(format!("{m} uses {r}: through the crate root, not its module")),
             }
         }
     }
@@ -152,13 +125,7 @@ fn every_module_sits_in_a_layer_and_uses_only_the_layers_before_it() {
 
 /// Every cycle of `g`, found by a depth-first search.
 fn cycles(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
-    fn visit(
-        m: &str,
-        g: &BTreeMap<String, BTreeSet<String>>,
-        path: &mut Vec<String>,
-        done: &mut BTreeSet<String>,
-        found: &mut Vec<String>,
-    ) {
+    fn visit(m: &str, g: &BTreeMap<String, BTreeSet<String>>, path: &mut Vec<String>, done: &mut BTreeSet<String>, found: &mut Vec<String>) {
         if let Some(i) = path.iter().position(|p| p == m) {
             found.push(format!("cycle: {} -> {m}", path[i..].join(" -> ")));
             return;
@@ -188,23 +155,11 @@ fn no_module_imports_a_module_that_imports_it_back() {
 #[test]
 fn the_checker_reads_code_not_comments_or_tests() {
     // The checker itself, on a made-up tree.
-    let mods: BTreeMap<String, PathBuf> = ["job", "job::spec", "run", "plans"]
-        .iter()
-        .map(|m| (m.to_string(), PathBuf::new()))
-        .collect();
+    let mods: BTreeMap<String, PathBuf> =
+        ["job", "job::spec", "run", "plans"].iter().map(|m| (m.to_string(), PathBuf::new())).collect();
     let refs = references("job", &code("mod spec;\npub use spec::Job;\nuse crate::plans::X;\n// crate::run::Y\nfn f() { crate::job::spec::Job::x() }"), &mods);
-    assert_eq!(
-        refs,
-        ["job::spec", "plans"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect()
-    );
-    let refs = references(
-        "run",
-        &code("fn a() {}\n#[cfg(test)]\nmod tests { use crate::run::Z; }"),
-        &mods,
-    );
+    assert_eq!(refs, ["job::spec", "plans"].iter().map(|s| s.to_string()).collect());
+    let refs = references("run", &code("fn a() {}\n#[cfg(test)]\nmod tests { use crate::run::Z; }"), &mods);
     assert!(refs.is_empty());
     let g: BTreeMap<String, BTreeSet<String>> = [("a", "b"), ("b", "c"), ("c", "a"), ("d", "a")]
         .iter()

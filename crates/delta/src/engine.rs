@@ -15,10 +15,7 @@ use crate::table::{self, Committed, DataFile, Place, Table};
 
 /// The ledger's name.
 fn ledger_name() -> TableName {
-    TableName {
-        schema: fixpoint_core::run::ledger::SCHEMA.into(),
-        table: fixpoint_core::run::ledger::TABLE.into(),
-    }
+    TableName { schema: fixpoint_core::run::ledger::SCHEMA.into(), table: fixpoint_core::run::ledger::TABLE.into() }
 }
 
 /// A failure injected on purpose (tests, and the CLI in test mode).
@@ -56,16 +53,7 @@ impl Drop for Delta {
     fn drop(&mut self) {
         // Files written for a commit that never came are not part of any
         // table; remove them.
-        let orphans: Vec<(TableName, String)> = self
-            .tables
-            .iter()
-            .flat_map(|(n, t)| {
-                t.files
-                    .iter()
-                    .filter(|f| f.pending)
-                    .map(|f| (n.clone(), f.path.clone()))
-            })
-            .collect();
+        let orphans: Vec<(TableName, String)> = self.tables.iter().flat_map(|(n, t)| t.files.iter().filter(|f| f.pending).map(|f| (n.clone(), f.path.clone()))).collect();
         for (name, rel) in orphans {
             self.remove_written(&name, &rel);
         }
@@ -87,12 +75,7 @@ impl Delta {
     /// Opens the warehouse `delta:PATH` (created when missing; its parent
     /// folder must exist) or `delta:s3://bucket/prefix`.
     pub fn open_url(url: &str) -> Result<Delta> {
-        let path = parse_url(url).ok_or_else(|| {
-            Error::argument(
-                format!("{url:?} is not a Delta warehouse URL"),
-                Some("use delta:PATH or delta:s3://bucket/prefix"),
-            )
-        })?;
+        let path = parse_url(url).ok_or_else(|| Error::argument(format!("{url:?} is not a Delta warehouse URL"), Some("use delta:PATH or delta:s3://bucket/prefix")))?;
         match path.to_str() {
             Some(p) if p.starts_with("s3://") => Delta::open_s3(p, &[]),
             Some(p) if p.contains("://") => Err(Error::argument(
@@ -108,10 +91,7 @@ impl Delta {
     pub fn open_s3(url: &str, options: &[(String, String)]) -> Result<Delta> {
         let s3 = S3::open(url, options)?;
         let cache = crate::store::cache_dir(&s3);
-        std::fs::create_dir_all(&cache).map_err(|e| Error::Io {
-            path: cache.clone(),
-            source: e,
-        })?;
+        std::fs::create_dir_all(&cache).map_err(|e| Error::Io { path: cache.clone(), source: e })?;
         Delta::init(cache, Some(s3))
     }
 
@@ -124,10 +104,7 @@ impl Delta {
 
     /// Opens the warehouse in `path`.
     pub fn open(path: &Path) -> Result<Delta> {
-        let root = std::path::absolute(path).map_err(|e| Error::Io {
-            path: path.to_owned(),
-            source: e,
-        })?;
+        let root = std::path::absolute(path).map_err(|e| Error::Io { path: path.to_owned(), source: e })?;
         if let Some(parent) = root.parent() {
             if !parent.is_dir() {
                 return Err(Error::argument(
@@ -139,19 +116,12 @@ impl Delta {
         if root.exists() && !root.is_dir() {
             return Err(Error::argument(format!("{} is not a folder", root.display()), Some("give --db delta:FOLDER, a folder that holds (or will hold) the warehouse's tables")));
         }
-        std::fs::create_dir_all(&root).map_err(|e| Error::Io {
-            path: root.clone(),
-            source: e,
-        })?;
+        std::fs::create_dir_all(&root).map_err(|e| Error::Io { path: root.clone(), source: e })?;
         Delta::init(root, None)
     }
 
     fn init(root: PathBuf, s3: Option<S3>) -> Result<Delta> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .map_err(|e| Error::Internal(format!("starting the Delta runtime: {e}")))?;
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().map_err(|e| Error::Internal(format!("starting the Delta runtime: {e}")))?;
         let mut duck = DuckDb::open_in_memory()?;
         // Delta's `timestamp` is UTC: DuckDB's TIMESTAMP values are written
         // and read as UTC whatever the machine's zone (the setting exists
@@ -160,20 +130,8 @@ impl Delta {
         let _ = duck.execute(&Sql::raw("SET TimeZone = 'UTC'"));
         // The leased plans guard a row inside their write with Spark's
         // `raise_error`; DuckDB calls it `error`.
-        duck.execute(&Sql::raw(
-            "CREATE OR REPLACE TEMPORARY MACRO raise_error(message) AS error(message)",
-        ))?;
-        let mut delta = Delta {
-            duck,
-            root,
-            s3,
-            rt,
-            tables: HashMap::new(),
-            fault: None,
-            scratch: false,
-            checked: HashMap::new(),
-            in_run: false,
-        };
+        duck.execute(&Sql::raw("CREATE OR REPLACE TEMPORARY MACRO raise_error(message) AS error(message)"))?;
+        let mut delta = Delta { duck, root, s3, rt, tables: HashMap::new(), fault: None, scratch: false, checked: HashMap::new(), in_run: false };
         delta.discover()?;
         delta.repair_ledger()?;
         Ok(delta)
@@ -219,9 +177,7 @@ impl Delta {
     /// Whether `table` has a Delta log.
     fn has_log(&self, table: &TableName) -> Result<bool> {
         match &self.s3 {
-            Some(s3) => self
-                .rt
-                .block_on(s3.holds(&format!("{}/_delta_log", Self::rel(table)))),
+            Some(s3) => self.rt.block_on(s3.holds(&format!("{}/_delta_log", Self::rel(table)))),
             None => Ok(self.table_dir(table).join("_delta_log").is_dir()),
         }
     }
@@ -231,9 +187,7 @@ impl Delta {
     fn remove_written(&self, table: &TableName, rel: &str) {
         let _ = std::fs::remove_file(self.table_dir(table).join(rel));
         if let Some(s3) = &self.s3 {
-            let _ = self
-                .rt
-                .block_on(s3.delete(&format!("{}/{rel}", Self::rel(table))));
+            let _ = self.rt.block_on(s3.delete(&format!("{}/{rel}", Self::rel(table))));
         }
     }
 
@@ -244,14 +198,10 @@ impl Delta {
         let t = &self.tables[name];
         for f in t.files.iter().filter(|f| !f.pending) {
             let local = t.dir.join(&f.path);
-            if std::fs::metadata(&local)
-                .map(|m| m.len() as i64 == f.size)
-                .unwrap_or(false)
-            {
+            if std::fs::metadata(&local).map(|m| m.len() as i64 == f.size).unwrap_or(false) {
                 continue;
             }
-            self.rt
-                .block_on(s3.download(&format!("{}/{}", Self::rel(name), f.path), &local))?;
+            self.rt.block_on(s3.download(&format!("{}/{}", Self::rel(name), f.path), &local))?;
         }
         Ok(())
     }
@@ -262,35 +212,17 @@ impl Delta {
         if let Some(s3) = &self.s3 {
             for schema in self.rt.block_on(s3.folders(""))? {
                 for table in self.rt.block_on(s3.folders(&schema))? {
-                    if self
-                        .rt
-                        .block_on(s3.holds(&format!("{schema}/{table}/_delta_log")))?
-                    {
-                        names.push(TableName {
-                            schema: schema.clone(),
-                            table,
-                        });
+                    if self.rt.block_on(s3.holds(&format!("{schema}/{table}/_delta_log")))? {
+                        names.push(TableName { schema: schema.clone(), table });
                     }
                 }
             }
         }
-        for schema in if self.s3.is_some() {
-            Vec::new()
-        } else {
-            read_dir(&self.root)?
-        } {
+        for schema in if self.s3.is_some() { Vec::new() } else { read_dir(&self.root)? } {
             for table in read_dir(&schema)? {
                 if table.join("_delta_log").is_dir() {
-                    let (Some(s), Some(t)) = (
-                        schema.file_name().and_then(|s| s.to_str()),
-                        table.file_name().and_then(|s| s.to_str()),
-                    ) else {
-                        continue;
-                    };
-                    names.push(TableName {
-                        schema: s.to_owned(),
-                        table: t.to_owned(),
-                    });
+                    let (Some(s), Some(t)) = (schema.file_name().and_then(|s| s.to_str()), table.file_name().and_then(|s| s.to_str())) else { continue };
+                    names.push(TableName { schema: s.to_owned(), table: t.to_owned() });
                 }
             }
         }
@@ -317,10 +249,7 @@ impl Delta {
                 stale.push((name.clone(), false));
                 continue;
             }
-            let latest = self
-                .rt
-                .block_on(t.delta.get_latest_version())
-                .map_err(|e| table::delta_error(format!("reading the log of {name}"), e))?;
+            let latest = self.rt.block_on(t.delta.get_latest_version()).map_err(|e| table::delta_error(format!("reading the log of {name}"), e))?;
             if latest as i64 != t.version() {
                 stale.push((name.clone(), true));
             }
@@ -330,8 +259,7 @@ impl Delta {
                 self.load(&name)?;
             } else {
                 self.tables.remove(&name);
-                self.duck
-                    .execute(&Sql::raw(format!("DROP VIEW IF EXISTS {}", name.quoted())))?;
+                self.duck.execute(&Sql::raw(format!("DROP VIEW IF EXISTS {}", name.quoted())))?;
             }
         }
         Ok(())
@@ -355,14 +283,8 @@ impl Delta {
     fn register(&mut self, name: &TableName) -> Result<()> {
         self.fetch(name)?;
         let select = self.view_select(name, false)?;
-        self.duck.execute(&Sql::raw(format!(
-            "CREATE SCHEMA IF NOT EXISTS {}",
-            quote_ident(&name.schema)
-        )))?;
-        self.duck.execute(&Sql::raw(format!(
-            "CREATE OR REPLACE VIEW {} AS {select}",
-            name.quoted()
-        )))?;
+        self.duck.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&name.schema))))?;
+        self.duck.execute(&Sql::raw(format!("CREATE OR REPLACE VIEW {} AS {select}", name.quoted())))?;
         Ok(())
     }
 
@@ -370,21 +292,11 @@ impl Delta {
     /// renamed to `columns` (in order), as a select list.
     fn stage_output(&mut self, select: &Sql, columns: &[String]) -> Result<String> {
         let mut staged = Sql::new();
-        staged.push(&format!(
-            "CREATE OR REPLACE TEMPORARY TABLE \"__fixpoint_out\" AS {}",
-            select.text
-        ));
+        staged.push(&format!("CREATE OR REPLACE TEMPORARY TABLE \"__fixpoint_out\" AS {}", select.text));
         staged.params = select.params.clone();
         self.duck.execute(&staged)?;
-        let described = self
-            .duck
-            .describe(&Sql::raw("SELECT * FROM \"__fixpoint_out\""))?;
-        Ok(described
-            .iter()
-            .zip(columns)
-            .map(|(s, t)| format!("{} AS {}", quote_ident(&s.name), quote_ident(t)))
-            .collect::<Vec<_>>()
-            .join(", "))
+        let described = self.duck.describe(&Sql::raw("SELECT * FROM \"__fixpoint_out\""))?;
+        Ok(described.iter().zip(columns).map(|(s, t)| format!("{} AS {}", quote_ident(&s.name), quote_ident(t))).collect::<Vec<_>>().join(", "))
     }
 
     /// The rows of `name` as its snapshot (with this run's pending changes)
@@ -393,21 +305,13 @@ impl Delta {
     fn view_select(&mut self, name: &TableName, with_file: bool) -> Result<String> {
         let t = &self.tables[name];
         let select = if t.files.is_empty() {
-            let mut cols: Vec<String> = t
-                .columns
-                .iter()
-                .map(|c| format!("CAST(NULL AS {}) AS {}", c.ty, quote_ident(&c.name)))
-                .collect();
+            let mut cols: Vec<String> = t.columns.iter().map(|c| format!("CAST(NULL AS {}) AS {}", c.ty, quote_ident(&c.name))).collect();
             if with_file {
                 cols.push("CAST(NULL AS VARCHAR) AS \"__fixpoint_file\"".into());
             }
             format!("SELECT {} WHERE false", cols.join(", "))
         } else {
-            let paths: Vec<String> = t
-                .files
-                .iter()
-                .map(|f| literal(&t.dir.join(&f.path).to_string_lossy()))
-                .collect();
+            let paths: Vec<String> = t.files.iter().map(|f| literal(&t.dir.join(&f.path).to_string_lossy())).collect();
             let list = format!("[{}]", paths.join(", "));
             let present = self.present_columns(&list)?;
             let t = &self.tables[name];
@@ -416,44 +320,23 @@ impl Delta {
                 if t.partitions.contains(&c.name) {
                     cols.push(format!("p.{}", quote_ident(&c.name)));
                 } else if present.contains(&c.name) {
-                    cols.push(format!(
-                        "CAST(f.{} AS {}) AS {}",
-                        quote_ident(&c.name),
-                        c.ty,
-                        quote_ident(&c.name)
-                    ));
+                    cols.push(format!("CAST(f.{} AS {}) AS {}", quote_ident(&c.name), c.ty, quote_ident(&c.name)));
                 } else {
-                    cols.push(format!(
-                        "CAST(NULL AS {}) AS {}",
-                        c.ty,
-                        quote_ident(&c.name)
-                    ));
+                    cols.push(format!("CAST(NULL AS {}) AS {}", c.ty, quote_ident(&c.name)));
                 }
             }
             if with_file {
                 cols.push("f.\"__fixpoint_file\"".into());
             }
             if t.partitions.is_empty() {
-                let file = if with_file {
-                    ", filename = '__fixpoint_file'"
-                } else {
-                    ""
-                };
-                format!(
-                    "SELECT {} FROM read_parquet({list}, union_by_name = true{file}) AS f",
-                    cols.join(", ")
-                )
+                let file = if with_file { ", filename = '__fixpoint_file'" } else { "" };
+                format!("SELECT {} FROM read_parquet({list}, union_by_name = true{file}) AS f", cols.join(", "))
             } else {
                 let mut values = Vec::new();
                 for f in &t.files {
                     let mut row = vec![literal(&t.dir.join(&f.path).to_string_lossy())];
                     for p in &t.partitions {
-                        let ty = &t
-                            .columns
-                            .iter()
-                            .find(|c| &c.name == p)
-                            .map(|c| c.ty.clone())
-                            .unwrap_or_else(|| "VARCHAR".into());
+                        let ty = &t.columns.iter().find(|c| &c.name == p).map(|c| c.ty.clone()).unwrap_or_else(|| "VARCHAR".into());
                         match f.partition_values.get(p).cloned().flatten() {
                             Some(v) => row.push(format!("CAST({} AS {ty})", literal(&v))),
                             None => row.push(format!("CAST(NULL AS {ty})")),
@@ -475,14 +358,8 @@ impl Delta {
 
     /// The columns the files in `list` hold between them.
     fn present_columns(&mut self, list: &str) -> Result<Vec<String>> {
-        let rows = self.duck.query(&Sql::raw(format!(
-            "DESCRIBE SELECT * FROM read_parquet({list}, union_by_name = true)"
-        )))?;
-        Ok(rows
-            .rows
-            .iter()
-            .filter_map(|r| r.first().and_then(|v| v.as_str()).map(str::to_owned))
-            .collect())
+        let rows = self.duck.query(&Sql::raw(format!("DESCRIBE SELECT * FROM read_parquet({list}, union_by_name = true)")))?;
+        Ok(rows.rows.iter().filter_map(|r| r.first().and_then(|v| v.as_str()).map(str::to_owned)).collect())
     }
 
     /// Writes the rows of `relation` (a quoted DuckDB relation with the
@@ -491,58 +368,28 @@ impl Delta {
     fn write_files(&mut self, name: &TableName, relation: &str) -> Result<Vec<DataFile>> {
         let t = &self.tables[name];
         let (dir, partitions, columns) = (t.dir.clone(), t.partitions.clone(), t.columns.clone());
-        let present: Vec<String> = self
-            .duck
-            .describe(&Sql::raw(format!("SELECT * FROM {relation}")))?
-            .into_iter()
-            .map(|c| c.name)
-            .collect();
+        let present: Vec<String> = self.duck.describe(&Sql::raw(format!("SELECT * FROM {relation}")))?.into_iter().map(|c| c.name).collect();
         for p in &partitions {
             if !present.contains(p) {
-                return Err(Error::Schema {
-                    message: format!("rows written to {name} lack its partition column {p}"),
-                    hint: Some(format!("give every row of {name} a value of {p}")),
-                });
+                return Err(Error::Schema { message: format!("rows written to {name} lack its partition column {p}"), hint: Some(format!("give every row of {name} a value of {p}")) });
             }
         }
         let data: Vec<String> = columns
             .iter()
             .filter(|c| !partitions.contains(&c.name) && present.contains(&c.name))
             .map(|c| {
-                let target = if c.ty == "TIMESTAMP" {
-                    "TIMESTAMPTZ".to_owned()
-                } else {
-                    c.ty.clone()
-                };
-                format!(
-                    "CAST({} AS {target}) AS {}",
-                    quote_ident(&c.name),
-                    quote_ident(&c.name)
-                )
+                let target = if c.ty == "TIMESTAMP" { "TIMESTAMPTZ".to_owned() } else { c.ty.clone() };
+                format!("CAST({} AS {target}) AS {}", quote_ident(&c.name), quote_ident(&c.name))
             })
             .collect();
         let groups: Vec<Vec<Option<String>>> = if partitions.is_empty() {
             vec![Vec::new()]
         } else {
             // The distinct values first, then their text (a cast per group, not per row).
-            let list: Vec<String> = partitions
-                .iter()
-                .map(|p| format!("CAST({0} AS VARCHAR) AS {0}", quote_ident(p)))
-                .collect();
+            let list: Vec<String> = partitions.iter().map(|p| format!("CAST({0} AS VARCHAR) AS {0}", quote_ident(p))).collect();
             let keys: Vec<String> = partitions.iter().map(|p| quote_ident(p)).collect();
-            let rows = self.duck.query(&Sql::raw(format!(
-                "SELECT {} FROM (SELECT DISTINCT {} FROM {relation})",
-                list.join(", "),
-                keys.join(", ")
-            )))?;
-            rows.rows
-                .into_iter()
-                .map(|r| {
-                    r.into_iter()
-                        .map(|v| v.as_str().map(str::to_owned))
-                        .collect()
-                })
-                .collect()
+            let rows = self.duck.query(&Sql::raw(format!("SELECT {} FROM (SELECT DISTINCT {} FROM {relation})", list.join(", "), keys.join(", "))))?;
+            rows.rows.into_iter().map(|r| r.into_iter().map(|v| v.as_str().map(str::to_owned)).collect()).collect()
         };
         let mut out: Vec<DataFile> = Vec::new();
         // One group (a day, or an unpartitioned table): every row is in it,
@@ -559,52 +406,26 @@ impl Delta {
             }
             for (i, (p, v)) in partitions.iter().zip(&group).enumerate() {
                 if only_one {
-                    folder.push_str(&format!(
-                        "{}={}/",
-                        safe_segment(p),
-                        v.as_deref()
-                            .map_or_else(|| "__HIVE_DEFAULT_PARTITION__".to_owned(), safe_segment)
-                    ));
+                    folder.push_str(&format!("{}={}/", safe_segment(p), v.as_deref().map_or_else(|| "__HIVE_DEFAULT_PARTITION__".to_owned(), safe_segment)));
                     values.insert(p.clone(), v.clone());
                     continue;
                 }
                 sql.push(if i == 0 { " WHERE " } else { " AND " });
-                sql.push(&format!(
-                    "CAST({} AS VARCHAR) IS NOT DISTINCT FROM ",
-                    quote_ident(p)
-                ));
+                sql.push(&format!("CAST({} AS VARCHAR) IS NOT DISTINCT FROM ", quote_ident(p)));
                 sql.param(v.clone().map_or(Value::Null, Value::Text));
-                folder.push_str(&format!(
-                    "{}={}/",
-                    safe_segment(p),
-                    v.as_deref()
-                        .map_or_else(|| "__HIVE_DEFAULT_PARTITION__".to_owned(), safe_segment)
-                ));
+                folder.push_str(&format!("{}={}/", safe_segment(p), v.as_deref().map_or_else(|| "__HIVE_DEFAULT_PARTITION__".to_owned(), safe_segment)));
                 values.insert(p.clone(), v.clone());
             }
             if !only_one && self.duck.execute(&sql)? == 0 {
                 continue;
             }
-            let rel = format!(
-                "{folder}part-00000-{}-c000.snappy.parquet",
-                uuid::Uuid::new_v4()
-            );
+            let rel = format!("{folder}part-00000-{}-c000.snappy.parquet", uuid::Uuid::new_v4());
             let path = dir.join(&rel);
             if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| Error::Io {
-                    path: parent.to_owned(),
-                    source: e,
-                })?;
+                std::fs::create_dir_all(parent).map_err(|e| Error::Io { path: parent.to_owned(), source: e })?;
             }
-            let from = if only_one {
-                format!("({})", sql.text)
-            } else {
-                "\"__fixpoint_part\"".to_owned()
-            };
-            let written = self.duck.execute(&Sql::raw(format!(
-                "COPY {from} TO {} (FORMAT parquet)",
-                literal(&path.to_string_lossy())
-            )));
+            let from = if only_one { format!("({})", sql.text) } else { "\"__fixpoint_part\"".to_owned() };
+            let written = self.duck.execute(&Sql::raw(format!("COPY {from} TO {} (FORMAT parquet)", literal(&path.to_string_lossy()))));
             match written {
                 // An empty relation (one group holds every row: none here) writes no file.
                 Ok(0) if only_one => {
@@ -617,17 +438,9 @@ impl Delta {
                     return Err(e);
                 }
             }
-            let size = std::fs::metadata(&path)
-                .map_err(|e| Error::Io {
-                    path: path.clone(),
-                    source: e,
-                })?
-                .len() as i64;
+            let size = std::fs::metadata(&path).map_err(|e| Error::Io { path: path.clone(), source: e })?.len() as i64;
             if let Some(s3) = &self.s3 {
-                if let Err(e) = self
-                    .rt
-                    .block_on(s3.upload(&path, &format!("{}/{rel}", Self::rel(name))))
-                {
+                if let Err(e) = self.rt.block_on(s3.upload(&path, &format!("{}/{rel}", Self::rel(name)))) {
                     self.remove_written(name, &rel);
                     for f in &out {
                         self.remove_written(name, &f.path);
@@ -635,30 +448,17 @@ impl Delta {
                     return Err(e);
                 }
             }
-            out.push(DataFile {
-                path: rel,
-                size,
-                partition_values: values,
-                pending: true,
-            });
+            out.push(DataFile { path: rel, size, partition_values: values, pending: true });
         }
-        self.duck
-            .execute(&Sql::raw("DROP TABLE IF EXISTS \"__fixpoint_part\""))?;
+        self.duck.execute(&Sql::raw("DROP TABLE IF EXISTS \"__fixpoint_part\""))?;
         Ok(out)
     }
 
     /// Replaces the files of `name` whose partition values `matches` with
     /// `new` (pending until the run's commit).
-    fn replace_files(
-        &mut self,
-        name: &TableName,
-        matches: impl Fn(&DataFile) -> bool,
-        new: Vec<DataFile>,
-    ) -> Result<()> {
+    fn replace_files(&mut self, name: &TableName, matches: impl Fn(&DataFile) -> bool, new: Vec<DataFile>) -> Result<()> {
         let t = self.tables.get_mut(name).expect("loaded");
-        let (gone, kept): (Vec<DataFile>, Vec<DataFile>) = std::mem::take(&mut t.files)
-            .into_iter()
-            .partition(|f| matches(f));
+        let (gone, kept): (Vec<DataFile>, Vec<DataFile>) = std::mem::take(&mut t.files).into_iter().partition(|f| matches(f));
         let mut unwritten = Vec::new();
         for f in gone {
             if f.pending {
@@ -676,43 +476,25 @@ impl Delta {
     }
 
     /// Appends the rows of `relation` to `name` in a commit of their own.
-    fn append(
-        &mut self,
-        name: &TableName,
-        relation: &str,
-        info: HashMap<String, serde_json::Value>,
-    ) -> Result<u64> {
-        let rows = fixpoint_core::engine::query_count(
-            &mut self.duck,
-            &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {relation}")),
-            "n",
-            "the rows to append",
-        )?;
+    fn append(&mut self, name: &TableName, relation: &str, info: HashMap<String, serde_json::Value>) -> Result<u64> {
+        let rows = fixpoint_core::engine::query_count(&mut self.duck, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {relation}")), "n", "the rows to append")?;
         if rows == 0 {
             return Ok(0);
         }
         if self.in_run && *name != ledger_name() {
             // Committed with the run's commit (recorded by the target's).
             let files = self.write_files(name, relation)?;
-            self.tables
-                .get_mut(name)
-                .expect("loaded")
-                .files
-                .extend(files);
+            self.tables.get_mut(name).expect("loaded").files.extend(files);
             self.register(name)?;
             return Ok(rows);
         }
         if self.tables[name].has_pending() {
-            return Err(Error::Internal(format!(
-                "an append to {name} while this run's changes to it are not committed"
-            )));
+            return Err(Error::Internal(format!("an append to {name} while this run's changes to it are not committed")));
         }
         let files = self.write_files(name, relation)?;
         let t = self.tables.get_mut(name).expect("loaded");
         t.files.extend(files);
-        let committed = self
-            .rt
-            .block_on(table::commit(&self.tables[name], None, info, 20, true));
+        let committed = self.rt.block_on(table::commit(&self.tables[name], None, info, 20, true));
         match committed {
             Ok(Committed::Version(_)) => {}
             Ok(Committed::Conflict) | Err(_) => {
@@ -729,15 +511,8 @@ impl Delta {
 
     /// Drops this run's uncommitted changes to `name` (their files removed).
     fn discard(&mut self, name: &TableName) {
-        let Some(t) = self.tables.get_mut(name) else {
-            return;
-        };
-        let unwritten: Vec<String> = t
-            .files
-            .iter()
-            .filter(|f| f.pending)
-            .map(|f| f.path.clone())
-            .collect();
+        let Some(t) = self.tables.get_mut(name) else { return };
+        let unwritten: Vec<String> = t.files.iter().filter(|f| f.pending).map(|f| f.path.clone()).collect();
         t.files.retain(|f| !f.pending);
         t.removes.clear();
         t.creation = None;
@@ -755,24 +530,11 @@ impl Delta {
     /// finished from the target's record by the next process that opens
     /// the warehouse (`repair_ledger`), before anything reads them.
     fn publish(&mut self, entry: serde_json::Map<String, serde_json::Value>) -> Result<()> {
-        let text = |k: &str| {
-            entry
-                .get(k)
-                .and_then(|v| v.as_str())
-                .unwrap_or_default()
-                .to_owned()
-        };
+        let text = |k: &str| entry.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
         let app = format!("fixpoint:{}:{}", text("job"), text("run_date"));
-        let mut names: Vec<TableName> = self
-            .tables
-            .iter()
-            .filter(|(_, t)| t.has_pending())
-            .map(|(n, _)| n.clone())
-            .collect();
+        let mut names: Vec<TableName> = self.tables.iter().filter(|(_, t)| t.has_pending()).map(|(n, _)| n.clone()).collect();
         names.sort_by_key(|n| n.to_string());
-        let target = TableName::parse(&text("target"))
-            .ok()
-            .filter(|t| names.contains(t));
+        let target = TableName::parse(&text("target")).ok().filter(|t| names.contains(t));
         let Some(target) = target else {
             // Nothing of the target changed: each changed table on its own.
             let mut record = true;
@@ -850,28 +612,17 @@ impl Delta {
     /// `txn` is in its table already. Its files are never removed: the
     /// target's commit names them, and a failure here leaves the commit to
     /// the next process that opens the warehouse.
-    fn finish_companion(
-        &mut self,
-        companion: &serde_json::Value,
-        entry: &serde_json::Map<String, serde_json::Value>,
-    ) -> Result<()> {
+    fn finish_companion(&mut self, companion: &serde_json::Value, entry: &serde_json::Map<String, serde_json::Value>) -> Result<()> {
         let name = companion_table(companion)?;
         let app = companion["app_id"].as_str().unwrap_or_default().to_owned();
-        let version = companion["txn_version"].as_i64().ok_or_else(|| {
-            Error::Internal(format!(
-                "a commit's record of the changes to {name} has no transaction version"
-            ))
-        })?;
+        let version = companion["txn_version"].as_i64().ok_or_else(|| Error::Internal(format!("a commit's record of the changes to {name} has no transaction version")))?;
         // This run's pending state of the table is what the record says.
         if let Some(t) = self.tables.get_mut(&name) {
             t.files.retain(|f| !f.pending);
             t.removes.clear();
             t.creation = None;
         }
-        let info = HashMap::from([(
-            "fixpoint_companion".to_owned(),
-            serde_json::json!({ "run_key": entry.get("run_key"), "app_id": app, "txn_version": version }),
-        )]);
+        let info = HashMap::from([("fixpoint_companion".to_owned(), serde_json::json!({ "run_key": entry.get("run_key"), "app_id": app, "txn_version": version }))]);
         let result = self.commit_companion(&name, &app, version, companion, info);
         self.reload(&name)?;
         result
@@ -879,14 +630,7 @@ impl Delta {
 
     /// Commits the recorded changes `companion` to `name` with `txn(app,
     /// version)`, unless that version is committed already.
-    fn commit_companion(
-        &mut self,
-        name: &TableName,
-        app: &str,
-        version: i64,
-        companion: &serde_json::Value,
-        info: HashMap<String, serde_json::Value>,
-    ) -> Result<()> {
+    fn commit_companion(&mut self, name: &TableName, app: &str, version: i64, companion: &serde_json::Value, info: HashMap<String, serde_json::Value>) -> Result<()> {
         let files = |k: &str| -> Vec<DataFile> {
             companion[k]
                 .as_array()
@@ -895,8 +639,7 @@ impl Delta {
                         .map(|f| DataFile {
                             path: f["path"].as_str().unwrap_or_default().to_owned(),
                             size: f["size"].as_i64().unwrap_or_default(),
-                            partition_values: serde_json::from_value(f["partition_values"].clone())
-                                .unwrap_or_default(),
+                            partition_values: serde_json::from_value(f["partition_values"].clone()).unwrap_or_default(),
                             pending: true,
                         })
                         .collect()
@@ -931,23 +674,10 @@ impl Delta {
                 )));
             }
         }
-        t.files
-            .retain(|f| !removes.iter().any(|r| r.path == f.path));
-        t.removes = removes
-            .into_iter()
-            .map(|mut f| {
-                f.pending = false;
-                f
-            })
-            .collect();
+        t.files.retain(|f| !removes.iter().any(|r| r.path == f.path));
+        t.removes = removes.into_iter().map(|mut f| { f.pending = false; f }).collect();
         t.files.extend(files("adds"));
-        match self.rt.block_on(table::commit(
-            &t,
-            Some((app.to_owned(), version)),
-            info,
-            0,
-            false,
-        ))? {
+        match self.rt.block_on(table::commit(&t, Some((app.to_owned(), version)), info, 0, false))? {
             Committed::Version(_) => Ok(()),
             Committed::Conflict => {
                 // Finished by another process meanwhile, or changed under it.
@@ -967,8 +697,7 @@ impl Delta {
             return self.load(name);
         }
         self.tables.remove(name);
-        self.duck
-            .execute(&Sql::raw(format!("DROP VIEW IF EXISTS {}", name.quoted())))?;
+        self.duck.execute(&Sql::raw(format!("DROP VIEW IF EXISTS {}", name.quoted())))?;
         // The folder a run made for it, when nothing is left in it.
         remove_empty_dirs(&self.table_dir(name));
         Ok(())
@@ -976,22 +705,11 @@ impl Delta {
 
     /// Commits the run's changes to `name`; `false` when another run's
     /// identical commit landed first (nothing to do, and nothing to record).
-    fn commit_run(
-        &mut self,
-        name: &TableName,
-        app: &str,
-        entry: &serde_json::Map<String, serde_json::Value>,
-        companions: Vec<serde_json::Value>,
-    ) -> Result<bool> {
+    fn commit_run(&mut self, name: &TableName, app: &str, entry: &serde_json::Map<String, serde_json::Value>, companions: Vec<serde_json::Value>) -> Result<bool> {
         let read = self.tables[name].version();
         let next = match self.tables[name].creation {
             Some(_) => 1,
-            None => {
-                self.rt
-                    .block_on(table::txn_version(&self.tables[name], app))?
-                    .unwrap_or(0)
-                    + 1
-            }
+            None => self.rt.block_on(table::txn_version(&self.tables[name], app))?.unwrap_or(0) + 1,
         };
         let run_key = entry.get("run_key").cloned().unwrap_or_default();
         let mut record = serde_json::json!({ "run_key": run_key, "app_id": app, "txn_version": next, "entry": entry });
@@ -999,13 +717,7 @@ impl Delta {
             record["companions"] = serde_json::Value::Array(companions);
         }
         let info = HashMap::from([("fixpoint".to_owned(), record)]);
-        let committed = self.rt.block_on(table::commit(
-            &self.tables[name],
-            Some((app.to_owned(), next)),
-            info,
-            0,
-            false,
-        ));
+        let committed = self.rt.block_on(table::commit(&self.tables[name], Some((app.to_owned(), next)), info, 0, false));
         match committed {
             Ok(Committed::Version(_)) => {
                 if self.fault == Some(DeltaFault::LoseCommitAck) {
@@ -1015,11 +727,7 @@ impl Delta {
                     t.files.retain(|f| !f.pending);
                     t.removes.clear();
                     t.creation = None;
-                    return Err(Error::Transient {
-                        engine: "delta",
-                        context: format!("committing to {name}"),
-                        message: "injected: the commit's acknowledgement was lost".into(),
-                    });
+                    return Err(Error::Transient { engine: "delta", context: format!("committing to {name}"), message: "injected: the commit's acknowledgement was lost".into() });
                 }
                 if self.fault == Some(DeltaFault::AbortAfterCommit) {
                     std::process::abort();
@@ -1035,14 +743,9 @@ impl Delta {
                 }
                 let same = |i: &serde_json::Value| {
                     let e = &i["entry"];
-                    i["run_key"] == run_key
-                        && ["job", "run_date", "output_rows", "output_checksum"]
-                            .iter()
-                            .all(|k| e[*k] == entry[*k])
+                    i["run_key"] == run_key && ["job", "run_date", "output_rows", "output_checksum"].iter().all(|k| e[*k] == entry[*k])
                 };
-                let infos = self
-                    .rt
-                    .block_on(table::fixpoint_infos(&self.tables[name].delta, read))?;
+                let infos = self.rt.block_on(table::fixpoint_infos(&self.tables[name].delta, read))?;
                 if infos.first().is_some_and(same) {
                     eprintln!("fixpoint: another run committed the same output to {name} first; this run's commit is not needed");
                     return Ok(false);
@@ -1058,12 +761,7 @@ impl Delta {
                 // The commit may have landed with its answer lost: the
                 // table's transaction version for the run's app id says.
                 let t = self.tables.get_mut(name).expect("loaded");
-                let written: Vec<String> = t
-                    .files
-                    .iter()
-                    .filter(|f| f.pending)
-                    .map(|f| f.path.clone())
-                    .collect();
+                let written: Vec<String> = t.files.iter().filter(|f| f.pending).map(|f| f.path.clone()).collect();
                 t.files.retain(|f| !f.pending);
                 t.removes.clear();
                 t.creation = None;
@@ -1076,15 +774,8 @@ impl Delta {
                     return Err(e);
                 }
                 self.load(name)?;
-                let infos = self
-                    .rt
-                    .block_on(table::fixpoint_infos(&self.tables[name].delta, read))?;
-                let ours = |i: &serde_json::Value| {
-                    i["run_key"] == run_key
-                        && i["app_id"] == app
-                        && i["txn_version"] == next
-                        && i["entry"]["finished_at"] == entry["finished_at"]
-                };
+                let infos = self.rt.block_on(table::fixpoint_infos(&self.tables[name].delta, read))?;
+                let ours = |i: &serde_json::Value| i["run_key"] == run_key && i["app_id"] == app && i["txn_version"] == next && i["entry"]["finished_at"] == entry["finished_at"];
                 if infos.iter().any(ours) {
                     return Ok(true);
                 }
@@ -1114,18 +805,12 @@ impl Delta {
                 Some(serde_json::Value::String(s)) => Value::Text(s.clone()),
                 Some(other) => Value::Text(other.to_string()),
             };
-            sql.push("CAST(")
-                .param(v)
-                .push(&format!(" AS {}) AS {}", c.ty, quote_ident(&c.name)));
+            sql.push("CAST(").param(v).push(&format!(" AS {}) AS {}", c.ty, quote_ident(&c.name)));
         }
         self.duck.execute(&sql)?;
-        let info = HashMap::from([(
-            "fixpoint_ledger".to_owned(),
-            serde_json::json!({ "run_key": entry.get("run_key") }),
-        )]);
+        let info = HashMap::from([("fixpoint_ledger".to_owned(), serde_json::json!({ "run_key": entry.get("run_key") }))]);
         let result = self.append(&ledger, "\"__fixpoint_ledger_row\"", info);
-        self.duck
-            .execute(&Sql::raw("DROP TABLE IF EXISTS \"__fixpoint_ledger_row\""))?;
+        self.duck.execute(&Sql::raw("DROP TABLE IF EXISTS \"__fixpoint_ledger_row\""))?;
         result.map(|_| ())
     }
 
@@ -1133,85 +818,35 @@ impl Delta {
     /// is written now: each table's newest commit names its run's entry.
     fn repair_ledger(&mut self) -> Result<()> {
         let ledger = ledger_name();
-        let mut names: Vec<TableName> = self
-            .tables
-            .keys()
-            .filter(|n| **n != ledger)
-            .cloned()
-            .collect();
+        let mut names: Vec<TableName> = self.tables.keys().filter(|n| **n != ledger).cloned().collect();
         names.sort_by_key(|n| n.to_string());
         for name in names {
             let version = self.tables[&name].version();
             if self.checked.get(&name) == Some(&version) {
                 continue;
             }
-            let infos = self.rt.block_on(table::fixpoint_infos(
-                &self.tables[&name].delta,
-                version - 1,
-            ))?;
+            let infos = self.rt.block_on(table::fixpoint_infos(&self.tables[&name].delta, version - 1))?;
             // The run's changes to its other tables, finished first (a
             // crash between its commits).
-            for c in infos
-                .first()
-                .and_then(|i| i.get("companions"))
-                .and_then(|c| c.as_array())
-                .cloned()
-                .unwrap_or_default()
-            {
+            for c in infos.first().and_then(|i| i.get("companions")).and_then(|c| c.as_array()).cloned().unwrap_or_default() {
                 let companion = companion_table(&c)?;
                 let app = c["app_id"].as_str().unwrap_or_default().to_owned();
                 let v = c["txn_version"].as_i64().unwrap_or(i64::MAX);
-                let run_key = infos
-                    .first()
-                    .and_then(|i| i.get("run_key"))
-                    .cloned()
-                    .unwrap_or_default();
-                let info = HashMap::from([(
-                    "fixpoint_companion".to_owned(),
-                    serde_json::json!({ "run_key": run_key, "app_id": app, "txn_version": v, "repaired": true }),
-                )]);
+                let run_key = infos.first().and_then(|i| i.get("run_key")).cloned().unwrap_or_default();
+                let info = HashMap::from([("fixpoint_companion".to_owned(), serde_json::json!({ "run_key": run_key, "app_id": app, "txn_version": v, "repaired": true }))]);
                 let done = self.commit_companion(&companion, &app, v, &c, info);
                 self.reload(&companion)?;
                 done?;
             }
             self.checked.insert(name.clone(), version);
-            let Some(entry) = infos
-                .first()
-                .and_then(|i| i.get("entry"))
-                .and_then(|e| e.as_object())
-                .cloned()
-            else {
-                continue;
-            };
-            let s = |k: &str| {
-                Value::Text(
-                    entry
-                        .get(k)
-                        .and_then(|v| v.as_str())
-                        .unwrap_or_default()
-                        .to_owned(),
-                )
-            };
+            let Some(entry) = infos.first().and_then(|i| i.get("entry")).and_then(|e| e.as_object()).cloned() else { continue };
+            let s = |k: &str| Value::Text(entry.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_owned());
             if self.is_table(&ledger)? {
                 let mut sql = Sql::new();
-                sql.push("SELECT count(*) AS \"n\" FROM ")
-                    .push(&ledger.quoted())
-                    .push(" WHERE run_key = ")
-                    .param(s("run_key"));
-                sql.push(" AND job = ")
-                    .param(s("job"))
-                    .push(" AND CAST(run_date AS VARCHAR) = ")
-                    .param(s("run_date"));
-                sql.push(" AND CAST(finished_at AS VARCHAR) = CAST(CAST(")
-                    .param(s("finished_at"))
-                    .push(" AS TIMESTAMP) AS VARCHAR)");
-                if fixpoint_core::engine::query_count(
-                    &mut self.duck,
-                    &sql,
-                    "n",
-                    "the ledger's rows of a commit",
-                )? > 0
-                {
+                sql.push("SELECT count(*) AS \"n\" FROM ").push(&ledger.quoted()).push(" WHERE run_key = ").param(s("run_key"));
+                sql.push(" AND job = ").param(s("job")).push(" AND CAST(run_date AS VARCHAR) = ").param(s("run_date"));
+                sql.push(" AND CAST(finished_at AS VARCHAR) = CAST(CAST(").param(s("finished_at")).push(" AS TIMESTAMP) AS VARCHAR)");
+                if fixpoint_core::engine::query_count(&mut self.duck, &sql, "n", "the ledger's rows of a commit")? > 0 {
                     continue;
                 }
             }
@@ -1227,29 +862,12 @@ impl Delta {
             .0
             .iter()
             .filter_map(|p| p.as_ident())
-            .map(|i| {
-                if i.quote_style.is_some() {
-                    i.value.clone()
-                } else {
-                    i.value.to_lowercase()
-                }
-            })
+            .map(|i| if i.quote_style.is_some() { i.value.clone() } else { i.value.to_lowercase() })
             .collect();
         // A name is a folder of the warehouse: nothing that leaves it.
-        let folder =
-            |p: &String| !p.is_empty() && p != "." && p != ".." && !p.contains(['/', '\\', '\0']);
+        let folder = |p: &String| !p.is_empty() && p != "." && p != ".." && !p.contains(['/', '\\', '\0']);
         match parts.as_slice() {
-            [s, t]
-                if !s.eq_ignore_ascii_case("temp")
-                    && !s.eq_ignore_ascii_case("main")
-                    && folder(s)
-                    && folder(t) =>
-            {
-                Some(TableName {
-                    schema: s.clone(),
-                    table: t.clone(),
-                })
-            }
+            [s, t] if !s.eq_ignore_ascii_case("temp") && !s.eq_ignore_ascii_case("main") && folder(s) && folder(t) => Some(TableName { schema: s.clone(), table: t.clone() }),
             _ => None,
         }
     }
@@ -1260,11 +878,7 @@ impl Delta {
         // `CREATE TABLE … PARTITIONED BY (col)`: a Delta table partitioned
         // by that column (DuckDB's grammar has no such clause).
         let (text, partition) = split_partitioned_by(&sql.text);
-        let Ok(mut parsed) =
-            sqlparser::parser::Parser::parse_sql(&sqlparser::dialect::DuckDbDialect {}, text)
-        else {
-            return Ok(None);
-        };
+        let Ok(mut parsed) = sqlparser::parser::Parser::parse_sql(&sqlparser::dialect::DuckDbDialect {}, text) else { return Ok(None) };
         if parsed.len() != 1 {
             return Ok(None);
         }
@@ -1496,15 +1110,10 @@ impl Delta {
     /// it), in one commit of its own: a plain SQL UPDATE or DELETE.
     fn rewrite_table(&mut self, name: &TableName, select: &Sql, what: &str) -> Result<()> {
         if self.tables[name].has_pending() {
-            return Err(Error::Internal(format!(
-                "a {what} of {name} while this run's changes to it are not committed"
-            )));
+            return Err(Error::Internal(format!("a {what} of {name} while this run's changes to it are not committed")));
         }
         let mut staged = Sql::new();
-        staged.push(&format!(
-            "CREATE OR REPLACE TEMPORARY TABLE \"__fixpoint_rewrite\" AS {}",
-            select.text
-        ));
+        staged.push(&format!("CREATE OR REPLACE TEMPORARY TABLE \"__fixpoint_rewrite\" AS {}", select.text));
         staged.params = select.params.clone();
         self.duck.execute(&staged)?;
         let result = (|| {
@@ -1519,24 +1128,16 @@ impl Delta {
         if result.is_err() {
             self.discard(name);
         }
-        self.duck
-            .execute(&Sql::raw("DROP TABLE IF EXISTS \"__fixpoint_rewrite\""))?;
+        self.duck.execute(&Sql::raw("DROP TABLE IF EXISTS \"__fixpoint_rewrite\""))?;
         self.reload(name)?;
         result
     }
 
     /// Creates `name` now (a commit of its own) and makes it readable.
-    fn create_table_now(
-        &mut self,
-        name: &TableName,
-        columns: &[Column],
-        partition: Option<&str>,
-    ) -> Result<()> {
+    fn create_table_now(&mut self, name: &TableName, columns: &[Column], partition: Option<&str>) -> Result<()> {
         let dir = self.table_dir(name);
         let place = self.place(name, &dir)?;
-        let t = self
-            .rt
-            .block_on(table::create(name, &place, columns, partition))?;
+        let t = self.rt.block_on(table::create(name, &place, columns, partition))?;
         self.tables.insert(name.clone(), t);
         self.register(name)
     }
@@ -1547,29 +1148,17 @@ impl Delta {
             return Ok(None);
         }
         let mut sql = Sql::new();
-        sql.push("SELECT CAST(CAST(")
-            .param(value.clone())
-            .push(&format!(" AS {ty}) AS VARCHAR) AS \"v\""));
+        sql.push("SELECT CAST(CAST(").param(value.clone()).push(&format!(" AS {ty}) AS VARCHAR) AS \"v\""));
         let rows = self.duck.query(&sql)?;
-        Ok(rows
-            .rows
-            .first()
-            .and_then(|r| r.first())
-            .and_then(|v| v.as_str())
-            .map(str::to_owned))
+        Ok(rows.rows.first().and_then(|r| r.first()).and_then(|v| v.as_str()).map(str::to_owned))
     }
 }
 
 /// The table a commit's record of a run's other changes names.
 fn companion_table(record: &serde_json::Value) -> Result<TableName> {
     match (record["schema"].as_str(), record["name"].as_str()) {
-        (Some(schema), Some(table)) => Ok(TableName {
-            schema: schema.to_owned(),
-            table: table.to_owned(),
-        }),
-        _ => Err(Error::Internal(format!(
-            "a Delta commit's record of a run's changes names no table: {record}"
-        ))),
+        (Some(schema), Some(table)) => Ok(TableName { schema: schema.to_owned(), table: table.to_owned() }),
+        _ => Err(Error::Internal(format!("a Delta commit's record of a run's changes names no table: {record}"))),
     }
 }
 
@@ -1581,16 +1170,10 @@ fn split_partitioned_by(text: &str) -> (&str, Option<String>) {
     if !upper.trim_start().starts_with("CREATE TABLE") || !trimmed.ends_with(')') {
         return (text, None);
     }
-    let Some(at) = upper.rfind(" PARTITIONED BY (") else {
-        return (text, None);
-    };
+    let Some(at) = upper.rfind(" PARTITIONED BY (") else { return (text, None) };
     let inner = trimmed[at + " PARTITIONED BY (".len()..trimmed.len() - 1].trim();
     let column = inner.trim_matches('"');
-    if column.is_empty()
-        || !column
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_')
-    {
+    if column.is_empty() || !column.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
         return (text, None);
     }
     (&trimmed[..at], Some(column.to_owned()))
@@ -1610,15 +1193,8 @@ fn remove_empty_dirs(dir: &Path) {
 
 /// The sub-folders of `dir`.
 fn read_dir(dir: &Path) -> Result<Vec<PathBuf>> {
-    let entries = std::fs::read_dir(dir).map_err(|e| Error::Io {
-        path: dir.to_owned(),
-        source: e,
-    })?;
-    let mut out: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| p.is_dir())
-        .collect();
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::Io { path: dir.to_owned(), source: e })?;
+    let mut out: Vec<PathBuf> = entries.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_dir()).collect();
     out.sort();
     Ok(out)
 }
@@ -1633,12 +1209,7 @@ fn literal(s: &str) -> String {
 /// else a hash (Delta readers take partition values from the log, never
 /// from paths).
 fn safe_segment(s: &str) -> String {
-    if !s.is_empty()
-        && s.len() <= 64
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-        && !s.starts_with('.')
-    {
+    if !s.is_empty() && s.len() <= 64 && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) && !s.starts_with('.') {
         return s.to_owned();
     }
     let mut h: u64 = 0xcbf29ce484222325;
@@ -1694,26 +1265,18 @@ impl Engine for Delta {
         if !self.is_table(table)? {
             return self.duck.add_column(table, column);
         }
-        if self.tables[table]
-            .columns
-            .iter()
-            .any(|c| c.name == column.name)
-        {
+        if self.tables[table].columns.iter().any(|c| c.name == column.name) {
             return Ok(());
         }
         if let Some(t) = self.tables.get_mut(table).filter(|t| t.creation.is_some()) {
             // Created by this run: the column is part of its first commit.
             let ty = table::delta_type(table, column)?;
-            t.creation.as_mut().expect("checked").fields.push(
-                deltalake_core::kernel::StructField::new(column.name.clone(), ty, true),
-            );
+            t.creation.as_mut().expect("checked").fields.push(deltalake_core::kernel::StructField::new(column.name.clone(), ty, true));
             t.columns.push(column.clone());
             return self.register(table);
         }
         if self.tables[table].has_pending() {
-            return Err(Error::Internal(format!(
-                "a column added to {table} while this run's changes to it are not committed"
-            )));
+            return Err(Error::Internal(format!("a column added to {table} while this run's changes to it are not committed")));
         }
         let t = self.tables.remove(table).expect("loaded");
         let t = self.rt.block_on(table::add_column(t, column));
@@ -1795,11 +1358,7 @@ impl Leases for Delta {
     /// (Delta's optimistic concurrency), so of two runs of one scope the
     /// second to commit finds the first's commit and stops.
     /// The run starts from the newest snapshot of every table.
-    fn acquire_lease(
-        &mut self,
-        _scope: &str,
-        _wait: bool,
-    ) -> Result<std::result::Result<(), String>> {
+    fn acquire_lease(&mut self, _scope: &str, _wait: bool) -> Result<std::result::Result<(), String>> {
         self.in_run = false;
         self.refresh()?;
         // A commit whose answer was lost (this process's earlier attempt, or
@@ -1813,12 +1372,7 @@ impl Leases for Delta {
     /// nothing: its files are removed and the tables read as before.
     fn release_lease(&mut self, _scope: &str) -> Result<()> {
         self.in_run = false;
-        let pending: Vec<TableName> = self
-            .tables
-            .iter()
-            .filter(|(_, t)| t.has_pending())
-            .map(|(n, _)| n.clone())
-            .collect();
+        let pending: Vec<TableName> = self.tables.iter().filter(|(_, t)| t.has_pending()).map(|(n, _)| n.clone()).collect();
         for name in pending {
             self.discard(&name);
             self.reload(&name)?;
@@ -1828,17 +1382,9 @@ impl Leases for Delta {
 
     /// The table is created by the run's commit, with its first rows (a
     /// run that fails before leaves no table).
-    fn create_table(
-        &mut self,
-        table: &TableName,
-        columns: &[Column],
-        partition: Option<&str>,
-    ) -> Result<()> {
+    fn create_table(&mut self, table: &TableName, columns: &[Column], partition: Option<&str>) -> Result<()> {
         if self.is_table(table)? {
-            return Err(Error::Schema {
-                message: format!("the Delta table {table} exists already"),
-                hint: None,
-            });
+            return Err(Error::Schema { message: format!("the Delta table {table} exists already"), hint: None });
         }
         let dir = self.table_dir(table);
         let place = self.place(table, &dir)?;
@@ -1854,41 +1400,21 @@ impl Leases for Delta {
         Ok(self.tables[table].partitions.clone())
     }
 
-    fn overwrite_partitions(
-        &mut self,
-        table: &TableName,
-        columns: &[String],
-        select: &Sql,
-    ) -> Result<()> {
+    fn overwrite_partitions(&mut self, table: &TableName, columns: &[String], select: &Sql) -> Result<()> {
         if !self.is_table(table)? {
-            return Err(Error::Internal(format!(
-                "overwriting partitions of {table}, which is not a Delta table of the warehouse"
-            )));
+            return Err(Error::Internal(format!("overwriting partitions of {table}, which is not a Delta table of the warehouse")));
         }
         let result = (|| {
             let renamed = self.stage_output(select, columns)?;
             let relation = format!("(SELECT {renamed} FROM \"__fixpoint_out\")");
             let files = self.write_files(table, &relation)?;
             let partitions = self.tables[table].partitions.clone();
-            let touched: Vec<HashMap<String, Option<String>>> =
-                files.iter().map(|f| f.partition_values.clone()).collect();
+            let touched: Vec<HashMap<String, Option<String>>> = files.iter().map(|f| f.partition_values.clone()).collect();
             // Every partition the rows fall in is replaced; unpartitioned,
             // the whole table.
-            self.replace_files(
-                table,
-                |f| {
-                    partitions.is_empty()
-                        || touched.iter().any(|t| {
-                            partitions
-                                .iter()
-                                .all(|p| t.get(p) == f.partition_values.get(p))
-                        })
-                },
-                files,
-            )
+            self.replace_files(table, |f| partitions.is_empty() || touched.iter().any(|t| partitions.iter().all(|p| t.get(p) == f.partition_values.get(p))), files)
         })();
-        self.duck
-            .execute(&Sql::raw("DROP TABLE IF EXISTS \"__fixpoint_out\""))?;
+        self.duck.execute(&Sql::raw("DROP TABLE IF EXISTS \"__fixpoint_out\""))?;
         result
     }
 
@@ -1903,17 +1429,9 @@ impl Leases for Delta {
         true
     }
 
-    fn replace_rows(
-        &mut self,
-        table: &TableName,
-        columns: &[String],
-        dropped: &Sql,
-        select: &Sql,
-    ) -> Result<()> {
+    fn replace_rows(&mut self, table: &TableName, columns: &[String], dropped: &Sql, select: &Sql) -> Result<()> {
         if !self.is_table(table)? {
-            return Err(Error::Internal(format!(
-                "replacing rows of {table}, which is not a Delta table of the warehouse"
-            )));
+            return Err(Error::Internal(format!("replacing rows of {table}, which is not a Delta table of the warehouse")));
         }
         let result = (|| {
             let renamed = self.stage_output(select, columns)?;
@@ -1923,19 +1441,10 @@ impl Leases for Delta {
             hit.push(&format!("CREATE OR REPLACE TEMPORARY TABLE \"__fixpoint_hit\" AS SELECT DISTINCT t.\"__fixpoint_file\" AS \"f\" FROM ({rows}) AS t WHERE ({})", dropped.text));
             hit.params = dropped.params.clone();
             self.duck.execute(&hit)?;
-            let hit_files: std::collections::HashSet<String> = self
-                .duck
-                .query(&Sql::raw("SELECT \"f\" FROM \"__fixpoint_hit\""))?
-                .rows
-                .into_iter()
-                .filter_map(|r| r.first().and_then(|v| v.as_str()).map(str::to_owned))
-                .collect();
+            let hit_files: std::collections::HashSet<String> =
+                self.duck.query(&Sql::raw("SELECT \"f\" FROM \"__fixpoint_hit\""))?.rows.into_iter().filter_map(|r| r.first().and_then(|v| v.as_str()).map(str::to_owned)).collect();
             // Their other rows, written again with the new ones.
-            let cols: Vec<String> = self.tables[table]
-                .columns
-                .iter()
-                .map(|c| format!("t.{}", quote_ident(&c.name)))
-                .collect();
+            let cols: Vec<String> = self.tables[table].columns.iter().map(|c| format!("t.{}", quote_ident(&c.name))).collect();
             let mut kept = Sql::new();
             kept.push(&format!(
                 "CREATE OR REPLACE TEMPORARY TABLE \"__fixpoint_kept\" AS SELECT {} FROM ({rows}) AS t WHERE t.\"__fixpoint_file\" IN (SELECT \"f\" FROM \"__fixpoint_hit\") AND ({}) IS NOT TRUE",
@@ -1947,36 +1456,21 @@ impl Leases for Delta {
             let relation = format!("(SELECT * FROM \"__fixpoint_kept\" UNION ALL BY NAME SELECT {renamed} FROM \"__fixpoint_out\")");
             let files = self.write_files(table, &relation)?;
             let dir = self.tables[table].dir.clone();
-            self.replace_files(
-                table,
-                |f| hit_files.contains(dir.join(&f.path).to_string_lossy().as_ref()),
-                files,
-            )
+            self.replace_files(table, |f| hit_files.contains(dir.join(&f.path).to_string_lossy().as_ref()), files)
         })();
         for t in ["__fixpoint_out", "__fixpoint_hit", "__fixpoint_kept"] {
-            self.duck
-                .execute(&Sql::raw(format!("DROP TABLE IF EXISTS \"{t}\"")))?;
+            self.duck.execute(&Sql::raw(format!("DROP TABLE IF EXISTS \"{t}\"")))?;
         }
         result
     }
 
-    fn drop_partition_value(
-        &mut self,
-        table: &TableName,
-        column: &str,
-        value: &Value,
-        ty: &str,
-    ) -> Result<()> {
+    fn drop_partition_value(&mut self, table: &TableName, column: &str, value: &Value, ty: &str) -> Result<()> {
         if !self.is_table(table)? {
             return Ok(());
         }
         let text = self.partition_text(value, ty)?;
         let column = column.to_owned();
-        self.replace_files(
-            table,
-            |f| f.partition_values.get(&column).cloned().flatten() == text,
-            Vec::new(),
-        )
+        self.replace_files(table, |f| f.partition_values.get(&column).cloned().flatten() == text, Vec::new())
     }
 }
 
@@ -1984,12 +1478,7 @@ impl Accelerator for Delta {
     /// The ledger row is the run's last write: the run's changes are
     /// committed then, with the entry as their commit info, and the row
     /// appended after.
-    fn append_row(
-        &mut self,
-        table: &TableName,
-        columns: &[&str],
-        values: &[Value],
-    ) -> Option<Result<()>> {
+    fn append_row(&mut self, table: &TableName, columns: &[&str], values: &[Value]) -> Option<Result<()>> {
         if *table != ledger_name() {
             return None;
         }
@@ -2003,9 +1492,7 @@ impl Accelerator for Delta {
                 Value::Float(f) => serde_json::json!(f),
                 Value::Text(s) => serde_json::Value::String(s.clone()),
                 Value::Date(d) => serde_json::Value::String(d.format("%Y-%m-%d").to_string()),
-                Value::Timestamp(t) => {
-                    serde_json::Value::String(t.format("%Y-%m-%d %H:%M:%S%.6f").to_string())
-                }
+                Value::Timestamp(t) => serde_json::Value::String(t.format("%Y-%m-%d %H:%M:%S%.6f").to_string()),
             };
             entry.insert((*c).to_owned(), json);
         }

@@ -4,9 +4,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use deltalake_core::kernel::transaction::{
-    CommitBuilder, CommitProperties, TableReference, TransactionError,
-};
+use deltalake_core::kernel::transaction::{CommitBuilder, CommitProperties, TableReference, TransactionError};
 use deltalake_core::kernel::{Action, Add, DataType, Remove, StructField, Transaction};
 use deltalake_core::protocol::{DeltaOperation, SaveMode};
 use deltalake_core::{DeltaTable, DeltaTableError};
@@ -17,12 +15,7 @@ use futures_util::TryStreamExt;
 
 /// A delta-rs error as fixpoint's.
 pub(crate) fn delta_error(context: impl Into<String>, e: DeltaTableError) -> Error {
-    Error::Database {
-        engine: "delta",
-        context: context.into(),
-        message: e.to_string(),
-        failure: DbFailure::Other,
-    }
+    Error::Database { engine: "delta", context: context.into(), message: e.to_string(), failure: DbFailure::Other }
 }
 
 /// One active data file.
@@ -91,13 +84,9 @@ impl Place<'_> {
     /// The table, not loaded.
     fn table(&self) -> std::result::Result<DeltaTable, DeltaTableError> {
         match &self.remote {
-            Some((url, store)) => deltalake_core::DeltaTableBuilder::from_url(url.clone())?
-                .with_storage_backend(store.clone(), url.clone())
-                .build(),
+            Some((url, store)) => deltalake_core::DeltaTableBuilder::from_url(url.clone())?.with_storage_backend(store.clone(), url.clone()).build(),
             None => {
-                let url = url::Url::from_directory_path(self.dir).map_err(|_| {
-                    DeltaTableError::InvalidTableLocation(self.dir.display().to_string())
-                })?;
+                let url = url::Url::from_directory_path(self.dir).map_err(|_| DeltaTableError::InvalidTableLocation(self.dir.display().to_string()))?;
                 deltalake_core::DeltaTableBuilder::from_url(url)?.build()
             }
         }
@@ -115,71 +104,29 @@ pub(crate) async fn load(name: &TableName, place: &Place<'_>) -> Result<Table> {
 
 /// The table as loaded in `delta`.
 pub(crate) fn from_delta(name: &TableName, dir: &Path, delta: DeltaTable) -> Result<Table> {
-    let snapshot = delta
-        .snapshot()
-        .map_err(|e| delta_error(format!("reading the Delta table {name}"), e))?;
+    let snapshot = delta.snapshot().map_err(|e| delta_error(format!("reading the Delta table {name}"), e))?;
     check_features(name, snapshot)?;
-    let metadata = serde_json::to_value(snapshot.metadata())
-        .map_err(|e| Error::Internal(format!("reading the metadata of {name}: {e}")))?;
-    let partitions: Vec<String> = metadata
-        .get("partitionColumns")
-        .and_then(|p| p.as_array())
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| v.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
+    let metadata = serde_json::to_value(snapshot.metadata()).map_err(|e| Error::Internal(format!("reading the metadata of {name}: {e}")))?;
+    let partitions: Vec<String> = metadata.get("partitionColumns").and_then(|p| p.as_array()).map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()).unwrap_or_default();
     let mut columns = Vec::new();
     for field in snapshot.schema().fields() {
-        let ty = serde_json::to_value(field.data_type())
-            .map_err(|e| Error::Internal(format!("reading the schema of {name}: {e}")))?;
-        columns.push(Column {
-            name: field.name().to_owned(),
-            ty: duckdb_type(name, field.name(), &ty)?,
-        });
+        let ty = serde_json::to_value(field.data_type()).map_err(|e| Error::Internal(format!("reading the schema of {name}: {e}")))?;
+        columns.push(Column { name: field.name().to_owned(), ty: duckdb_type(name, field.name(), &ty)? });
     }
     let files = snapshot
         .log_data()
         .iter()
-        .map(|f| DataFile {
-            path: f.path().into_owned(),
-            size: f.size(),
-            partition_values: f.partition_values_map(),
-            pending: false,
-        })
+        .map(|f| DataFile { path: f.path().into_owned(), size: f.size(), partition_values: f.partition_values_map(), pending: false })
         .collect();
-    Ok(Table {
-        name: name.clone(),
-        dir: dir.to_owned(),
-        delta,
-        columns,
-        partitions,
-        files,
-        removes: Vec::new(),
-        creation: None,
-    })
+    Ok(Table { name: name.clone(), dir: dir.to_owned(), delta, columns, partitions, files, removes: Vec::new(), creation: None })
 }
 
 /// Refuses a table using a feature fixpoint cannot honour, naming it.
-fn check_features(
-    name: &TableName,
-    snapshot: &deltalake_core::table::state::DeltaTableState,
-) -> Result<()> {
+fn check_features(name: &TableName, snapshot: &deltalake_core::table::state::DeltaTableState) -> Result<()> {
     let protocol = serde_json::to_value(snapshot.protocol()).unwrap_or_default();
     let version = |k: &str| protocol.get(k).and_then(|v| v.as_i64()).unwrap_or(0);
     let (reader, writer) = (version("minReaderVersion"), version("minWriterVersion"));
-    let features = |k: &str| -> Vec<String> {
-        protocol
-            .get(k)
-            .and_then(|v| v.as_array())
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let features = |k: &str| -> Vec<String> { protocol.get(k).and_then(|v| v.as_array()).map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()).unwrap_or_default() };
     const HONOURED: &[&str] = &["timestampNtz", "appendOnly", "invariants"];
     let refuse = |what: String| {
         Err(Error::Schema {
@@ -190,15 +137,9 @@ fn check_features(
     let metadata = serde_json::to_value(snapshot.metadata()).unwrap_or_default();
     if let Some(config) = metadata.get("configuration").and_then(|c| c.as_object()) {
         for (k, v) in config {
-            let on = v
-                .as_str()
-                .map(|s| s.eq_ignore_ascii_case("true"))
-                .unwrap_or(false);
+            let on = v.as_str().map(|s| s.eq_ignore_ascii_case("true")).unwrap_or(false);
             let refused = match k.as_str() {
-                "delta.appendOnly"
-                | "delta.enableDeletionVectors"
-                | "delta.enableChangeDataFeed"
-                | "delta.enableRowTracking" => on,
+                "delta.appendOnly" | "delta.enableDeletionVectors" | "delta.enableChangeDataFeed" | "delta.enableRowTracking" => on,
                 "delta.columnMapping.mode" => v.as_str() != Some("none"),
                 k => k.starts_with("delta.constraints."),
             };
@@ -207,10 +148,7 @@ fn check_features(
             }
         }
     }
-    for f in features("readerFeatures")
-        .into_iter()
-        .chain(features("writerFeatures"))
-    {
+    for f in features("readerFeatures").into_iter().chain(features("writerFeatures")) {
         if !HONOURED.contains(&f.as_str()) {
             return refuse(format!("the table feature {f}"));
         }
@@ -261,19 +199,13 @@ pub(crate) fn delta_type(table: &TableName, column: &Column) -> Result<DataType>
         "VARCHAR" | "TEXT" | "STRING" => Some(DataType::STRING),
         "BLOB" | "BYTEA" => Some(DataType::BINARY),
         "DATE" => Some(DataType::DATE),
-        "TIMESTAMP" | "DATETIME" | "TIMESTAMP WITH TIME ZONE" | "TIMESTAMPTZ" => {
-            Some(DataType::TIMESTAMP)
-        }
+        "TIMESTAMP" | "DATETIME" | "TIMESTAMP WITH TIME ZONE" | "TIMESTAMPTZ" => Some(DataType::TIMESTAMP),
         _ => None,
     };
     if let Some(t) = simple {
         return Ok(t);
     }
-    if let Some(args) = upper
-        .strip_prefix("DECIMAL(")
-        .or_else(|| upper.strip_prefix("NUMERIC("))
-        .and_then(|a| a.strip_suffix(')'))
-    {
+    if let Some(args) = upper.strip_prefix("DECIMAL(").or_else(|| upper.strip_prefix("NUMERIC(")).and_then(|a| a.strip_suffix(')')) {
         let mut parts = args.split(',').map(|p| p.trim().parse::<u8>());
         if let (Some(Ok(p)), Some(Ok(s)), None) = (parts.next(), parts.next(), parts.next()) {
             if let Ok(t) = DataType::decimal(p, s) {
@@ -291,66 +223,36 @@ pub(crate) fn delta_type(table: &TableName, column: &Column) -> Result<DataType>
 }
 
 /// Creates the table at `place` with `columns`, partitioned by `partition`.
-pub(crate) async fn create(
-    name: &TableName,
-    place: &Place<'_>,
-    columns: &[Column],
-    partition: Option<&str>,
-) -> Result<Table> {
+pub(crate) async fn create(name: &TableName, place: &Place<'_>, columns: &[Column], partition: Option<&str>) -> Result<Table> {
     let mut fields = Vec::new();
     for c in columns {
         fields.push(StructField::new(c.name.clone(), delta_type(name, c)?, true));
     }
     let dir = place.dir;
-    std::fs::create_dir_all(dir).map_err(|e| Error::Io {
-        path: dir.to_owned(),
-        source: e,
-    })?;
-    let table = place
-        .table()
-        .map_err(|e| delta_error(format!("creating the Delta table {name}"), e))?;
-    let mut create = table
-        .create()
-        .with_table_name(name.table.clone())
-        .with_columns(fields)
-        .with_save_mode(SaveMode::ErrorIfExists);
+    std::fs::create_dir_all(dir).map_err(|e| Error::Io { path: dir.to_owned(), source: e })?;
+    let table = place.table().map_err(|e| delta_error(format!("creating the Delta table {name}"), e))?;
+    let mut create = table.create().with_table_name(name.table.clone()).with_columns(fields).with_save_mode(SaveMode::ErrorIfExists);
     if let Some(p) = partition {
         create = create.with_partition_columns([p.to_owned()]);
     }
-    let delta = create
-        .await
-        .map_err(|e| delta_error(format!("creating the Delta table {name}"), e))?;
+    let delta = create.await.map_err(|e| delta_error(format!("creating the Delta table {name}"), e))?;
     from_delta(name, dir, delta)
 }
 
 /// The table `name` at `place` with `columns`, partitioned by
 /// `partition`, as a run creates it: nothing is written until the run's
 /// commit, which creates it with its first rows (one commit, version 0).
-pub(crate) fn pending(
-    name: &TableName,
-    place: &Place<'_>,
-    columns: &[Column],
-    partition: Option<&str>,
-) -> Result<Table> {
+pub(crate) fn pending(name: &TableName, place: &Place<'_>, columns: &[Column], partition: Option<&str>) -> Result<Table> {
     let mut fields = Vec::new();
     let mut typed = Vec::new();
     for c in columns {
         let ty = delta_type(name, c)?;
-        let json = serde_json::to_value(&ty)
-            .map_err(|e| Error::Internal(format!("the Delta type of {}: {e}", c.name)))?;
-        typed.push(Column {
-            name: c.name.clone(),
-            ty: duckdb_type(name, &c.name, &json)?,
-        });
+        let json = serde_json::to_value(&ty).map_err(|e| Error::Internal(format!("the Delta type of {}: {e}", c.name)))?;
+        typed.push(Column { name: c.name.clone(), ty: duckdb_type(name, &c.name, &json)? });
         fields.push(StructField::new(c.name.clone(), ty, true));
     }
-    std::fs::create_dir_all(place.dir).map_err(|e| Error::Io {
-        path: place.dir.to_owned(),
-        source: e,
-    })?;
-    let delta = place
-        .table()
-        .map_err(|e| delta_error(format!("creating the Delta table {name}"), e))?;
+    std::fs::create_dir_all(place.dir).map_err(|e| Error::Io { path: place.dir.to_owned(), source: e })?;
+    let delta = place.table().map_err(|e| delta_error(format!("creating the Delta table {name}"), e))?;
     Ok(Table {
         name: name.clone(),
         dir: place.dir.to_owned(),
@@ -359,10 +261,7 @@ pub(crate) fn pending(
         partitions: partition.map(str::to_owned).into_iter().collect(),
         files: Vec::new(),
         removes: Vec::new(),
-        creation: Some(Creation {
-            fields,
-            partition: partition.map(str::to_owned),
-        }),
+        creation: Some(Creation { fields, partition: partition.map(str::to_owned) }),
     })
 }
 
@@ -371,12 +270,7 @@ pub(crate) async fn add_column(table: Table, column: &Column) -> Result<Table> {
     let field = StructField::new(column.name.clone(), delta_type(&table.name, column)?, true);
     let name = table.name.clone();
     let dir = table.dir.clone();
-    let delta = table
-        .delta
-        .add_columns()
-        .with_fields([field])
-        .await
-        .map_err(|e| delta_error(format!("adding the column {} to {name}", column.name), e))?;
+    let delta = table.delta.add_columns().with_fields([field]).await.map_err(|e| delta_error(format!("adding the column {} to {name}", column.name), e))?;
     from_delta(&name, &dir, delta)
 }
 
@@ -391,13 +285,7 @@ pub(crate) enum Committed {
 /// Commits the table's pending changes as one commit on the snapshot the
 /// run read: `txn` for the app id, `info` as commit info. With
 /// `retries = 0` the commit fails when the table moved since.
-pub(crate) async fn commit(
-    table: &Table,
-    txn: Option<(String, i64)>,
-    info: HashMap<String, serde_json::Value>,
-    retries: usize,
-    append: bool,
-) -> Result<Committed> {
+pub(crate) async fn commit(table: &Table, txn: Option<(String, i64)>, info: HashMap<String, serde_json::Value>, retries: usize, append: bool) -> Result<Committed> {
     let now = chrono::Utc::now().timestamp_millis();
     let mut actions = Vec::new();
     for f in &table.removes {
@@ -412,19 +300,9 @@ pub(crate) async fn commit(
         }));
     }
     for f in table.files.iter().filter(|f| f.pending) {
-        actions.push(Action::Add(Add {
-            path: encode_path(&f.path),
-            partition_values: f.partition_values.clone(),
-            size: f.size,
-            modification_time: now,
-            data_change: true,
-            ..Default::default()
-        }));
+        actions.push(Action::Add(Add { path: encode_path(&f.path), partition_values: f.partition_values.clone(), size: f.size, modification_time: now, data_change: true, ..Default::default() }));
     }
-    let mut props = CommitProperties::default()
-        .with_max_retries(retries)
-        .with_create_checkpoint(false)
-        .with_metadata(info);
+    let mut props = CommitProperties::default().with_max_retries(retries).with_create_checkpoint(false).with_metadata(info);
     if let Some((app, version)) = txn {
         props = props.with_application_transaction(Transaction::new(app, version));
     }
@@ -444,85 +322,44 @@ pub(crate) async fn commit(
         }
         return match create.await {
             Ok(done) => Ok(Committed::Version(done.version().map_or(0, |v| v as i64))),
-            Err(DeltaTableError::VersionAlreadyExists(_))
-            | Err(DeltaTableError::Transaction {
-                source: TransactionError::MaxCommitAttempts(_) | TransactionError::CommitConflict(_),
-            }) => Ok(Committed::Conflict),
+            Err(DeltaTableError::VersionAlreadyExists(_)) | Err(DeltaTableError::Transaction { source: TransactionError::MaxCommitAttempts(_) | TransactionError::CommitConflict(_) }) => {
+                Ok(Committed::Conflict)
+            }
             Err(e) => match table.delta.log_store().is_delta_table_location().await {
                 // Created by another writer between the run's look and its commit.
                 Ok(true) => Ok(Committed::Conflict),
-                _ => Err(delta_error(
-                    format!("creating the Delta table {}", table.name),
-                    e,
-                )),
+                _ => Err(delta_error(format!("creating the Delta table {}", table.name), e)),
             },
         };
     }
-    let snapshot = table
-        .delta
-        .snapshot()
-        .map_err(|e| delta_error(format!("reading {}", table.name), e))?;
+    let snapshot = table.delta.snapshot().map_err(|e| delta_error(format!("reading {}", table.name), e))?;
     let operation = DeltaOperation::Write {
-        mode: if append {
-            SaveMode::Append
-        } else {
-            SaveMode::Overwrite
-        },
+        mode: if append { SaveMode::Append } else { SaveMode::Overwrite },
         partition_by: (!table.partitions.is_empty()).then(|| table.partitions.clone()),
         predicate: None,
     };
-    match CommitBuilder::from(props)
-        .with_actions(actions)
-        .build(
-            Some(snapshot as &dyn TableReference),
-            table.delta.log_store(),
-            operation,
-        )
-        .await
-    {
+    match CommitBuilder::from(props).with_actions(actions).build(Some(snapshot as &dyn TableReference), table.delta.log_store(), operation).await {
         Ok(done) => Ok(Committed::Version(done.version() as i64)),
-        Err(DeltaTableError::VersionAlreadyExists(_))
-        | Err(DeltaTableError::Transaction {
-            source: TransactionError::MaxCommitAttempts(_) | TransactionError::CommitConflict(_),
-        }) => Ok(Committed::Conflict),
-        Err(e) => Err(delta_error(
-            format!("committing to the Delta table {}", table.name),
-            e,
-        )),
+        Err(DeltaTableError::VersionAlreadyExists(_)) | Err(DeltaTableError::Transaction { source: TransactionError::MaxCommitAttempts(_) | TransactionError::CommitConflict(_) }) => Ok(Committed::Conflict),
+        Err(e) => Err(delta_error(format!("committing to the Delta table {}", table.name), e)),
     }
 }
 
 /// The commit info (`fixpoint` key) of the table's commits after `after`,
 /// newest first.
-pub(crate) async fn fixpoint_infos(
-    delta: &DeltaTable,
-    after: i64,
-) -> Result<Vec<serde_json::Value>> {
+pub(crate) async fn fixpoint_infos(delta: &DeltaTable, after: i64) -> Result<Vec<serde_json::Value>> {
     let newest = delta.version().map_or(-1, |v| v as i64);
     if newest <= after {
         return Ok(Vec::new());
     }
-    let infos: Vec<_> = delta
-        .history(Some((newest - after) as usize))
-        .try_collect()
-        .await
-        .map_err(|e| delta_error("reading a Delta table's history", e))?;
-    Ok(infos
-        .into_iter()
-        .filter_map(|i| i.info.get("fixpoint").cloned())
-        .collect())
+    let infos: Vec<_> = delta.history(Some((newest - after) as usize)).try_collect().await.map_err(|e| delta_error("reading a Delta table's history", e))?;
+    Ok(infos.into_iter().filter_map(|i| i.info.get("fixpoint").cloned()).collect())
 }
 
 /// The version of `app` in the table's snapshot.
 pub(crate) async fn txn_version(table: &Table, app: &str) -> Result<Option<i64>> {
-    let snapshot = table
-        .delta
-        .snapshot()
-        .map_err(|e| delta_error(format!("reading {}", table.name), e))?;
-    snapshot
-        .transaction_version(table.delta.log_store().as_ref(), app)
-        .await
-        .map_err(|e| delta_error(format!("reading the transactions of {}", table.name), e))
+    let snapshot = table.delta.snapshot().map_err(|e| delta_error(format!("reading {}", table.name), e))?;
+    snapshot.transaction_version(table.delta.log_store().as_ref(), app).await.map_err(|e| delta_error(format!("reading the transactions of {}", table.name), e))
 }
 
 /// A relative path as the log stores it (percent-encoded).
@@ -530,9 +367,7 @@ fn encode_path(path: &str) -> String {
     let mut out = String::with_capacity(path.len());
     for b in path.bytes() {
         match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'/' | b'=' => {
-                out.push(b as char)
-            }
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'/' | b'=' => out.push(b as char),
             _ => out.push_str(&format!("%{b:02X}")),
         }
     }

@@ -113,22 +113,13 @@ fn db_err(context: impl Into<String>) -> impl FnOnce(duckdb::Error) -> Error {
 /// …`): the one place that reads DuckDB's wording.
 pub fn database_error(context: String, e: duckdb::Error) -> Error {
     let message = e.to_string();
-    Error::Database {
-        engine: "duckdb",
-        context,
-        failure: failure_of(&message),
-        message,
-    }
+    Error::Database { engine: "duckdb", context, failure: failure_of(&message), message }
 }
 
 /// The kind of a DuckDB error message ([`database_error`]).
 pub fn failure_of(message: &str) -> DbFailure {
     // (Wrapped, the type follows the wrapper's own `…: `.)
-    let kind = message
-        .split_once(" Error:")
-        .and_then(|(before, _)| before.rsplit(": ").next())
-        .unwrap_or("")
-        .trim();
+    let kind = message.split_once(" Error:").and_then(|(before, _)| before.rsplit(": ").next()).unwrap_or("").trim();
     match kind {
         "Parser" | "Binder" | "Catalog" => DbFailure::Binding,
         // (An "Invalid Input" error is most often the data's: a file
@@ -159,9 +150,7 @@ fn open_problem(msg: &str) -> Option<&'static str> {
 /// once, naming it, instead of reaching for the network (and, offline,
 /// waiting on name lookups first); installed extensions still load.
 fn config() -> Result<duckdb::Config> {
-    duckdb::Config::default()
-        .with("autoinstall_known_extensions", "false")
-        .map_err(db_err("configuring DuckDB"))
+    duckdb::Config::default().with("autoinstall_known_extensions", "false").map_err(db_err("configuring DuckDB"))
 }
 
 impl DuckDb {
@@ -206,11 +195,7 @@ impl DuckDb {
                         });
                     }
                     if !announced {
-                        eprintln!(
-                            "fixpoint: {} is locked by another process; waiting up to {}s",
-                            path.display(),
-                            wait.as_secs()
-                        );
+                        eprintln!("fixpoint: {} is locked by another process; waiting up to {}s", path.display(), wait.as_secs());
                         announced = true;
                     }
                     std::thread::sleep(Duration::from_millis(200));
@@ -221,8 +206,7 @@ impl DuckDb {
 
     /// An in-memory database (tests, and the engines that compute in DuckDB).
     pub fn open_in_memory() -> Result<DuckDb> {
-        let conn = duckdb::Connection::open_in_memory_with_flags(config()?)
-            .map_err(db_err("opening an in-memory database"))?;
+        let conn = duckdb::Connection::open_in_memory_with_flags(config()?).map_err(db_err("opening an in-memory database"))?;
         Ok(DuckDb::new(conn, None))
     }
 
@@ -316,9 +300,7 @@ impl DuckDb {
     }
 
     fn prepare(&self, sql: &Sql) -> Result<duckdb::Statement<'_>> {
-        self.conn
-            .prepare(&sql.text)
-            .map_err(|e| db_err(context_of(&sql.text))(e))
+        self.conn.prepare(&sql.text).map_err(|e| db_err(context_of(&sql.text))(e))
     }
 
     /// Checks a file source's files (listed in [`FILES_VARIABLE`]) before
@@ -338,16 +320,9 @@ impl DuckDb {
     /// of it), and only for JSON, compressed CSV and hive-style paths.
     fn check_files(&mut self, files: &InputFiles) -> Result<()> {
         let full = files.path_strings();
-        let hive: Vec<(usize, String, String)> = full
-            .iter()
-            .enumerate()
-            .flat_map(|(i, p)| hive_pairs(p).into_iter().map(move |(k, v)| (i, k, v)))
-            .collect();
-        let compressed_csv = files.format == FileFormat::Csv
-            && files
-                .files
-                .iter()
-                .any(|f| fixpoint_core::job::files::is_compressed(&f.path));
+        let hive: Vec<(usize, String, String)> =
+            full.iter().enumerate().flat_map(|(i, p)| hive_pairs(p).into_iter().map(move |(k, v)| (i, k, v))).collect();
+        let compressed_csv = files.format == FileFormat::Csv && files.files.iter().any(|f| fixpoint_core::job::files::is_compressed(&f.path));
         if hive.is_empty() && !compressed_csv && files.format != FileFormat::Json {
             return Ok(());
         }
@@ -362,25 +337,16 @@ impl DuckDb {
                 }
                 let cols = self.own_columns_of_one(files, i)?;
                 if cols.len() == 1 && cols[0].name == "column0" {
-                    return Err(fixpoint_core::job::files::headerless_csv(&format!(
-                        "{} (in {})",
-                        f.path,
-                        files.shown_base()
-                    )));
+                    return Err(fixpoint_core::job::files::headerless_csv(&format!("{} (in {})", f.path, files.shown_base())));
                 }
             }
         }
-        let shared: Vec<Column> = own
-            .into_iter()
-            .filter(|c| hive.iter().any(|(_, k, _)| k.eq_ignore_ascii_case(&c.name)))
-            .collect();
+        let shared: Vec<Column> = own.into_iter().filter(|c| hive.iter().any(|(_, k, _)| k.eq_ignore_ascii_case(&c.name))).collect();
         if shared.is_empty() {
             return Ok(());
         }
         self.execute(&Sql::raw(format!("CREATE OR REPLACE TEMPORARY TABLE {HIVE_TABLE} (path VARCHAR, key VARCHAR, value VARCHAR)")))?;
-        let checked = self
-            .insert_hive_pairs(&full, &hive)
-            .and_then(|_| self.check_hive_columns(files, &full, &shared));
+        let checked = self.insert_hive_pairs(&full, &hive).and_then(|_| self.check_hive_columns(files, &full, &shared));
         let dropped = self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {HIVE_TABLE}")));
         checked?;
         dropped.map(|_| ())
@@ -389,14 +355,7 @@ impl DuckDb {
     /// The files' own columns (the hive-style folders of their paths left
     /// out), read from the list in the session variable `variable`.
     fn own_columns(&mut self, files: &InputFiles, variable: &str) -> Result<Vec<Column>> {
-        let sql = Sql::raw(format!(
-            "SELECT * FROM {}",
-            file_reader(
-                files,
-                &format!("getvariable('{variable}')"),
-                ", hive_partitioning = false"
-            )
-        ));
+        let sql = Sql::raw(format!("SELECT * FROM {}", file_reader(files, &format!("getvariable('{variable}')"), ", hive_partitioning = false")));
         self.describe(&sql)
     }
 
@@ -410,13 +369,8 @@ impl DuckDb {
     /// comes from when DuckDB does not name one: a JSON file whose records
     /// are not objects.
     fn pinpoint(&mut self, files: &InputFiles, e: Error) -> Error {
-        let Error::Database { message, .. } = &e else {
-            return e;
-        };
-        if files.format != FileFormat::Json
-            || !message.contains("expected records")
-            || files.named_in(message).is_some()
-        {
+        let Error::Database { message, .. } = &e else { return e };
+        if files.format != FileFormat::Json || !message.contains("expected records") || files.named_in(message).is_some() {
             return e;
         }
         for (i, f) in files.files.iter().enumerate() {
@@ -424,11 +378,7 @@ impl DuckDb {
             let this_one = files.files.len() == 1
                 || match self.own_columns_of_one(files, i) {
                     Ok(_) => false,
-                    Err(Error::Database { message, .. })
-                        if message.contains("expected records") =>
-                    {
-                        true
-                    }
+                    Err(Error::Database { message, .. }) if message.contains("expected records") => true,
                     Err(other) => return other,
                 };
             if this_one {
@@ -447,11 +397,7 @@ impl DuckDb {
 
     /// Fills [`HIVE_TABLE`] with the (path, key, value) of every file's
     /// hive-style folders.
-    fn insert_hive_pairs(
-        &mut self,
-        full: &[String],
-        hive: &[(usize, String, String)],
-    ) -> Result<()> {
+    fn insert_hive_pairs(&mut self, full: &[String], hive: &[(usize, String, String)]) -> Result<()> {
         for chunk in hive.chunks(300) {
             let mut sql = Sql::new();
             sql.push(&format!("INSERT INTO {HIVE_TABLE} VALUES "));
@@ -459,11 +405,8 @@ impl DuckDb {
                 if j > 0 {
                     sql.push(", ");
                 }
-                sql.push("(")
-                    .typed_param(Value::Text(full[*i].clone()), "VARCHAR")
-                    .push(", ");
-                sql.typed_param(Value::Text(k.clone()), "VARCHAR")
-                    .push(", ");
+                sql.push("(").typed_param(Value::Text(full[*i].clone()), "VARCHAR").push(", ");
+                sql.typed_param(Value::Text(k.clone()), "VARCHAR").push(", ");
                 sql.typed_param(Value::Text(v.clone()), "VARCHAR").push(")");
             }
             self.execute(&sql)?;
@@ -475,28 +418,12 @@ impl DuckDb {
     /// `shared`) holds a value other than its folder's `c=value`. The two
     /// agree when the file's value as text is the folder's (URL-decoded, as
     /// DuckDB reads it), or equals it cast to the column's type.
-    fn check_hive_columns(
-        &mut self,
-        files: &InputFiles,
-        full: &[String],
-        shared: &[Column],
-    ) -> Result<()> {
+    fn check_hive_columns(&mut self, files: &InputFiles, full: &[String], shared: &[Column]) -> Result<()> {
         let list = format!("getvariable('{FILES_VARIABLE}')");
-        let reader = file_reader(
-            files,
-            &list,
-            &format!(", hive_partitioning = false, filename = '{FILE_COLUMN}'"),
-        );
+        let reader = file_reader(files, &list, &format!(", hive_partitioning = false, filename = '{FILE_COLUMN}'"));
         for c in shared {
             let col = format!("r.{}", quote_ident(&c.name));
-            let typed = if plain_type(&c.ty) {
-                format!(
-                    " AND TRY_CAST(url_decode(h.value) AS {}) IS DISTINCT FROM {col}",
-                    c.ty
-                )
-            } else {
-                String::new()
-            };
+            let typed = if plain_type(&c.ty) { format!(" AND TRY_CAST(url_decode(h.value) AS {}) IS DISTINCT FROM {col}", c.ty) } else { String::new() };
             let mut sql = Sql::new();
             sql.push(&format!(
                 "SELECT h.path, CAST({col} AS VARCHAR), h.key, h.value FROM {reader} AS r JOIN {HIVE_TABLE} AS h ON h.path = r.{} WHERE lower(h.key) = lower(",
@@ -505,17 +432,10 @@ impl DuckDb {
             sql.typed_param(Value::Text(c.name.clone()), "VARCHAR");
             sql.push(&format!(") AND {col} IS NOT NULL AND CAST({col} AS VARCHAR) IS DISTINCT FROM url_decode(h.value){typed} ORDER BY h.path LIMIT 1"));
             let found = self.query(&sql)?;
-            let Some(row) = found.rows.first() else {
-                continue;
-            };
+            let Some(row) = found.rows.first() else { continue };
             let text = |v: &Value| v.as_str().map(str::to_owned).unwrap_or_else(|| v.display());
-            let (path, own, key, value) =
-                (text(&row[0]), text(&row[1]), text(&row[2]), text(&row[3]));
-            let rel = full
-                .iter()
-                .position(|p| *p == path)
-                .map(|i| files.files[i].path.clone())
-                .unwrap_or(path);
+            let (path, own, key, value) = (text(&row[0]), text(&row[1]), text(&row[2]), text(&row[3]));
+            let rel = full.iter().position(|p| *p == path).map(|i| files.files[i].path.clone()).unwrap_or(path);
             return Err(Error::Files {
                 message: format!(
                     "{rel} (in {}) has its own column {:?} holding {own:?}, but its folder {key}={value} says {value:?}: the folder's value would silently replace the file's; nothing was changed",
@@ -542,13 +462,7 @@ fn file_reader(files: &InputFiles, list: &str, extra: &str) -> String {
         // header and loads nothing of it, and skips rows starting with
         // `#` as comments, silently.
         FileFormat::Csv => {
-            let tsv = files.files.iter().all(|f| {
-                f.path
-                    .to_ascii_lowercase()
-                    .trim_end_matches(".gz")
-                    .trim_end_matches(".zst")
-                    .ends_with(".tsv")
-            });
+            let tsv = files.files.iter().all(|f| f.path.to_ascii_lowercase().trim_end_matches(".gz").trim_end_matches(".zst").ends_with(".tsv"));
             let delim = if tsv { "\t" } else { "," };
             format!("read_csv({list}, header = true, skip = 0, delim = '{delim}', quote = '\"', escape = '\"', comment = '', union_by_name = true{extra})")
         }
@@ -556,9 +470,7 @@ fn file_reader(files: &InputFiles, list: &str, extra: &str) -> String {
         // element), found per file; every record must be an object (the
         // default would read other values as one made-up column `json`, and
         // a top-level array as one row holding a list).
-        FileFormat::Json => format!(
-            "read_json({list}, format = 'auto', records = 'true', union_by_name = true{extra})"
-        ),
+        FileFormat::Json => format!("read_json({list}, format = 'auto', records = 'true', union_by_name = true{extra})"),
     }
 }
 
@@ -601,12 +513,8 @@ fn plain_type(ty: &str) -> bool {
     };
     let Some(args) = args else { return false };
     !name.trim().is_empty()
-        && name
-            .chars()
-            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_' || c == ' ')
-        && args
-            .chars()
-            .all(|c| c.is_ascii_digit() || c == ',' || c == ' ')
+        && name.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_' || c == ' ')
+        && args.chars().all(|c| c.is_ascii_digit() || c == ',' || c == ' ')
 }
 
 use fixpoint_core::engine::statement_context as context_of;
@@ -616,15 +524,8 @@ use fixpoint_core::engine::statement_context as context_of;
 /// else, `ROLLBACK` included, may add, drop or change columns).
 fn keeps_columns(text: &str) -> bool {
     let head = text.trim_start_matches(|c: char| c.is_whitespace() || c == '(');
-    let word: String = head
-        .chars()
-        .take_while(|c| c.is_ascii_alphabetic())
-        .collect::<String>()
-        .to_ascii_uppercase();
-    [
-        "SELECT", "WITH", "INSERT", "DELETE", "UPDATE", "MERGE", "DESCRIBE", "BEGIN", "COMMIT",
-    ]
-    .contains(&word.as_str())
+    let word: String = head.chars().take_while(|c| c.is_ascii_alphabetic()).collect::<String>().to_ascii_uppercase();
+    ["SELECT", "WITH", "INSERT", "DELETE", "UPDATE", "MERGE", "DESCRIBE", "BEGIN", "COMMIT"].contains(&word.as_str())
 }
 
 /// What a `DESCRIBE` (of a table or a query) returned: the columns, and
@@ -632,24 +533,15 @@ fn keeps_columns(text: &str) -> bool {
 fn described(rows: &Rows) -> Result<Described> {
     let at = |name: &str| rows.columns.iter().position(|c| c == name);
     let (Some(name), Some(ty)) = (at("column_name"), at("column_type")) else {
-        return Err(Error::Internal(format!(
-            "DESCRIBE returned columns {:?}",
-            rows.columns
-        )));
+        return Err(Error::Internal(format!("DESCRIBE returned columns {:?}", rows.columns)));
     };
     let default = at("default");
-    let mut d = Described {
-        columns: Vec::with_capacity(rows.rows.len()),
-        defaults: Vec::new(),
-    };
+    let mut d = Described { columns: Vec::with_capacity(rows.rows.len()), defaults: Vec::new() };
     for r in &rows.rows {
         let (Value::Text(n), Value::Text(t)) = (&r[name], &r[ty]) else {
             return Err(Error::Internal(format!("DESCRIBE returned {r:?}")));
         };
-        d.columns.push(Column {
-            name: n.clone(),
-            ty: t.clone(),
-        });
+        d.columns.push(Column { name: n.clone(), ty: t.clone() });
         if let Some(expr) = default.and_then(|i| r[i].as_str()) {
             d.defaults.push((n.clone(), expr.to_owned()));
         }
@@ -669,9 +561,7 @@ fn to_duck(v: &Value) -> DValue {
             let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).expect("epoch");
             DValue::Date32((*d - epoch).num_days() as i32)
         }
-        Value::Timestamp(t) => {
-            DValue::Timestamp(TimeUnit::Microsecond, t.and_utc().timestamp_micros())
-        }
+        Value::Timestamp(t) => DValue::Timestamp(TimeUnit::Microsecond, t.and_utc().timestamp_micros()),
     }
 }
 
@@ -732,9 +622,7 @@ impl Engine for DuckDb {
         }
         let v: String = self
             .conn
-            .query_row("SELECT library_version FROM pragma_version()", [], |r| {
-                r.get(0)
-            })
+            .query_row("SELECT library_version FROM pragma_version()", [], |r| r.get(0))
             .map_err(db_err("reading the DuckDB version"))?;
         let v = format!("duckdb {v}");
         self.version = Some(v.clone());
@@ -785,13 +673,8 @@ impl Engine for DuckDb {
             sql.push("DESCRIBE ");
             sql.text.push_str(&query.text);
             sql.params = query.params.clone();
-            if let Ok(cols) = self
-                .query(&sql)
-                .and_then(|rows| described(&rows))
-                .map(|d| d.columns)
-            {
-                let distinct: std::collections::HashSet<&str> =
-                    cols.iter().map(|c| c.name.as_str()).collect();
+            if let Ok(cols) = self.query(&sql).and_then(|rows| described(&rows)).map(|d| d.columns) {
+                let distinct: std::collections::HashSet<&str> = cols.iter().map(|c| c.name.as_str()).collect();
                 if !cols.is_empty() && distinct.len() == cols.len() {
                     return Ok(cols);
                 }
@@ -800,10 +683,7 @@ impl Engine for DuckDb {
         // A zero-row temporary table gives DuckDB's exact column types.
         let probe = "__fixpoint_describe";
         let mut sql = Sql::new();
-        sql.push(&format!(
-            "CREATE OR REPLACE TEMPORARY TABLE {} AS SELECT * FROM (",
-            quote_ident(probe)
-        ));
+        sql.push(&format!("CREATE OR REPLACE TEMPORARY TABLE {} AS SELECT * FROM (", quote_ident(probe)));
         sql.text.push_str(&query.text);
         sql.params = query.params.clone();
         sql.push("\n) AS s LIMIT 0");
@@ -811,16 +691,11 @@ impl Engine for DuckDb {
         self.prepare(&sql)?
             .execute(duckdb::params_from_iter(sql.params.iter().map(to_duck)))
             .map_err(|e| db_err(context_of(&sql.text))(e))?;
-        let cols = self
-            .describe_now(&format!("temp.main.{}", quote_ident(probe)))
-            .map(|d| d.columns);
+        let cols = self.describe_now(&format!("temp.main.{}", quote_ident(probe))).map(|d| d.columns);
         // Straight to the connection: dropping the probe cannot drop a
         // described table, so it keeps them (see `forget_tables_if`).
         self.conn
-            .execute_batch(&format!(
-                "DROP TABLE IF EXISTS temp.main.{}",
-                quote_ident(probe)
-            ))
+            .execute_batch(&format!("DROP TABLE IF EXISTS temp.main.{}", quote_ident(probe)))
             .map_err(db_err("dropping the describe probe"))?;
         cols
     }
@@ -852,11 +727,7 @@ impl Engine for DuckDb {
         }
         match self.columns_of(&table.quoted()) {
             Ok(cols) => Ok(Some(cols)),
-            Err(Error::Database { message, .. })
-                if message.contains("Catalog Error") && message.contains("does not exist") =>
-            {
-                Ok(None)
-            }
+            Err(Error::Database { message, .. }) if message.contains("Catalog Error") && message.contains("does not exist") => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -917,29 +788,13 @@ impl Engine for DuckDb {
 
 impl Dialect for DuckDb {
     fn native_row_hash(&self, alias: &str, columns: &[Column]) -> Option<String> {
-        let cols: Vec<String> = columns
-            .iter()
-            .map(|c| format!("{alias}.{}", quote_ident(&c.name)))
-            .collect();
+        let cols: Vec<String> = columns.iter().map(|c| format!("{alias}.{}", quote_ident(&c.name))).collect();
         Some(format!("hash({})", cols.join(", ")))
     }
 
     fn portable_value(&self, expr: &str, column: &Column) -> (String, &'static str) {
         let ty = column.ty.to_ascii_uppercase();
-        let (class, text) = if [
-            "TINYINT",
-            "SMALLINT",
-            "INTEGER",
-            "BIGINT",
-            "HUGEINT",
-            "UTINYINT",
-            "USMALLINT",
-            "UINTEGER",
-            "UBIGINT",
-            "UHUGEINT",
-        ]
-        .contains(&ty.as_str())
-        {
+        let (class, text) = if ["TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT", "UHUGEINT"].contains(&ty.as_str()) {
             ("int", format!("CAST({expr} AS VARCHAR)"))
         } else if ty.starts_with("DECIMAL") {
             ("decimal", format!("CAST({expr} AS VARCHAR)"))
@@ -956,22 +811,12 @@ impl Dialect for DuckDb {
             ("text", expr.to_owned())
         } else if ty == "DATE" {
             ("date", format!("CAST({expr} AS VARCHAR)"))
-        } else if ty == "TIMESTAMP"
-            || ty == "TIMESTAMP_S"
-            || ty == "TIMESTAMP_MS"
-            || ty == "TIMESTAMP_NS"
-        {
-            (
-                "timestamp",
-                format!("CAST(epoch_us(CAST({expr} AS TIMESTAMP)) AS VARCHAR)"),
-            )
+        } else if ty == "TIMESTAMP" || ty == "TIMESTAMP_S" || ty == "TIMESTAMP_MS" || ty == "TIMESTAMP_NS" {
+            ("timestamp", format!("CAST(epoch_us(CAST({expr} AS TIMESTAMP)) AS VARCHAR)"))
         } else if ty == "TIMESTAMP WITH TIME ZONE" {
             ("timestamptz", format!("CAST(epoch_us({expr}) AS VARCHAR)"))
         } else if ty == "BOOLEAN" {
-            (
-                "bool",
-                format!("CASE WHEN {expr} THEN 't' WHEN NOT {expr} THEN 'f' END"),
-            )
+            ("bool", format!("CASE WHEN {expr} THEN 't' WHEN NOT {expr} THEN 'f' END"))
         } else if ty == "BLOB" {
             ("bytes", format!("hex({expr})"))
         } else {
@@ -997,11 +842,7 @@ impl Dialect for DuckDb {
                 portable::field_expr(&expr, &c.ty, self.portable_value(&expr, c).1)
             })
             .collect();
-        Some(format!(
-            "{}(row({}))",
-            portable::HASH_FUNCTION,
-            fields.join(", ")
-        ))
+        Some(format!("{}(row({}))", portable::HASH_FUNCTION, fields.join(", ")))
     }
 
     /// Also two DECIMALs of one scale stored in one integer width
@@ -1025,9 +866,7 @@ impl FileInput for DuckDb {
         // parameters into a temporary table, gathered into a session
         // variable, and the reader takes the variable: no path is ever
         // spliced into SQL text.
-        self.execute(&Sql::raw(format!(
-            "CREATE OR REPLACE TEMPORARY TABLE {FILES_TABLE} (n INTEGER, path VARCHAR)"
-        )))?;
+        self.execute(&Sql::raw(format!("CREATE OR REPLACE TEMPORARY TABLE {FILES_TABLE} (n INTEGER, path VARCHAR)")))?;
         for chunk in files.path_strings().chunks(500).enumerate() {
             let (c, paths) = chunk;
             let mut sql = Sql::new();
@@ -1036,22 +875,14 @@ impl FileInput for DuckDb {
                 if i > 0 {
                     sql.push(", ");
                 }
-                sql.push("(")
-                    .typed_param(Value::Int((c * 500 + i) as i64), "INTEGER")
-                    .push(", ");
+                sql.push("(").typed_param(Value::Int((c * 500 + i) as i64), "INTEGER").push(", ");
                 sql.typed_param(Value::Text(p.clone()), "VARCHAR").push(")");
             }
             self.execute(&sql)?;
         }
-        self.execute(&Sql::raw(format!(
-            "SET VARIABLE {FILES_VARIABLE} = (SELECT list(path ORDER BY n) FROM {FILES_TABLE})"
-        )))?;
+        self.execute(&Sql::raw(format!("SET VARIABLE {FILES_VARIABLE} = (SELECT list(path ORDER BY n) FROM {FILES_TABLE})")))?;
         self.check_files(files)?;
-        Ok(Sql::raw(file_reader(
-            files,
-            &format!("getvariable('{FILES_VARIABLE}')"),
-            "",
-        )))
+        Ok(Sql::raw(file_reader(files, &format!("getvariable('{FILES_VARIABLE}')"), "")))
     }
 
     fn release_files(&mut self) -> Result<()> {
@@ -1074,12 +905,7 @@ impl DuckDb {
         match self.conn.appender_to_db(&table.table, &table.schema) {
             Ok(_) => Ok(true),
             // Missing, or another kind of entry ("v is not an table").
-            Err(e)
-                if e.to_string().contains("could not be found")
-                    || e.to_string().contains("is not a") =>
-            {
-                Ok(false)
-            }
+            Err(e) if e.to_string().contains("could not be found") || e.to_string().contains("is not a") => Ok(false),
             Err(e) => Err(db_err(format!("looking up {table}"))(e)),
         }
     }
@@ -1097,9 +923,7 @@ impl DuckDb {
             return Ok(d.clone());
         }
         let d = self.describe_now(quoted)?;
-        self.described
-            .get_mut()
-            .insert(quoted.to_owned(), d.clone());
+        self.described.get_mut().insert(quoted.to_owned(), d.clone());
         Ok(d)
     }
 
@@ -1156,54 +980,20 @@ mod file_source_tests {
 
     #[test]
     fn hive_pairs_are_read_as_duckdb_reads_them() {
-        let pairs = |p: &str| {
-            hive_pairs(p)
-                .into_iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(
-            pairs("/lake/bronze/dt=2026-10-20/part-0.parquet"),
-            ["dt=2026-10-20"]
-        );
-        assert_eq!(
-            pairs("/l/year=2026/month=10/x=1.csv"),
-            ["year=2026", "month=10"],
-            "the file name is not a folder"
-        );
-        assert_eq!(
-            pairs("/l/a=b=c/k=/=v/d/f.csv"),
-            ["k="],
-            "two `=`, or an empty key: not a pair"
-        );
-        assert_eq!(
-            pairs("/l/dt=1/x/dt=2/f.csv"),
-            ["dt=1"],
-            "the first of a key wins"
-        );
+        let pairs = |p: &str| hive_pairs(p).into_iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>();
+        assert_eq!(pairs("/lake/bronze/dt=2026-10-20/part-0.parquet"), ["dt=2026-10-20"]);
+        assert_eq!(pairs("/l/year=2026/month=10/x=1.csv"), ["year=2026", "month=10"], "the file name is not a folder");
+        assert_eq!(pairs("/l/a=b=c/k=/=v/d/f.csv"), ["k="], "two `=`, or an empty key: not a pair");
+        assert_eq!(pairs("/l/dt=1/x/dt=2/f.csv"), ["dt=1"], "the first of a key wins");
         assert!(pairs("/l/plain/f.csv").is_empty());
     }
 
     #[test]
     fn only_plain_types_are_written_in_a_cast() {
-        for t in [
-            "DATE",
-            "VARCHAR",
-            "DECIMAL(12,2)",
-            "TIMESTAMP WITH TIME ZONE",
-            "TIMESTAMP_NS",
-            "INTEGER",
-        ] {
+        for t in ["DATE", "VARCHAR", "DECIMAL(12,2)", "TIMESTAMP WITH TIME ZONE", "TIMESTAMP_NS", "INTEGER"] {
             assert!(plain_type(t), "{t}");
         }
-        for t in [
-            "STRUCT(a BIGINT)",
-            "INTEGER[]",
-            "MAP(VARCHAR, INTEGER)",
-            "DECIMAL(12,2",
-            "\"x\"",
-            "",
-        ] {
+        for t in ["STRUCT(a BIGINT)", "INTEGER[]", "MAP(VARCHAR, INTEGER)", "DECIMAL(12,2", "\"x\"", ""] {
             assert!(!plain_type(t), "{t}");
         }
     }

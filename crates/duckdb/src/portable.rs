@@ -42,9 +42,7 @@ pub fn field_expr(expr: &str, ty: &str, class: &str) -> String {
     let ty = ty.to_ascii_uppercase();
     match class {
         "timestamp" if ty != "TIMESTAMP" => format!("CAST({expr} AS TIMESTAMP)"),
-        "int" | "decimal" | "float" | "date" | "timestamp" | "timestamptz" | "bool" | "bytes" => {
-            expr.to_owned()
-        }
+        "int" | "decimal" | "float" | "date" | "timestamp" | "timestamptz" | "bool" | "bytes" => expr.to_owned(),
         "text" if ty == "VARCHAR" => expr.to_owned(),
         _ => format!("CAST({expr} AS VARCHAR)"),
     }
@@ -55,11 +53,7 @@ struct PortableHash;
 impl VScalar for PortableHash {
     type State = ();
 
-    fn invoke(
-        _: &(),
-        input: &mut DataChunkHandle,
-        output: &mut dyn WritableVector,
-    ) -> Result<(), Box<dyn StdError>> {
+    fn invoke(_: &(), input: &mut DataChunkHandle, output: &mut dyn WritableVector) -> Result<(), Box<dyn StdError>> {
         let rows = input.len();
         SCRATCH.with_borrow_mut(|texts| {
             // SAFETY: DuckDB hands a flattened chunk whose one column is the
@@ -75,10 +69,7 @@ impl VScalar for PortableHash {
     }
 
     fn signatures() -> Vec<ScalarFunctionSignature> {
-        vec![ScalarFunctionSignature::exact(
-            vec![LogicalTypeHandle::from(LogicalTypeId::Any)],
-            LogicalTypeId::UBigint.into(),
-        )]
+        vec![ScalarFunctionSignature::exact(vec![LogicalTypeHandle::from(LogicalTypeId::Any)], LogicalTypeId::UBigint.into())]
     }
 }
 
@@ -87,11 +78,7 @@ struct PortableText;
 impl VScalar for PortableText {
     type State = ();
 
-    fn invoke(
-        _: &(),
-        input: &mut DataChunkHandle,
-        output: &mut dyn WritableVector,
-    ) -> Result<(), Box<dyn StdError>> {
+    fn invoke(_: &(), input: &mut DataChunkHandle, output: &mut dyn WritableVector) -> Result<(), Box<dyn StdError>> {
         let rows = input.len();
         let mut texts = RowTexts::default();
         // SAFETY: as in PortableHash.
@@ -104,10 +91,7 @@ impl VScalar for PortableText {
     }
 
     fn signatures() -> Vec<ScalarFunctionSignature> {
-        vec![ScalarFunctionSignature::exact(
-            vec![LogicalTypeHandle::from(LogicalTypeId::Any)],
-            LogicalTypeId::Varchar.into(),
-        )]
+        vec![ScalarFunctionSignature::exact(vec![LogicalTypeHandle::from(LogicalTypeId::Any)], LogicalTypeId::Varchar.into())]
     }
 }
 
@@ -162,8 +146,7 @@ struct ColumnData {
 impl ColumnData {
     fn is_null(&self, row: usize) -> bool {
         // SAFETY: a non-null validity mask holds one bit per row of the chunk.
-        !self.validity.is_null()
-            && unsafe { *self.validity.add(row / 64) } & (1u64 << (row % 64)) == 0
+        !self.validity.is_null() && unsafe { *self.validity.add(row / 64) } & (1u64 << (row % 64)) == 0
     }
 
     /// The value at `row` as a `T` (the column's physical type).
@@ -207,17 +190,10 @@ fn kind_of(ty: ffi::duckdb_logical_type) -> Result<Kind, String> {
         ffi::DUCKDB_TYPE_DUCKDB_TYPE_VARCHAR => Kind::Text,
         ffi::DUCKDB_TYPE_DUCKDB_TYPE_BLOB => Kind::Bytes,
         ffi::DUCKDB_TYPE_DUCKDB_TYPE_DATE => Kind::Date,
-        ffi::DUCKDB_TYPE_DUCKDB_TYPE_TIMESTAMP | ffi::DUCKDB_TYPE_DUCKDB_TYPE_TIMESTAMP_TZ => {
-            Kind::Micros
-        }
+        ffi::DUCKDB_TYPE_DUCKDB_TYPE_TIMESTAMP | ffi::DUCKDB_TYPE_DUCKDB_TYPE_TIMESTAMP_TZ => Kind::Micros,
         ffi::DUCKDB_TYPE_DUCKDB_TYPE_DECIMAL => {
             // SAFETY: `ty` is a DECIMAL type handle.
-            let (internal, scale) = unsafe {
-                (
-                    ffi::duckdb_decimal_internal_type(ty),
-                    ffi::duckdb_decimal_scale(ty),
-                )
-            };
+            let (internal, scale) = unsafe { (ffi::duckdb_decimal_internal_type(ty), ffi::duckdb_decimal_scale(ty)) };
             let bytes = match internal {
                 ffi::DUCKDB_TYPE_DUCKDB_TYPE_SMALLINT => 2,
                 ffi::DUCKDB_TYPE_DUCKDB_TYPE_INTEGER => 4,
@@ -226,11 +202,7 @@ fn kind_of(ty: ffi::duckdb_logical_type) -> Result<Kind, String> {
             };
             Kind::Decimal(bytes, scale)
         }
-        other => {
-            return Err(format!(
-                "{HASH_FUNCTION}: a field of type id {other} (cast it to VARCHAR in SQL)"
-            ))
-        }
+        other => return Err(format!("{HASH_FUNCTION}: a field of type id {other} (cast it to VARCHAR in SQL)")),
     })
 }
 
@@ -532,14 +504,8 @@ mod tests {
         assert_eq!(text(|b| write_decimal(b, -50, 2)), "-0.50");
         assert_eq!(text(|b| write_decimal(b, 7, 3)), "0.007");
         assert_eq!(text(|b| write_decimal(b, -12, 0)), "-12");
-        assert_eq!(
-            text(|b| write_double(b, 1234.5)),
-            1234.5f64.to_bits().to_string()
-        );
-        assert_eq!(
-            text(|b| write_double(b, -1e-300)),
-            format!("-{}", 1e-300f64.to_bits())
-        );
+        assert_eq!(text(|b| write_double(b, 1234.5)), 1234.5f64.to_bits().to_string());
+        assert_eq!(text(|b| write_double(b, -1e-300)), format!("-{}", 1e-300f64.to_bits()));
         assert_eq!(text(|b| write_double(b, -0.0)), "0");
         assert_eq!(text(|b| write_date(b, 0)), "1970-01-01");
         assert_eq!(text(|b| write_date(b, 20_746)), "2026-10-20");

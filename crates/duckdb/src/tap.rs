@@ -61,8 +61,7 @@ pub const REFUSE_FUNCTION: &str = "fixpoint_tap_refuse";
 
 /// The message a refusal fails its statement with (for the user, should it
 /// ever reach one: the plan reads [`Taps::refused`], not this text).
-pub const REFUSED: &str =
-    "fixpoint: the statement met a row its plan leaves to another (rolled back)";
+pub const REFUSED: &str = "fixpoint: the statement met a row its plan leaves to another (rolled back)";
 
 /// How many rows' (key, version) pairs the dedup tap remembers by default
 /// (16 bytes a row, at most ~134 MiB with the list's spare room). Past it
@@ -181,13 +180,7 @@ impl Taps {
     pub fn open_dedup(&self) -> u64 {
         let token = self.open();
         let limit = self.0.limit.load(Ordering::Relaxed);
-        lock(&self.0.dedups).insert(
-            token,
-            Dedup {
-                limit,
-                ..Dedup::default()
-            },
-        );
+        lock(&self.0.dedups).insert(token, Dedup { limit, ..Dedup::default() });
         token
     }
 
@@ -240,29 +233,20 @@ impl Taps {
     /// Whether the dedup tap `dedup`'s ties are being counted already
     /// ([`Taps::count_ties_after`]).
     pub fn counting(&self, dedup: u64) -> bool {
-        lock(&self.0.dedups)
-            .get(&dedup)
-            .is_some_and(|d| d.counting.is_some())
+        lock(&self.0.dedups).get(&dedup).is_some_and(|d| d.counting.is_some())
     }
 
     /// The trigger of [`Taps::count_ties_after`], on a tap's first row (on
     /// its other rows, one uncontended lock and a lookup that finds nothing).
     fn start_counting(&self, token: u64) {
-        let Some(dedup) = lock(&self.0.after).remove(&token) else {
-            return;
-        };
+        let Some(dedup) = lock(&self.0.after).remove(&token) else { return };
         let mut dedups = lock(&self.0.dedups);
-        let Some(d) = dedups.get_mut(&dedup) else {
-            return;
-        };
+        let Some(d) = dedups.get_mut(&dedup) else { return };
         if d.overflow || d.counting.is_some() || d.seen.len() < 1 << 12 {
             return;
         }
         let seen = std::mem::take(&mut d.seen);
-        if let Ok(handle) = std::thread::Builder::new()
-            .name("fixpoint-ties".into())
-            .spawn(move || count_ties(seen))
-        {
+        if let Ok(handle) = std::thread::Builder::new().name("fixpoint-ties".into()).spawn(move || count_ties(seen)) {
             d.counting = Some(JoinOnDrop(Some(handle)));
         } else {
             // No thread: the tie is reported, the next plan checks with a join.
@@ -274,12 +258,7 @@ impl Taps {
     /// memory freed).
     pub fn close_dedup(&self, token: u64) -> Dedup {
         let (rows, sum, ties) = self.close_dedup_deferred(token);
-        Dedup {
-            rows,
-            sum,
-            ties: ties(),
-            ..Dedup::default()
-        }
+        Dedup { rows, sum, ties: ties(), ..Dedup::default() }
     }
 
     /// Closes a dedup tap: its rows and hash sum at once, its ties counted
@@ -299,9 +278,7 @@ impl Taps {
             let ties = count_ties(seen);
             return (d.rows, d.sum, Box::new(move || ties));
         }
-        let spawned = std::thread::Builder::new()
-            .name("fixpoint-ties".into())
-            .spawn(move || count_ties(seen));
+        let spawned = std::thread::Builder::new().name("fixpoint-ties".into()).spawn(move || count_ties(seen));
         match spawned {
             // The thread is joined when the function is called or, uncalled
             // (the run left early), when it is dropped: none outlives the
@@ -382,10 +359,7 @@ fn count_ties(seen: Vec<(u64, u64)>) -> u64 {
     let (low_starts, high_starts) = (&starts[..=mid], &starts[mid..]);
     std::thread::scope(|s| {
         let other = s.spawn(|| count(high_starts, high));
-        count(low_starts, low)
-            + other
-                .join()
-                .unwrap_or_else(|e| std::panic::resume_unwind(e))
+        count(low_starts, low) + other.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
     })
 }
 
@@ -411,11 +385,7 @@ impl BucketTable {
     /// A table for buckets of at most `widest` rows (at most half full).
     fn new(widest: usize) -> BucketTable {
         let size = (widest * 2).next_power_of_two().max(2);
-        BucketTable {
-            slots: vec![Slot::default(); size],
-            used: Vec::with_capacity(widest),
-            generation: 0,
-        }
+        BucketTable { slots: vec![Slot::default(); size], used: Vec::with_capacity(widest), generation: 0 }
     }
 
     /// The rows of `bucket` whose pair has another row hash, the smallest
@@ -430,13 +400,7 @@ impl BucketTable {
             loop {
                 let slot = &mut self.slots[i];
                 if slot.generation != self.generation {
-                    *slot = Slot {
-                        generation: self.generation,
-                        pair,
-                        least: row,
-                        at_least: 1,
-                        rows: 1,
-                    };
+                    *slot = Slot { generation: self.generation, pair, least: row, at_least: 1, rows: 1 };
                     self.used.push(i as u32);
                     break;
                 }
@@ -452,11 +416,7 @@ impl BucketTable {
                 i = (i + 1) & mask;
             }
         }
-        self.used
-            .iter()
-            .map(|&i| self.slots[i as usize])
-            .map(|s| s.rows - s.at_least)
-            .sum()
+        self.used.iter().map(|&i| self.slots[i as usize]).map(|s| s.rows - s.at_least).sum()
     }
 }
 
@@ -497,11 +457,7 @@ struct TapRefuse;
 impl VScalar for TapRefuse {
     type State = Taps;
 
-    fn invoke(
-        taps: &Taps,
-        input: &mut DataChunkHandle,
-        _output: &mut dyn WritableVector,
-    ) -> Result<(), Box<dyn StdError>> {
+    fn invoke(taps: &Taps, input: &mut DataChunkHandle, _output: &mut dyn WritableVector) -> Result<(), Box<dyn StdError>> {
         let rows = input.len();
         if rows == 0 {
             return Ok(());
@@ -510,17 +466,13 @@ impl VScalar for TapRefuse {
         // vector of `rows` values.
         let v0 = input.flat_vector(0);
         let tokens = unsafe { v0.as_slice_with_len::<u64>(rows) };
-        let token = one_value(tokens)
-            .ok_or_else(|| format!("{REFUSE_FUNCTION}: one token per call site"))?;
+        let token = one_value(tokens).ok_or_else(|| format!("{REFUSE_FUNCTION}: one token per call site"))?;
         taps.refuse(token);
         Err(REFUSED.into())
     }
 
     fn signatures() -> Vec<ScalarFunctionSignature> {
-        vec![ScalarFunctionSignature::exact(
-            vec![LogicalTypeId::UBigint.into()],
-            LogicalTypeId::Boolean.into(),
-        )]
+        vec![ScalarFunctionSignature::exact(vec![LogicalTypeId::UBigint.into()], LogicalTypeId::Boolean.into())]
     }
 
     fn volatile() -> bool {
@@ -532,12 +484,7 @@ impl VScalar for TapRefuse {
 /// NULL; a null pointer when every row is valid.
 fn validity(input: &DataChunkHandle, idx: u64) -> *const u64 {
     // SAFETY: `idx` is a column of the chunk the signature declares.
-    unsafe {
-        duckdb::ffi::duckdb_vector_get_validity(duckdb::ffi::duckdb_data_chunk_get_vector(
-            input.get_ptr(),
-            idx,
-        ))
-    }
+    unsafe { duckdb::ffi::duckdb_vector_get_validity(duckdb::ffi::duckdb_data_chunk_get_vector(input.get_ptr(), idx)) }
 }
 
 fn is_null(mask: *const u64, row: usize) -> bool {
@@ -550,11 +497,7 @@ struct TapRows;
 impl VScalar for TapRows {
     type State = Taps;
 
-    fn invoke(
-        taps: &Taps,
-        input: &mut DataChunkHandle,
-        output: &mut dyn WritableVector,
-    ) -> Result<(), Box<dyn StdError>> {
+    fn invoke(taps: &Taps, input: &mut DataChunkHandle, output: &mut dyn WritableVector) -> Result<(), Box<dyn StdError>> {
         let rows = input.len();
         if rows == 0 {
             return Ok(());
@@ -563,14 +506,8 @@ impl VScalar for TapRows {
         // vectors of `rows` values. A NULL hash is not seen and gives NULL
         // (checked here: a chunk may reach the function with NULL rows).
         let (v0, v1) = (input.flat_vector(0), input.flat_vector(1));
-        let (tokens, hashes) = unsafe {
-            (
-                v0.as_slice_with_len::<u64>(rows),
-                v1.as_slice_with_len::<u64>(rows),
-            )
-        };
-        let token =
-            one_value(tokens).ok_or_else(|| format!("{ROWS_FUNCTION}: one token per call site"))?;
+        let (tokens, hashes) = unsafe { (v0.as_slice_with_len::<u64>(rows), v1.as_slice_with_len::<u64>(rows)) };
+        let token = one_value(tokens).ok_or_else(|| format!("{ROWS_FUNCTION}: one token per call site"))?;
         taps.start_counting(token);
         let mut out = output.flat_vector();
         // SAFETY: the result is a BOOLEAN vector with room for `rows` values.
@@ -594,10 +531,7 @@ impl VScalar for TapRows {
     }
 
     fn signatures() -> Vec<ScalarFunctionSignature> {
-        vec![ScalarFunctionSignature::exact(
-            vec![LogicalTypeId::UBigint.into(), LogicalTypeId::UBigint.into()],
-            LogicalTypeId::Boolean.into(),
-        )]
+        vec![ScalarFunctionSignature::exact(vec![LogicalTypeId::UBigint.into(), LogicalTypeId::UBigint.into()], LogicalTypeId::Boolean.into())]
     }
 
     fn volatile() -> bool {
@@ -610,11 +544,7 @@ struct TapIf;
 impl VScalar for TapIf {
     type State = Taps;
 
-    fn invoke(
-        taps: &Taps,
-        input: &mut DataChunkHandle,
-        output: &mut dyn WritableVector,
-    ) -> Result<(), Box<dyn StdError>> {
+    fn invoke(taps: &Taps, input: &mut DataChunkHandle, output: &mut dyn WritableVector) -> Result<(), Box<dyn StdError>> {
         let rows = input.len();
         if rows == 0 {
             return Ok(());
@@ -622,20 +552,10 @@ impl VScalar for TapIf {
         // SAFETY: the signature is (UBIGINT, BOOLEAN, BOOLEAN); DuckDB hands
         // flattened vectors of `rows` values (a NULL's slot is read, then
         // set aside by its validity bit).
-        let (v0, v1, v2) = (
-            input.flat_vector(0),
-            input.flat_vector(1),
-            input.flat_vector(2),
-        );
-        let (tokens, conds, allowed) = unsafe {
-            (
-                v0.as_slice_with_len::<u64>(rows),
-                v1.as_slice_with_len::<u8>(rows),
-                v2.as_slice_with_len::<u8>(rows),
-            )
-        };
-        let token =
-            one_value(tokens).ok_or_else(|| format!("{IF_FUNCTION}: one token per call site"))?;
+        let (v0, v1, v2) = (input.flat_vector(0), input.flat_vector(1), input.flat_vector(2));
+        let (tokens, conds, allowed) =
+            unsafe { (v0.as_slice_with_len::<u64>(rows), v1.as_slice_with_len::<u8>(rows), v2.as_slice_with_len::<u8>(rows)) };
+        let token = one_value(tokens).ok_or_else(|| format!("{IF_FUNCTION}: one token per call site"))?;
         let mut out = output.flat_vector();
         // SAFETY: the result is a BOOLEAN vector with room for `rows` values.
         let out = unsafe { out.as_mut_slice_with_len::<u8>(rows) };
@@ -662,11 +582,7 @@ impl VScalar for TapIf {
 
     fn signatures() -> Vec<ScalarFunctionSignature> {
         vec![ScalarFunctionSignature::exact(
-            vec![
-                LogicalTypeId::UBigint.into(),
-                LogicalTypeId::Boolean.into(),
-                LogicalTypeId::Boolean.into(),
-            ],
+            vec![LogicalTypeId::UBigint.into(), LogicalTypeId::Boolean.into(), LogicalTypeId::Boolean.into()],
             LogicalTypeId::Boolean.into(),
         )]
     }
@@ -681,11 +597,7 @@ struct TapDedup;
 impl VScalar for TapDedup {
     type State = Taps;
 
-    fn invoke(
-        taps: &Taps,
-        input: &mut DataChunkHandle,
-        output: &mut dyn WritableVector,
-    ) -> Result<(), Box<dyn StdError>> {
+    fn invoke(taps: &Taps, input: &mut DataChunkHandle, output: &mut dyn WritableVector) -> Result<(), Box<dyn StdError>> {
         let rows = input.len();
         if rows == 0 {
             return Ok(());
@@ -694,12 +606,7 @@ impl VScalar for TapDedup {
         // DuckDB hands flattened vectors of `rows` values. The token, the
         // hash and the pair are never NULL (hashes); a NULL row hash is
         // read from the validity and not compared.
-        let (v0, v1, v2, v3) = (
-            input.flat_vector(0),
-            input.flat_vector(1),
-            input.flat_vector(2),
-            input.flat_vector(3),
-        );
+        let (v0, v1, v2, v3) = (input.flat_vector(0), input.flat_vector(1), input.flat_vector(2), input.flat_vector(3));
         let (tokens, hashes, pairs, row_hashes) = unsafe {
             (
                 v0.as_slice_with_len::<u64>(rows),
@@ -708,18 +615,14 @@ impl VScalar for TapDedup {
                 v3.as_slice_with_len::<u64>(rows),
             )
         };
-        let token = one_value(tokens)
-            .ok_or_else(|| format!("{DEDUP_FUNCTION}: one token per call site"))?;
+        let token = one_value(tokens).ok_or_else(|| format!("{DEDUP_FUNCTION}: one token per call site"))?;
         let mut out = output.flat_vector();
         // SAFETY: the result is a BOOLEAN vector with room for `rows` values.
         unsafe { out.as_mut_slice_with_len::<bool>(rows) }.fill(true);
         let sum = sum_hashes(hashes);
         let mask = validity(input, 3);
         let mut dedups = lock(&taps.0.dedups);
-        let d = dedups.entry(token).or_insert_with(|| Dedup {
-            limit: taps.0.limit.load(Ordering::Relaxed),
-            ..Dedup::default()
-        });
+        let d = dedups.entry(token).or_insert_with(|| Dedup { limit: taps.0.limit.load(Ordering::Relaxed), ..Dedup::default() });
         d.rows += rows as u64;
         d.sum += sum;
         if d.counting.is_some() {
@@ -734,26 +637,15 @@ impl VScalar for TapDedup {
             return Ok(());
         }
         if mask.is_null() {
-            d.seen
-                .extend(pairs.iter().copied().zip(row_hashes.iter().copied()));
+            d.seen.extend(pairs.iter().copied().zip(row_hashes.iter().copied()));
         } else {
-            d.seen.extend(
-                pairs
-                    .iter()
-                    .zip(row_hashes)
-                    .enumerate()
-                    .filter(|(r, _)| !is_null(mask, *r))
-                    .map(|(_, (&kv, &h))| (kv, h)),
-            );
+            d.seen.extend(pairs.iter().zip(row_hashes).enumerate().filter(|(r, _)| !is_null(mask, *r)).map(|(_, (&kv, &h))| (kv, h)));
         }
         Ok(())
     }
 
     fn signatures() -> Vec<ScalarFunctionSignature> {
-        vec![ScalarFunctionSignature::exact(
-            (0..4).map(|_| LogicalTypeId::UBigint.into()).collect(),
-            LogicalTypeId::Boolean.into(),
-        )]
+        vec![ScalarFunctionSignature::exact((0..4).map(|_| LogicalTypeId::UBigint.into()).collect(), LogicalTypeId::Boolean.into())]
     }
 
     fn volatile() -> bool {
@@ -766,11 +658,7 @@ struct Tap;
 impl VScalar for Tap {
     type State = Taps;
 
-    fn invoke(
-        taps: &Taps,
-        input: &mut DataChunkHandle,
-        output: &mut dyn WritableVector,
-    ) -> Result<(), Box<dyn StdError>> {
+    fn invoke(taps: &Taps, input: &mut DataChunkHandle, output: &mut dyn WritableVector) -> Result<(), Box<dyn StdError>> {
         let rows = input.len();
         if rows == 0 {
             return Ok(());
@@ -779,34 +667,20 @@ impl VScalar for Tap {
         // flattened vectors of `rows` values. The token and the hash are
         // never NULL; a NULL partition value is passed through as NULL and
         // not seen (its slot holds no date).
-        let (v0, v1, v2) = (
-            input.flat_vector(0),
-            input.flat_vector(1),
-            input.flat_vector(2),
-        );
-        let (tokens, hashes, days) = unsafe {
-            (
-                v0.as_slice_with_len::<u64>(rows),
-                v1.as_slice_with_len::<u64>(rows),
-                v2.as_slice_with_len::<i32>(rows),
-            )
-        };
+        let (v0, v1, v2) = (input.flat_vector(0), input.flat_vector(1), input.flat_vector(2));
+        let (tokens, hashes, days) =
+            unsafe { (v0.as_slice_with_len::<u64>(rows), v1.as_slice_with_len::<u64>(rows), v2.as_slice_with_len::<i32>(rows)) };
         let mut out = output.flat_vector();
         // SAFETY: the result is a DATE vector with room for `rows` values.
         unsafe { out.as_mut_slice_with_len::<i32>(rows) }.copy_from_slice(days);
-        let token =
-            one_value(tokens).ok_or_else(|| format!("{FUNCTION}: one token per statement"))?;
-        let day = taps
-            .day(token)
-            .ok_or_else(|| format!("{FUNCTION}: no partition tap {token} is open"))?;
+        let token = one_value(tokens).ok_or_else(|| format!("{FUNCTION}: one token per statement"))?;
+        let day = taps.day(token).ok_or_else(|| format!("{FUNCTION}: no partition tap {token} is open"))?;
         let (seen, outside, sum);
         let mask = validity(input, 2);
         if mask.is_null() {
             // Every row valid: the common case, two vectorizable passes.
             seen = rows as u64;
-            outside = days
-                .iter()
-                .fold(0u64, |n, &d| n.wrapping_add(u64::from(d != day)));
+            outside = days.iter().fold(0u64, |n, &d| n.wrapping_add(u64::from(d != day)));
             sum = sum_hashes(hashes);
         } else {
             let (mut s, mut o, mut h) = (0u64, 0u64, 0i128);
@@ -827,11 +701,7 @@ impl VScalar for Tap {
 
     fn signatures() -> Vec<ScalarFunctionSignature> {
         vec![ScalarFunctionSignature::exact(
-            vec![
-                LogicalTypeId::UBigint.into(),
-                LogicalTypeId::UBigint.into(),
-                LogicalTypeId::Date.into(),
-            ],
+            vec![LogicalTypeId::UBigint.into(), LogicalTypeId::UBigint.into(), LogicalTypeId::Date.into()],
             LogicalTypeId::Date.into(),
         )]
     }
@@ -854,23 +724,12 @@ mod tests {
         for day in [-719_162, -1, 0, 1, 20_746, 2_932_896, i32::MIN, i32::MAX] {
             let token = taps.open_partition(day);
             assert_eq!(taps.day(token), Some(day));
-            assert!(
-                !taps.is_dedup(token) && i64::try_from(token).is_ok(),
-                "{token}"
-            );
-            assert_eq!(
-                other.day(token),
-                None,
-                "another connection's taps know nothing of it"
-            );
+            assert!(!taps.is_dedup(token) && i64::try_from(token).is_ok(), "{token}");
+            assert_eq!(other.day(token), None, "another connection's taps know nothing of it");
             taps.close(token);
             assert_eq!(taps.day(token), None, "closed");
         }
-        assert_ne!(
-            taps.open_partition(5),
-            taps.open_partition(5),
-            "each tap its own token"
-        );
+        assert_ne!(taps.open_partition(5), taps.open_partition(5), "each tap its own token");
         let dedup = taps.open_dedup();
         assert!(taps.is_dedup(dedup) && !other.is_dedup(dedup));
     }
@@ -910,10 +769,7 @@ mod tests {
             }
             let mut plain = seen.clone();
             plain.sort_unstable();
-            let expected: u64 = plain
-                .chunk_by(|a, b| a.0 == b.0)
-                .map(|run| run.iter().filter(|r| r.1 != run[0].1).count() as u64)
-                .sum();
+            let expected: u64 = plain.chunk_by(|a, b| a.0 == b.0).map(|run| run.iter().filter(|r| r.1 != run[0].1).count() as u64).sum();
             assert_eq!(count_ties(seen), expected, "{n} rows");
             if n >= 1000 {
                 assert!(expected > 0, "the test data has ties");

@@ -11,19 +11,13 @@ use fixpoint_duckdb::DuckDb;
 fn a_table_seen_then_dropped_is_missing_inside_a_transaction() {
     let mut db = DuckDb::open_in_memory().unwrap();
     let t = TableName::parse("s.t").unwrap();
-    db.execute(&Sql::raw("CREATE SCHEMA s; CREATE TABLE s.t (id BIGINT)"))
-        .unwrap();
-    assert_eq!(
-        db.table_columns(&t).unwrap().unwrap().len(),
-        1,
-        "seen outside a transaction"
-    );
+    db.execute(&Sql::raw("CREATE SCHEMA s; CREATE TABLE s.t (id BIGINT)")).unwrap();
+    assert_eq!(db.table_columns(&t).unwrap().unwrap().len(), 1, "seen outside a transaction");
     db.execute(&Sql::raw("DROP TABLE s.t")).unwrap();
     db.begin().unwrap();
     assert!(db.table_columns(&t).unwrap().is_none());
     // The transaction is still usable.
-    db.execute(&Sql::raw("CREATE TABLE s.t (id BIGINT, v VARCHAR)"))
-        .unwrap();
+    db.execute(&Sql::raw("CREATE TABLE s.t (id BIGINT, v VARCHAR)")).unwrap();
     assert_eq!(db.table_columns(&t).unwrap().unwrap().len(), 2);
     db.rollback().unwrap();
     // Rolled back: gone again, inside the next transaction too.
@@ -32,8 +26,7 @@ fn a_table_seen_then_dropped_is_missing_inside_a_transaction() {
     db.commit().unwrap();
 
     // Seen, then still there inside a transaction: described at once.
-    db.execute(&Sql::raw("CREATE TABLE s.t (id BIGINT)"))
-        .unwrap();
+    db.execute(&Sql::raw("CREATE TABLE s.t (id BIGINT)")).unwrap();
     assert!(db.table_columns(&t).unwrap().is_some());
     db.begin().unwrap();
     assert_eq!(db.table_columns(&t).unwrap().unwrap()[0].name, "id");
@@ -48,38 +41,18 @@ fn a_table_seen_then_dropped_is_missing_inside_a_transaction() {
 fn described_columns_follow_every_change() {
     let mut db = DuckDb::open_in_memory().unwrap();
     let t = TableName::parse("s.t").unwrap();
-    let names = |db: &mut DuckDb| {
-        db.table_columns(&t)
-            .unwrap()
-            .unwrap()
-            .into_iter()
-            .map(|c| c.name)
-            .collect::<Vec<_>>()
-    };
+    let names = |db: &mut DuckDb| db.table_columns(&t).unwrap().unwrap().into_iter().map(|c| c.name).collect::<Vec<_>>();
     db.execute(&Sql::raw("CREATE SCHEMA s")).unwrap();
-    db.execute(&Sql::raw("CREATE TABLE s.t (id BIGINT)"))
-        .unwrap();
+    db.execute(&Sql::raw("CREATE TABLE s.t (id BIGINT)")).unwrap();
     assert_eq!(names(&mut db), ["id"]);
     db.execute(&Sql::raw("INSERT INTO s.t VALUES (1)")).unwrap();
-    db.execute(&Sql::raw("ALTER TABLE s.t ADD COLUMN a VARCHAR"))
-        .unwrap();
+    db.execute(&Sql::raw("ALTER TABLE s.t ADD COLUMN a VARCHAR")).unwrap();
     assert_eq!(names(&mut db), ["id", "a"], "altered through the engine");
-    db.connection()
-        .execute_batch("ALTER TABLE s.t ADD COLUMN b VARCHAR")
-        .unwrap();
-    assert_eq!(
-        names(&mut db),
-        ["id", "a", "b"],
-        "altered through the raw connection"
-    );
+    db.connection().execute_batch("ALTER TABLE s.t ADD COLUMN b VARCHAR").unwrap();
+    assert_eq!(names(&mut db), ["id", "a", "b"], "altered through the raw connection");
     db.begin().unwrap();
-    db.execute(&Sql::raw("ALTER TABLE s.t ADD COLUMN c VARCHAR"))
-        .unwrap();
-    assert_eq!(
-        names(&mut db),
-        ["id", "a", "b", "c"],
-        "inside the transaction"
-    );
+    db.execute(&Sql::raw("ALTER TABLE s.t ADD COLUMN c VARCHAR")).unwrap();
+    assert_eq!(names(&mut db), ["id", "a", "b", "c"], "inside the transaction");
     db.rollback().unwrap();
     assert_eq!(names(&mut db), ["id", "a", "b"], "rolled back");
     db.execute(&Sql::raw("DROP TABLE s.t")).unwrap();
@@ -93,29 +66,20 @@ fn described_columns_follow_every_change() {
 fn missing_tables_and_views() {
     let mut db = DuckDb::open_in_memory().unwrap();
     db.execute(&Sql::raw("CREATE SCHEMA s")).unwrap();
-    db.execute(&Sql::raw("CREATE VIEW s.v AS SELECT 1 AS one"))
-        .unwrap();
-    let (v, missing, ledger_like) = (
-        TableName::parse("s.v").unwrap(),
-        TableName::parse("s.nope").unwrap(),
-        TableName::parse("fixpoint.nope").unwrap(),
-    );
+    db.execute(&Sql::raw("CREATE VIEW s.v AS SELECT 1 AS one")).unwrap();
+    let (v, missing, ledger_like) =
+        (TableName::parse("s.v").unwrap(), TableName::parse("s.nope").unwrap(), TableName::parse("fixpoint.nope").unwrap());
     assert!(db.table_columns(&missing).unwrap().is_none());
     assert!(db.table_columns(&ledger_like).unwrap().is_none());
     assert_eq!(db.table_columns(&v).unwrap().unwrap()[0].name, "one");
-    db.execute(&Sql::raw("CREATE TABLE s.t (id BIGINT)"))
-        .unwrap();
+    db.execute(&Sql::raw("CREATE TABLE s.t (id BIGINT)")).unwrap();
     db.begin().unwrap();
     assert!(db.table_columns(&missing).unwrap().is_none());
     assert!(db.table_columns(&ledger_like).unwrap().is_none());
     db.execute(&Sql::raw("INSERT INTO s.t VALUES (1)")).unwrap();
     db.commit().unwrap();
     let rows = db.query(&Sql::raw("SELECT count(*) FROM s.t")).unwrap();
-    assert_eq!(
-        rows.rows[0][0].as_u64(),
-        Some(1),
-        "the transaction went on and committed"
-    );
+    assert_eq!(rows.rows[0][0].as_u64(), Some(1), "the transaction went on and committed");
 }
 
 /// The lint of generated keys reads column defaults from `DESCRIBE`.
@@ -125,17 +89,12 @@ fn column_defaults_come_from_describe() {
     db.execute(&Sql::raw("CREATE SCHEMA s")).unwrap();
     db.execute(&Sql::raw("CREATE SEQUENCE s.ids")).unwrap();
     db.execute(&Sql::raw("CREATE TABLE s.t (id BIGINT DEFAULT nextval('s.ids'), note VARCHAR DEFAULT 'x', v INTEGER)")).unwrap();
-    let defaults = db
-        .column_defaults(&TableName::parse("s.t").unwrap())
-        .unwrap();
+    let defaults = db.column_defaults(&TableName::parse("s.t").unwrap()).unwrap();
     assert_eq!(defaults.len(), 2, "{defaults:?}");
     assert_eq!(defaults[0].0, "id");
     assert!(defaults[0].1.contains("nextval"), "{defaults:?}");
     assert_eq!(defaults[1].0, "note");
-    assert!(db
-        .column_defaults(&TableName::parse("s.nope").unwrap())
-        .unwrap()
-        .is_empty());
+    assert!(db.column_defaults(&TableName::parse("s.nope").unwrap()).unwrap().is_empty());
 }
 
 /// The types whose casts keep DuckDB's row hash (the merge then reuses a
@@ -156,21 +115,13 @@ fn casts_that_keep_the_native_hash() {
         ("DOUBLE", "DECIMAL(12,2)", false),
     ];
     for (from, to, same) in cases {
-        assert_eq!(
-            db.dialect().same_native_hash(from, to),
-            same,
-            "{from} -> {to}"
-        );
+        assert_eq!(db.dialect().same_native_hash(from, to), same, "{from} -> {to}");
         if same {
             // Values both types hold, NULL included.
             let sql = format!(
                 "SELECT count(*) FILTER (WHERE hash(CAST(v AS {from})) <> hash(CAST(CAST(v AS {from}) AS {to}))) FROM (VALUES (0.0), (12.34), (-99.99), (NULL)) AS t(v)"
             );
-            let differ = if from.eq_ignore_ascii_case("VARCHAR") {
-                Some(0)
-            } else {
-                db.query(&Sql::raw(sql)).unwrap().rows[0][0].as_u64()
-            };
+            let differ = if from.eq_ignore_ascii_case("VARCHAR") { Some(0) } else { db.query(&Sql::raw(sql)).unwrap().rows[0][0].as_u64() };
             assert_eq!(differ, Some(0), "{from} -> {to}");
         }
     }
@@ -193,59 +144,23 @@ fn columns_known_and_rows_appended_inside_a_transaction() {
     let mut db = DuckDb::open_in_memory().unwrap();
     let t = TableName::parse("s.t").unwrap();
     db.execute(&Sql::raw("CREATE SCHEMA s; CREATE TABLE s.t (id BIGINT, v VARCHAR, d DATE); CREATE VIEW s.w AS SELECT 1 AS id")).unwrap();
-    assert_eq!(
-        db.table_has_columns(&TableName::parse("s.w").unwrap(), &["id"]),
-        None
-    );
+    assert_eq!(db.table_has_columns(&TableName::parse("s.w").unwrap(), &["id"]), None);
     db.begin().unwrap();
     assert_eq!(db.table_has_columns(&t, &["id", "v"]), Some(true));
     assert_eq!(db.table_has_columns(&t, &["id", "missing"]), None);
-    assert_eq!(
-        db.table_has_columns(&TableName::parse("s.nope").unwrap(), &["id"]),
-        None
-    );
+    assert_eq!(db.table_has_columns(&TableName::parse("s.nope").unwrap(), &["id"]), None);
     let day = chrono::NaiveDate::from_ymd_opt(2026, 10, 20).unwrap();
-    db.append_row(
-        &t,
-        &["id", "v", "d"],
-        &[Value::Int(7), Value::Text("it's".into()), Value::Date(day)],
-    )
-    .unwrap()
-    .unwrap();
-    let read = |db: &mut DuckDb| {
-        db.query(&Sql::raw(
-            "SELECT count(*), max(v), CAST(max(d) AS VARCHAR) FROM s.t",
-        ))
-        .unwrap()
-        .rows[0]
-            .clone()
-    };
+    db.append_row(&t, &["id", "v", "d"], &[Value::Int(7), Value::Text("it's".into()), Value::Date(day)]).unwrap().unwrap();
+    let read = |db: &mut DuckDb| db.query(&Sql::raw("SELECT count(*), max(v), CAST(max(d) AS VARCHAR) FROM s.t")).unwrap().rows[0].clone();
     let r = read(&mut db);
-    assert_eq!(
-        (r[0].as_u64(), r[1].clone(), r[2].clone()),
-        (
-            Some(1),
-            Value::Text("it's".into()),
-            Value::Text("2026-10-20".into())
-        ),
-        "the transaction is still usable and sees the row"
-    );
+    assert_eq!((r[0].as_u64(), r[1].clone(), r[2].clone()), (Some(1), Value::Text("it's".into()), Value::Text("2026-10-20".into())), "the transaction is still usable and sees the row");
     db.rollback().unwrap();
-    assert_eq!(
-        read(&mut db)[0].as_u64(),
-        Some(0),
-        "rolled back with the transaction"
-    );
+    assert_eq!(read(&mut db)[0].as_u64(), Some(0), "rolled back with the transaction");
     db.begin().unwrap();
-    db.append_row(&t, &["v", "id"], &[Value::Text("x".into()), Value::Null])
-        .unwrap()
-        .unwrap();
+    db.append_row(&t, &["v", "id"], &[Value::Text("x".into()), Value::Null]).unwrap().unwrap();
     db.commit().unwrap();
     let r = read(&mut db);
-    assert_eq!(
-        (r[0].as_u64(), r[1].clone(), r[2].clone()),
-        (Some(1), Value::Text("x".into()), Value::Null)
-    );
+    assert_eq!((r[0].as_u64(), r[1].clone(), r[2].clone()), (Some(1), Value::Text("x".into()), Value::Null));
     // Once described, a missing column is known to be missing.
     assert!(db.table_columns(&t).unwrap().is_some());
     assert_eq!(db.table_has_columns(&t, &["id", "missing"]), Some(false));

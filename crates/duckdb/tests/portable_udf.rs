@@ -64,9 +64,7 @@ fn engine() -> DuckDb {
 }
 
 fn columns(db: &mut DuckDb) -> Vec<Column> {
-    db.table_columns(&TableName::parse("s.t").unwrap())
-        .unwrap()
-        .unwrap()
+    db.table_columns(&TableName::parse("s.t").unwrap()).unwrap().unwrap()
 }
 
 #[test]
@@ -83,40 +81,24 @@ fn the_rust_row_text_is_the_sql_row_text_on_every_type() {
         udf_fields.push(fixpoint_duckdb::portable::field_expr(&expr, &c.ty, class));
     }
     let sql_text = sql_fields.join(" || '|' || ");
-    let udf_text = format!(
-        "{}(row({}))",
-        fixpoint_duckdb::portable::TEXT_FUNCTION,
-        udf_fields.join(", ")
-    );
+    let udf_text = format!("{}(row({}))", fixpoint_duckdb::portable::TEXT_FUNCTION, udf_fields.join(", "));
     let mismatches = db
         .query(&Sql::raw(format!(
             "SELECT t.id, {sql_text}, {udf_text} FROM s.t AS t WHERE ({sql_text}) IS DISTINCT FROM ({udf_text}) ORDER BY t.id LIMIT 5"
         )))
         .unwrap();
-    assert!(
-        mismatches.rows.is_empty(),
-        "rows whose texts differ (id, SQL, Rust): {:#?}",
-        mismatches.rows
-    );
+    assert!(mismatches.rows.is_empty(), "rows whose texts differ (id, SQL, Rust): {:#?}", mismatches.rows);
 
     // And the hash: md5_number of the SQL text's low 64 bits.
     let sql_hash = db.dialect().portable_row_hash(&sql_text);
-    let udf_hash = format!(
-        "{}(row({}))",
-        fixpoint_duckdb::portable::HASH_FUNCTION,
-        udf_fields.join(", ")
-    );
+    let udf_hash = format!("{}(row({}))", fixpoint_duckdb::portable::HASH_FUNCTION, udf_fields.join(", "));
     let rows = db
         .query(&Sql::raw(format!(
             "SELECT count(*), count(*) FILTER (WHERE {sql_hash} = {udf_hash}), count(DISTINCT {udf_hash}) FROM s.t AS t"
         )))
         .unwrap();
     let counts: Vec<String> = rows.rows[0].iter().map(|v| v.display()).collect();
-    assert_eq!(
-        counts,
-        vec!["20000", "20000", "20000"],
-        "rows, rows with equal hashes, distinct hashes"
-    );
+    assert_eq!(counts, vec!["20000", "20000", "20000"], "rows, rows with equal hashes, distinct hashes");
 }
 
 #[test]
@@ -124,27 +106,18 @@ fn fingerprints_are_the_same_with_and_without_the_rust_hash() {
     let mut fast = engine();
     let cols = columns(&mut fast);
     let t = TableName::parse("s.t").unwrap();
-    let scope = Scope::Table {
-        table: &t,
-        filter: None,
-    };
+    let scope = Scope::Table { table: &t, filter: None };
     let a = fingerprint(&mut fast, Method::Portable, &scope, &cols).unwrap();
     let mut slow = fast.without_portable_functions();
     let b = fingerprint(&mut slow, Method::Portable, &scope, &cols).unwrap();
     assert_eq!(a.rows, 20000);
     assert_eq!(a, b);
     // A single changed value changes it, the same way on both paths.
-    slow.execute(&Sql::raw(
-        "UPDATE s.t SET txt = txt || '|' WHERE id = 12345",
-    ))
-    .unwrap();
+    slow.execute(&Sql::raw("UPDATE s.t SET txt = txt || '|' WHERE id = 12345")).unwrap();
     let c = fingerprint(&mut slow, Method::Portable, &scope, &cols).unwrap();
     assert_ne!(c, b);
     let mut fast = slow.with_portable_functions();
-    assert_eq!(
-        fingerprint(&mut fast, Method::Portable, &scope, &cols).unwrap(),
-        c
-    );
+    assert_eq!(fingerprint(&mut fast, Method::Portable, &scope, &cols).unwrap(), c);
 }
 
 #[test]
@@ -158,31 +131,9 @@ fn the_golden_rows_have_the_golden_checksum() {
     .unwrap();
     let t = TableName::parse("g.t").unwrap();
     let cols = db.table_columns(&t).unwrap().unwrap();
-    let fast = fingerprint(
-        &mut db,
-        Method::Portable,
-        &Scope::Table {
-            table: &t,
-            filter: None,
-        },
-        &cols,
-    )
-    .unwrap();
+    let fast = fingerprint(&mut db, Method::Portable, &Scope::Table { table: &t, filter: None }, &cols).unwrap();
     let mut slow = db.without_portable_functions();
-    let sql = fingerprint(
-        &mut slow,
-        Method::Portable,
-        &Scope::Table {
-            table: &t,
-            filter: None,
-        },
-        &cols,
-    )
-    .unwrap();
+    let sql = fingerprint(&mut slow, Method::Portable, &Scope::Table { table: &t, filter: None }, &cols).unwrap();
     assert_eq!(fast, sql);
-    assert_eq!(
-        (fast.rows, fast.checksum.as_str()),
-        (7, golden::CHECKSUM),
-        "the same value Spark's and PostgreSQL's tests pin"
-    );
+    assert_eq!((fast.rows, fast.checksum.as_str()), (7, golden::CHECKSUM), "the same value Spark's and PostgreSQL's tests pin");
 }

@@ -116,10 +116,7 @@ fn ties_counted_from_the_first_row_above_the_window() {
         db.taps().count_ties_after(kept, dedup);
         let (kept_rows, ranks) = plan(dedup, kept, &from);
         assert_eq!((kept_rows, ranks), (1000, 1000), "one row a pair kept");
-        assert!(
-            db.taps().counting(dedup),
-            "the count started inside the statement"
-        );
+        assert!(db.taps().counting(dedup), "the count started inside the statement");
         let (rows, _, ties) = db.taps().close_dedup_deferred(dedup);
         let ties = ties();
         assert_eq!(rows, 10000 + u64::from(tie));
@@ -139,25 +136,11 @@ fn ties_counted_from_the_first_row_above_the_window() {
         .unwrap()
     };
     assert_eq!(dedup_only(dedup, copies), 10000);
-    let triggered: i64 = conn
-        .query_row(
-            &format!(
-                "SELECT count(*) FROM range(3) AS r(i) WHERE {}(CAST(? AS UBIGINT), hash(i))",
-                tap::ROWS_FUNCTION
-            ),
-            [kept as i64],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let triggered: i64 =
+        conn.query_row(&format!("SELECT count(*) FROM range(3) AS r(i) WHERE {}(CAST(? AS UBIGINT), hash(i))", tap::ROWS_FUNCTION), [kept as i64], |r| r.get(0)).unwrap();
     assert_eq!(triggered, 3);
     assert!(db.taps().counting(dedup));
-    assert_eq!(
-        dedup_only(
-            dedup,
-            "SELECT hash(1) AS h, hash(5000) AS pair, hash(5000, 'v') AS row"
-        ),
-        1
-    );
+    assert_eq!(dedup_only(dedup, "SELECT hash(1) AS h, hash(5000) AS pair, hash(5000, 'v') AS row"), 1);
     let (rows, _, ties) = db.taps().close_dedup_deferred(dedup);
     assert_eq!((rows, ties()), (10001, 1));
     db.taps().close(kept);
@@ -176,19 +159,9 @@ fn dedup_tap_counts_sums_and_finds_ties(deferred: bool) {
     let dedup = |db: &DuckDb, from: &str| dedup_closed(db, from, deferred);
     // 10,000 rows over 1,000 pairs, every row of a pair a copy: no tie.
     let copies = "SELECT hash(i) AS h, hash(i % 1000) AS pair, hash(i % 1000, 'v') AS row FROM range(10000) AS r(i)";
-    let expected: String = db
-        .connection()
-        .query_row(
-            "SELECT CAST(sum(hash(i)) AS VARCHAR) FROM range(10000) AS r(i)",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let expected: String = db.connection().query_row("SELECT CAST(sum(hash(i)) AS VARCHAR) FROM range(10000) AS r(i)", [], |r| r.get(0)).unwrap();
     let (trues, seen) = dedup(&db, copies);
-    assert_eq!(
-        (trues, seen.rows, seen.sum.to_string(), seen.ties),
-        (10000, 10000, expected, 0)
-    );
+    assert_eq!((trues, seen.rows, seen.sum.to_string(), seen.ties), (10000, 10000, expected, 0));
     // Pair 7 gets a second, different row: one tie.
     // (Each row that differs from the pair's first counts: 1 if the odd row
     // came last, 10 if it came first.)
@@ -246,10 +219,7 @@ fn the_counting_condition_counts_true_rows_and_refuses_what_is_not_allowed() {
             )
             .unwrap_err();
         assert!(err.to_string().contains(tap::REFUSED), "{allowed}: {err}");
-        assert!(
-            db.taps().refused(token),
-            "{allowed}: the tap says it refused"
-        );
+        assert!(db.taps().refused(token), "{allowed}: the tap says it refused");
         assert!(!db.taps().refused(token), "and forgets it once asked");
         db.taps().close(token);
     }
@@ -290,10 +260,6 @@ fn the_refusal_fails_its_statement_and_says_so() {
     assert!(db.taps().refused(refusing));
     assert!(!db.taps().refused(other), "only the tap that refused");
     let quiet = db.taps().open();
-    assert_eq!(
-        query(quiet, "i < 0").unwrap(),
-        10000,
-        "no row reaches it: every row counted"
-    );
+    assert_eq!(query(quiet, "i < 0").unwrap(), 10000, "no row reaches it: every row counted");
     assert!(!db.taps().refused(quiet));
 }

@@ -77,9 +77,7 @@ fn map(column: &Column) -> Option<(String, String, Kind)> {
         "BLOB" => plain("bytea", Kind::Bytea),
         "DATE" => plain("date", Kind::Date),
         // Nanoseconds are cut to PostgreSQL's microseconds.
-        "TIMESTAMP" | "TIMESTAMP_S" | "TIMESTAMP_MS" | "TIMESTAMP_NS" => {
-            plain("timestamp", Kind::Timestamp)
-        }
+        "TIMESTAMP" | "TIMESTAMP_S" | "TIMESTAMP_MS" | "TIMESTAMP_NS" => plain("timestamp", Kind::Timestamp),
         "TIMESTAMP WITH TIME ZONE" => plain("timestamptz", Kind::TimestampTz),
         "TIME" => plain("time", Kind::Time),
         "UUID" => Some(("uuid".into(), format!("CAST({c} AS VARCHAR)"), Kind::Uuid)),
@@ -139,9 +137,7 @@ impl ToSql for Field<'_> {
         match self.kind {
             Kind::Bool => match *v {
                 ValueRef::Boolean(b) => out.put_u8(b as u8),
-                ref other => {
-                    return Err(format!("expected a boolean, DuckDB gave {other:?}").into())
-                }
+                ref other => return Err(format!("expected a boolean, DuckDB gave {other:?}").into()),
             },
             Kind::Int2 => out.put_i16(i16::try_from(int_of(v)?)?),
             Kind::Int4 => out.put_i32(i32::try_from(int_of(v)?)?),
@@ -164,20 +160,14 @@ impl ToSql for Field<'_> {
                 ValueRef::HugeInt(i) => _ = numeric_scaled(i, 0, out),
                 ValueRef::UBigInt(i) => _ = numeric_scaled(i.into(), 0, out),
                 ValueRef::UHugeInt(i) => numeric_binary(&i.to_string(), out)?,
-                ref other => {
-                    return Err(format!("expected a decimal, DuckDB gave {other:?}").into())
-                }
+                ref other => return Err(format!("expected a decimal, DuckDB gave {other:?}").into()),
             },
             Kind::Text | Kind::Bytea => out.put_slice(text_of(v)?),
             // DuckDB's ±infinity (the extreme values) are PostgreSQL's.
             Kind::Date => match *v {
                 ValueRef::Date32(i32::MAX) => out.put_i32(i32::MAX),
                 ValueRef::Date32(days) if days <= -i32::MAX => out.put_i32(i32::MIN),
-                ValueRef::Date32(days) => {
-                    out.put_i32(i32::try_from(i64::from(days) - PG_EPOCH_DAYS).map_err(|_| {
-                        format!("date {days} days from 1970 is out of PostgreSQL's range")
-                    })?)
-                }
+                ValueRef::Date32(days) => out.put_i32(i32::try_from(i64::from(days) - PG_EPOCH_DAYS).map_err(|_| format!("date {days} days from 1970 is out of PostgreSQL's range"))?),
                 ref other => return Err(format!("expected a date, DuckDB gave {other:?}").into()),
             },
             Kind::Timestamp | Kind::TimestampTz => match *v {
@@ -190,24 +180,17 @@ impl ToSql for Field<'_> {
                         duckdb::types::TimeUnit::Microsecond => Some(t),
                         duckdb::types::TimeUnit::Nanosecond => Some(t.div_euclid(1_000)),
                     };
-                    let pg = us.and_then(|u| u.checked_sub(PG_EPOCH_US)).ok_or_else(|| {
-                        format!("timestamp {t} ({unit:?}) is out of PostgreSQL's range")
-                    })?;
+                    let pg = us.and_then(|u| u.checked_sub(PG_EPOCH_US)).ok_or_else(|| format!("timestamp {t} ({unit:?}) is out of PostgreSQL's range"))?;
                     out.put_i64(pg)
                 }
-                ref other => {
-                    return Err(format!("expected a timestamp, DuckDB gave {other:?}").into())
-                }
+                ref other => return Err(format!("expected a timestamp, DuckDB gave {other:?}").into()),
             },
             Kind::Time => match *v {
                 ValueRef::Time64(unit, t) => out.put_i64(unit.to_micros(t)),
                 ref other => return Err(format!("expected a time, DuckDB gave {other:?}").into()),
             },
             Kind::Uuid => {
-                let hex: String = std::str::from_utf8(text_of(v)?)?
-                    .chars()
-                    .filter(|c| *c != '-')
-                    .collect();
+                let hex: String = std::str::from_utf8(text_of(v)?)?.chars().filter(|c| *c != '-').collect();
                 if hex.len() != 32 {
                     return Err(format!("bad uuid {hex}").into());
                 }
@@ -234,9 +217,7 @@ pub(crate) fn numeric_binary(text: &str, out: &mut BytesMut) -> std::result::Res
         None => (false, text.strip_prefix('+').unwrap_or(text)),
     };
     let (int, frac) = body.split_once('.').unwrap_or((body, ""));
-    if int.is_empty() && frac.is_empty()
-        || !int.chars().chain(frac.chars()).all(|c| c.is_ascii_digit())
-    {
+    if int.is_empty() && frac.is_empty() || !int.chars().chain(frac.chars()).all(|c| c.is_ascii_digit()) {
         return Err(format!("not a decimal: {text:?}").into());
     }
     let dscale = frac.len();
@@ -245,16 +226,7 @@ pub(crate) fn numeric_binary(text: &str, out: &mut BytesMut) -> std::result::Res
     let int_pad = (4 - int.len() % 4) % 4;
     let frac_pad = (4 - frac.len() % 4) % 4;
     let digits: String = "0".repeat(int_pad) + int + frac + &"0".repeat(frac_pad);
-    let mut groups: Vec<i16> = digits
-        .as_bytes()
-        .chunks(4)
-        .map(|g| {
-            std::str::from_utf8(g)
-                .expect("ascii")
-                .parse::<i16>()
-                .expect("digits")
-        })
-        .collect();
+    let mut groups: Vec<i16> = digits.as_bytes().chunks(4).map(|g| std::str::from_utf8(g).expect("ascii").parse::<i16>().expect("digits")).collect();
     let mut weight = ((int.len() + int_pad) / 4) as i32 - 1;
     while groups.first() == Some(&0) {
         groups.remove(0);
@@ -288,9 +260,7 @@ fn put_numeric(out: &mut BytesMut, mut groups: Vec<i16>, weight: i32, neg: bool,
 pub(crate) fn numeric_scaled(value: i128, scale: u32, out: &mut BytesMut) -> bool {
     // Align the fraction to whole groups of four digits.
     let pad = (4 - scale % 4) % 4;
-    let Some(mut abs) = value.unsigned_abs().checked_mul(10u128.pow(pad)) else {
-        return false;
-    };
+    let Some(mut abs) = value.unsigned_abs().checked_mul(10u128.pow(pad)) else { return false };
     let frac_groups = ((scale + pad) / 4) as i32;
     let mut groups: Vec<i16> = Vec::with_capacity(11);
     while abs > 0 {
@@ -316,12 +286,7 @@ pub(crate) struct Pending {
 }
 
 fn pg_err(context: &str) -> impl Fn(postgres::Error) -> Error + '_ {
-    move |e: postgres::Error| Error::Database {
-        engine: "postgres",
-        context: context.to_owned(),
-        message: e.to_string(),
-        failure: fixpoint_core::DbFailure::Other,
-    }
+    move |e: postgres::Error| Error::Database { engine: "postgres", context: context.to_owned(), message: e.to_string(), failure: fixpoint_core::DbFailure::Other }
 }
 
 impl Pending {
@@ -333,8 +298,7 @@ impl Pending {
         let mut all = Sql::new();
         all.push("SELECT * FROM ").append(&relation);
         let described = duck.describe(&all)?;
-        let (mut columns, mut select, mut kinds, mut types) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut columns, mut select, mut kinds, mut types) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for c in &described {
             let Some((pg, expr, kind)) = map(c) else {
                 return Err(Error::Schema {
@@ -342,10 +306,7 @@ impl Pending {
                     hint: Some("write it upstream as a plain type (integer, decimal, text, boolean, date, timestamp, timestamptz, time, uuid, blob), or load the files into DuckDB".into()),
                 });
             };
-            columns.push(Column {
-                name: c.name.clone(),
-                ty: pg,
-            });
+            columns.push(Column { name: c.name.clone(), ty: pg });
             select.push(expr);
             kinds.push(kind);
             types.push(match kind {
@@ -366,36 +327,17 @@ impl Pending {
             });
         }
         let mut read = Sql::new();
-        read.push("SELECT ")
-            .push(&select.join(", "))
-            .push(" FROM ")
-            .append(&relation);
-        Ok(Pending {
-            duck,
-            read,
-            columns,
-            kinds,
-            types,
-        })
+        read.push("SELECT ").push(&select.join(", ")).push(" FROM ").append(&relation);
+        Ok(Pending { duck, read, columns, kinds, types })
     }
 
     /// `CREATE TEMPORARY TABLE` of [`STAGE`] with the files' columns
     /// (dropped first when there).
     pub(crate) fn create_stage(&self, client: &mut Client) -> Result<()> {
-        let create: Vec<String> = self
-            .columns
-            .iter()
-            .map(|c| format!("{} {}", quote_ident(&c.name), c.ty))
-            .collect();
+        let create: Vec<String> = self.columns.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
+        client.batch_execute(&format!("DROP TABLE IF EXISTS {STAGE}")).map_err(pg_err("dropping the staging table"))?;
         client
-            .batch_execute(&format!("DROP TABLE IF EXISTS {STAGE}"))
-            .map_err(pg_err("dropping the staging table"))?;
-        client
-            .batch_execute(&format!(
-                "CREATE TEMPORARY TABLE {} ({})",
-                STAGE.trim_start_matches("pg_temp."),
-                create.join(", ")
-            ))
+            .batch_execute(&format!("CREATE TEMPORARY TABLE {} ({})", STAGE.trim_start_matches("pg_temp."), create.join(", ")))
             .map_err(pg_err("creating the staging table"))?;
         Ok(())
     }
@@ -405,20 +347,10 @@ impl Pending {
     pub(crate) fn copy(&mut self, client: &mut Client, table: &str) -> Result<u64> {
         let names: Vec<String> = self.columns.iter().map(|c| quote_ident(&c.name)).collect();
         let conn = self.duck.connection();
-        let duck_err = |e: duckdb::Error| Error::Database {
-            engine: "duckdb",
-            context: "reading the files".into(),
-            message: e.to_string(),
-            failure: fixpoint_core::DbFailure::Other,
-        };
+        let duck_err = |e: duckdb::Error| Error::Database { engine: "duckdb", context: "reading the files".into(), message: e.to_string(), failure: fixpoint_core::DbFailure::Other };
         let mut stmt = conn.prepare(&self.read.text).map_err(duck_err)?;
         let mut rows = stmt.query([]).map_err(duck_err)?;
-        let sink = client
-            .copy_in(&format!(
-                "COPY {table} ({}) FROM STDIN (FORMAT binary)",
-                names.join(", ")
-            ))
-            .map_err(pg_err("starting COPY"))?;
+        let sink = client.copy_in(&format!("COPY {table} ({}) FROM STDIN (FORMAT binary)", names.join(", "))).map_err(pg_err("starting COPY"))?;
         let mut writer = BinaryCopyInWriter::new(sink, &self.types);
         let mut n = 0u64;
         let width = self.kinds.len();
@@ -430,16 +362,10 @@ impl Pending {
             };
             let mut fields = Vec::with_capacity(width);
             for (i, kind) in self.kinds.iter().enumerate() {
-                fields.push(Field {
-                    kind: *kind,
-                    value: row.get_ref(i).map_err(duck_err)?,
-                });
+                fields.push(Field { kind: *kind, value: row.get_ref(i).map_err(duck_err)? });
             }
-            let refs: Vec<&(dyn ToSql + Sync)> =
-                fields.iter().map(|f| f as &(dyn ToSql + Sync)).collect();
-            writer
-                .write(&refs)
-                .map_err(pg_err("copying the files' rows into PostgreSQL"))?;
+            let refs: Vec<&(dyn ToSql + Sync)> = fields.iter().map(|f| f as &(dyn ToSql + Sync)).collect();
+            writer.write(&refs).map_err(pg_err("copying the files' rows into PostgreSQL"))?;
             n += 1;
         }
         writer.finish().map_err(pg_err("finishing COPY"))?;
@@ -461,73 +387,26 @@ mod tests {
     fn enc(t: &str) -> Vec<i16> {
         let mut b = BytesMut::new();
         numeric_binary(t, &mut b).unwrap();
-        b.chunks(2)
-            .map(|c| i16::from_be_bytes([c[0], c[1]]))
-            .collect()
+        b.chunks(2).map(|c| i16::from_be_bytes([c[0], c[1]])).collect()
     }
 
     fn field(kind: Kind, value: ValueRef<'_>) -> std::result::Result<Vec<u8>, String> {
         let mut b = BytesMut::new();
-        Field { kind, value }
-            .to_sql(&Type::INT8, &mut b)
-            .map_err(|e| e.to_string())?;
+        Field { kind, value }.to_sql(&Type::INT8, &mut b).map_err(|e| e.to_string())?;
         Ok(b.to_vec())
     }
 
     #[test]
     fn dates_and_timestamps_keep_infinity_and_refuse_overflow() {
         use duckdb::types::TimeUnit;
-        assert_eq!(
-            field(Kind::Date, ValueRef::Date32(i32::MAX)).unwrap(),
-            i32::MAX.to_be_bytes()
-        );
-        assert_eq!(
-            field(Kind::Date, ValueRef::Date32(-i32::MAX)).unwrap(),
-            i32::MIN.to_be_bytes()
-        );
-        assert_eq!(
-            field(Kind::Date, ValueRef::Date32(10_958)).unwrap(),
-            1i32.to_be_bytes(),
-            "2000-01-02"
-        );
-        assert_eq!(
-            field(
-                Kind::Timestamp,
-                ValueRef::Timestamp(TimeUnit::Microsecond, i64::MAX)
-            )
-            .unwrap(),
-            i64::MAX.to_be_bytes()
-        );
-        assert_eq!(
-            field(
-                Kind::Timestamp,
-                ValueRef::Timestamp(TimeUnit::Microsecond, -i64::MAX)
-            )
-            .unwrap(),
-            i64::MIN.to_be_bytes()
-        );
-        assert_eq!(
-            field(
-                Kind::Timestamp,
-                ValueRef::Timestamp(TimeUnit::Second, 946_684_801)
-            )
-            .unwrap(),
-            1_000_000i64.to_be_bytes()
-        );
-        assert_eq!(
-            field(
-                Kind::Timestamp,
-                ValueRef::Timestamp(TimeUnit::Nanosecond, 946_684_800_000_001_999)
-            )
-            .unwrap(),
-            1i64.to_be_bytes()
-        );
-        assert!(field(
-            Kind::Timestamp,
-            ValueRef::Timestamp(TimeUnit::Second, i64::MAX / 10)
-        )
-        .unwrap_err()
-        .contains("out of PostgreSQL's range"));
+        assert_eq!(field(Kind::Date, ValueRef::Date32(i32::MAX)).unwrap(), i32::MAX.to_be_bytes());
+        assert_eq!(field(Kind::Date, ValueRef::Date32(-i32::MAX)).unwrap(), i32::MIN.to_be_bytes());
+        assert_eq!(field(Kind::Date, ValueRef::Date32(10_958)).unwrap(), 1i32.to_be_bytes(), "2000-01-02");
+        assert_eq!(field(Kind::Timestamp, ValueRef::Timestamp(TimeUnit::Microsecond, i64::MAX)).unwrap(), i64::MAX.to_be_bytes());
+        assert_eq!(field(Kind::Timestamp, ValueRef::Timestamp(TimeUnit::Microsecond, -i64::MAX)).unwrap(), i64::MIN.to_be_bytes());
+        assert_eq!(field(Kind::Timestamp, ValueRef::Timestamp(TimeUnit::Second, 946_684_801)).unwrap(), 1_000_000i64.to_be_bytes());
+        assert_eq!(field(Kind::Timestamp, ValueRef::Timestamp(TimeUnit::Nanosecond, 946_684_800_000_001_999)).unwrap(), 1i64.to_be_bytes());
+        assert!(field(Kind::Timestamp, ValueRef::Timestamp(TimeUnit::Second, i64::MAX / 10)).unwrap_err().contains("out of PostgreSQL's range"));
     }
 
     #[test]
@@ -549,11 +428,7 @@ mod tests {
             (1234, 8, "0.00001234"),
             (100000000, 0, "100000000"),
             (0, 2, "0.00"),
-            (
-                1234567890123456781234567890,
-                10,
-                "123456789012345678.1234567890",
-            ),
+            (1234567890123456781234567890, 10, "123456789012345678.1234567890"),
             (-5, 2, "-0.05"),
         ] {
             let (mut a, mut b) = (BytesMut::new(), BytesMut::new());
@@ -569,12 +444,7 @@ mod tests {
         assert!(a.is_empty());
         let d = duckdb::types::Decimal::new(38, 1, big).unwrap();
         let mut via_field = BytesMut::new();
-        Field {
-            kind: Kind::Numeric,
-            value: ValueRef::Decimal(d),
-        }
-        .to_sql(&Type::NUMERIC, &mut via_field)
-        .unwrap();
+        Field { kind: Kind::Numeric, value: ValueRef::Decimal(d) }.to_sql(&Type::NUMERIC, &mut via_field).unwrap();
         let mut via_text = BytesMut::new();
         numeric_binary(&d.to_string(), &mut via_text).unwrap();
         assert_eq!(via_field, via_text);

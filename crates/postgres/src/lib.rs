@@ -13,14 +13,13 @@ use std::error::Error as StdError;
 mod files;
 mod merge;
 
-use fixpoint_core::engine::measure::{FP_ROWS, FP_SUM};
 use fixpoint_core::engine::{
-    Accelerated, Accelerator, Column, DayInsert, DayPartition, Dialect, Engine, FileInput, Locks,
-    MergeRequest, Merged, PartitionExchange, Rows, RunSteps, TappedDay,
+    Accelerated, Accelerator, Column, DayInsert, DayPartition, Dialect, Engine, FileInput, Locks, MergeRequest, Merged, PartitionExchange, Rows, RunSteps, TappedDay,
 };
 use fixpoint_core::job::ident::{quote_ident, TableName};
 use fixpoint_core::job::sql::{Sql, Value};
 use fixpoint_core::{DbFailure, Error, Result};
+use fixpoint_core::engine::measure::{FP_ROWS, FP_SUM};
 use postgres::types::{FromSql, ToSql, Type};
 use postgres::{Client, NoTls};
 
@@ -94,12 +93,7 @@ fn pg_err(context: impl Into<String>) -> impl FnOnce(postgres::Error) -> Error {
                 Some(s) => format!("{e}: {s}"),
                 None => e.to_string(),
             };
-            Error::Database {
-                engine: "postgres",
-                context,
-                message,
-                failure: DbFailure::Other,
-            }
+            Error::Database { engine: "postgres", context, message, failure: DbFailure::Other }
         }
     }
 }
@@ -209,54 +203,23 @@ impl Postgres {
     /// lock, stops the run with a [`Error::Busy`] naming the sessions with
     /// open transactions, instead of waiting forever.
     pub fn connect_waiting(url: &str, wait: std::time::Duration) -> Result<Postgres> {
-        let mut client = Client::connect(url, NoTls)
-            .map_err(pg_err(format!("connecting to {}", redact(url))))?;
+        let mut client = Client::connect(url, NoTls).map_err(pg_err(format!("connecting to {}", redact(url))))?;
         // The number is ours (milliseconds), not a user's text.
-        let session = format!(
-            "{SESSION}; SET lock_timeout = '{}ms'",
-            lock_timeout_ms(wait)
-        );
-        client
-            .batch_execute(&session)
-            .map_err(pg_err("pinning session settings"))?;
+        let session = format!("{SESSION}; SET lock_timeout = '{}ms'", lock_timeout_ms(wait));
+        client.batch_execute(&session).map_err(pg_err("pinning session settings"))?;
         let row = client
-            .query_one(
-                "SELECT pg_backend_pid(), current_setting('default_transaction_isolation')",
-                &[],
-            )
+            .query_one("SELECT pg_backend_pid(), current_setting('default_transaction_isolation')", &[])
             .map_err(pg_err("reading the session's process id"))?;
         let (pid, isolation): (i32, String) = (row.get(0), row.get(1));
-        let begin = if isolation == "serializable" {
-            "BEGIN ISOLATION LEVEL SERIALIZABLE"
-        } else {
-            "BEGIN ISOLATION LEVEL REPEATABLE READ"
-        };
-        Ok(Postgres {
-            client: Some(client),
-            url: url.to_owned(),
-            version: None,
-            scratch: None,
-            wait,
-            pid,
-            begin,
-            fresh: false,
-            accelerated: true,
-            stage: None,
-            in_transaction: false,
-            side: None,
-        })
+        let begin = if isolation == "serializable" { "BEGIN ISOLATION LEVEL SERIALIZABLE" } else { "BEGIN ISOLATION LEVEL REPEATABLE READ" };
+        Ok(Postgres { client: Some(client), url: url.to_owned(), version: None, scratch: None, wait, pid, begin, fresh: false, accelerated: true, stage: None, in_transaction: false, side: None })
     }
 
     /// Where the session's transaction begins and ends, for [`Stage`]:
     /// rows copied into the staging table inside a transaction that did
     /// not commit are gone, and copied again when next read.
     fn track_transaction(&mut self, text: &str, ok: bool) {
-        let word = text
-            .trim_start()
-            .split_whitespace()
-            .next()
-            .unwrap_or("")
-            .to_ascii_uppercase();
+        let word = text.trim_start().split_whitespace().next().unwrap_or("").to_ascii_uppercase();
         match word.as_str() {
             "BEGIN" if ok => self.in_transaction = true,
             "COMMIT" | "ROLLBACK" | "END" | "ABORT" => {
@@ -276,25 +239,16 @@ impl Postgres {
     /// Copies the files' rows into the staging table before the first
     /// statement that reads it.
     fn fill_stage(&mut self, text: &str) -> Result<()> {
-        let needed =
-            self.stage.as_ref().is_some_and(|s| !s.filled) && text.contains(files::STAGE_NAME);
+        let needed = self.stage.as_ref().is_some_and(|s| !s.filled) && text.contains(files::STAGE_NAME);
         if !needed {
             return Ok(());
         }
         let mut stage = self.stage.take().expect("checked");
         let started = std::time::Instant::now();
-        let copied = stage
-            .pending
-            .copy(self.client(), files::STAGE)
-            .and_then(|_| {
-                self.client()
-                    .batch_execute(&format!("ANALYZE {}", files::STAGE))
-                    .map_err(pg_err("analyzing the staging table"))
-            });
-        fixpoint_core::run::protocol::trace_statement(
-            started,
-            "COPY the files into the staging table",
-        );
+        let copied = stage.pending.copy(self.client(), files::STAGE).and_then(|_| {
+            self.client().batch_execute(&format!("ANALYZE {}", files::STAGE)).map_err(pg_err("analyzing the staging table"))
+        });
+        fixpoint_core::run::protocol::trace_statement(started, "COPY the files into the staging table");
         stage.filled = copied.is_ok();
         stage.filled_in_transaction = copied.is_ok() && self.in_transaction;
         self.stage = Some(stage);
@@ -309,10 +263,7 @@ impl Postgres {
         if !message.contains("lock timeout") {
             return Error::Busy { message };
         }
-        let mut message = format!(
-            "{message}; waited {:.1} s (--wait)",
-            self.wait.as_secs_f64()
-        );
+        let mut message = format!("{message}; waited {:.1} s (--wait)", self.wait.as_secs_f64());
         let holders = Client::connect(&self.url, NoTls).ok().and_then(|mut side| {
             side.query(
                 "SELECT a.pid, coalesce(a.usename::text, ''), coalesce(a.application_name, ''), coalesce(a.state, ''), \
@@ -344,21 +295,13 @@ impl Postgres {
     /// Creates a fresh database `name` through `admin_url` and connects to
     /// it; the database is dropped when the engine is dropped (tests).
     pub fn scratch(admin_url: &str, name: &str) -> Result<Postgres> {
-        let mut admin = Client::connect(admin_url, NoTls)
-            .map_err(pg_err(format!("connecting to {}", redact(admin_url))))?;
+        let mut admin = Client::connect(admin_url, NoTls).map_err(pg_err(format!("connecting to {}", redact(admin_url))))?;
         // One statement per call: DROP/CREATE DATABASE refuse to run in a transaction block.
-        for stmt in [
-            format!("DROP DATABASE IF EXISTS {}", quote_ident(name)),
-            format!("CREATE DATABASE {}", quote_ident(name)),
-        ] {
-            admin
-                .batch_execute(&stmt)
-                .map_err(pg_err("creating a scratch database"))?;
+        for stmt in [format!("DROP DATABASE IF EXISTS {}", quote_ident(name)), format!("CREATE DATABASE {}", quote_ident(name))] {
+            admin.batch_execute(&stmt).map_err(pg_err("creating a scratch database"))?;
         }
         let url = match admin_url.rfind('/') {
-            Some(i) if i > admin_url.find("://").map_or(0, |s| s + 2) => {
-                format!("{}/{name}", &admin_url[..i])
-            }
+            Some(i) if i > admin_url.find("://").map_or(0, |s| s + 2) => format!("{}/{name}", &admin_url[..i]),
             _ => format!("{admin_url}/{name}"),
         };
         let mut pg = Postgres::connect(&url)?;
@@ -370,11 +313,7 @@ impl Postgres {
     /// columns in order) the way a file source is staged: the embedded
     /// DuckDB reads the files, `COPY … (FORMAT binary)` writes them. For the
     /// hand-written side of benchmarks; runs in the caller's transaction.
-    pub fn copy_files_into(
-        &mut self,
-        files: &fixpoint_core::job::files::InputFiles,
-        table: &TableName,
-    ) -> Result<u64> {
+    pub fn copy_files_into(&mut self, files: &fixpoint_core::job::files::InputFiles, table: &TableName) -> Result<u64> {
         files::copy_files(self.client(), files, &table.quoted())
     }
 
@@ -428,10 +367,7 @@ impl Postgres {
 
     /// A partitioned table's strategy (`l`, `r`, `h`), key column count,
     /// first key column and its type; `None` when it is not partitioned.
-    fn partition_key(
-        &mut self,
-        table: &TableName,
-    ) -> Result<Option<(String, i128, String, String)>> {
+    fn partition_key(&mut self, table: &TableName) -> Result<Option<(String, i128, String, String)>> {
         let mut sql = Sql::new();
         sql.push(
             "SELECT pt.partstrat::text, pt.partnatts::int, coalesce(a.attname::text, ''), \
@@ -445,12 +381,7 @@ impl Postgres {
         let rows = self.query(&sql)?;
         Ok(rows.rows.into_iter().next().map(|r| {
             let text = text_of;
-            (
-                text(&r[0]),
-                r[1].as_i128().unwrap_or(0),
-                text(&r[2]),
-                text(&r[3]),
-            )
+            (text(&r[0]), r[1].as_i128().unwrap_or(0), text(&r[2]), text(&r[3]))
         }))
     }
 
@@ -459,10 +390,7 @@ impl Postgres {
         let text = sql.text.clone();
         // Preparing locks the statement's tables (parse analysis): a lock
         // timeout can happen here already.
-        let r = self
-            .client()
-            .prepare_typed(&text, &types)
-            .map_err(|e| pg_err(context_of(&text))(e));
+        let r = self.client().prepare_typed(&text, &types).map_err(|e| pg_err(context_of(&text))(e));
         r.map_err(|e| self.explain_busy(e))
     }
 }
@@ -472,10 +400,7 @@ impl Drop for Postgres {
         if let Some((admin, name)) = self.scratch.take() {
             drop(self.client.take());
             if let Ok(mut c) = Client::connect(&admin, NoTls) {
-                let _ = c.batch_execute(&format!(
-                    "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                    quote_ident(&name)
-                ));
+                let _ = c.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", quote_ident(&name)));
             }
         }
     }
@@ -493,25 +418,18 @@ enum Param {
 }
 
 impl ToSql for Param {
-    fn to_sql(
-        &self,
-        ty: &Type,
-        out: &mut bytes::BytesMut,
-    ) -> std::result::Result<postgres::types::IsNull, Box<dyn StdError + Sync + Send>> {
+    fn to_sql(&self, ty: &Type, out: &mut bytes::BytesMut) -> std::result::Result<postgres::types::IsNull, Box<dyn StdError + Sync + Send>> {
         use bytes::BufMut;
         let epoch = chrono::NaiveDate::from_ymd_opt(2000, 1, 1).expect("a date");
         match self {
             Param::Text(t) => t.to_sql(ty, out),
             Param::Date(d) => {
-                let days = i32::try_from((*d - epoch).num_days())
-                    .map_err(|_| format!("the date {d} is out of range"))?;
+                let days = i32::try_from((*d - epoch).num_days()).map_err(|_| format!("the date {d} is out of range"))?;
                 out.put_i32(days);
                 Ok(postgres::types::IsNull::No)
             }
             Param::Timestamp(t) => {
-                let micros = (*t - epoch.and_hms_opt(0, 0, 0).expect("midnight"))
-                    .num_microseconds()
-                    .ok_or_else(|| format!("the timestamp {t} is out of range"))?;
+                let micros = (*t - epoch.and_hms_opt(0, 0, 0).expect("midnight")).num_microseconds().ok_or_else(|| format!("the timestamp {t} is out of range"))?;
                 out.put_i64(micros);
                 Ok(postgres::types::IsNull::No)
             }
@@ -529,10 +447,7 @@ impl ToSql for Param {
 struct Raw(Value);
 
 fn epoch_2000() -> chrono::NaiveDateTime {
-    chrono::NaiveDate::from_ymd_opt(2000, 1, 1)
-        .expect("date")
-        .and_hms_opt(0, 0, 0)
-        .expect("time")
+    chrono::NaiveDate::from_ymd_opt(2000, 1, 1).expect("date").and_hms_opt(0, 0, 0).expect("time")
 }
 
 fn be_i16(b: &[u8], at: usize) -> i16 {
@@ -566,11 +481,7 @@ fn numeric_text(b: &[u8]) -> String {
     let mut frac = String::new();
     let mut i = weight + 1;
     while frac.len() < dscale {
-        let d = if i >= 0 {
-            digits.get(i as usize).copied().unwrap_or(0)
-        } else {
-            0
-        };
+        let d = if i >= 0 { digits.get(i as usize).copied().unwrap_or(0) } else { 0 };
         frac.push_str(&format!("{d:04}"));
         i += 1;
     }
@@ -584,10 +495,7 @@ fn numeric_text(b: &[u8]) -> String {
 }
 
 impl<'a> FromSql<'a> for Raw {
-    fn from_sql(
-        ty: &Type,
-        b: &'a [u8],
-    ) -> std::result::Result<Self, Box<dyn StdError + Sync + Send>> {
+    fn from_sql(ty: &Type, b: &'a [u8]) -> std::result::Result<Self, Box<dyn StdError + Sync + Send>> {
         let v = match *ty {
             Type::BOOL => Value::Bool(b[0] != 0),
             Type::INT2 => Value::Int(be_i16(b, 0).into()),
@@ -601,24 +509,14 @@ impl<'a> FromSql<'a> for Raw {
                 let days = i32::from_be_bytes(b[..4].try_into()?);
                 Value::Date(epoch_2000().date() + chrono::Duration::days(days.into()))
             }
-            Type::TIMESTAMP => Value::Timestamp(
-                epoch_2000()
-                    + chrono::Duration::microseconds(i64::from_be_bytes(b[..8].try_into()?)),
-            ),
+            Type::TIMESTAMP => Value::Timestamp(epoch_2000() + chrono::Duration::microseconds(i64::from_be_bytes(b[..8].try_into()?))),
             Type::TIMESTAMPTZ => {
-                let t = epoch_2000()
-                    + chrono::Duration::microseconds(i64::from_be_bytes(b[..8].try_into()?));
+                let t = epoch_2000() + chrono::Duration::microseconds(i64::from_be_bytes(b[..8].try_into()?));
                 Value::Text(format!("{}+00", t.format("%Y-%m-%d %H:%M:%S%.f")))
             }
             Type::BYTEA => Value::Text(b.iter().map(|x| format!("{x:02x}")).collect()),
             _ => match std::str::from_utf8(b) {
-                Ok(s)
-                    if matches!(
-                        *ty,
-                        Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN
-                    ) || ty.name() == "sql_identifier"
-                        || ty.name() == "character_data" =>
-                {
+                Ok(s) if matches!(*ty, Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN) || ty.name() == "sql_identifier" || ty.name() == "character_data" => {
                     Value::Text(s.to_owned())
                 }
                 _ => Value::Text(format!("<{}>", ty.name())),
@@ -645,10 +543,7 @@ impl Engine for Postgres {
         if let Some(v) = &self.version {
             return Ok(v.clone());
         }
-        let row = self
-            .client()
-            .query_one("SHOW server_version", &[])
-            .map_err(pg_err("reading the server version"))?;
+        let row = self.client().query_one("SHOW server_version", &[]).map_err(pg_err("reading the server version"))?;
         let v: String = row.get(0);
         let v = format!("postgres {}", v.split_whitespace().next().unwrap_or(&v));
         self.version = Some(v.clone());
@@ -662,22 +557,15 @@ impl Engine for Postgres {
         if sql.params.is_empty() && !sql.text.contains('$') {
             // Utility statements (BEGIN, CREATE …) cannot be prepared with parameters.
             let text = sql.text.clone();
-            let r = self
-                .client()
-                .execute(&text, &[])
-                .map_err(|e| pg_err(context_of(&text))(e));
+            let r = self.client().execute(&text, &[]).map_err(|e| pg_err(context_of(&text))(e));
             fixpoint_core::run::protocol::trace_statement(started, &text);
             self.track_transaction(&text, r.is_ok());
             return r.map_err(|e| self.explain_busy(e));
         }
         let stmt = self.prepare(sql)?;
         let params = Self::params(sql);
-        let refs: Vec<&(dyn ToSql + Sync)> =
-            params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-        let r = self
-            .client()
-            .execute(&stmt, &refs)
-            .map_err(|e| pg_err(context_of(&sql.text))(e));
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+        let r = self.client().execute(&stmt, &refs).map_err(|e| pg_err(context_of(&sql.text))(e));
         fixpoint_core::run::protocol::trace_statement(started, &sql.text);
         r.map_err(|e| self.explain_busy(e))
     }
@@ -688,13 +576,9 @@ impl Engine for Postgres {
         self.fresh = false;
         let stmt = self.prepare(sql)?;
         let params = Self::params(sql);
-        let refs: Vec<&(dyn ToSql + Sync)> =
-            params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
         let columns: Vec<String> = stmt.columns().iter().map(|c| c.name().to_owned()).collect();
-        let rows = self
-            .client()
-            .query(&stmt, &refs)
-            .map_err(|e| pg_err(context_of(&sql.text))(e));
+        let rows = self.client().query(&stmt, &refs).map_err(|e| pg_err(context_of(&sql.text))(e));
         let rows = rows.map_err(|e| self.explain_busy(e))?;
         let mut out = Vec::with_capacity(rows.len());
         for r in rows {
@@ -722,10 +606,7 @@ impl Engine for Postgres {
                 .client()
                 .query_one("SELECT format_type(CAST(CAST($1 AS TEXT) AS oid), CAST(CAST($2 AS TEXT) AS INTEGER))", &[&oid.to_string(), &typmod.to_string()])
                 .map_err(pg_err("naming a column type"))?;
-            cols.push(Column {
-                name: c.name().to_owned(),
-                ty: row.get(0),
-            });
+            cols.push(Column { name: c.name().to_owned(), ty: row.get(0) });
         }
         Ok(cols)
     }
@@ -748,10 +629,7 @@ impl Engine for Postgres {
         rows.rows
             .into_iter()
             .map(|r| match (&r[0], &r[1]) {
-                (Value::Text(n), Value::Text(t)) => Ok(Column {
-                    name: n.clone(),
-                    ty: t.clone(),
-                }),
+                (Value::Text(n), Value::Text(t)) => Ok(Column { name: n.clone(), ty: t.clone() }),
                 _ => Err(Error::Internal(format!("pg_attribute returned {r:?}"))),
             })
             .map(|c| c.map(Some))
@@ -767,11 +645,7 @@ impl Engine for Postgres {
             .push(" AND c.relname = ")
             .param(Value::Text(table.table.clone()));
         let rows = self.query(&sql)?;
-        let kind = rows
-            .rows
-            .first()
-            .map(|r| text_of(&r[0]))
-            .unwrap_or_default();
+        let kind = rows.rows.first().map(|r| text_of(&r[0])).unwrap_or_default();
         Ok(match kind.as_str() {
             "" | "r" | "p" => None,
             "v" => Some("a view".into()),
@@ -798,14 +672,8 @@ impl Engine for Postgres {
     fn create_temp_table_as(&mut self, name: &str, query: &Sql) -> Result<u64> {
         // CREATE TABLE AS cannot take parameters here: create, then insert.
         let cols = self.describe(query)?;
-        let defs: Vec<String> = cols
-            .iter()
-            .map(|c| format!("{} {}", quote_ident(&c.name), c.ty))
-            .collect();
-        self.execute(&Sql::raw(format!(
-            "CREATE TEMPORARY TABLE {name} ({})",
-            defs.join(", ")
-        )))?;
+        let defs: Vec<String> = cols.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
+        self.execute(&Sql::raw(format!("CREATE TEMPORARY TABLE {name} ({})", defs.join(", "))))?;
         let mut sql = Sql::new();
         sql.push(&format!("INSERT INTO {name} "));
         sql.text.push_str(&query.text);
@@ -815,9 +683,7 @@ impl Engine for Postgres {
         // planner guesses their size and picks nested loops over millions of
         // rows. A small sample does (the session's target is restored
         // whatever the outcome).
-        self.execute(&Sql::raw(format!(
-            "SET default_statistics_target = {TEMP_STATISTICS}"
-        )))?;
+        self.execute(&Sql::raw(format!("SET default_statistics_target = {TEMP_STATISTICS}")))?;
         let analyzed = self.execute(&Sql::raw(format!("ANALYZE {name}")));
         // After a failed ANALYZE in a transaction the reset fails too (and
         // the transaction's end undoes the SET): the first error is the one.
@@ -867,11 +733,7 @@ impl Accelerator for Postgres {
     /// Declined where the source reads this session's temporary tables (a
     /// staged file source) or the database runs serializable transactions
     /// (the scan is then made in the run's own transaction).
-    fn insert_day(
-        &mut self,
-        day: &DayInsert<'_>,
-        steps: &mut dyn RunSteps,
-    ) -> Result<Accelerated<TappedDay>> {
+    fn insert_day(&mut self, day: &DayInsert<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<TappedDay>> {
         if day.hashed.is_empty() {
             return Ok(Accelerated::Declined("no column to hash"));
         }
@@ -880,27 +742,17 @@ impl Accelerator for Postgres {
             return self.copy_day(day, &hash, steps).map(Accelerated::Done);
         }
         if self.stage.is_some() || day.guard_scan.text.contains("__fixpoint") {
-            return Ok(Accelerated::Declined(
-                "the source reads this session's staging table",
-            ));
+            return Ok(Accelerated::Declined("the source reads this session's staging table"));
         }
         if self.begin.contains("SERIALIZABLE") {
-            return Ok(Accelerated::Declined(
-                "serializable transactions: the guard scan in the run's own",
-            ));
+            return Ok(Accelerated::Declined("serializable transactions: the guard scan in the run's own"));
         }
         self.insert_beside_scan(day, steps)
     }
 
-    fn merge(
-        &mut self,
-        m: &MergeRequest<'_>,
-        steps: &mut dyn RunSteps,
-    ) -> Result<Accelerated<Merged>> {
+    fn merge(&mut self, m: &MergeRequest<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<Merged>> {
         if !merge::fits(self, m)? {
-            return Ok(Accelerated::Declined(
-                "tombstones or audits: the portable plan",
-            ));
+            return Ok(Accelerated::Declined("tombstones or audits: the portable plan"));
         }
         merge::merge(self, m, steps)
     }
@@ -918,24 +770,13 @@ impl Postgres {
     /// reads what the insert reads and writes nothing, ends first on the
     /// other core. Declined, before anything is written, when the second
     /// session cannot be opened or cannot import the snapshot.
-    fn insert_beside_scan(
-        &mut self,
-        day: &DayInsert<'_>,
-        steps: &mut dyn RunSteps,
-    ) -> Result<Accelerated<TappedDay>> {
+    fn insert_beside_scan(&mut self, day: &DayInsert<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<TappedDay>> {
         let snapshot = self.query(&Sql::raw("SELECT pg_export_snapshot() AS \"s\""))?;
-        let snapshot = snapshot
-            .single("the exported snapshot")?
-            .value("s")?
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
+        let snapshot = snapshot.single("the exported snapshot")?.value("s")?.as_str().unwrap_or_default().to_owned();
         // The server's identifier (hex digits and dashes), checked before it
         // goes into the statement that cannot take a parameter.
         if snapshot.is_empty() || !snapshot.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
-            return Err(Error::Internal(format!(
-                "an exported snapshot named {snapshot:?}"
-            )));
+            return Err(Error::Internal(format!("an exported snapshot named {snapshot:?}")));
         }
         let mut side = match self.side.take() {
             Some(side) => side,
@@ -947,9 +788,7 @@ impl Postgres {
         let import = format!("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{snapshot}'; SET LOCAL max_parallel_workers_per_gather = 0");
         if side.client().batch_execute(&import).is_err() {
             // Dropped (a broken session is not kept).
-            return Ok(Accelerated::Declined(
-                "the second session could not import the run's snapshot",
-            ));
+            return Ok(Accelerated::Declined("the second session could not import the run's snapshot"));
         }
         let insert = (day.insert)(&Sql::raw(day.partition.clone()));
         let (scanned, inserted) = std::thread::scope(|scope| {
@@ -957,23 +796,16 @@ impl Postgres {
             let inserted = self.execute(&insert);
             (scan.join(), inserted)
         });
-        let scanned =
-            scanned.map_err(|_| Error::Internal("the guard scan's thread panicked".into()))?;
+        let scanned = scanned.map_err(|_| Error::Internal("the guard scan's thread panicked".into()))?;
         let counted = scanned.and_then(|rows| {
             let row = rows.single("the guard scan")?;
-            Ok((
-                row.count(FP_ROWS)?,
-                self.read_sum(row.value(FP_SUM)?)?,
-                row.count("outside")?,
-            ))
+            Ok((row.count(FP_ROWS)?, self.read_sum(row.value(FP_SUM)?)?, row.count("outside")?))
         });
         // An insert that failed on a row the guards refuse (a row of a day
         // with no partition, say): the guards' refusal, which names the
         // problem, made on the second session (the run's is aborted).
         let refused = match (&inserted, &counted) {
-            (Err(_), Ok((rows, _, outside))) => {
-                (day.refuse)(&mut |sql| side.query(sql), *rows, *outside).err()
-            }
+            (Err(_), Ok((rows, _, outside))) => (day.refuse)(&mut |sql| side.query(sql), *rows, *outside).err(),
             _ => None,
         };
         let ended = side.client().batch_execute("COMMIT");
@@ -989,12 +821,7 @@ impl Postgres {
         if rows_scanned != inserted {
             return Err(Error::Internal(format!("{inserted} rows were inserted but the guard scan of the same snapshot saw {rows_scanned}; rolled back")));
         }
-        Ok(Accelerated::Done(TappedDay {
-            inserted,
-            outside,
-            sum,
-            method: "delete+insert",
-        }))
+        Ok(Accelerated::Done(TappedDay { inserted, outside, sum, method: "delete+insert" }))
     }
 
     /// The day's files copied straight into the target (`COPY`, as by hand),
@@ -1002,12 +829,7 @@ impl Postgres {
     /// deleted already, so the day holds exactly the rows copied unless
     /// some were of another day (or none), which are counted as outside
     /// (the run is then refused and rolled back).
-    fn copy_day(
-        &mut self,
-        day: &DayInsert<'_>,
-        hash: &str,
-        steps: &mut dyn RunSteps,
-    ) -> Result<TappedDay> {
+    fn copy_day(&mut self, day: &DayInsert<'_>, hash: &str, steps: &mut dyn RunSteps) -> Result<TappedDay> {
         let mut stage = self.stage.take().expect("checked by the caller");
         let started = std::time::Instant::now();
         let copied = stage.pending.copy(self.client(), &day.target.quoted());
@@ -1016,40 +838,23 @@ impl Postgres {
         let copied = copied?;
         steps.step("insert (the files copied into the target)");
         let mut sql = Sql::new();
-        sql.push(&format!(
-            "SELECT count(*) AS \"n\", coalesce(sum({hash}), 0) AS \"sum\" FROM {} WHERE {} = ",
-            day.target.quoted(),
-            quote_ident(day.column)
-        ));
+        sql.push(&format!("SELECT count(*) AS \"n\", coalesce(sum({hash}), 0) AS \"sum\" FROM {} WHERE {} = ", day.target.quoted(), quote_ident(day.column)));
         sql.typed_param(Value::Date(day.day), "DATE");
         let rows = self.query(&sql)?;
         let row = rows.single("the day's rows")?;
         let (in_day, sum) = (row.count("n")?, self.read_sum(row.value("sum")?)?);
         if in_day > copied {
-            return Err(Error::Internal(format!(
-                "{copied} rows were copied but the day holds {in_day}; rolled back"
-            )));
+            return Err(Error::Internal(format!("{copied} rows were copied but the day holds {in_day}; rolled back")));
         }
         steps.step("the day's guards and fingerprint");
-        Ok(TappedDay {
-            inserted: copied,
-            outside: copied - in_day,
-            sum,
-            method: "delete+copy",
-        })
+        Ok(TappedDay { inserted: copied, outside: copied - in_day, sum, method: "delete+copy" })
     }
 }
 
 /// [`Dialect::native_row_hash`] of `columns`, each named by `name`.
 fn record_hash(columns: &[Column], name: impl Fn(&str) -> String) -> String {
-    let fields: Vec<String> = columns
-        .iter()
-        .map(|c| record_field(&name(&c.name), &c.ty))
-        .collect();
-    format!(
-        "hashint8extended(hash_record_extended(ROW({}), 0), 0)",
-        fields.join(", ")
-    )
+    let fields: Vec<String> = columns.iter().map(|c| record_field(&name(&c.name), &c.ty)).collect();
+    format!("hashint8extended(hash_record_extended(ROW({}), 0), 0)", fields.join(", "))
 }
 
 /// One field of [`Dialect::native_row_hash`]'s record: the value itself
@@ -1058,41 +863,12 @@ fn record_hash(columns: &[Column], name: impl Fn(&str) -> String) -> String {
 /// otherwise.
 fn record_field(expr: &str, ty: &str) -> String {
     let ty = ty.to_ascii_lowercase();
-    let own = [
-        "smallint",
-        "integer",
-        "bigint",
-        "real",
-        "double precision",
-        "boolean",
-        "date",
-        "uuid",
-        "bytea",
-        "jsonb",
-        "interval",
-    ];
-    let own_prefix = [
-        "numeric",
-        "timestamp",
-        "time without time zone",
-        "time(",
-        "interval",
-    ];
-    let text_like = [
-        "text",
-        "character varying",
-        "character",
-        "bpchar",
-        "varchar",
-        "char(",
-    ];
+    let own = ["smallint", "integer", "bigint", "real", "double precision", "boolean", "date", "uuid", "bytea", "jsonb", "interval"];
+    let own_prefix = ["numeric", "timestamp", "time without time zone", "time(", "interval"];
+    let text_like = ["text", "character varying", "character", "bpchar", "varchar", "char("];
     if ty.ends_with(']') {
         format!("CAST({expr} AS TEXT) COLLATE \"C\"")
-    } else if text_like
-        .iter()
-        .any(|t| ty == *t || ty.starts_with(&format!("{t}(")))
-        || ty.starts_with("char(")
-    {
+    } else if text_like.iter().any(|t| ty == *t || ty.starts_with(&format!("{t}("))) || ty.starts_with("char(") {
         format!("{expr} COLLATE \"C\"")
     } else if own.contains(&ty.as_str()) || own_prefix.iter().any(|p| ty.starts_with(p)) {
         expr.to_owned()
@@ -1113,9 +889,7 @@ impl Dialect for Postgres {
     /// 'A' and 'a' alike. A type without a hash of its own, or whose hash
     /// depends on the database (an enum's OID), is hashed by its text.
     fn native_row_hash(&self, alias: &str, columns: &[Column]) -> Option<String> {
-        Some(record_hash(columns, |c| {
-            format!("{alias}.{}", quote_ident(c))
-        }))
+        Some(record_hash(columns, |c| format!("{alias}.{}", quote_ident(c))))
     }
 
     fn native_hash_version(&self) -> u32 {
@@ -1136,8 +910,7 @@ impl Dialect for Postgres {
                 "CASE WHEN {x} IS NULL THEN NULL WHEN {x} = 'NaN' THEN 'nan' WHEN {x} = 'Infinity' THEN 'inf' WHEN {x} = '-Infinity' THEN '-inf' WHEN {x} = 0 THEN '0' \
                  ELSE (CASE WHEN {x} < 0 THEN '-' ELSE '' END) || CAST(CAST(CAST(('x' || encode(float8send(abs({x})), 'hex')) AS bit(64)) AS BIGINT) AS TEXT) END"
             ))
-        } else if ty.starts_with("character varying") || ty == "text" || ty.starts_with("character")
-        {
+        } else if ty.starts_with("character varying") || ty == "text" || ty.starts_with("character") {
             ("text", format!("CAST({expr} AS TEXT)"))
         } else if ty == "date" {
             // The text form (ISO: DateStyle is pinned per session) is
@@ -1158,22 +931,13 @@ impl Dialect for Postgres {
                 ),
             )
         } else if ty.starts_with("timestamp with time zone") {
-            (
-                "timestamptz",
-                format!("CAST(CAST(extract(epoch FROM {expr}) * 1000000 AS BIGINT) AS TEXT)"),
-            )
+            ("timestamptz", format!("CAST(CAST(extract(epoch FROM {expr}) * 1000000 AS BIGINT) AS TEXT)"))
         } else if ty == "boolean" {
-            (
-                "bool",
-                format!("CASE WHEN {expr} THEN 't' WHEN NOT {expr} THEN 'f' END"),
-            )
+            ("bool", format!("CASE WHEN {expr} THEN 't' WHEN NOT {expr} THEN 'f' END"))
         } else if ty == "bytea" {
             // Hex digits only: upper() in the C collation (the same letters,
             // without the locale's case mapping) is the cheap one.
-            (
-                "bytes",
-                format!("upper(encode({expr}, 'hex') COLLATE \"C\")"),
-            )
+            ("bytes", format!("upper(encode({expr}, 'hex') COLLATE \"C\")"))
         } else {
             ("other", format!("CAST({expr} AS TEXT)"))
         };
@@ -1191,11 +955,7 @@ impl Dialect for Postgres {
         // unsigned value minus 2^63; adding 2^63 back as NUMERIC gives the
         // unsigned value without a CASE.
         let mut bytes = vec!["(CAST(get_byte(m.d, 7) # 128 AS BIGINT) << 56)".to_owned()];
-        bytes.extend(
-            (1..7)
-                .rev()
-                .map(|i| format!("(CAST(get_byte(m.d, {i}) AS BIGINT) << {})", 8 * i)),
-        );
+        bytes.extend((1..7).rev().map(|i| format!("(CAST(get_byte(m.d, {i}) AS BIGINT) << {})", 8 * i)));
         bytes.push("get_byte(m.d, 0)".to_owned());
         format!(
             "(SELECT CAST({} AS NUMERIC) + 9223372036854775808 FROM (SELECT decode(md5({text_expr}), 'hex') AS d OFFSET 0) AS m)",
@@ -1211,15 +971,11 @@ impl Dialect for Postgres {
         let fields: Vec<String> = columns
             .iter()
             .map(|c| {
-                let (text, class) =
-                    self.portable_value(&format!("{alias}.{}", quote_ident(&c.name)), c);
+                let (text, class) = self.portable_value(&format!("{alias}.{}", quote_ident(&c.name)), c);
                 fixpoint_core::engine::measure::portable_field(&text, class)
             })
             .collect();
-        let chunks: Vec<String> = fields
-            .chunks(90)
-            .map(|f| format!("concat_ws('|', {})", f.join(", ")))
-            .collect();
+        let chunks: Vec<String> = fields.chunks(90).map(|f| format!("concat_ws('|', {})", f.join(", "))).collect();
         let text = match chunks.len() {
             0 => return None,
             1 => chunks[0].clone(),
@@ -1259,9 +1015,7 @@ impl Locks for Postgres {
         let fresh = std::mem::replace(&mut self.fresh, false);
         let lock_sql = |function: &str| {
             let mut sql = Sql::new();
-            sql.push(&format!("SELECT {function}(hashtextextended("))
-                .typed_param(Value::Text(scope.to_owned()), "TEXT")
-                .push(", 0))::text");
+            sql.push(&format!("SELECT {function}(hashtextextended(")).typed_param(Value::Text(scope.to_owned()), "TEXT").push(", 0))::text");
             sql
         };
         let took = |rows: Rows| matches!(rows.rows.first().map(|r| &r[0]), Some(Value::Text(t)) if t == "true" || t.is_empty());
@@ -1289,9 +1043,7 @@ impl Locks for Postgres {
         self.execute(&Sql::raw("ROLLBACK"))?;
         self.query(&lock_sql("pg_advisory_lock"))?;
         let unlock = lock_sql("pg_advisory_unlock");
-        let held = self
-            .begin()
-            .and_then(|()| self.query(&lock_sql("pg_try_advisory_xact_lock")).map(took));
+        let held = self.begin().and_then(|()| self.query(&lock_sql("pg_try_advisory_xact_lock")).map(took));
         let released = match &held {
             Ok(_) => self.query(&unlock).map(|_| ()),
             Err(_) => Ok(()),
@@ -1307,46 +1059,31 @@ impl Locks for Postgres {
         }
         match held {
             Ok(true) => Ok(true),
-            _ => Err(Error::Internal(format!(
-                "the run's lock {scope:?} was not granted to the session holding it"
-            ))),
+            _ => Err(Error::Internal(format!("the run's lock {scope:?} was not granted to the session holding it"))),
         }
     }
 }
 
 impl PartitionExchange for Postgres {
-    fn day_partition(
-        &mut self,
-        table: &TableName,
-        column: &str,
-        day: chrono::NaiveDate,
-    ) -> Result<DayPartition> {
+    fn day_partition(&mut self, table: &TableName, column: &str, day: chrono::NaiveDate) -> Result<DayPartition> {
         let Some((strategy, natts, key, ty)) = self.partition_key(table)? else {
             return Ok(DayPartition::NotPartitioned);
         };
         if natts != 1 || key != column {
-            return Ok(DayPartition::Unswappable(format!(
-                "{table} is partitioned by another key than {column}"
-            )));
+            return Ok(DayPartition::Unswappable(format!("{table} is partitioned by another key than {column}")));
         }
         if strategy != "l" && strategy != "r" {
-            return Ok(DayPartition::Unswappable(format!(
-                "{table} is hash-partitioned"
-            )));
+            return Ok(DayPartition::Unswappable(format!("{table} is hash-partitioned")));
         }
         if ty != "date" {
-            return Ok(DayPartition::Unswappable(format!(
-                "the partition column {column} is {ty}, not date"
-            )));
+            return Ok(DayPartition::Unswappable(format!("the partition column {column} is {ty}, not date")));
         }
         let mut sql = Sql::new();
         sql.push("SELECT count(*) FROM pg_attribute WHERE attgenerated <> '' AND attrelid = CAST(")
             .typed_param(Value::Text(table.quoted()), "TEXT")
             .push(" AS regclass)");
         if self.query(&sql)?.rows[0][0].as_i128() != Some(0) {
-            return Ok(DayPartition::Unswappable(format!(
-                "{table} has generated columns"
-            )));
+            return Ok(DayPartition::Unswappable(format!("{table} has generated columns")));
         }
         let mut sql = Sql::new();
         sql.push(
@@ -1362,41 +1099,25 @@ impl PartitionExchange for Postgres {
         // relation dropped meanwhile. Such a partition is another day's (this
         // day's partition changes only under this job's lock, taken before
         // the snapshot), so it is left out.
-        let rows: Vec<_> = self
-            .query(&sql)?
-            .rows
-            .into_iter()
-            .filter(|r| !matches!(r[3], Value::Null))
-            .collect();
+        let rows: Vec<_> = self.query(&sql)?.rows.into_iter().filter(|r| !matches!(r[3], Value::Null)).collect();
         let mut has_default = false;
         for r in rows {
             let text = text_of;
             let (schema, name, kind, bound) = (text(&r[0]), text(&r[1]), text(&r[2]), text(&r[3]));
-            let part = TableName {
-                schema,
-                table: name,
-            };
+            let part = TableName { schema, table: name };
             match Bound::parse(&bound) {
                 Some(Bound::Default) => has_default = true,
                 Some(b) if b.is_exactly(day) => {
                     if kind == "p" {
-                        return Ok(DayPartition::Unswappable(format!(
-                            "the day's partition {part} is itself partitioned"
-                        )));
+                        return Ok(DayPartition::Unswappable(format!("the day's partition {part} is itself partitioned")));
                     }
-                    return Ok(DayPartition::Swappable {
-                        existing: Some(part),
-                    });
+                    return Ok(DayPartition::Swappable { existing: Some(part) });
                 }
                 Some(b) if b.contains(day) => {
                     return Ok(DayPartition::Unswappable(format!("the day falls in partition {part} ({bound}), which holds more than one day")));
                 }
                 Some(_) => {}
-                None => {
-                    return Ok(DayPartition::Unswappable(format!(
-                        "cannot read the bound of partition {part}: {bound}"
-                    )))
-                }
+                None => return Ok(DayPartition::Unswappable(format!("cannot read the bound of partition {part}: {bound}"))),
             }
         }
         if has_default {
@@ -1407,21 +1128,13 @@ impl PartitionExchange for Postgres {
         Ok(DayPartition::Swappable { existing: None })
     }
 
-    fn create_day_table(
-        &mut self,
-        table: &TableName,
-        column: &str,
-        day: chrono::NaiveDate,
-    ) -> Result<TableName> {
+    fn create_day_table(&mut self, table: &TableName, column: &str, day: chrono::NaiveDate) -> Result<TableName> {
         let suffix = day.format("_%Y%m%d_fixpoint").to_string();
         let mut head = table.table.clone();
         while head.len() + suffix.len() > 63 {
             head.pop();
         }
-        let staged = TableName {
-            schema: table.schema.clone(),
-            table: head + &suffix,
-        };
+        let staged = TableName { schema: table.schema.clone(), table: head + &suffix };
         // The table is defined from the catalog (columns with their types,
         // collations and NOT NULL; the parent's CHECK constraints), not with
         // `LIKE parent`: LIKE would hold a lock on the parent until commit,
@@ -1436,12 +1149,7 @@ impl PartitionExchange for Postgres {
         )
         .typed_param(Value::Text(table.quoted()), "TEXT")
         .push(" AS regclass) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum");
-        let mut defs: Vec<String> = self
-            .query(&sql)?
-            .rows
-            .into_iter()
-            .map(|r| text_of(&r[0]))
-            .collect();
+        let mut defs: Vec<String> = self.query(&sql)?.rows.into_iter().map(|r| text_of(&r[0])).collect();
         let mut sql = Sql::new();
         sql.push("SELECT 'CONSTRAINT ' || quote_ident(conname) || ' ' || pg_get_constraintdef(oid) FROM pg_constraint WHERE contype = 'c' AND conrelid = CAST(")
             .typed_param(Value::Text(table.quoted()), "TEXT")
@@ -1451,59 +1159,28 @@ impl PartitionExchange for Postgres {
         // (digits and dashes only), never from user text. This CHECK makes
         // ATTACH skip its validation scan; the table is empty now, so adding
         // it costs nothing, and each inserted row is checked against it.
-        defs.push(format!(
-            "CONSTRAINT fixpoint_day CHECK ({col} IS NOT NULL AND {col} = DATE '{}')",
-            day.format("%Y-%m-%d"),
-            col = quote_ident(column)
-        ));
-        self.execute(&Sql::raw(format!(
-            "CREATE TABLE {} ({})",
-            staged.quoted(),
-            defs.join(", ")
-        )))?;
+        defs.push(format!("CONSTRAINT fixpoint_day CHECK ({col} IS NOT NULL AND {col} = DATE '{}')", day.format("%Y-%m-%d"), col = quote_ident(column)));
+        self.execute(&Sql::raw(format!("CREATE TABLE {} ({})", staged.quoted(), defs.join(", "))))?;
         Ok(staged)
     }
 
     fn drop_partition(&mut self, table: &TableName, partition: &TableName) -> Result<()> {
-        self.execute(&Sql::raw(format!(
-            "ALTER TABLE {} DETACH PARTITION {}",
-            table.quoted(),
-            partition.quoted()
-        )))?;
+        self.execute(&Sql::raw(format!("ALTER TABLE {} DETACH PARTITION {}", table.quoted(), partition.quoted())))?;
         self.execute(&Sql::raw(format!("DROP TABLE {}", partition.quoted())))?;
         Ok(())
     }
 
-    fn attach_day(
-        &mut self,
-        table: &TableName,
-        staged: &TableName,
-        column: &str,
-        day: chrono::NaiveDate,
-        name: &str,
-    ) -> Result<()> {
+    fn attach_day(&mut self, table: &TableName, staged: &TableName, column: &str, day: chrono::NaiveDate, name: &str) -> Result<()> {
         let _ = column;
         let strategy = self.partition_key(table)?.map(|k| k.0).unwrap_or_default();
         let bound = if strategy == "r" {
-            format!(
-                "FROM ('{}') TO ('{}')",
-                day.format("%Y-%m-%d"),
-                (day + chrono::Duration::days(1)).format("%Y-%m-%d")
-            )
+            format!("FROM ('{}') TO ('{}')", day.format("%Y-%m-%d"), (day + chrono::Duration::days(1)).format("%Y-%m-%d"))
         } else {
             format!("IN ('{}')", day.format("%Y-%m-%d"))
         };
-        self.execute(&Sql::raw(format!(
-            "ALTER TABLE {} ATTACH PARTITION {} FOR VALUES {bound}",
-            table.quoted(),
-            staged.quoted()
-        )))?;
+        self.execute(&Sql::raw(format!("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES {bound}", table.quoted(), staged.quoted())))?;
         if staged.table != name {
-            self.execute(&Sql::raw(format!(
-                "ALTER TABLE {} RENAME TO {}",
-                staged.quoted(),
-                quote_ident(name)
-            )))?;
+            self.execute(&Sql::raw(format!("ALTER TABLE {} RENAME TO {}", staged.quoted(), quote_ident(name))))?;
         }
         Ok(())
     }
@@ -1516,18 +1193,13 @@ impl FileInput for Postgres {
         self.stage = None;
         let pending = files::Pending::open(files)?;
         pending.create_stage(self.client())?;
-        self.stage = Some(Stage {
-            pending,
-            filled: false,
-            filled_in_transaction: false,
-        });
+        self.stage = Some(Stage { pending, filled: false, filled_in_transaction: false });
         Ok(Sql::raw(files::STAGE))
     }
 
     fn release_files(&mut self) -> Result<()> {
         self.stage = None;
-        self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {}", files::STAGE)))
-            .map(|_| ())
+        self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {}", files::STAGE))).map(|_| ())
     }
 }
 
@@ -1553,30 +1225,18 @@ impl Bound {
     fn parse(text: &str) -> Option<Bound> {
         fn value(v: &str) -> Option<Option<chrono::NaiveDate>> {
             let v = v.trim();
-            if v.eq_ignore_ascii_case("NULL")
-                || v.eq_ignore_ascii_case("MINVALUE")
-                || v.eq_ignore_ascii_case("MAXVALUE")
-            {
+            if v.eq_ignore_ascii_case("NULL") || v.eq_ignore_ascii_case("MINVALUE") || v.eq_ignore_ascii_case("MAXVALUE") {
                 return Some(None);
             }
             let v = v.strip_prefix('\'')?.strip_suffix('\'')?;
-            chrono::NaiveDate::parse_from_str(v, "%Y-%m-%d")
-                .ok()
-                .map(Some)
+            chrono::NaiveDate::parse_from_str(v, "%Y-%m-%d").ok().map(Some)
         }
         let text = text.trim();
         if text == "DEFAULT" {
             return Some(Bound::Default);
         }
-        if let Some(list) = text
-            .strip_prefix("FOR VALUES IN (")
-            .and_then(|t| t.strip_suffix(')'))
-        {
-            return list
-                .split(',')
-                .map(value)
-                .collect::<Option<Vec<_>>>()
-                .map(Bound::List);
+        if let Some(list) = text.strip_prefix("FOR VALUES IN (").and_then(|t| t.strip_suffix(')')) {
+            return list.split(',').map(value).collect::<Option<Vec<_>>>().map(Bound::List);
         }
         let range = text.strip_prefix("FOR VALUES FROM (")?.strip_suffix(')')?;
         let (from, to) = range.split_once(") TO (")?;
@@ -1608,47 +1268,15 @@ mod tests {
     /// `C` collation.
     #[test]
     fn record_fields_by_type() {
-        let own = [
-            "integer",
-            "bigint",
-            "numeric(12,2)",
-            "numeric",
-            "double precision",
-            "date",
-            "timestamp without time zone",
-            "timestamp(3) with time zone",
-            "boolean",
-            "uuid",
-            "bytea",
-            "jsonb",
-            "interval",
-        ];
+        let own = ["integer", "bigint", "numeric(12,2)", "numeric", "double precision", "date", "timestamp without time zone", "timestamp(3) with time zone", "boolean", "uuid", "bytea", "jsonb", "interval"];
         for ty in own {
             assert_eq!(record_field("x", ty), "x", "{ty}");
         }
-        for ty in [
-            "text",
-            "character varying(20)",
-            "character varying",
-            "character(3)",
-        ] {
+        for ty in ["text", "character varying(20)", "character varying", "character(3)"] {
             assert_eq!(record_field("x", ty), "x COLLATE \"C\"", "{ty}");
         }
-        for ty in [
-            "json",
-            "integer[]",
-            "numeric[]",
-            "mood",
-            "s.pos",
-            "time with time zone",
-            "xml",
-            "point",
-        ] {
-            assert_eq!(
-                record_field("x", ty),
-                "CAST(x AS TEXT) COLLATE \"C\"",
-                "{ty}"
-            );
+        for ty in ["json", "integer[]", "numeric[]", "mood", "s.pos", "time with time zone", "xml", "point"] {
+            assert_eq!(record_field("x", ty), "CAST(x AS TEXT) COLLATE \"C\"", "{ty}");
         }
     }
 
@@ -1660,10 +1288,7 @@ mod tests {
         assert!(b.is_exactly(day) && b.contains(day));
         let b = Bound::parse("FOR VALUES IN ('2026-10-19', '2026-10-20')").unwrap();
         assert!(!b.is_exactly(day) && b.contains(day));
-        assert_eq!(
-            Bound::parse("FOR VALUES IN (NULL)"),
-            Some(Bound::List(vec![None]))
-        );
+        assert_eq!(Bound::parse("FOR VALUES IN (NULL)"), Some(Bound::List(vec![None])));
         let b = Bound::parse("FOR VALUES FROM ('2026-10-20') TO ('2026-10-21')").unwrap();
         assert!(b.is_exactly(day) && !b.contains(d("2026-10-21")));
         let b = Bound::parse("FOR VALUES FROM ('2026-10-01') TO ('2026-11-01')").unwrap();
@@ -1671,10 +1296,7 @@ mod tests {
         let b = Bound::parse("FOR VALUES FROM (MINVALUE) TO ('2020-01-01')").unwrap();
         assert!(b.contains(d("1999-01-01")) && !b.contains(day));
         assert_eq!(Bound::parse("DEFAULT"), Some(Bound::Default));
-        assert_eq!(
-            Bound::parse("FOR VALUES WITH (modulus 4, remainder 0)"),
-            None
-        );
+        assert_eq!(Bound::parse("FOR VALUES WITH (modulus 4, remainder 0)"), None);
     }
     use fixpoint_core::{Error, ErrorClass};
 
@@ -1683,59 +1305,21 @@ mod tests {
         let e = classify("40001", "could not serialize access", "running `x`".into());
         assert!(matches!(e, Error::Transient { .. }));
         assert_eq!(e.to_string(), "postgres: running `x`: serialization failure: could not serialize access (SQLSTATE 40001)");
-        assert!(matches!(
-            classify("40P01", "deadlock", String::new()),
-            Error::Transient { .. }
-        ));
-        assert_eq!(
-            classify("55P03", "lock timeout", "c".into()).class(),
-            ErrorClass::Busy
-        );
+        assert!(matches!(classify("40P01", "deadlock", String::new()), Error::Transient { .. }));
+        assert_eq!(classify("55P03", "lock timeout", "c".into()).class(), ErrorClass::Busy);
         let e = classify("42P01", "relation \"bronze.x\" does not exist", "c".into());
-        assert_eq!(
-            e.to_string(),
-            "postgres: c: undefined table: relation \"bronze.x\" does not exist (SQLSTATE 42P01)"
-        );
+        assert_eq!(e.to_string(), "postgres: c: undefined table: relation \"bronze.x\" does not exist (SQLSTATE 42P01)");
         // A refused privilege is bad input, naming the object and the grant.
-        let denied = classify(
-            "42501",
-            "permission denied for table t",
-            "running `DELETE FROM \"s\".\"t\"`".into(),
-        );
+        let denied = classify("42501", "permission denied for table t", "running `DELETE FROM \"s\".\"t\"`".into());
         assert_eq!(denied.class(), ErrorClass::Input);
         assert_eq!(denied.to_string(), "postgres: permission denied for table t (SQLSTATE 42501): the user in --db lacks a privilege fixpoint needs");
-        assert!(
-            denied
-                .hint()
-                .is_some_and(|h| h.starts_with("have the owner of table t grant it")),
-            "{:?}",
-            denied.hint()
-        );
+        assert!(denied.hint().is_some_and(|h| h.starts_with("have the owner of table t grant it")), "{:?}", denied.hint());
         let owner = classify("42501", "must be owner of table t", "c".into());
-        assert!(
-            owner
-                .hint()
-                .is_some_and(|h| h.starts_with("have the owner of table t grant it")),
-            "{:?}",
-            owner.hint()
-        );
-        assert!(classify("57P01", "terminating connection", "c".into())
-            .to_string()
-            .contains("connection lost"));
+        assert!(owner.hint().is_some_and(|h| h.starts_with("have the owner of table t grant it")), "{:?}", owner.hint());
+        assert!(classify("57P01", "terminating connection", "c".into()).to_string().contains("connection lost"));
         // A concurrent CREATE … IF NOT EXISTS lost the race: retried.
-        let race = classify(
-            "23505",
-            "duplicate key value violates unique constraint \"pg_namespace_nspname_index\"",
-            "running `CREATE SCHEMA IF NOT EXISTS \"fixpoint\"`".into(),
-        );
+        let race = classify("23505", "duplicate key value violates unique constraint \"pg_namespace_nspname_index\"", "running `CREATE SCHEMA IF NOT EXISTS \"fixpoint\"`".into());
         assert!(matches!(race, Error::Transient { .. }), "{race}");
-        assert!(matches!(
-            classify(
-                "23505",
-                "duplicate key value violates unique constraint \"orders_pkey\"",
-                "c".into()
-            ),
-            Error::Database { .. }
-        ));
+        assert!(matches!(classify("23505", "duplicate key value violates unique constraint \"orders_pkey\"", "c".into()), Error::Database { .. }));
     }
 }

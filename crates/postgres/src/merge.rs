@@ -46,9 +46,7 @@ use fixpoint_core::fingerprint::{Fingerprint, Method};
 use fixpoint_core::job::ident::quote_ident;
 use fixpoint_core::job::spec::OnTie;
 use fixpoint_core::job::sql::Sql;
-use fixpoint_core::plans::merge::sql::{
-    keys_match, merge_actions, q, rows_differ, tombstone_table,
-};
+use fixpoint_core::plans::merge::sql::{keys_match, merge_actions, q, rows_differ, tombstone_table};
 use fixpoint_core::plans::merge::steps::Conditions;
 use fixpoint_core::{Error, FailPoint, Result, TableName, Value};
 
@@ -79,17 +77,8 @@ const TAG: &str = "\"__fixpoint_tag\"";
 const ANY: &str = "\"__fixpoint_any\"";
 
 /// The plan: the statement, its counts checked, the output fingerprint.
-pub(crate) fn merge(
-    pg: &mut Postgres,
-    m: &MergeRequest<'_>,
-    steps: &mut dyn RunSteps,
-) -> Result<Accelerated<Merged>> {
-    let output_cols: Vec<Column> = m
-        .target_cols
-        .iter()
-        .filter(|c| !m.job.metadata.contains(&c.name))
-        .cloned()
-        .collect();
+pub(crate) fn merge(pg: &mut Postgres, m: &MergeRequest<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<Merged>> {
+    let output_cols: Vec<Column> = m.target_cols.iter().filter(|c| !m.job.metadata.contains(&c.name)).cloned().collect();
     let fp = fingerprint_select(pg, Method::Native, "t", &output_cols)?;
     let (input_hash, kind, signature) = row_hash(pg, Method::Native, "x", m.input_cols)?;
     if let Some(hint) = pg.plan_key_lookups() {
@@ -104,15 +93,11 @@ pub(crate) fn merge(
     let n = |c: &str| row.count(c);
     let sum = |c: &str| -> Result<i128> { pg.read_sum(row.value(c)?) };
     if n("null_keys")? > 0 || n("ties")? > 0 || n("cross_ties")? > 0 || n("elsewhere")? > 0 {
-        return Ok(Accelerated::Declined(
-            "a NULL key or version, a tie, or a key held in another partition",
-        ));
+        return Ok(Accelerated::Declined("a NULL key or version, a tie, or a key held in another partition"));
     }
     let batch_rows = n("batch_rows")?;
     if n("joined")? != batch_rows {
-        return Ok(Accelerated::Declined(
-            "a key the target holds more than once",
-        ));
+        return Ok(Accelerated::Declined("a key the target holds more than once"));
     }
     let (updates, inserts) = (n("updates")?, n("inserts")?);
     if updates != n("planned_updates")? || inserts != n("planned_inserts")? {
@@ -126,11 +111,8 @@ pub(crate) fn merge(
     steps.fail_point(FailPoint::MidInsert)?;
     let input_rows = n("input_rows")?;
     let input = Fingerprint::from_sum(&kind, &signature, input_rows, sum("input_sum")?);
-    let duplicates_collapsed = input_rows.checked_sub(batch_rows).ok_or_else(|| {
-        Error::Internal(format!(
-            "the batch has {batch_rows} keys but the source {input_rows} rows"
-        ))
-    })?;
+    let duplicates_collapsed =
+        input_rows.checked_sub(batch_rows).ok_or_else(|| Error::Internal(format!("the batch has {batch_rows} keys but the source {input_rows} rows")))?;
     steps.fail_point(FailPoint::AfterInsert)?;
     let left_alone = n("left_alone")?;
     if updates + inserts + left_alone != batch_rows {
@@ -140,22 +122,8 @@ pub(crate) fn merge(
     }
     let output = fp.of(batch_rows, sum("written_sum")? + sum("left_sum")?);
     steps.step("output fp");
-    let method = if unique {
-        "merge, one statement, updates on the key"
-    } else {
-        "merge, one statement"
-    };
-    Ok(Accelerated::Done(Merged {
-        input,
-        output,
-        inserts,
-        updates,
-        deletes: 0,
-        batch_rows,
-        duplicates_collapsed,
-        rows_before: None,
-        method,
-    }))
+    let method = if unique { "merge, one statement, updates on the key" } else { "merge, one statement" };
+    Ok(Accelerated::Done(Merged { input, output, inserts, updates, deletes: 0, batch_rows, duplicates_collapsed, rows_before: None, method }))
 }
 
 /// Whether an index makes `key` unique in `table`: a valid, immediately
@@ -186,70 +154,33 @@ pub(crate) fn key_is_unique(pg: &mut Postgres, table: &TableName, key: &[String]
 
 /// The statement (see the module's documentation); `unique`: an index
 /// makes the key unique in the target.
-fn statement(
-    pg: &Postgres,
-    m: &MergeRequest<'_>,
-    output_cols: &[Column],
-    input_hash: &str,
-    unique: bool,
-) -> Result<Sql> {
+fn statement(pg: &Postgres, m: &MergeRequest<'_>, output_cols: &[Column], input_hash: &str, unique: bool) -> Result<Sql> {
     let spec = m.spec;
     let version = quote_ident(&spec.version);
     let target = m.job.target.quoted();
-    let key_list = spec
-        .key
-        .iter()
-        .map(|k| quote_ident(k))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
     let asc = |c: &String| format!("{} ASC NULLS FIRST", quote_ident(c));
-    let by_values: Vec<String> = std::iter::once(format!("{version} DESC NULLS FIRST"))
-        .chain(m.compared.iter().map(asc))
-        .collect();
-    let full: Vec<String> = by_values
-        .iter()
-        .cloned()
-        .chain(m.meta_cols.iter().map(asc))
-        .collect();
+    let by_values: Vec<String> = std::iter::once(format!("{version} DESC NULLS FIRST")).chain(m.compared.iter().map(asc)).collect();
+    let full: Vec<String> = by_values.iter().cloned().chain(m.meta_cols.iter().map(asc)).collect();
     // The hash of a row as written: the input hash where every target
     // column (metadata aside) is the source's, in order, of the same type
     // (the row's text is then the same); otherwise the row as stored,
     // hashed by RETURNING.
-    let hashed_as_read = output_cols.len() == m.input_cols.len()
-        && output_cols
-            .iter()
-            .zip(m.input_cols)
-            .all(|(o, i)| o.name == i.name && o.ty == i.ty);
+    let hashed_as_read = output_cols.len() == m.input_cols.len() && output_cols.iter().zip(m.input_cols).all(|(o, i)| o.name == i.name && o.ty == i.ty);
     let no_hash = || Error::Internal("the engine has no native row hash".into());
-    let written_hash = if hashed_as_read {
-        format!("b.{H}")
-    } else {
-        pg.native_row_hash("t", output_cols).ok_or_else(no_hash)?
-    };
+    let written_hash = if hashed_as_read { format!("b.{H}") } else { pg.native_row_hash("t", output_cols).ok_or_else(no_hash)? };
     let target_hash = pg.native_row_hash("t", output_cols).ok_or_else(no_hash)?;
     // Newer than the target's row; NULL (a NULL version in the target)
     // counts as not: the row is left alone, as the portable plan leaves it.
-    let newer = format!(
-        "coalesce({}, false)",
-        Conditions::of(spec, m.compared).newer
-    );
+    let newer = format!("coalesce({}, false)", Conditions::of(spec, m.compared).newer);
     let matched = format!("{} IS NOT NULL", q("t", &spec.key[0]));
-    let null_key = spec
-        .key
-        .iter()
-        .chain([&spec.version])
-        .map(|k| format!("{} IS NULL", q("x", k)))
-        .collect::<Vec<_>>()
-        .join(" OR ");
+    let null_key = spec.key.iter().chain([&spec.version]).map(|k| format!("{} IS NULL", q("x", k))).collect::<Vec<_>>().join(" OR ");
     let held = match m.prune {
         Some(p) => format!("coalesce({} = {}, false)", q("t", p), q("b", p)),
         None => "true".to_owned(),
     };
     let cross_tie = match spec.on_tie {
-        OnTie::Error => format!(
-            "b.{version} = t.{version} AND ({})",
-            rows_differ("b", "t", m.compared)
-        ),
+        OnTie::Error => format!("b.{version} = t.{version} AND ({})", rows_differ("b", "t", m.compared)),
         OnTie::Deterministic => "false".to_owned(),
     };
     let batch_tie = match spec.on_tie {
@@ -262,9 +193,7 @@ fn statement(
     // r: the source once, with its input hash, whether its key or version
     // is NULL, the dedup window, and the rank of the compared values at
     // each version (the same sort, one column fewer).
-    sql.push(&format!(
-        "WITH \"r\" AS MATERIALIZED (SELECT x.*, {input_hash} AS {H}, ({null_key}) AS {NULLS}, "
-    ));
+    sql.push(&format!("WITH \"r\" AS MATERIALIZED (SELECT x.*, {input_hash} AS {H}, ({null_key}) AS {NULLS}, "));
     sql.push(&format!(
         "row_number() OVER (PARTITION BY {key_list} ORDER BY {full}) AS {RANK}, \
          dense_rank() OVER (PARTITION BY {key_list} ORDER BY {values_order}) AS {DRANK}, \
@@ -272,11 +201,7 @@ fn statement(
         full = full.join(", "),
         values_order = by_values.join(", ")
     ));
-    fixpoint_core::engine::measure::Scope::Source {
-        template: m.job.source.template(),
-        params: m.params,
-    }
-    .write_from(&mut sql, "x");
+    fixpoint_core::engine::measure::Scope::Source { template: m.job.source.template(), params: m.params }.write_from(&mut sql, "x");
     sql.push("), ");
     // What the kept rows `b` that reach it (joined with the target `t`)
     // say: whether the key is held, newer, a tie with the target or held
@@ -300,29 +225,9 @@ fn statement(
         // made it a nested loop, quadratic in the batch): `w` sorts the
         // kept rows together with the updated keys (the rest of their
         // columns NULL) by key and keeps the keys with no update.
-        let returned = spec
-            .key
-            .iter()
-            .map(|k| format!("{} AS {}", q("b", k), quote_ident(k)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let r_cols: Vec<String> = m
-            .names
-            .iter()
-            .cloned()
-            .chain([H, NULLS, RANK, DRANK, TOP].map(|c| c.trim_matches('"').to_owned()))
-            .collect();
-        let padded = r_cols
-            .iter()
-            .map(|c| {
-                if spec.key.contains(c) {
-                    q("u", c)
-                } else {
-                    "NULL".to_owned()
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
+        let returned = spec.key.iter().map(|k| format!("{} AS {}", q("b", k), quote_ident(k))).collect::<Vec<_>>().join(", ");
+        let r_cols: Vec<String> = m.names.iter().cloned().chain([H, NULLS, RANK, DRANK, TOP].map(|c| c.trim_matches('"').to_owned())).collect();
+        let padded = r_cols.iter().map(|c| if spec.key.contains(c) { q("u", c) } else { "NULL".to_owned() }).collect::<Vec<_>>().join(", ");
         sql.push(&format!(
             "\"u\" AS (UPDATE {target} AS t SET {set} FROM \"r\" AS b WHERE {on} AND b.{RANK} = 1 AND {newer} AND {held} \
              RETURNING {returned}, {written_hash} AS {H}), \
@@ -351,18 +256,11 @@ fn statement(
     // once in `u` or in `c`, and a row of `c` that is newer and held in its
     // partition is one the update missed (planned, not done).
     let (joined, planned_updates) = if unique {
-        (
-            "e.\"looked_up\" + f.\"updates\"",
-            "f.\"updates\" + e.\"missed\"",
-        )
+        ("e.\"looked_up\" + f.\"updates\"", "f.\"updates\" + e.\"missed\"")
     } else {
         ("e.\"looked_up\"", "e.\"missed\"")
     };
-    let missed = if unique {
-        format!("{UPD} AND NOT \"__fixpoint_elsewhere\"")
-    } else {
-        UPD.to_owned()
-    };
+    let missed = if unique { format!("{UPD} AND NOT \"__fixpoint_elsewhere\"") } else { UPD.to_owned() };
     sql.push(&format!(
         "SELECT a.*, e.*, f.*, g.*, {joined} AS \"joined\", {planned_updates} AS \"planned_updates\", \
          coalesce(f.\"updated_sum\", 0) + coalesce(g.\"inserted_sum\", 0) AS \"written_sum\" FROM \

@@ -32,11 +32,7 @@ pub struct DuckDbWithoutTapsUnderTest;
 
 impl EngineUnderTest for DuckDbWithoutTapsUnderTest {
     fn fresh(&self) -> Box<dyn Engine> {
-        Box::new(
-            fixpoint_duckdb::DuckDb::open_in_memory()
-                .expect("in-memory duckdb")
-                .without_taps(),
-        )
+        Box::new(fixpoint_duckdb::DuckDb::open_in_memory().expect("in-memory duckdb").without_taps())
     }
 }
 
@@ -47,11 +43,7 @@ pub struct DuckDbTwoStatementsUnderTest;
 
 impl EngineUnderTest for DuckDbTwoStatementsUnderTest {
     fn fresh(&self) -> Box<dyn Engine> {
-        Box::new(
-            fixpoint_duckdb::DuckDb::open_in_memory()
-                .expect("in-memory duckdb")
-                .without_one_statement_merge(),
-        )
+        Box::new(fixpoint_duckdb::DuckDb::open_in_memory().expect("in-memory duckdb").without_one_statement_merge())
     }
 }
 
@@ -62,11 +54,7 @@ pub struct DuckDbUntappedInsertUnderTest;
 
 impl EngineUnderTest for DuckDbUntappedInsertUnderTest {
     fn fresh(&self) -> Box<dyn Engine> {
-        Box::new(
-            fixpoint_duckdb::DuckDb::open_in_memory()
-                .expect("in-memory duckdb")
-                .without_tapped_day_insert(),
-        )
+        Box::new(fixpoint_duckdb::DuckDb::open_in_memory().expect("in-memory duckdb").without_tapped_day_insert())
     }
 }
 
@@ -86,8 +74,7 @@ static PG_COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsi
 impl PgUnderTest {
     /// The server's URL for tests.
     pub fn url() -> String {
-        std::env::var("FIXPOINT_TEST_PG")
-            .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into())
+        std::env::var("FIXPOINT_TEST_PG").unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into())
     }
 
     /// The server, or `None` (after saying so) when it is unreachable and
@@ -95,20 +82,10 @@ impl PgUnderTest {
     pub fn get() -> Option<PgUnderTest> {
         static REACHABLE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
         let url = Self::url();
-        let r = REACHABLE.get_or_init(|| {
-            fixpoint_postgres::Postgres::connect(&url)
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        });
+        let r = REACHABLE.get_or_init(|| fixpoint_postgres::Postgres::connect(&url).map(|_| ()).map_err(|e| e.to_string()));
         match r {
-            Ok(()) => Some(PgUnderTest {
-                admin: url,
-                portable: false,
-                setup: None,
-            }),
-            Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
-                panic!("postgres is unreachable under CI=true: {e}")
-            }
+            Ok(()) => Some(PgUnderTest { admin: url, portable: false, setup: None }),
+            Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("postgres is unreachable under CI=true: {e}"),
             Err(e) => {
                 eprintln!("skipped: postgres is unreachable ({e}); set FIXPOINT_TEST_PG or start the server");
                 None
@@ -122,8 +99,7 @@ impl PgUnderTest {
     pub fn fresh_pg(&self) -> fixpoint_postgres::Postgres {
         let n = PG_COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let name = format!("fixpoint_test_{}_{n}", std::process::id());
-        let mut pg = fixpoint_postgres::Postgres::scratch(&self.admin, &name)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let mut pg = fixpoint_postgres::Postgres::scratch(&self.admin, &name).unwrap_or_else(|e| panic!("{e}"));
         if let Some(setup) = self.setup {
             exec(&mut pg, setup);
         }
@@ -138,19 +114,13 @@ impl PgUnderTest {
     /// one-statement merge would run, the plan with every check a join of
     /// its own does.
     pub fn portable(self) -> PgUnderTest {
-        PgUnderTest {
-            portable: true,
-            ..self
-        }
+        PgUnderTest { portable: true, ..self }
     }
 
     /// The same server, each fresh database first given `setup` (one or
     /// more statements).
     pub fn with_setup(self, setup: &'static str) -> PgUnderTest {
-        PgUnderTest {
-            setup: Some(setup),
-            ..self
-        }
+        PgUnderTest { setup: Some(setup), ..self }
     }
 }
 
@@ -189,13 +159,10 @@ impl SparkUnderTest {
     pub fn get() -> Option<SparkUnderTest> {
         static REACHABLE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
         let url = Self::url();
-        let r =
-            REACHABLE.get_or_init(|| Self::connect(&url).map(|_| ()).map_err(|e| e.to_string()));
+        let r = REACHABLE.get_or_init(|| Self::connect(&url).map(|_| ()).map_err(|e| e.to_string()));
         match r {
             Ok(()) => Some(SparkUnderTest { url, observe: true }),
-            Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
-                panic!("spark is unreachable under CI=true: {e}")
-            }
+            Err(e) if std::env::var("CI").as_deref() == Ok("true") => panic!("spark is unreachable under CI=true: {e}"),
             Err(e) => {
                 eprintln!("skipped: spark is unreachable ({e}); start it with scripts/spark-local.sh start, or set FIXPOINT_TEST_SPARK");
                 None
@@ -226,10 +193,7 @@ impl SparkUnderTest {
     /// The same server, its engines' writes not observed: the plans scan
     /// the source before a write and the written rows after it.
     pub fn unobserved(self) -> SparkUnderTest {
-        SparkUnderTest {
-            observe: false,
-            ..self
-        }
+        SparkUnderTest { observe: false, ..self }
     }
 }
 
@@ -241,22 +205,13 @@ impl EngineUnderTest for SparkUnderTest {
         // the server (shared by every session) until its session expires;
         // writing a table they read recomputes them, which fails once their
         // schema is dropped.
-        spark
-            .execute(&Sql::raw("CLEAR CACHE"))
-            .unwrap_or_else(|e| panic!("{e}"));
-        let dbs = spark
-            .query(&Sql::raw("SHOW DATABASES"))
-            .unwrap_or_else(|e| panic!("{e}"));
+        spark.execute(&Sql::raw("CLEAR CACHE")).unwrap_or_else(|e| panic!("{e}"));
+        let dbs = spark.query(&Sql::raw("SHOW DATABASES")).unwrap_or_else(|e| panic!("{e}"));
         for r in dbs.rows {
             let name = r[0].display().trim_matches('"').to_owned();
             if name != "default" {
-                let stmt = format!(
-                    "DROP DATABASE IF EXISTS {} CASCADE",
-                    fixpoint_core::job::ident::quote_ident(&name)
-                );
-                spark
-                    .execute(&Sql::raw(stmt))
-                    .unwrap_or_else(|e| panic!("{e}"));
+                let stmt = format!("DROP DATABASE IF EXISTS {} CASCADE", fixpoint_core::job::ident::quote_ident(&name));
+                spark.execute(&Sql::raw(stmt)).unwrap_or_else(|e| panic!("{e}"));
             }
         }
         Box::new(spark)
@@ -296,8 +251,7 @@ impl DeltaUnderTest {
     /// A fresh warehouse, as the Delta engine.
     pub fn fresh_delta(&self) -> fixpoint_delta::Delta {
         let n = DELTA_COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let dir =
-            std::env::temp_dir().join(format!("fixpoint-delta-test-{}-{n}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("fixpoint-delta-test-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         fixpoint_delta::Delta::scratch(&dir).unwrap_or_else(|e| panic!("{e}"))
     }
@@ -339,21 +293,13 @@ impl DeltaS3UnderTest {
     /// A fresh warehouse URL (`s3://fixpoint-test/…`).
     pub fn fresh_url(&self) -> String {
         let n = DELTA_COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        format!(
-            "s3://{}/wh-{}-{nanos}-{n}",
-            Self::BUCKET,
-            std::process::id()
-        )
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        format!("s3://{}/wh-{}-{nanos}-{n}", Self::BUCKET, std::process::id())
     }
 
     /// A fresh warehouse, as the Delta engine.
     pub fn fresh_delta(&self) -> fixpoint_delta::Delta {
-        fixpoint_delta::Delta::scratch_s3(&self.fresh_url(), &self.options())
-            .unwrap_or_else(|e| panic!("{e}"))
+        fixpoint_delta::Delta::scratch_s3(&self.fresh_url(), &self.options()).unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
@@ -475,9 +421,7 @@ macro_rules! scenarios {
 /// Runs `;`-separated setup statements (fixture SQL written by the tests).
 pub fn exec(engine: &mut dyn Engine, script: &str) {
     for stmt in script.split(";\n").map(str::trim).filter(|s| !s.is_empty()) {
-        engine
-            .execute(&Sql::raw(stmt))
-            .unwrap_or_else(|e| panic!("setup failed: {e}\n{stmt}"));
+        engine.execute(&Sql::raw(stmt)).unwrap_or_else(|e| panic!("setup failed: {e}\n{stmt}"));
     }
 }
 
@@ -486,10 +430,7 @@ pub fn exec(engine: &mut dyn Engine, script: &str) {
 /// written once for engines without them (Spark on parquet).
 pub fn rewrite(engine: &mut dyn Engine, table: &str, select: &str) {
     let t = TableName::parse(table).unwrap();
-    let new = TableName {
-        schema: t.schema.clone(),
-        table: format!("{}__rewritten", t.table),
-    };
+    let new = TableName { schema: t.schema.clone(), table: format!("{}__rewritten", t.table) };
     exec(
         engine,
         &format!(
@@ -519,9 +460,7 @@ pub fn change_order_3(engine: &mut dyn Engine) {
 pub fn before_commit_point(engine: &mut dyn Engine, point: fixpoint_core::FailPoint) -> bool {
     use fixpoint_core::FailPoint::*;
     // Delta commits a run's changes with its ledger row: every point comes first.
-    engine.leases().is_none()
-        || engine.name() == "delta"
-        || matches!(point, AfterGuards | AfterDelete | MidInsert)
+    engine.leases().is_none() || engine.name() == "delta" || matches!(point, AfterGuards | AfterDelete | MidInsert)
 }
 
 /// A job from TOML text.
@@ -538,41 +477,22 @@ pub fn d(s: &str) -> RunDate {
 pub fn day_fp(engine: &mut dyn Engine, table: &str, day: &str, exclude: &[&str]) -> Fingerprint {
     let t = TableName::parse(table).unwrap();
     let cols = engine.table_columns(&t).unwrap().expect("table exists");
-    let cols: Vec<_> = cols
-        .into_iter()
-        .filter(|c| !exclude.contains(&c.name.as_str()))
-        .collect();
+    let cols: Vec<_> = cols.into_iter().filter(|c| !exclude.contains(&c.name.as_str())).collect();
     let date = d(day).date();
-    fingerprint(
-        engine,
-        Method::Native,
-        &Scope::Table {
-            table: &t,
-            filter: Some(Filter::DateEquals("dt", date)),
-        },
-        &cols,
-    )
-    .unwrap()
+    fingerprint(engine, Method::Native, &Scope::Table { table: &t, filter: Some(Filter::DateEquals("dt", date)) }, &cols).unwrap()
 }
 
 /// Every row of a query, as display strings, sorted.
 pub fn rows(engine: &mut dyn Engine, sql: &str) -> Vec<Vec<String>> {
-    let mut out: Vec<Vec<String>> = engine
-        .query(&Sql::raw(sql))
-        .unwrap()
-        .rows
-        .iter()
-        .map(|r| r.iter().map(|v| v.display()).collect())
-        .collect();
+    let mut out: Vec<Vec<String>> =
+        engine.query(&Sql::raw(sql)).unwrap().rows.iter().map(|r| r.iter().map(|v| v.display()).collect()).collect();
     out.sort();
     out
 }
 
 /// One integer from a query.
 pub fn count(engine: &mut dyn Engine, sql: &str) -> i128 {
-    engine.query(&Sql::raw(sql)).unwrap().rows[0][0]
-        .as_i128()
-        .unwrap()
+    engine.query(&Sql::raw(sql)).unwrap().rows[0][0].as_i128().unwrap()
 }
 
 /// The seeds' fixture: bronze.orders over 2026-10-19 … 2026-10-21, with a
@@ -626,16 +546,10 @@ sql = "SELECT order_id, customer_id, order_total, currency, updated_at, dt FROM 
 
 /// The client settings for the local S3-compatible server at `endpoint`.
 pub fn s3_test_options(endpoint: &str) -> Vec<(String, String)> {
-    [
-        ("aws_endpoint_url", endpoint),
-        ("aws_allow_http", "true"),
-        ("aws_access_key_id", "test"),
-        ("aws_secret_access_key", "test"),
-        ("aws_region", "us-east-1"),
-    ]
-    .iter()
-    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-    .collect()
+    [("aws_endpoint_url", endpoint), ("aws_allow_http", "true"), ("aws_access_key_id", "test"), ("aws_secret_access_key", "test"), ("aws_region", "us-east-1")]
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
 }
 
 /// A folder's copy on the local S3-compatible server (feature `s3`):
@@ -663,29 +577,12 @@ impl S3Mirror {
     pub fn get() -> Option<S3Mirror> {
         static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let endpoint = fixpoint_core::job::objects::test_s3_endpoint()?;
-        let store = fixpoint_core::job::objects::s3_store(
-            Self::BUCKET,
-            &s3_test_options(&endpoint),
-            "the tests' bucket",
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let store = fixpoint_core::job::objects::s3_store(Self::BUCKET, &s3_test_options(&endpoint), "the tests' bucket").unwrap_or_else(|e| panic!("{e}"));
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
         let prefix = format!("lake-{}-{nanos}-{n}", std::process::id());
-        Some(S3Mirror {
-            endpoint,
-            prefix,
-            store,
-            rt,
-            synced: Default::default(),
-        })
+        Some(S3Mirror { endpoint, prefix, store, rt, synced: Default::default() })
     }
 
     /// The client settings for the server.
@@ -705,18 +602,13 @@ impl S3Mirror {
     /// Uploads `bytes` as `rel`.
     pub fn put(&self, rel: &str, bytes: Vec<u8>) {
         use object_store::ObjectStoreExt;
-        self.rt
-            .block_on(self.store.put(&self.key(rel), bytes.into()))
-            .unwrap_or_else(|e| panic!("uploading {rel}: {e}"));
+        self.rt.block_on(self.store.put(&self.key(rel), bytes.into())).unwrap_or_else(|e| panic!("uploading {rel}: {e}"));
     }
 
     /// The ETag the server gives `rel` now (a HEAD request).
     pub fn etag(&self, rel: &str) -> String {
         use object_store::ObjectStoreExt;
-        let meta = self
-            .rt
-            .block_on(self.store.head(&self.key(rel)))
-            .unwrap_or_else(|e| panic!("{rel}: {e}"));
+        let meta = self.rt.block_on(self.store.head(&self.key(rel))).unwrap_or_else(|e| panic!("{rel}: {e}"));
         meta.e_tag.expect("the server gives ETags")
     }
 
@@ -726,11 +618,7 @@ impl S3Mirror {
         fn walk(dir: &Path, rel: &str, out: &mut std::collections::BTreeMap<String, Vec<u8>>) {
             for entry in std::fs::read_dir(dir).unwrap().flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
-                let rel = if rel.is_empty() {
-                    name
-                } else {
-                    format!("{rel}/{name}")
-                };
+                let rel = if rel.is_empty() { name } else { format!("{rel}/{name}") };
                 let path = entry.path();
                 if path.is_dir() {
                     walk(&path, &rel, out);
@@ -748,9 +636,7 @@ impl S3Mirror {
             }
         }
         for rel in synced.keys().filter(|r| !now.contains_key(*r)) {
-            self.rt
-                .block_on(self.store.delete(&self.key(rel)))
-                .unwrap_or_else(|e| panic!("deleting {rel}: {e}"));
+            self.rt.block_on(self.store.delete(&self.key(rel))).unwrap_or_else(|e| panic!("deleting {rel}: {e}"));
         }
         *synced = now;
     }

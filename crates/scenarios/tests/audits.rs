@@ -1,8 +1,8 @@
 //! Audits before publish, run on every engine: each kind passing and
 //! failing; a blocking failure publishes nothing; warnings are recorded.
 
-use fixpoint_core::run::ledger;
 use fixpoint_core::{Error, ErrorClass, RunOptions};
+use fixpoint_core::run::ledger;
 use fixpoint_scenarios::*;
 
 fn with_audits(audits: &str) -> fixpoint_core::Job {
@@ -51,11 +51,7 @@ fn every_kind_passes_on_a_good_day(e: &dyn EngineUnderTest) {
     let job = with_audits(PASSING);
     job.load(d("2026-10-19"), db).unwrap();
     let r = job.load(d("2026-10-20"), db).unwrap();
-    let names: Vec<(&str, bool, u64)> = r
-        .audits
-        .iter()
-        .map(|a| (a.name.as_str(), a.passed, a.offending))
-        .collect();
+    let names: Vec<(&str, bool, u64)> = r.audits.iter().map(|a| (a.name.as_str(), a.passed, a.offending)).collect();
     assert_eq!(
         names,
         vec![
@@ -68,28 +64,11 @@ fn every_kind_passes_on_a_good_day(e: &dyn EngineUnderTest) {
             ("no order before its day", true, 0),
         ]
     );
-    assert_eq!(
-        r.audits[4].detail, "4 row(s) against 2 before: +100.0%",
-        "a new day is compared with the day before"
-    );
-    let entry = ledger::entries(db, Some("silver_orders"), Some(d("2026-10-20")), Some(1))
-        .unwrap()
-        .remove(0);
-    assert_eq!(
-        entry.audits, r.audits,
-        "the ledger records the audits with the run"
-    );
+    assert_eq!(r.audits[4].detail, "4 row(s) against 2 before: +100.0%", "a new day is compared with the day before");
+    let entry = ledger::entries(db, Some("silver_orders"), Some(d("2026-10-20")), Some(1)).unwrap().remove(0);
+    assert_eq!(entry.audits, r.audits, "the ledger records the audits with the run");
     // A forced rerun audits the same staged result the same way.
-    let again = job
-        .load_with(
-            d("2026-10-20"),
-            db,
-            &RunOptions {
-                force: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let again = job.load_with(d("2026-10-20"), db, &RunOptions { force: true, ..Default::default() }).unwrap();
     assert_eq!(again.output(), r.output());
     assert_eq!(again.audits[4].detail, "4 row(s) against 4 before: +0.0%");
 }
@@ -115,57 +94,20 @@ fn a_failing_audit_publishes_nothing(e: &dyn EngineUnderTest) {
         let audited = with_audits(&format!("[[audit]]\n{audit}\n"));
         let err = audited.load(d("2026-10-20"), db).unwrap_err();
         assert_eq!(err.class(), ErrorClass::Audit, "{name}: {err}");
-        let Error::AuditFailed {
-            audit: failed,
-            detail: found,
-            results,
-            ..
-        } = &err
-        else {
-            panic!("{err}")
-        };
+        let Error::AuditFailed { audit: failed, detail: found, results, .. } = &err else { panic!("{err}") };
         assert_eq!((failed.as_str(), found.as_str()), (name, detail), "{err}");
         assert_eq!(results.len(), 1);
-        assert!(
-            err.to_string().starts_with(&format!(
-                "audit {name} failed: {detail}; nothing was published"
-            )),
-            "{err}"
-        );
-        assert_eq!(
-            rows(db, "SELECT * FROM silver.orders"),
-            before_rows,
-            "{name}: the previous day stays"
-        );
-        assert_eq!(
-            day_fp(db, "silver.orders", "2026-10-20", &["load_id"]),
-            before.output(),
-            "{name}"
-        );
-        assert_eq!(
-            ledger::entries(db, None, None, None).unwrap().len(),
-            1,
-            "{name}: no committed run"
-        );
+        assert!(err.to_string().starts_with(&format!("audit {name} failed: {detail}; nothing was published")), "{err}");
+        assert_eq!(rows(db, "SELECT * FROM silver.orders"), before_rows, "{name}: the previous day stays");
+        assert_eq!(day_fp(db, "silver.orders", "2026-10-20", &["load_id"]), before.output(), "{name}");
+        assert_eq!(ledger::entries(db, None, None, None).unwrap().len(), 1, "{name}: no committed run");
         // As a warning it does not block, and is recorded.
         let warned = with_audits(&format!("[[audit]]\n{audit}\nseverity = \"warn\"\n"));
         let r = warned.load(d("2026-10-20"), db).unwrap();
         assert_eq!(r.outcome, "committed", "{name}");
-        assert_eq!(
-            (
-                r.audits[0].passed,
-                r.audits[0].severity.as_str(),
-                r.audits[0].detail.as_str()
-            ),
-            (false, "warn", detail)
-        );
-        let entry = ledger::entries(db, Some("silver_orders"), Some(d("2026-10-20")), Some(1))
-            .unwrap()
-            .remove(0);
-        assert!(
-            !entry.audits[0].passed,
-            "{name}: the warning is in the ledger"
-        );
+        assert_eq!((r.audits[0].passed, r.audits[0].severity.as_str(), r.audits[0].detail.as_str()), (false, "warn", detail));
+        let entry = ledger::entries(db, Some("silver_orders"), Some(d("2026-10-20")), Some(1)).unwrap().remove(0);
+        assert!(!entry.audits[0].passed, "{name}: the warning is in the ledger");
     }
 }
 
@@ -176,22 +118,12 @@ fn merge_audits_check_the_touched_keys(e: &dyn EngineUnderTest) {
     let merge = |audits: &str| job(&format!("{BRONZE_MERGE_JOB}\n{audits}"));
     let ok = merge("[[audit]]\nkind = \"unique\"\n\n[[audit]]\nkind = \"row_count\"\nmin = 1\n");
     let r19 = ok.load(d("2026-10-19"), db).unwrap();
-    assert_eq!(
-        r19.audits
-            .iter()
-            .map(|a| (a.name.as_str(), a.passed))
-            .collect::<Vec<_>>(),
-        vec![("unique(order_id)", true), ("row_count", true)]
-    );
+    assert_eq!(r19.audits.iter().map(|a| (a.name.as_str(), a.passed)).collect::<Vec<_>>(), vec![("unique(order_id)", true), ("row_count", true)]);
     let before = rows(db, "SELECT * FROM silver.orders_m");
     let bad = merge("[[audit]]\nkind = \"accepted_values\"\ncolumn = \"currency\"\nvalues = [\"EUR\", \"USD\"]\n");
     let err = bad.load(d("2026-10-20"), db).unwrap_err();
     assert!(err.to_string().starts_with("audit accepted_values(currency) failed: 1 row(s) with currency outside [EUR, USD]; nothing was published"), "{err}");
-    assert_eq!(
-        rows(db, "SELECT * FROM silver.orders_m"),
-        before,
-        "the merge was rolled back"
-    );
+    assert_eq!(rows(db, "SELECT * FROM silver.orders_m"), before, "the merge was rolled back");
 }
 
 fn bad_audits_are_refused_with_the_key(_e: &dyn EngineUnderTest) {
@@ -207,12 +139,7 @@ fn bad_audits_are_refused_with_the_key(_e: &dyn EngineUnderTest) {
     }
 }
 
-scenarios!(
-    every_kind_passes_on_a_good_day,
-    a_failing_audit_publishes_nothing,
-    merge_audits_check_the_touched_keys,
-    bad_audits_are_refused_with_the_key
-);
+scenarios!(every_kind_passes_on_a_good_day, a_failing_audit_publishes_nothing, merge_audits_check_the_touched_keys, bad_audits_are_refused_with_the_key);
 
 mod ledger_migration {
     use super::*;
@@ -225,21 +152,12 @@ mod ledger_migration {
         plain.load(d("2026-10-19"), db).unwrap();
         // As session 1's fixpoint left it: no audits column.
         exec(db, "ALTER TABLE fixpoint.runs DROP COLUMN audits");
-        assert_eq!(
-            ledger::entries(db, None, None, None).unwrap().len(),
-            1,
-            "reading migrates it"
-        );
+        assert_eq!(ledger::entries(db, None, None, None).unwrap().len(), 1, "reading migrates it");
         let audited = with_audits("[[audit]]\nkind = \"row_count\"\nmin = 1\n");
         let r = audited.load(d("2026-10-20"), db).unwrap();
-        let entries =
-            ledger::entries(db, Some("silver_orders"), Some(d("2026-10-20")), None).unwrap();
+        let entries = ledger::entries(db, Some("silver_orders"), Some(d("2026-10-20")), None).unwrap();
         assert_eq!(entries[0].audits, r.audits);
-        assert!(
-            ledger::entries(db, None, Some(d("2026-10-19")), None).unwrap()[0]
-                .audits
-                .is_empty()
-        );
+        assert!(ledger::entries(db, None, Some(d("2026-10-19")), None).unwrap()[0].audits.is_empty());
     }
 
     scenarios!(an_older_ledger_gains_the_audits_column);

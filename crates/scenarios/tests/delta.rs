@@ -16,8 +16,7 @@ struct Folder(PathBuf);
 
 impl Folder {
     fn new(name: &str) -> Folder {
-        let dir =
-            std::env::temp_dir().join(format!("fixpoint-delta-{name}-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("fixpoint-delta-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         Folder(dir)
     }
@@ -37,22 +36,13 @@ impl Drop for Folder {
 /// `FIXPOINT_TEST_PYTHON`, else `~/.cache/fixpoint/pyvenv/bin/python`), or
 /// `None` (after saying so) outside CI; under `CI=true` it must be there.
 fn python() -> Option<PathBuf> {
-    let py = std::env::var_os("FIXPOINT_TEST_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/fixpoint/pyvenv/bin/python")
-        });
-    let ok = std::process::Command::new(&py)
-        .args(["-c", "import deltalake, pyarrow"])
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let py = std::env::var_os("FIXPOINT_TEST_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/fixpoint/pyvenv/bin/python")
+    });
+    let ok = std::process::Command::new(&py).args(["-c", "import deltalake, pyarrow"]).output().is_ok_and(|o| o.status.success());
     match ok {
         true => Some(py),
-        false if std::env::var("CI").as_deref() == Ok("true") => panic!(
-            "{} with the deltalake package is missing under CI=true",
-            py.display()
-        ),
+        false if std::env::var("CI").as_deref() == Ok("true") => panic!("{} with the deltalake package is missing under CI=true", py.display()),
         false => {
             eprintln!("skipped: no Python with deltalake at {} (set FIXPOINT_TEST_PYTHON, or create the virtualenv as .ci/run does)", py.display());
             None
@@ -65,24 +55,12 @@ fn python() -> Option<PathBuf> {
 /// transaction version of each app id asked for, the names of its active
 /// files and its partition columns.
 fn read_with_python(py: &Path, table: &Path, columns: &[&str], apps: &[&str]) -> serde_json::Value {
-    read_url_with_python(
-        py,
-        &table.to_string_lossy(),
-        &serde_json::json!({}),
-        columns,
-        apps,
-    )
+    read_url_with_python(py, &table.to_string_lossy(), &serde_json::json!({}), columns, apps)
 }
 
 /// [`read_with_python`] for a table URL (`s3://…`) with the Python
 /// package's storage options.
-fn read_url_with_python(
-    py: &Path,
-    table: &str,
-    storage: &serde_json::Value,
-    columns: &[&str],
-    apps: &[&str],
-) -> serde_json::Value {
+fn read_url_with_python(py: &Path, table: &str, storage: &serde_json::Value, columns: &[&str], apps: &[&str]) -> serde_json::Value {
     let script = r#"
 import json, sys
 from deltalake import DeltaTable
@@ -105,29 +83,15 @@ import os
 os._exit(0)
 "#;
     let out = std::process::Command::new(py)
-        .args([
-            "-c",
-            script,
-            table,
-            &serde_json::to_string(columns).unwrap(),
-            &serde_json::to_string(apps).unwrap(),
-            &storage.to_string(),
-        ])
+        .args(["-c", script, table, &serde_json::to_string(columns).unwrap(), &serde_json::to_string(apps).unwrap(), &storage.to_string()])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "python: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "python: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
 fn force() -> RunOptions {
-    RunOptions {
-        force: true,
-        ..Default::default()
-    }
+    RunOptions { force: true, ..Default::default() }
 }
 
 #[test]
@@ -138,10 +102,7 @@ fn an_independent_reader_sees_the_rows_one_commit_per_run_and_the_transaction_ve
     exec(&mut db, BRONZE);
     let job = job(SILVER_JOB);
     let first = job.load(d("2026-10-20"), &mut db).unwrap();
-    assert_eq!(
-        (first.outcome.as_str(), first.rows_inserted),
-        ("committed", 4)
-    );
+    assert_eq!((first.outcome.as_str(), first.rows_inserted), ("committed", 4));
     let retry = job.load(d("2026-10-20"), &mut db).unwrap();
     assert_eq!(retry.outcome, "skipped");
     let forced = job.load_with(d("2026-10-20"), &mut db, &force()).unwrap();
@@ -152,20 +113,13 @@ fn an_independent_reader_sees_the_rows_one_commit_per_run_and_the_transaction_ve
     drop(db);
     let mut db = folder.open();
     let again = job.load(d("2026-10-20"), &mut db).unwrap();
-    assert_eq!(
-        again.outcome, "skipped",
-        "the ledger written to the warehouse is read by the next process"
-    );
+    assert_eq!(again.outcome, "skipped", "the ledger written to the warehouse is read by the next process");
 
     let read = read_with_python(
         &py,
         &folder.0.join("silver/orders"),
         &["order_id", "order_total", "updated_at", "dt"],
-        &[
-            "fixpoint:silver_orders:2026-10-20",
-            "fixpoint:silver_orders:2026-10-19",
-            "fixpoint:silver_orders:2026-10-21",
-        ],
+        &["fixpoint:silver_orders:2026-10-20", "fixpoint:silver_orders:2026-10-19", "fixpoint:silver_orders:2026-10-21"],
     );
     let rows: Vec<Vec<String>> = serde_json::from_value(read["rows"].clone()).unwrap();
     assert_eq!(
@@ -184,28 +138,10 @@ fn an_independent_reader_sees_the_rows_one_commit_per_run_and_the_transaction_ve
     // commit for the two skipped runs, none of its own for the creation.
     let commits = read["commits"].as_array().unwrap();
     let keys: Vec<Option<&str>> = commits.iter().map(|c| c["run_key"].as_str()).collect();
-    assert_eq!(
-        keys,
-        vec![
-            Some(other_day.run_key.as_str()),
-            Some(first.run_key.as_str()),
-            Some(first.run_key.as_str())
-        ],
-        "{commits:?}"
-    );
-    let operations: Vec<&str> = commits
-        .iter()
-        .map(|c| c["operation"].as_str().unwrap_or_default())
-        .collect();
-    assert_eq!(
-        operations,
-        vec!["WRITE", "WRITE", "CREATE TABLE"],
-        "{commits:?}"
-    );
-    assert_eq!(
-        read["txn"]["fixpoint:silver_orders:2026-10-20"], 2,
-        "two committed runs of the 20th"
-    );
+    assert_eq!(keys, vec![Some(other_day.run_key.as_str()), Some(first.run_key.as_str()), Some(first.run_key.as_str())], "{commits:?}");
+    let operations: Vec<&str> = commits.iter().map(|c| c["operation"].as_str().unwrap_or_default()).collect();
+    assert_eq!(operations, vec!["WRITE", "WRITE", "CREATE TABLE"], "{commits:?}");
+    assert_eq!(read["txn"]["fixpoint:silver_orders:2026-10-20"], 2, "two committed runs of the 20th");
     assert_eq!(read["txn"]["fixpoint:silver_orders:2026-10-19"], 1);
     assert!(read["txn"]["fixpoint:silver_orders:2026-10-21"].is_null());
     // The ledger agrees: one row per committed run.
@@ -235,28 +171,13 @@ fn a_lost_commit_acknowledgement_is_a_no_op_when_retried() {
     // The retry: the commit is in the table's log; the ledger row it lacks
     // is written from the commit's info, and the run is skipped.
     let mut db = folder.open();
-    let entries =
-        ledger::entries(&mut db, Some("silver_orders"), Some(d("2026-10-20")), None).unwrap();
-    assert_eq!(
-        entries.len(),
-        1,
-        "the lost ledger row is written from the commit"
-    );
+    let entries = ledger::entries(&mut db, Some("silver_orders"), Some(d("2026-10-20")), None).unwrap();
+    assert_eq!(entries.len(), 1, "the lost ledger row is written from the commit");
     let retry = job.load(d("2026-10-20"), &mut db).unwrap();
     assert_eq!(retry.outcome, "skipped");
     assert_eq!(retry.run_key, entries[0].run_key);
-    let read = read_with_python(
-        &py,
-        &folder.0.join("silver/orders"),
-        &["order_id"],
-        &["fixpoint:silver_orders:2026-10-20"],
-    );
-    let runs: Vec<&str> = read["commits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["run_key"].as_str().unwrap_or("none"))
-        .collect();
+    let read = read_with_python(&py, &folder.0.join("silver/orders"), &["order_id"], &["fixpoint:silver_orders:2026-10-20"]);
+    let runs: Vec<&str> = read["commits"].as_array().unwrap().iter().map(|c| c["run_key"].as_str().unwrap_or("none")).collect();
     assert_eq!(runs.len(), 2, "one commit for the 19th (which created the table), one for the 20th: the retry committed nothing: {read}");
     assert!(!runs.contains(&"none"), "every commit is a run's: {read}");
     assert_eq!(read["txn"]["fixpoint:silver_orders:2026-10-20"], 1);
@@ -268,10 +189,7 @@ fn a_lost_commit_acknowledgement_is_a_no_op_when_retried() {
 fn wait_for_files(table: &Path, before: usize) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while parquet_files(table) <= before {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the paused run never wrote its files"
-        );
+        assert!(std::time::Instant::now() < deadline, "the paused run never wrote its files");
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
@@ -279,30 +197,16 @@ fn wait_for_files(table: &Path, before: usize) {
 /// Runs `job` for `day` on its own warehouse connection, pausing at
 /// `BeforeCommit` (after its snapshot is read and its files written) for
 /// `pause_ms`.
-fn paused_run(
-    folder: &Path,
-    toml: &'static str,
-    day: &'static str,
-    pause_ms: u64,
-) -> std::thread::JoinHandle<fixpoint_core::Result<fixpoint_core::RunReport>> {
+fn paused_run(folder: &Path, toml: &'static str, day: &'static str, pause_ms: u64) -> std::thread::JoinHandle<fixpoint_core::Result<fixpoint_core::RunReport>> {
     let folder = folder.to_owned();
     paused_run_on(move || Delta::open(&folder).unwrap(), toml, day, pause_ms)
 }
 
 /// [`paused_run`] on the warehouse `open` opens.
-fn paused_run_on(
-    open: impl FnOnce() -> Delta + Send + 'static,
-    toml: &'static str,
-    day: &'static str,
-    pause_ms: u64,
-) -> std::thread::JoinHandle<fixpoint_core::Result<fixpoint_core::RunReport>> {
+fn paused_run_on(open: impl FnOnce() -> Delta + Send + 'static, toml: &'static str, day: &'static str, pause_ms: u64) -> std::thread::JoinHandle<fixpoint_core::Result<fixpoint_core::RunReport>> {
     std::thread::spawn(move || {
         let mut db = open();
-        let opts = RunOptions {
-            fault: Some((FailPoint::BeforeCommit, FaultAction::Pause(pause_ms))),
-            force: true,
-            ..Default::default()
-        };
+        let opts = RunOptions { fault: Some((FailPoint::BeforeCommit, FaultAction::Pause(pause_ms))), force: true, ..Default::default() };
         job(toml).load_with(d(day), &mut db, &opts)
     })
 }
@@ -319,26 +223,15 @@ fn of_two_concurrent_writers_of_one_day_one_commits_and_the_other_finds_it() {
     let before = parquet_files(&table);
     let slow = paused_run(&folder.0, SILVER_JOB, "2026-10-20", 6000);
     wait_for_files(&table, before);
-    let fast = paused_run(&folder.0, SILVER_JOB, "2026-10-20", 0)
-        .join()
-        .unwrap()
-        .unwrap();
+    let fast = paused_run(&folder.0, SILVER_JOB, "2026-10-20", 0).join().unwrap().unwrap();
     assert_eq!(fast.outcome, "committed");
     let slow = slow.join().unwrap();
-    let slow = slow
-        .unwrap_or_else(|e| panic!("the slower identical run should find the first's commit: {e}"));
+    let slow = slow.unwrap_or_else(|e| panic!("the slower identical run should find the first's commit: {e}"));
     assert_eq!(slow.run_key, fast.run_key);
     let mut db = folder.open();
-    let entries =
-        ledger::entries(&mut db, Some("silver_orders"), Some(d("2026-10-20")), None).unwrap();
+    let entries = ledger::entries(&mut db, Some("silver_orders"), Some(d("2026-10-20")), None).unwrap();
     assert_eq!(entries.len(), 1, "one commit, one ledger row");
-    assert_eq!(
-        count(
-            &mut db,
-            "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'"
-        ),
-        4
-    );
+    assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'"), 4);
 
     // Different input: the second to commit stops with nothing written.
     change_order_3(&mut db);
@@ -350,48 +243,23 @@ fn of_two_concurrent_writers_of_one_day_one_commits_and_the_other_finds_it() {
         let mut db = folder.open();
         exec(&mut db, "INSERT INTO bronze.orders VALUES (8, 16, 1.00, 'EUR', TIMESTAMP '2026-10-20 13:00:00', DATE '2026-10-20')");
         let fast = job(SILVER_JOB).load(d("2026-10-20"), &mut db).unwrap();
-        assert_eq!(
-            (fast.outcome.as_str(), fast.rows_inserted),
-            ("committed", 5)
-        );
+        assert_eq!((fast.outcome.as_str(), fast.rows_inserted), ("committed", 5));
     }
     let err = slow.join().unwrap().unwrap_err();
     assert!(matches!(err, Error::Busy { .. }), "{err}");
-    assert!(
-        err.to_string()
-            .contains("nothing of this run was committed"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("nothing of this run was committed"), "{err}");
     let mut db = folder.open();
-    assert_eq!(
-        count(
-            &mut db,
-            "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'"
-        ),
-        5,
-        "the winner's day"
-    );
-    assert_eq!(
-        ledger::entries(&mut db, Some("silver_orders"), Some(d("2026-10-20")), None)
-            .unwrap()
-            .len(),
-        2
-    );
+    assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'"), 5, "the winner's day");
+    assert_eq!(ledger::entries(&mut db, Some("silver_orders"), Some(d("2026-10-20")), None).unwrap().len(), 2);
     // No file of the loser is left in the table's folder: every Parquet
     // file there was added by a commit.
-    assert_eq!(
-        orphans(&folder.0.join("silver/orders")),
-        Vec::<String>::new()
-    );
+    assert_eq!(orphans(&folder.0.join("silver/orders")), Vec::<String>::new());
 }
 
 /// The Parquet files in a table's folder that no commit of its log added.
 fn orphans(table: &Path) -> Vec<String> {
     let mut added = std::collections::BTreeSet::new();
-    for log in std::fs::read_dir(table.join("_delta_log"))
-        .unwrap()
-        .flatten()
-    {
+    for log in std::fs::read_dir(table.join("_delta_log")).unwrap().flatten() {
         if log.path().extension().is_some_and(|x| x == "json") {
             for line in std::fs::read_to_string(log.path()).unwrap().lines() {
                 let a: serde_json::Value = serde_json::from_str(line).unwrap();
@@ -409,11 +277,7 @@ fn orphans(table: &Path) -> Vec<String> {
             if p.is_dir() {
                 stack.push(p);
             } else if p.extension().is_some_and(|x| x == "parquet") {
-                let rel = p
-                    .strip_prefix(table)
-                    .unwrap()
-                    .to_string_lossy()
-                    .into_owned();
+                let rel = p.strip_prefix(table).unwrap().to_string_lossy().into_owned();
                 if !added.contains(&rel) {
                     out.push(rel);
                 }
@@ -440,21 +304,9 @@ fn parquet_files(dir: &Path) -> usize {
 fn a_table_with_features_fixpoint_cannot_honour_is_refused_by_name() {
     let folder = Folder::new("features");
     for (feature, protocol, config) in [
-        (
-            "deletionVectors",
-            r#"{"minReaderVersion":3,"minWriterVersion":7,"readerFeatures":["deletionVectors"],"writerFeatures":["deletionVectors"]}"#,
-            "{}",
-        ),
-        (
-            "columnMapping",
-            r#"{"minReaderVersion":2,"minWriterVersion":5}"#,
-            r#"{"delta.columnMapping.mode":"name","delta.columnMapping.maxColumnId":"2"}"#,
-        ),
-        (
-            "delta.appendOnly",
-            r#"{"minReaderVersion":1,"minWriterVersion":2}"#,
-            r#"{"delta.appendOnly":"true"}"#,
-        ),
+        ("deletionVectors", r#"{"minReaderVersion":3,"minWriterVersion":7,"readerFeatures":["deletionVectors"],"writerFeatures":["deletionVectors"]}"#, "{}"),
+        ("columnMapping", r#"{"minReaderVersion":2,"minWriterVersion":5}"#, r#"{"delta.columnMapping.mode":"name","delta.columnMapping.maxColumnId":"2"}"#),
+        ("delta.appendOnly", r#"{"minReaderVersion":1,"minWriterVersion":2}"#, r#"{"delta.appendOnly":"true"}"#),
     ] {
         let dir = folder.0.join("silver/orders");
         let _ = std::fs::remove_dir_all(&folder.0);
@@ -474,15 +326,8 @@ fn a_table_with_features_fixpoint_cannot_honour_is_refused_by_name() {
             Ok(_) => panic!("{feature}: opened"),
         };
         let text = err.to_string();
-        assert!(
-            text.contains("silver.orders") && text.contains("cannot honour"),
-            "{feature}: {text}"
-        );
-        assert!(
-            text.contains(feature)
-                || (feature == "columnMapping" && text.contains("columnMapping")),
-            "{feature}: {text}"
-        );
+        assert!(text.contains("silver.orders") && text.contains("cannot honour"), "{feature}: {text}");
+        assert!(text.contains(feature) || (feature == "columnMapping" && text.contains("columnMapping")), "{feature}: {text}");
         assert!(err.hint().is_some(), "{feature}");
     }
 }
@@ -507,36 +352,16 @@ INSERT INTO s.t VALUES
     let t = TableName::parse("s.t").unwrap();
     let portable = |db: &mut dyn Engine| {
         let cols = db.table_columns(&t).unwrap().unwrap();
-        fingerprint(
-            db,
-            Method::Portable,
-            &Scope::Table {
-                table: &t,
-                filter: None,
-            },
-            &cols,
-        )
-        .unwrap()
+        fingerprint(db, Method::Portable, &Scope::Table { table: &t, filter: None }, &cols).unwrap()
     };
     assert_eq!(portable(&mut delta), portable(duck.as_mut()));
     assert_eq!(portable(&mut delta).rows, 4);
-    let key = DiffOptions {
-        key: vec!["id".into()],
-        ..Default::default()
-    };
-    assert!(
-        diff(&mut Sides::Two(&mut delta, duck.as_mut()), &t, &t, &key)
-            .unwrap()
-            .identical
-    );
+    let key = DiffOptions { key: vec!["id".into()], ..Default::default() };
+    assert!(diff(&mut Sides::Two(&mut delta, duck.as_mut()), &t, &t, &key).unwrap().identical);
     // A change on one side is seen, and the same change on the other
     // makes them equal again (UPDATE and DELETE are commits on Delta).
     let mut last = portable(&mut delta);
-    for change in [
-        "UPDATE s.t SET name = 'plain ' WHERE id = 1",
-        "UPDATE s.t SET ts = TIMESTAMP '2026-10-20 08:00:00.123457', amount = 1.25 WHERE id = 2",
-        "DELETE FROM s.t WHERE id = 3",
-    ] {
+    for change in ["UPDATE s.t SET name = 'plain ' WHERE id = 1", "UPDATE s.t SET ts = TIMESTAMP '2026-10-20 08:00:00.123457', amount = 1.25 WHERE id = 2", "DELETE FROM s.t WHERE id = 3"] {
         exec(&mut delta, change);
         let d = diff(&mut Sides::Two(&mut delta, duck.as_mut()), &t, &t, &key).unwrap();
         assert!(!d.identical, "{change}");
@@ -561,52 +386,20 @@ fn a_failed_run_leaves_no_file_and_no_commit() {
     let job = job(SILVER_JOB);
     job.load(d("2026-10-20"), &mut db).unwrap();
     let files = parquet_files(&folder.0.join("silver/orders"));
-    let version = std::fs::read_dir(folder.0.join("silver/orders/_delta_log"))
-        .unwrap()
-        .count();
+    let version = std::fs::read_dir(folder.0.join("silver/orders/_delta_log")).unwrap().count();
     change_order_3(&mut db);
     for point in FailPoint::ALL {
-        let opts = RunOptions {
-            fault: Some((point, FaultAction::Error)),
-            ..Default::default()
-        };
+        let opts = RunOptions { fault: Some((point, FaultAction::Error)), ..Default::default() };
         let err = job.load_with(d("2026-10-20"), &mut db, &opts).unwrap_err();
         assert!(matches!(err, Error::Injected(_)), "{point}: {err}");
-        assert_eq!(
-            parquet_files(&folder.0.join("silver/orders")),
-            files,
-            "{point}: no file left behind"
-        );
-        assert_eq!(
-            orphans(&folder.0.join("silver/orders")),
-            Vec::<String>::new(),
-            "{point}"
-        );
-        assert_eq!(
-            std::fs::read_dir(folder.0.join("silver/orders/_delta_log"))
-                .unwrap()
-                .count(),
-            version,
-            "{point}: no commit"
-        );
-        assert_eq!(
-            count(
-                &mut db,
-                "SELECT count(*) FROM silver.orders WHERE order_id = 3 AND order_total = 5.25"
-            ),
-            1,
-            "{point}: the old day"
-        );
+        assert_eq!(parquet_files(&folder.0.join("silver/orders")), files, "{point}: no file left behind");
+        assert_eq!(orphans(&folder.0.join("silver/orders")), Vec::<String>::new(), "{point}");
+        assert_eq!(std::fs::read_dir(folder.0.join("silver/orders/_delta_log")).unwrap().count(), version, "{point}: no commit");
+        assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders WHERE order_id = 3 AND order_total = 5.25"), 1, "{point}: the old day");
     }
     let ok = job.load(d("2026-10-20"), &mut db).unwrap();
     assert_eq!(ok.outcome, "committed");
-    assert_eq!(
-        count(
-            &mut db,
-            "SELECT count(*) FROM silver.orders WHERE order_id = 3 AND order_total = 6.00"
-        ),
-        1
-    );
+    assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders WHERE order_id = 3 AND order_total = 6.00"), 1);
 }
 
 fn names(read: &serde_json::Value) -> Vec<String> {
@@ -633,26 +426,13 @@ fn an_unpartitioned_table_rewrites_only_the_files_holding_the_rows_it_replaces()
     assert_eq!(names(&before).len(), 3, "one file per run: {before}");
     let forced = job.load_with(d("2026-10-20"), &mut db, &force()).unwrap();
     assert_eq!((forced.rows_deleted, forced.rows_inserted), (4, 4));
-    let after = read_with_python(
-        &py,
-        &table,
-        &["order_id", "dt"],
-        &["fixpoint:silver_orders:2026-10-20"],
-    );
+    let after = read_with_python(&py, &table, &["order_id", "dt"], &["fixpoint:silver_orders:2026-10-20"]);
     assert_eq!(after["rows"], before["rows"], "the same rows");
-    assert_eq!(
-        after["version"].as_i64().unwrap(),
-        before["version"].as_i64().unwrap() + 1,
-        "one commit"
-    );
+    assert_eq!(after["version"].as_i64().unwrap(), before["version"].as_i64().unwrap() + 1, "one commit");
     assert_eq!(after["txn"]["fixpoint:silver_orders:2026-10-20"], 2);
     let (old, new) = (names(&before), names(&after));
     let kept: Vec<&String> = new.iter().filter(|f| old.contains(f)).collect();
-    assert_eq!(
-        (new.len(), kept.len()),
-        (3, 2),
-        "the 19th's and the 21st's files stay, the 20th's is rewritten: {old:?} -> {new:?}"
-    );
+    assert_eq!((new.len(), kept.len()), (3, 2), "the 19th's and the 21st's files stay, the 20th's is rewritten: {old:?} -> {new:?}");
 
     // A merge: a batch of new keys adds a file and rewrites none; a batch
     // touching one of them rewrites that file only.
@@ -663,23 +443,12 @@ fn an_unpartitioned_table_rewrites_only_the_files_holding_the_rows_it_replaces()
     let one = names(&read_with_python(&py, &m, &["k"], &[]));
     merge.load(d("2026-10-20"), &mut db).unwrap();
     let two = names(&read_with_python(&py, &m, &["k"], &[]));
-    assert!(
-        two.len() == 2 && one.iter().all(|f| two.contains(f)),
-        "a new key adds a file: {one:?} -> {two:?}"
-    );
+    assert!(two.len() == 2 && one.iter().all(|f| two.contains(f)), "a new key adds a file: {one:?} -> {two:?}");
     merge.load(d("2026-10-21"), &mut db).unwrap();
     let read = read_with_python(&py, &m, &["k", "v", "amount"], &[]);
     let three = names(&read);
-    assert!(
-        three.len() == 2
-            && one.iter().all(|f| three.contains(f))
-            && three.iter().filter(|f| two.contains(f)).count() == 1,
-        "only the file holding key 3 is rewritten: {two:?} -> {three:?}"
-    );
-    assert_eq!(
-        read["rows"],
-        serde_json::json!([["1", "1", "10"], ["2", "1", "20"], ["3", "2", "31"]])
-    );
+    assert!(three.len() == 2 && one.iter().all(|f| three.contains(f)) && three.iter().filter(|f| two.contains(f)).count() == 1, "only the file holding key 3 is rewritten: {two:?} -> {three:?}");
+    assert_eq!(read["rows"], serde_json::json!([["1", "1", "10"], ["2", "1", "20"], ["3", "2", "31"]]));
 }
 
 /// The same promises on S3 (the local S3-compatible server): an independent
@@ -723,14 +492,8 @@ mod s3 {
         exec(&mut db, BRONZE);
         let job = job(SILVER_JOB);
         let first = job.load(d("2026-10-20"), &mut db).unwrap();
-        assert_eq!(
-            (first.outcome.as_str(), first.rows_inserted),
-            ("committed", 4)
-        );
-        assert_eq!(
-            job.load(d("2026-10-20"), &mut db).unwrap().outcome,
-            "skipped"
-        );
+        assert_eq!((first.outcome.as_str(), first.rows_inserted), ("committed", 4));
+        assert_eq!(job.load(d("2026-10-20"), &mut db).unwrap().outcome, "skipped");
         let forced = job.load_with(d("2026-10-20"), &mut db, &force()).unwrap();
         assert_eq!(forced.outcome, "committed");
         job.load(d("2026-10-19"), &mut db).unwrap();
@@ -738,21 +501,9 @@ mod s3 {
         // Another process, with an empty cache, reads the same warehouse.
         let _ = std::fs::remove_dir_all(wh.open().root());
         let mut db = wh.open();
-        assert_eq!(
-            job.load(d("2026-10-20"), &mut db).unwrap().outcome,
-            "skipped"
-        );
+        assert_eq!(job.load(d("2026-10-20"), &mut db).unwrap().outcome, "skipped");
         assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders"), 6);
-        let read = read_url_with_python(
-            &py,
-            &format!("{}/silver/orders", wh.0),
-            &storage(&s3),
-            &["order_id", "order_total", "dt"],
-            &[
-                "fixpoint:silver_orders:2026-10-20",
-                "fixpoint:silver_orders:2026-10-19",
-            ],
-        );
+        let read = read_url_with_python(&py, &format!("{}/silver/orders", wh.0), &storage(&s3), &["order_id", "order_total", "dt"], &["fixpoint:silver_orders:2026-10-20", "fixpoint:silver_orders:2026-10-19"]);
         let rows: Vec<Vec<String>> = serde_json::from_value(read["rows"].clone()).unwrap();
         assert_eq!(
             rows,
@@ -766,23 +517,11 @@ mod s3 {
             ]
         );
         let commits = read["commits"].as_array().unwrap();
-        assert_eq!(
-            commits.len(),
-            3,
-            "one commit per committed run, the first creating the table: {commits:?}"
-        );
-        assert!(
-            commits.iter().all(|c| c["run_key"].is_string()),
-            "{commits:?}"
-        );
+        assert_eq!(commits.len(), 3, "one commit per committed run, the first creating the table: {commits:?}");
+        assert!(commits.iter().all(|c| c["run_key"].is_string()), "{commits:?}");
         assert_eq!(read["txn"]["fixpoint:silver_orders:2026-10-20"], 2);
         assert_eq!(read["txn"]["fixpoint:silver_orders:2026-10-19"], 1);
-        assert_eq!(
-            ledger::entries(&mut db, Some("silver_orders"), None, None)
-                .unwrap()
-                .len(),
-            3
-        );
+        assert_eq!(ledger::entries(&mut db, Some("silver_orders"), None, None).unwrap().len(), 3);
     }
 
     #[test]
@@ -795,39 +534,14 @@ mod s3 {
         job.load(d("2026-10-19"), &mut db).unwrap();
         drop(db);
         let mut lossy = wh.open().with_fault(Some(DeltaFault::LoseCommitAck));
-        assert_eq!(
-            job.load(d("2026-10-20"), &mut lossy).unwrap().outcome,
-            "skipped",
-            "the retry found its commit"
-        );
+        assert_eq!(job.load(d("2026-10-20"), &mut lossy).unwrap().outcome, "skipped", "the retry found its commit");
         drop(lossy);
         let mut db = wh.open();
-        assert_eq!(
-            ledger::entries(&mut db, Some("silver_orders"), Some(d("2026-10-20")), None)
-                .unwrap()
-                .len(),
-            1
-        );
-        assert_eq!(
-            job.load(d("2026-10-20"), &mut db).unwrap().outcome,
-            "skipped"
-        );
-        let read = read_url_with_python(
-            &py,
-            &format!("{}/silver/orders", wh.0),
-            &storage(&s3),
-            &["order_id"],
-            &["fixpoint:silver_orders:2026-10-20"],
-        );
+        assert_eq!(ledger::entries(&mut db, Some("silver_orders"), Some(d("2026-10-20")), None).unwrap().len(), 1);
+        assert_eq!(job.load(d("2026-10-20"), &mut db).unwrap().outcome, "skipped");
+        let read = read_url_with_python(&py, &format!("{}/silver/orders", wh.0), &storage(&s3), &["order_id"], &["fixpoint:silver_orders:2026-10-20"]);
         assert_eq!(read["commits"].as_array().unwrap().len(), 2, "{read}");
-        assert!(
-            read["commits"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|c| c["run_key"].is_string()),
-            "{read}"
-        );
+        assert!(read["commits"].as_array().unwrap().iter().all(|c| c["run_key"].is_string()), "{read}");
         assert_eq!(read["txn"]["fixpoint:silver_orders:2026-10-20"], 1);
         assert_eq!(read["rows"].as_array().unwrap().len(), 6);
     }
@@ -841,82 +555,35 @@ mod s3 {
         job(SILVER_JOB).load(d("2026-10-19"), &mut db).unwrap();
         let cache = db.table_dir(&fixpoint_core::TableName::parse("silver.orders").unwrap());
         drop(db);
-        let opener = |url: String, options: Vec<(String, String)>| {
-            move || Delta::open_s3(&url, &options).unwrap()
-        };
+        let opener = |url: String, options: Vec<(String, String)>| move || Delta::open_s3(&url, &options).unwrap();
         // Same input: the second to commit finds the first's identical commit.
         let before = parquet_files(&cache);
-        let slow = paused_run_on(
-            opener(wh.0.clone(), wh.1.clone()),
-            SILVER_JOB,
-            "2026-10-20",
-            6000,
-        );
+        let slow = paused_run_on(opener(wh.0.clone(), wh.1.clone()), SILVER_JOB, "2026-10-20", 6000);
         wait_for_files(&cache, before);
-        let fast = paused_run_on(
-            opener(wh.0.clone(), wh.1.clone()),
-            SILVER_JOB,
-            "2026-10-20",
-            0,
-        )
-        .join()
-        .unwrap()
-        .unwrap();
+        let fast = paused_run_on(opener(wh.0.clone(), wh.1.clone()), SILVER_JOB, "2026-10-20", 0).join().unwrap().unwrap();
         assert_eq!(fast.outcome, "committed");
-        let slow = slow.join().unwrap().unwrap_or_else(|e| {
-            panic!("the slower identical run should find the first's commit: {e}")
-        });
+        let slow = slow.join().unwrap().unwrap_or_else(|e| panic!("the slower identical run should find the first's commit: {e}"));
         assert_eq!(slow.run_key, fast.run_key);
         // Different input: the second to commit stops with nothing written.
         let mut db = wh.open();
         change_order_3(&mut db);
         drop(db);
         let before = parquet_files(&cache);
-        let slow = paused_run_on(
-            opener(wh.0.clone(), wh.1.clone()),
-            SILVER_JOB,
-            "2026-10-20",
-            6000,
-        );
+        let slow = paused_run_on(opener(wh.0.clone(), wh.1.clone()), SILVER_JOB, "2026-10-20", 6000);
         wait_for_files(&cache, before);
         {
             let mut db = wh.open();
             exec(&mut db, "INSERT INTO bronze.orders VALUES (8, 16, 1.00, 'EUR', TIMESTAMP '2026-10-20 13:00:00', DATE '2026-10-20')");
             let fast = job(SILVER_JOB).load(d("2026-10-20"), &mut db).unwrap();
-            assert_eq!(
-                (fast.outcome.as_str(), fast.rows_inserted),
-                ("committed", 5)
-            );
+            assert_eq!((fast.outcome.as_str(), fast.rows_inserted), ("committed", 5));
         }
         let err = slow.join().unwrap().unwrap_err();
         assert!(matches!(err, Error::Busy { .. }), "{err}");
         let mut db = wh.open();
-        assert_eq!(
-            count(
-                &mut db,
-                "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'"
-            ),
-            5,
-            "the winner's day"
-        );
-        assert_eq!(
-            ledger::entries(&mut db, Some("silver_orders"), Some(d("2026-10-20")), None)
-                .unwrap()
-                .len(),
-            2,
-            "one row per commit"
-        );
-        let read = read_url_with_python(
-            &py,
-            &format!("{}/silver/orders", wh.0),
-            &storage(&s3),
-            &["order_id"],
-            &["fixpoint:silver_orders:2026-10-20"],
-        );
-        assert_eq!(
-            read["txn"]["fixpoint:silver_orders:2026-10-20"], 2,
-            "two commits of the 20th: {read}"
-        );
+        assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'"), 5, "the winner's day");
+        assert_eq!(ledger::entries(&mut db, Some("silver_orders"), Some(d("2026-10-20")), None).unwrap().len(), 2, "one row per commit");
+        let read = read_url_with_python(&py, &format!("{}/silver/orders", wh.0), &storage(&s3), &["order_id"], &["fixpoint:silver_orders:2026-10-20"]);
+        assert_eq!(read["txn"]["fixpoint:silver_orders:2026-10-20"], 2, "two commits of the 20th: {read}");
         assert_eq!(read["rows"].as_array().unwrap().len(), 7);
     }
 }
@@ -930,33 +597,15 @@ fn a_failed_first_run_leaves_no_table() {
     exec(&mut db, BRONZE);
     let job = job(SILVER_JOB);
     for point in FailPoint::ALL {
-        let opts = RunOptions {
-            fault: Some((point, FaultAction::Error)),
-            ..Default::default()
-        };
+        let opts = RunOptions { fault: Some((point, FaultAction::Error)), ..Default::default() };
         let err = job.load_with(d("2026-10-20"), &mut db, &opts).unwrap_err();
         assert!(matches!(err, Error::Injected(_)), "{point}: {err}");
-        assert!(
-            !folder.0.join("silver/orders/_delta_log").exists(),
-            "{point}: no table"
-        );
-        assert!(
-            db.table_columns(&fixpoint_core::TableName::parse("silver.orders").unwrap())
-                .unwrap()
-                .is_none(),
-            "{point}"
-        );
+        assert!(!folder.0.join("silver/orders/_delta_log").exists(), "{point}: no table");
+        assert!(db.table_columns(&fixpoint_core::TableName::parse("silver.orders").unwrap()).unwrap().is_none(), "{point}");
     }
     let ok = job.load(d("2026-10-20"), &mut db).unwrap();
-    assert_eq!(
-        (ok.outcome.as_str(), ok.created_target),
-        ("committed", true)
-    );
-    let log: Vec<_> = std::fs::read_dir(folder.0.join("silver/orders/_delta_log"))
-        .unwrap()
-        .flatten()
-        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
-        .collect();
+    assert_eq!((ok.outcome.as_str(), ok.created_target), ("committed", true));
+    let log: Vec<_> = std::fs::read_dir(folder.0.join("silver/orders/_delta_log")).unwrap().flatten().filter(|e| e.path().extension().is_some_and(|x| x == "json")).collect();
     assert_eq!(log.len(), 1, "one commit: the table and its first rows");
 }
 
@@ -986,83 +635,37 @@ const DIM_DAYS: [&str; 4] = ["2026-10-01", "2026-10-02", "2026-10-03", "2026-10-
 /// city, valid_from, valid_to). The Tuesday re-send of 2 changed nothing
 /// tracked, and 2's tombstone ends its row: both are kept in the log.
 fn dim_expected() -> Vec<Vec<String>> {
-    let r = |k: &str, city: &str, from: &str, to: &str| {
-        vec![
-            k.to_owned(),
-            city.to_owned(),
-            from.to_owned(),
-            to.to_owned(),
-        ]
-    };
-    vec![
-        r("1", "Lyon", "2", "None"),
-        r("1", "Nice", "0", "1"),
-        r("1", "Paris", "1", "2"),
-        r("2", "Rome", "1", "3"),
-    ]
+    let r = |k: &str, city: &str, from: &str, to: &str| vec![k.to_owned(), city.to_owned(), from.to_owned(), to.to_owned()];
+    vec![r("1", "Lyon", "2", "None"), r("1", "Nice", "0", "1"), r("1", "Paris", "1", "2"), r("2", "Rome", "1", "3")]
 }
 
 fn dim_log_expected() -> Vec<Vec<String>> {
-    vec![
-        vec!["2".into(), "2".into(), "Rome".into(), "False".into()],
-        vec!["2".into(), "3".into(), "None".into(), "True".into()],
-    ]
+    vec![vec!["2".into(), "2".into(), "Rome".into(), "False".into()], vec!["2".into(), "3".into(), "None".into(), "True".into()]]
 }
 
 /// What the Python package reads of the history and its log: the rows,
 /// the target's commits (one per committed run, the first creating the
 /// table), each day's transaction version in the target and in the log.
 fn check_dim(py: &Path, root: &Path, runs: &[String]) {
-    let apps: Vec<String> = DIM_DAYS
-        .iter()
-        .map(|d| format!("fixpoint:dim:{d}"))
-        .collect();
+    let apps: Vec<String> = DIM_DAYS.iter().map(|d| format!("fixpoint:dim:{d}")).collect();
     let apps: Vec<&str> = apps.iter().map(String::as_str).collect();
-    let target = read_with_python(
-        py,
-        &root.join("silver/dim"),
-        &["k", "city", "valid_from", "valid_to"],
-        &apps,
-    );
+    let target = read_with_python(py, &root.join("silver/dim"), &["k", "city", "valid_from", "valid_to"], &apps);
     let rows: Vec<Vec<String>> = serde_json::from_value(target["rows"].clone()).unwrap();
     assert_eq!(rows, dim_expected(), "{target}");
-    let keys: Vec<&str> = target["commits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["run_key"].as_str().unwrap_or("none"))
-        .collect();
+    let keys: Vec<&str> = target["commits"].as_array().unwrap().iter().map(|c| c["run_key"].as_str().unwrap_or("none")).collect();
     let mut newest_first: Vec<&str> = runs.iter().map(String::as_str).collect();
     newest_first.reverse();
     assert_eq!(keys, newest_first, "one commit per committed run: {target}");
-    assert_eq!(
-        target["commits"].as_array().unwrap().last().unwrap()["operation"],
-        "CREATE TABLE",
-        "{target}"
-    );
+    assert_eq!(target["commits"].as_array().unwrap().last().unwrap()["operation"], "CREATE TABLE", "{target}");
     for a in &apps {
         assert_eq!(target["txn"][a], 1, "{a}: {target}");
     }
-    let log = read_with_python(
-        py,
-        &root.join("fixpoint/history__silver__dim"),
-        &["k", "v", "city", "__fixpoint_deleted"],
-        &apps,
-    );
+    let log = read_with_python(py, &root.join("fixpoint/history__silver__dim"), &["k", "v", "city", "__fixpoint_deleted"], &apps);
     let rows: Vec<Vec<String>> = serde_json::from_value(log["rows"].clone()).unwrap();
     assert_eq!(rows, dim_log_expected(), "{log}");
     // The log changed on the first three days (created; the re-send; the tombstone).
     let txn: Vec<serde_json::Value> = apps.iter().map(|a| log["txn"][a].clone()).collect();
-    assert_eq!(
-        txn,
-        vec![
-            serde_json::json!(1),
-            serde_json::json!(1),
-            serde_json::json!(1),
-            serde_json::Value::Null
-        ],
-        "{log}"
-    );
+    assert_eq!(txn, vec![serde_json::json!(1), serde_json::json!(1), serde_json::json!(1), serde_json::Value::Null], "{log}");
 }
 
 /// A history on Delta: one commit of the table per committed run (the
@@ -1086,27 +689,14 @@ fn a_history_is_one_commit_per_run_read_back_by_an_independent_reader() {
     let mut recorded = 4;
     for day in DIM_DAYS {
         let r = job.load(d(day), &mut db).unwrap();
-        assert!(
-            r.outcome == "skipped"
-                || (r.rows_inserted, r.rows_deleted, r.rows_updated) == (0, 0, 0),
-            "{day}: {r:?}"
-        );
+        assert!(r.outcome == "skipped" || (r.rows_inserted, r.rows_deleted, r.rows_updated) == (0, 0, 0), "{day}: {r:?}");
         recorded += usize::from(r.outcome == "committed");
     }
-    assert_eq!(
-        job.load(d(DIM_DAYS[3]), &mut db).unwrap().outcome,
-        "skipped",
-        "the last day's rows are as it left them"
-    );
+    assert_eq!(job.load(d(DIM_DAYS[3]), &mut db).unwrap().outcome, "skipped", "the last day's rows are as it left them");
     drop(db);
     check_dim(&py, &folder.0, &runs);
     let mut db = folder.open();
-    assert_eq!(
-        ledger::entries(&mut db, Some("dim"), None, None)
-            .unwrap()
-            .len(),
-        recorded
-    );
+    assert_eq!(ledger::entries(&mut db, Some("dim"), None, None).unwrap().len(), recorded);
 }
 
 /// Every commit's acknowledgement lost, on the first run (which creates
@@ -1132,10 +722,5 @@ fn a_history_with_lost_acknowledgements_ends_as_a_clean_one() {
     drop(lossy);
     check_dim(&py, &folder.0, &runs);
     let mut db = folder.open();
-    assert_eq!(
-        ledger::entries(&mut db, Some("dim"), None, None)
-            .unwrap()
-            .len(),
-        4
-    );
+    assert_eq!(ledger::entries(&mut db, Some("dim"), None, None).unwrap().len(), 4);
 }

@@ -7,9 +7,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use fixpoint_core::run::ledger;
 use fixpoint_core::tools::backfill::{backfill, backfill_parallel, BackfillOptions, DateOutcome};
 use fixpoint_core::{Engine, Error, FailPoint, FaultAction, RunOptions, RunReport, Sql};
+use fixpoint_core::run::ledger;
 use fixpoint_postgres::Postgres;
 use fixpoint_scenarios::*;
 
@@ -24,10 +24,7 @@ CREATE TABLE silver.orders_20261020 PARTITION OF silver.orders FOR VALUES IN ('2
 const CHANGE_THE_20TH: &str = "UPDATE bronze.orders SET order_total = 6.00 WHERE order_id = 3;\nINSERT INTO bronze.orders VALUES (8, 16, 1.00, 'EUR', TIMESTAMP '2026-10-20 13:00:00', DATE '2026-10-20')";
 
 fn force() -> RunOptions {
-    RunOptions {
-        force: true,
-        ..Default::default()
-    }
+    RunOptions { force: true, ..Default::default() }
 }
 
 /// A fresh database with the seed fixture and `target` created, or `None`
@@ -54,32 +51,18 @@ fn oid(db: &mut dyn Engine, table: &str) -> i128 {
 }
 
 fn tables_in_silver(db: &mut dyn Engine) -> Vec<Vec<String>> {
-    rows(
-        db,
-        "SELECT tablename::text FROM pg_tables WHERE schemaname = 'silver'",
-    )
+    rows(db, "SELECT tablename::text FROM pg_tables WHERE schemaname = 'silver'")
 }
 
 #[test]
 fn the_day_is_swapped_in_and_five_runs_equal_one() {
-    let Some(mut db) = with_target(LIST_TARGET) else {
-        return;
-    };
+    let Some(mut db) = with_target(LIST_TARGET) else { return };
     let job = job(SILVER_JOB);
     let r19 = job.load(d("2026-10-19"), &mut db).unwrap();
-    let rows19 = rows(
-        &mut db,
-        "SELECT * FROM silver.orders WHERE dt = DATE '2026-10-19'",
-    );
+    let rows19 = rows(&mut db, "SELECT * FROM silver.orders WHERE dt = DATE '2026-10-19'");
     let first = job.load(d("2026-10-20"), &mut db).unwrap();
-    assert_eq!(
-        (r19.method.as_str(), first.method.as_str()),
-        ("partition exchange", "partition exchange")
-    );
-    assert_eq!(
-        (first.rows_deleted, first.rows_inserted, first.output_rows),
-        (0, 4, 4)
-    );
+    assert_eq!((r19.method.as_str(), first.method.as_str()), ("partition exchange", "partition exchange"));
+    assert_eq!((first.rows_deleted, first.rows_inserted, first.output_rows), (0, 4, 4));
     assert_eq!(first.method_note, None);
     let once = day_fp(&mut db, "silver.orders", "2026-10-20", &["load_id"]);
     assert_eq!(once, first.output());
@@ -96,36 +79,15 @@ fn the_day_is_swapped_in_and_five_runs_equal_one() {
     for i in 0..4 {
         let before = oid(&mut db, "silver.orders_20261020");
         let r = job.load_with(d("2026-10-20"), &mut db, &force()).unwrap();
-        assert_eq!(
-            (r.method.as_str(), r.rows_deleted, r.rows_inserted),
-            ("partition exchange", 4, 4),
-            "run {}",
-            i + 2
-        );
-        assert_ne!(
-            oid(&mut db, "silver.orders_20261020"),
-            before,
-            "a new table was swapped in, under the old name"
-        );
-        assert_eq!(
-            day_fp(&mut db, "silver.orders", "2026-10-20", &["load_id"]),
-            once,
-            "after run {}",
-            i + 2
-        );
+        assert_eq!((r.method.as_str(), r.rows_deleted, r.rows_inserted), ("partition exchange", 4, 4), "run {}", i + 2);
+        assert_ne!(oid(&mut db, "silver.orders_20261020"), before, "a new table was swapped in, under the old name");
+        assert_eq!(day_fp(&mut db, "silver.orders", "2026-10-20", &["load_id"]), once, "after run {}", i + 2);
     }
-    assert_eq!(
-        job.load(d("2026-10-20"), &mut db).unwrap().outcome,
-        "skipped",
-        "a plain retry reads the partition and skips"
-    );
+    assert_eq!(job.load(d("2026-10-20"), &mut db).unwrap().outcome, "skipped", "a plain retry reads the partition and skips");
 
     // A day with no partition gets one, named after the day.
     let r21 = job.load(d("2026-10-21"), &mut db).unwrap();
-    assert_eq!(
-        (r21.method.as_str(), r21.rows_inserted),
-        ("partition exchange", 1)
-    );
+    assert_eq!((r21.method.as_str(), r21.rows_inserted), ("partition exchange", 1));
     assert_eq!(
         partitions(&mut db, "silver.orders"),
         vec![
@@ -136,35 +98,14 @@ fn the_day_is_swapped_in_and_five_runs_equal_one() {
     );
     // No staging table or detached partition is left behind, and every
     // partition has the parent's index.
-    assert_eq!(
-        tables_in_silver(&mut db),
-        vec![
-            vec!["\"orders\""],
-            vec!["\"orders_20261019\""],
-            vec!["\"orders_20261020\""],
-            vec!["\"orders_20261021\""]
-        ]
-    );
+    assert_eq!(tables_in_silver(&mut db), vec![vec!["\"orders\""], vec!["\"orders_20261019\""], vec!["\"orders_20261020\""], vec!["\"orders_20261021\""]]);
     assert_eq!(
         count(&mut db, "SELECT count(*) FROM pg_index x JOIN pg_inherits i ON i.inhrelid = x.indexrelid WHERE i.inhparent = 'silver.orders_by_id'::regclass"),
         3
     );
-    assert_eq!(
-        rows(
-            &mut db,
-            "SELECT * FROM silver.orders WHERE dt = DATE '2026-10-19'"
-        ),
-        rows19,
-        "the 19th was not touched"
-    );
+    assert_eq!(rows(&mut db, "SELECT * FROM silver.orders WHERE dt = DATE '2026-10-19'"), rows19, "the 19th was not touched");
     assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders"), 7);
-    assert_eq!(
-        ledger::entries(&mut db, Some("silver_orders"), None, None)
-            .unwrap()
-            .len(),
-        7,
-        "2 + 5 + 0 (skip) + … committed runs: 19th, 5 × 20th, 21st"
-    );
+    assert_eq!(ledger::entries(&mut db, Some("silver_orders"), None, None).unwrap().len(), 7, "2 + 5 + 0 (skip) + … committed runs: 19th, 5 × 20th, 21st");
 }
 
 #[test]
@@ -179,21 +120,12 @@ CREATE TABLE silver.orders_20261020 PARTITION OF silver.orders FOR VALUES FROM (
     let job = job(SILVER_JOB);
     let r20 = job.load(d("2026-10-20"), &mut db).unwrap();
     let r21 = job.load(d("2026-10-21"), &mut db).unwrap();
-    assert_eq!(
-        (r20.method.as_str(), r21.method.as_str()),
-        ("partition exchange", "partition exchange")
-    );
+    assert_eq!((r20.method.as_str(), r21.method.as_str()), ("partition exchange", "partition exchange"));
     assert_eq!(
         partitions(&mut db, "silver.orders"),
         vec![
-            vec![
-                "\"orders_20261020\"",
-                "\"FOR VALUES FROM ('2026-10-20') TO ('2026-10-21')\""
-            ],
-            vec![
-                "\"orders_20261021\"",
-                "\"FOR VALUES FROM ('2026-10-21') TO ('2026-10-22')\""
-            ],
+            vec!["\"orders_20261020\"", "\"FOR VALUES FROM ('2026-10-20') TO ('2026-10-21')\""],
+            vec!["\"orders_20261021\"", "\"FOR VALUES FROM ('2026-10-21') TO ('2026-10-22')\""],
         ]
     );
     assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders"), 5);
@@ -214,9 +146,7 @@ CREATE TABLE silver.orders_202610 PARTITION OF silver.orders FOR VALUES FROM ('2
         Some("no partition exchange: the day falls in partition silver.orders_202610 (FOR VALUES FROM ('2026-10-01') TO ('2026-11-01')), which holds more than one day")
     );
     assert_eq!(r.output(), r20.output());
-    let again = job
-        .load_with(d("2026-10-20"), &mut monthly, &force())
-        .unwrap();
+    let again = job.load_with(d("2026-10-20"), &mut monthly, &force()).unwrap();
     assert_eq!((again.rows_deleted, again.rows_inserted), (4, 4));
     assert_eq!(count(&mut monthly, "SELECT count(*) FROM silver.orders"), 6);
 
@@ -230,99 +160,41 @@ CREATE TABLE silver.orders_rest PARTITION OF silver.orders DEFAULT",
     };
     let r = job.load(d("2026-10-20"), &mut with_default).unwrap();
     assert_eq!(r.method, "delete+insert");
-    assert!(
-        r.method_note
-            .as_deref()
-            .unwrap()
-            .contains("has a default partition"),
-        "{:?}",
-        r.method_note
-    );
+    assert!(r.method_note.as_deref().unwrap().contains("has a default partition"), "{:?}", r.method_note);
     assert_eq!(r.output(), r20.output());
-    assert_eq!(
-        count(&mut with_default, "SELECT count(*) FROM silver.orders_rest"),
-        4
-    );
+    assert_eq!(count(&mut with_default, "SELECT count(*) FROM silver.orders_rest"), 4);
 }
 
 #[test]
 fn a_failure_at_any_step_leaves_the_old_partition_in_place() {
     for point in FailPoint::ALL {
-        let Some(mut db) = with_target(LIST_TARGET) else {
-            return;
-        };
+        let Some(mut db) = with_target(LIST_TARGET) else { return };
         let job = job(SILVER_JOB);
         let before = job.load(d("2026-10-20"), &mut db).unwrap();
         let before_rows = rows(&mut db, "SELECT * FROM silver.orders");
         let before_oid = oid(&mut db, "silver.orders_20261020");
         exec(&mut db, CHANGE_THE_20TH);
-        let opts = RunOptions {
-            fault: Some((point, FaultAction::Error)),
-            ..Default::default()
-        };
+        let opts = RunOptions { fault: Some((point, FaultAction::Error)), ..Default::default() };
         let err = job.load_with(d("2026-10-20"), &mut db, &opts).unwrap_err();
-        assert!(
-            matches!(err, Error::Injected(p) if p == point),
-            "{point}: {err}"
-        );
-        assert_eq!(
-            rows(&mut db, "SELECT * FROM silver.orders"),
-            before_rows,
-            "{point}"
-        );
-        assert_eq!(
-            oid(&mut db, "silver.orders_20261020"),
-            before_oid,
-            "{point}: the same partition is attached"
-        );
-        assert_eq!(
-            tables_in_silver(&mut db),
-            vec![
-                vec!["\"orders\""],
-                vec!["\"orders_20261019\""],
-                vec!["\"orders_20261020\""]
-            ],
-            "{point}: no staging table left"
-        );
-        assert_eq!(
-            day_fp(&mut db, "silver.orders", "2026-10-20", &["load_id"]),
-            before.output(),
-            "{point}"
-        );
-        assert_eq!(
-            ledger::entries(&mut db, Some("silver_orders"), None, None)
-                .unwrap()
-                .len(),
-            1,
-            "{point}"
-        );
+        assert!(matches!(err, Error::Injected(p) if p == point), "{point}: {err}");
+        assert_eq!(rows(&mut db, "SELECT * FROM silver.orders"), before_rows, "{point}");
+        assert_eq!(oid(&mut db, "silver.orders_20261020"), before_oid, "{point}: the same partition is attached");
+        assert_eq!(tables_in_silver(&mut db), vec![vec!["\"orders\""], vec!["\"orders_20261019\""], vec!["\"orders_20261020\""]], "{point}: no staging table left");
+        assert_eq!(day_fp(&mut db, "silver.orders", "2026-10-20", &["load_id"]), before.output(), "{point}");
+        assert_eq!(ledger::entries(&mut db, Some("silver_orders"), None, None).unwrap().len(), 1, "{point}");
         let retry = job.load(d("2026-10-20"), &mut db).unwrap();
-        assert_eq!(
-            (
-                retry.method.as_str(),
-                retry.rows_deleted,
-                retry.rows_inserted
-            ),
-            ("partition exchange", 4, 5),
-            "{point}"
-        );
+        assert_eq!((retry.method.as_str(), retry.rows_deleted, retry.rows_inserted), ("partition exchange", 4, 5), "{point}");
         let mut clean = PgUnderTest::get().unwrap().fresh_pg();
         exec(&mut clean, BRONZE);
         exec(&mut clean, LIST_TARGET);
         exec(&mut clean, CHANGE_THE_20TH);
-        assert_eq!(
-            job.load(d("2026-10-20"), &mut clean).unwrap().output(),
-            retry.output(),
-            "{point}"
-        );
+        assert_eq!(job.load(d("2026-10-20"), &mut clean).unwrap().output(), retry.output(), "{point}");
     }
 }
 
 #[test]
 fn readers_see_the_old_day_while_the_new_one_is_built_and_never_an_empty_day() {
-    let Some(mut db) = with_target(LIST_TARGET) else {
-        return;
-    };
+    let Some(mut db) = with_target(LIST_TARGET) else { return };
     let job = job(SILVER_JOB);
     job.load(d("2026-10-20"), &mut db).unwrap();
     exec(&mut db, CHANGE_THE_20TH);
@@ -334,19 +206,12 @@ fn readers_see_the_old_day_while_the_new_one_is_built_and_never_an_empty_day() {
         let (url, job) = (url.clone(), job.clone());
         std::thread::spawn(move || {
             let mut conn = Postgres::connect(&url).unwrap();
-            let pause = RunOptions {
-                fault: Some((FailPoint::AfterInsert, FaultAction::Pause(1500))),
-                ..Default::default()
-            };
+            let pause = RunOptions { fault: Some((FailPoint::AfterInsert, FaultAction::Pause(1500))), ..Default::default() };
             job.load_with(d("2026-10-20"), &mut conn, &pause).unwrap()
         })
     };
     std::thread::sleep(std::time::Duration::from_millis(700));
-    assert_eq!(
-        count(&mut db, day),
-        4,
-        "the old day, read while the new one is staged"
-    );
+    assert_eq!(count(&mut db, day), 4, "the old day, read while the new one is staged");
     assert!(!writer.is_finished(), "the read did not wait for the run");
     assert_eq!(writer.join().unwrap().rows_inserted, 5);
     assert_eq!(count(&mut db, day), 5);
@@ -357,27 +222,18 @@ fn readers_see_the_old_day_while_the_new_one_is_built_and_never_an_empty_day() {
         let (url, job) = (url.clone(), job.clone());
         std::thread::spawn(move || {
             let mut conn = Postgres::connect(&url).unwrap();
-            let pause = RunOptions {
-                fault: Some((FailPoint::BeforeCommit, FaultAction::Pause(1000))),
-                ..Default::default()
-            };
+            let pause = RunOptions { fault: Some((FailPoint::BeforeCommit, FaultAction::Pause(1000))), ..Default::default() };
             job.load_with(d("2026-10-20"), &mut conn, &pause).unwrap()
         })
     };
     std::thread::sleep(std::time::Duration::from_millis(500));
-    assert_eq!(
-        count(&mut db, day),
-        6,
-        "not 0, not 5: the committed new day"
-    );
+    assert_eq!(count(&mut db, day), 6, "not 0, not 5: the committed new day");
     assert!(writer.join().unwrap().outcome == "committed");
 }
 
 #[test]
 fn different_days_run_at_once_and_swap_one_after_the_other() {
-    let Some(mut db) = with_target(LIST_TARGET) else {
-        return;
-    };
+    let Some(mut db) = with_target(LIST_TARGET) else { return };
     let job = job(SILVER_JOB);
     let url = db.url().to_owned();
     let threads: Vec<_> = ["2026-10-19", "2026-10-20", "2026-10-21"]
@@ -388,12 +244,7 @@ fn different_days_run_at_once_and_swap_one_after_the_other() {
                 let mut conn = Postgres::connect(&url).unwrap();
                 let mut last = None;
                 for _ in 0..3 {
-                    let overlap = RunOptions {
-                        force: true,
-                        fault: Some((FailPoint::AfterInsert, FaultAction::Pause(100))),
-                        no_wait: true,
-                        ..RunOptions::default()
-                    };
+                    let overlap = RunOptions { force: true, fault: Some((FailPoint::AfterInsert, FaultAction::Pause(100))), no_wait: true, ..RunOptions::default() };
                     last = Some(job.load_with(d(day), &mut conn, &overlap).unwrap());
                 }
                 last.unwrap()
@@ -401,23 +252,10 @@ fn different_days_run_at_once_and_swap_one_after_the_other() {
         })
         .collect();
     let reports: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
-    assert!(
-        reports
-            .iter()
-            .all(|r| r.method == "partition exchange" && r.method_note.is_none()),
-        "{reports:?}"
-    );
-    assert_eq!(
-        reports.iter().map(|r| r.output_rows).collect::<Vec<_>>(),
-        vec![2, 4, 1]
-    );
+    assert!(reports.iter().all(|r| r.method == "partition exchange" && r.method_note.is_none()), "{reports:?}");
+    assert_eq!(reports.iter().map(|r| r.output_rows).collect::<Vec<_>>(), vec![2, 4, 1]);
     for r in &reports {
-        assert_eq!(
-            day_fp(&mut db, "silver.orders", &r.run_date, &["load_id"]),
-            r.output(),
-            "{}",
-            r.run_date
-        );
+        assert_eq!(day_fp(&mut db, "silver.orders", &r.run_date, &["load_id"]), r.output(), "{}", r.run_date);
     }
     assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders"), 7);
     assert_eq!(count(&mut db, "SELECT count(*) FROM fixpoint.runs"), 9);
@@ -425,28 +263,13 @@ fn different_days_run_at_once_and_swap_one_after_the_other() {
 
 #[test]
 fn a_parallel_backfill_ends_as_the_sequential_one() {
-    let Some(mut db) = with_target(LIST_TARGET) else {
-        return;
-    };
+    let Some(mut db) = with_target(LIST_TARGET) else { return };
     let job = job(SILVER_JOB);
-    let dates = vec![
-        d("2026-10-18"),
-        d("2026-10-19"),
-        d("2026-10-20"),
-        d("2026-10-21"),
-    ];
+    let dates = vec![d("2026-10-18"), d("2026-10-19"), d("2026-10-20"), d("2026-10-21")];
     let url = db.url().to_owned();
-    let connect =
-        || -> fixpoint_core::Result<Box<dyn Engine>> { Ok(Box::new(Postgres::connect(&url)?)) };
+    let connect = || -> fixpoint_core::Result<Box<dyn Engine>> { Ok(Box::new(Postgres::connect(&url)?)) };
     let mut seen = 0;
-    let out = backfill_parallel(
-        &job,
-        &dates,
-        3,
-        &connect,
-        &BackfillOptions::default(),
-        |_| seen += 1,
-    );
+    let out = backfill_parallel(&job, &dates, 3, &connect, &BackfillOptions::default(), |_| seen += 1);
     assert_eq!(seen, 4);
     let dates_back: Vec<String> = out
         .iter()
@@ -455,51 +278,21 @@ fn a_parallel_backfill_ends_as_the_sequential_one() {
             other => panic!("{other:?}"),
         })
         .collect();
-    assert_eq!(
-        dates_back,
-        [
-            "2026-10-18 committed 0",
-            "2026-10-19 committed 2",
-            "2026-10-20 committed 4",
-            "2026-10-21 committed 1"
-        ]
-    );
+    assert_eq!(dates_back, ["2026-10-18 committed 0", "2026-10-19 committed 2", "2026-10-20 committed 4", "2026-10-21 committed 1"]);
 
     let mut seq = PgUnderTest::get().unwrap().fresh_pg();
     exec(&mut seq, BRONZE);
     exec(&mut seq, LIST_TARGET);
     let seq_out = backfill(&job, &dates, &mut seq, &BackfillOptions::default(), |_| {});
     for (p, s) in out.iter().zip(&seq_out) {
-        let (DateOutcome::Done(p), DateOutcome::Done(s)) = (p, s) else {
-            panic!()
-        };
-        assert_eq!(
-            (p.output(), &p.run_key),
-            (s.output(), &s.run_key),
-            "{}",
-            p.run_date
-        );
+        let (DateOutcome::Done(p), DateOutcome::Done(s)) = (p, s) else { panic!() };
+        assert_eq!((p.output(), &p.run_key), (s.output(), &s.run_key), "{}", p.run_date);
     }
-    assert_eq!(
-        rows(&mut db, "SELECT order_id, dt FROM silver.orders"),
-        rows(&mut seq, "SELECT order_id, dt FROM silver.orders")
-    );
+    assert_eq!(rows(&mut db, "SELECT order_id, dt FROM silver.orders"), rows(&mut seq, "SELECT order_id, dt FROM silver.orders"));
 
     // Again: everything is done, every date is skipped.
-    let again = backfill_parallel(
-        &job,
-        &dates,
-        3,
-        &connect,
-        &BackfillOptions::default(),
-        |_| {},
-    );
-    assert!(
-        again
-            .iter()
-            .all(|o| matches!(o, DateOutcome::Done(r) if r.outcome == "skipped")),
-        "{again:?}"
-    );
+    let again = backfill_parallel(&job, &dates, 3, &connect, &BackfillOptions::default(), |_| {});
+    assert!(again.iter().all(|o| matches!(o, DateOutcome::Done(r) if r.outcome == "skipped")), "{again:?}");
     // Found done through the parent, in one grouped scan of its partitions.
     let done = fixpoint_core::tools::backfill::done_dates(&job, &dates, &mut db).unwrap();
     assert_eq!(done.len(), 4);
@@ -507,24 +300,11 @@ fn a_parallel_backfill_ends_as_the_sequential_one() {
 
     // A failed date stops the backfill from starting new dates; nothing of it is committed.
     exec(&mut db, CHANGE_THE_20TH);
-    let mut done: Vec<String> = fixpoint_core::tools::backfill::done_dates(&job, &dates, &mut db)
-        .unwrap()
-        .keys()
-        .map(|d| d.to_string())
-        .collect();
+    let mut done: Vec<String> = fixpoint_core::tools::backfill::done_dates(&job, &dates, &mut db).unwrap().keys().map(|d| d.to_string()).collect();
     done.sort();
-    assert_eq!(
-        done,
-        ["2026-10-18", "2026-10-19", "2026-10-21"],
-        "the changed 20th is not done"
-    );
+    assert_eq!(done, ["2026-10-18", "2026-10-19", "2026-10-21"], "the changed 20th is not done");
     let opts = BackfillOptions {
-        run: RunOptions {
-            force: true,
-            fault: Some((FailPoint::AfterDelete, FaultAction::Error)),
-            no_wait: false,
-            ..RunOptions::default()
-        },
+        run: RunOptions { force: true, fault: Some((FailPoint::AfterDelete, FaultAction::Error)), no_wait: false, ..RunOptions::default() },
         keep_going: false,
         fault_date: Some(d("2026-10-20")),
     };
@@ -538,24 +318,13 @@ fn a_parallel_backfill_ends_as_the_sequential_one() {
         })
         .collect();
     assert_eq!(states, ["done", "done", "failed", "not run"]);
-    assert_eq!(
-        count(
-            &mut db,
-            "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'"
-        ),
-        4,
-        "the old day"
-    );
+    assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'"), 4, "the old day");
 }
 
 /// `toml` with `swap = "<swap>"` after its `partition` line.
 fn with_swap(toml: &str, swap: &str) -> String {
     assert!(toml.contains("partition = \"dt\"\n"));
-    toml.replacen(
-        "partition = \"dt\"\n",
-        &format!("partition = \"dt\"\nswap = \"{swap}\"\n"),
-        1,
-    )
+    toml.replacen("partition = \"dt\"\n", &format!("partition = \"dt\"\nswap = \"{swap}\"\n"), 1)
 }
 
 /// A day of ~50 rows whose source switches between two contents (50 rows
@@ -600,11 +369,7 @@ fn a_read_committed_reader_sees_the_old_day_or_the_new_one_through_fifty_swaps()
         exec(&mut db, CHURN);
         let job = job(&with_swap(CHURN_JOB, swap));
         let day = d("2026-10-20");
-        let method = if swap == "exchange" {
-            "partition exchange"
-        } else {
-            "delete+insert"
-        };
+        let method = if swap == "exchange" { "partition exchange" } else { "delete+insert" };
         assert_eq!(job.load(day, &mut db).unwrap().method, method);
         let old = churn_sample(&mut db).unwrap();
         exec(&mut db, "UPDATE bronze.variant SET v = 1");
@@ -621,10 +386,7 @@ fn a_read_committed_reader_sees_the_old_day_or_the_new_one_through_fifty_swaps()
             let (url, stop, reads) = (db.url().to_owned(), stop.clone(), reads.clone());
             std::thread::spawn(move || {
                 let mut conn = Postgres::connect(&url).unwrap();
-                conn.execute(&Sql::raw(
-                    "SET default_transaction_isolation = 'read committed'",
-                ))
-                .unwrap();
+                conn.execute(&Sql::raw("SET default_transaction_isolation = 'read committed'")).unwrap();
                 let (mut seen_old, mut seen_new, mut wrong) = (0u64, 0u64, Vec::new());
                 while !stop.load(Ordering::SeqCst) {
                     let n = reads.fetch_add(1, Ordering::SeqCst);
@@ -652,28 +414,14 @@ fn a_read_committed_reader_sees_the_old_day_or_the_new_one_through_fifty_swaps()
             let before = reads.load(Ordering::SeqCst);
             let r = job.load_with(day, &mut db, &force()).unwrap();
             during.push(reads.load(Ordering::SeqCst) - before);
-            assert_eq!(
-                (r.method.as_str(), r.outcome.as_str()),
-                (method, "committed"),
-                "{swap}: run {i}"
-            );
-            assert_eq!(
-                churn_sample(&mut db).unwrap(),
-                if i % 2 == 0 { old } else { new },
-                "{swap}: after run {i}"
-            );
+            assert_eq!((r.method.as_str(), r.outcome.as_str()), (method, "committed"), "{swap}: run {i}");
+            assert_eq!(churn_sample(&mut db).unwrap(), if i % 2 == 0 { old } else { new }, "{swap}: after run {i}");
         }
         stop.store(true, Ordering::SeqCst);
         let (seen_old, seen_new, wrong) = reader.join().unwrap();
         assert!(wrong.is_empty(), "{swap}: the reader saw a day that is neither the old {old:?} nor the new {new:?}: {wrong:?}");
-        assert!(
-            seen_old > 0 && seen_new > 0,
-            "{swap}: the reads spanned the swaps ({seen_old} old, {seen_new} new)"
-        );
-        assert!(
-            seen_old + seen_new >= 50,
-            "{swap}: {seen_old} + {seen_new} reads in 50 runs"
-        );
+        assert!(seen_old > 0 && seen_new > 0, "{swap}: the reads spanned the swaps ({seen_old} old, {seen_new} new)");
+        assert!(seen_old + seen_new >= 50, "{swap}: {seen_old} + {seen_new} reads in 50 runs");
         eprintln!("{swap}: {} reads ({seen_old} old, {seen_new} new) over 50 runs; reads during each run: {during:?}", seen_old + seen_new);
     }
 }
@@ -702,10 +450,7 @@ struct SnapshotRead {
 /// its swap — a read that, like pg_dump's, waits for the swap's lock.
 fn snapshot_read(swap: Option<&str>, isolation: &str, during: bool) -> Option<SnapshotRead> {
     let mut db = with_target(LIST_TARGET)?;
-    exec(
-        &mut db,
-        "CREATE TABLE public.elsewhere (x INT);\nINSERT INTO public.elsewhere VALUES (1)",
-    );
+    exec(&mut db, "CREATE TABLE public.elsewhere (x INT);\nINSERT INTO public.elsewhere VALUES (1)");
     let job = job(&swap.map_or_else(|| SILVER_JOB.to_owned(), |s| with_swap(SILVER_JOB, s)));
     job.load(d("2026-10-20"), &mut db).unwrap();
     let old = rows(&mut db, DAY_20);
@@ -714,20 +459,13 @@ fn snapshot_read(swap: Option<&str>, isolation: &str, during: bool) -> Option<Sn
 
     let mut reader = Postgres::connect(db.url()).unwrap();
     exec(&mut reader, &format!("BEGIN ISOLATION LEVEL {isolation}"));
-    assert_eq!(
-        count(&mut reader, "SELECT count(*) FROM public.elsewhere"),
-        1,
-        "the reader's snapshot is taken"
-    );
+    assert_eq!(count(&mut reader, "SELECT count(*) FROM public.elsewhere"), 1, "the reader's snapshot is taken");
     let (seen, report) = if during {
         let writer = {
             let (url, job) = (db.url().to_owned(), job.clone());
             std::thread::spawn(move || {
                 let mut conn = Postgres::connect(&url).unwrap();
-                let pause = RunOptions {
-                    fault: Some((FailPoint::BeforeCommit, FaultAction::Pause(1000))),
-                    ..Default::default()
-                };
+                let pause = RunOptions { fault: Some((FailPoint::BeforeCommit, FaultAction::Pause(1000))), ..Default::default() };
                 job.load_with(d("2026-10-20"), &mut conn, &pause).unwrap()
             })
         };
@@ -737,10 +475,7 @@ fn snapshot_read(swap: Option<&str>, isolation: &str, during: bool) -> Option<Sn
                         AND mode = 'RowExclusiveLock' AND granted AND pid <> pg_backend_pid()";
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while count(&mut db, recorded) == 0 {
-            assert!(
-                std::time::Instant::now() < deadline && !writer.is_finished(),
-                "the run did not reach its commit"
-            );
+            assert!(std::time::Instant::now() < deadline && !writer.is_finished(), "the run did not reach its commit");
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         let seen = rows(&mut reader, DAY_20);
@@ -751,19 +486,9 @@ fn snapshot_read(swap: Option<&str>, isolation: &str, during: bool) -> Option<Sn
     };
     exec(&mut reader, "COMMIT");
     let new = rows(&mut reader, DAY_20);
-    assert_eq!(
-        new.len(),
-        5,
-        "a transaction begun after the run sees the new day"
-    );
+    assert_eq!(new.len(), 5, "a transaction begun after the run sees the new day");
     assert_eq!(report.outcome, "committed");
-    Some(SnapshotRead {
-        db,
-        old,
-        seen,
-        new,
-        report,
-    })
+    Some(SnapshotRead { db, old, seen, new, report })
 }
 
 #[test]
@@ -774,25 +499,10 @@ fn a_snapshot_older_than_the_swap_sees_an_empty_day() {
     // partition is gone: the day reads empty (as after a TRUNCATE).
     for isolation in ["REPEATABLE READ", "SERIALIZABLE"] {
         for during in [false, true] {
-            let Some(s) = snapshot_read(None, isolation, during) else {
-                return;
-            };
-            let at = format!(
-                "{isolation}, read {}",
-                if during {
-                    "waiting on the swap"
-                } else {
-                    "after the commit"
-                }
-            );
+            let Some(s) = snapshot_read(None, isolation, during) else { return };
+            let at = format!("{isolation}, read {}", if during { "waiting on the swap" } else { "after the commit" });
             assert_eq!(s.report.method, "partition exchange", "{at}");
-            assert_eq!(
-                s.seen,
-                Vec::<Vec<String>>::new(),
-                "{at}: the reader sees an empty day, neither the old {:?} nor the new {:?}",
-                s.old,
-                s.new
-            );
+            assert_eq!(s.seen, Vec::<Vec<String>>::new(), "{at}: the reader sees an empty day, neither the old {:?} nor the new {:?}", s.old, s.new);
         }
     }
 }
@@ -801,26 +511,9 @@ fn a_snapshot_older_than_the_swap_sees_an_empty_day() {
 fn with_swap_delete_insert_a_snapshot_older_than_the_run_sees_the_old_day() {
     for isolation in ["REPEATABLE READ", "SERIALIZABLE"] {
         for during in [false, true] {
-            let Some(s) = snapshot_read(Some("delete_insert"), isolation, during) else {
-                return;
-            };
-            let at = format!(
-                "{isolation}, read {}",
-                if during {
-                    "before the commit"
-                } else {
-                    "after the commit"
-                }
-            );
-            assert_eq!(
-                (
-                    s.report.method.as_str(),
-                    s.report.rows_deleted,
-                    s.report.rows_inserted
-                ),
-                ("delete+insert", 4, 5),
-                "{at}"
-            );
+            let Some(s) = snapshot_read(Some("delete_insert"), isolation, during) else { return };
+            let at = format!("{isolation}, read {}", if during { "before the commit" } else { "after the commit" });
+            assert_eq!((s.report.method.as_str(), s.report.rows_deleted, s.report.rows_inserted), ("delete+insert", 4, 5), "{at}");
             assert_eq!(
                 s.report.method_note.as_deref(),
                 Some("no partition exchange: the job has swap = \"delete_insert\" (the day's rows were deleted from silver.orders_20261020 and the new ones inserted)"),
@@ -833,50 +526,27 @@ fn with_swap_delete_insert_a_snapshot_older_than_the_run_sees_the_old_day() {
     // The run converges to what partition exchange writes for the same
     // input: the same day, the same run key (`swap` is not part of the
     // job's definition hash: it does not change the rows).
-    let Some(mut s) = snapshot_read(Some("delete_insert"), "REPEATABLE READ", false) else {
-        return;
-    };
-    let Some(mut exchanged) = with_target(LIST_TARGET) else {
-        return;
-    };
+    let Some(mut s) = snapshot_read(Some("delete_insert"), "REPEATABLE READ", false) else { return };
+    let Some(mut exchanged) = with_target(LIST_TARGET) else { return };
     exec(&mut exchanged, CHANGE_THE_20TH);
     let ex = job(&with_swap(SILVER_JOB, "exchange"));
     let ex20 = ex.load(d("2026-10-20"), &mut exchanged).unwrap();
-    assert_eq!(
-        (ex20.method.as_str(), ex20.method_note.as_deref()),
-        ("partition exchange", None)
-    );
-    assert_eq!(
-        (s.report.output(), &s.report.run_key),
-        (ex20.output(), &ex20.run_key)
-    );
-    assert_eq!(
-        day_fp(&mut s.db, "silver.orders", "2026-10-20", &["load_id"]),
-        ex20.output()
-    );
+    assert_eq!((ex20.method.as_str(), ex20.method_note.as_deref()), ("partition exchange", None));
+    assert_eq!((s.report.output(), &s.report.run_key), (ex20.output(), &ex20.run_key));
+    assert_eq!(day_fp(&mut s.db, "silver.orders", "2026-10-20", &["load_id"]), ex20.output());
     let di = job(&with_swap(SILVER_JOB, "delete_insert"));
     assert_eq!(di.definition_hash(), ex.definition_hash());
-    assert_eq!(
-        di.load(d("2026-10-20"), &mut s.db).unwrap().outcome,
-        "skipped",
-        "a plain retry finds the day as recorded"
-    );
+    assert_eq!(di.load(d("2026-10-20"), &mut s.db).unwrap().outcome, "skipped", "a plain retry finds the day as recorded");
 
     // A day with no partition yet: one is created (empty, named after the
     // day), then filled by the insert; no staging table is left behind.
     let r21 = di.load(d("2026-10-21"), &mut s.db).unwrap();
-    assert_eq!(
-        (r21.method.as_str(), r21.rows_deleted, r21.rows_inserted),
-        ("delete+insert", 0, 1)
-    );
+    assert_eq!((r21.method.as_str(), r21.rows_deleted, r21.rows_inserted), ("delete+insert", 0, 1));
     assert_eq!(
         r21.method_note.as_deref(),
         Some("no partition exchange: the job has swap = \"delete_insert\" (the day's partition silver.orders_20261021 was created empty, then inserted into)")
     );
-    assert_eq!(
-        r21.output(),
-        ex.load(d("2026-10-21"), &mut exchanged).unwrap().output()
-    );
+    assert_eq!(r21.output(), ex.load(d("2026-10-21"), &mut exchanged).unwrap().output());
     assert_eq!(
         partitions(&mut s.db, "silver.orders"),
         vec![
@@ -885,24 +555,9 @@ fn with_swap_delete_insert_a_snapshot_older_than_the_run_sees_the_old_day() {
             vec!["\"orders_20261021\"", "\"FOR VALUES IN ('2026-10-21')\""],
         ]
     );
-    assert_eq!(
-        tables_in_silver(&mut s.db),
-        vec![
-            vec!["\"orders\""],
-            vec!["\"orders_20261019\""],
-            vec!["\"orders_20261020\""],
-            vec!["\"orders_20261021\""]
-        ]
-    );
+    assert_eq!(tables_in_silver(&mut s.db), vec![vec!["\"orders\""], vec!["\"orders_20261019\""], vec!["\"orders_20261020\""], vec!["\"orders_20261021\""]]);
     let again = di.load_with(d("2026-10-21"), &mut s.db, &force()).unwrap();
-    assert_eq!(
-        (
-            again.method.as_str(),
-            again.rows_deleted,
-            again.rows_inserted
-        ),
-        ("delete+insert", 1, 1)
-    );
+    assert_eq!((again.method.as_str(), again.rows_deleted, again.rows_inserted), ("delete+insert", 1, 1));
     assert_eq!(again.output(), r21.output());
 }
 
@@ -930,88 +585,24 @@ partition = "dt"
 [source]
 sql = "SELECT order_id, customer_id, order_total, currency, updated_at, dt FROM bronze.orders WHERE dt = :run_date"
 "#;
-    let r = job(spec)
-        .load_with(d("2026-10-20"), &mut db, &force())
-        .unwrap();
-    assert_eq!(
-        (
-            r.method.as_str(),
-            r.rows_deleted,
-            r.rows_inserted,
-            r.output_rows
-        ),
-        ("partition exchange", 0, 6, 6)
-    );
-    let digest = |db: &mut dyn Engine, from: &str| {
-        rows(db, &format!("SELECT count(*), sum(hashtextextended(CAST(ROW(order_id, customer_id, order_total, currency, updated_at, dt) AS TEXT), 0)) FROM {from}"))
-    };
-    assert_eq!(
-        digest(&mut db, "silver.orders_20261020"),
-        digest(&mut db, "bronze.orders WHERE dt = DATE '2026-10-20'")
-    );
-    assert_eq!(
-        r.output(),
-        day_fp(&mut db, "silver.orders", "2026-10-20", &[]),
-        "the output fingerprint is the stored day's"
-    );
-    assert_eq!(
-        (r.input_rows, r.input_checksum.as_str()),
-        (r.output_rows, r.output_checksum.as_str()),
-        "the day holds the source's rows as they are"
-    );
-    assert_eq!(
-        job(spec).load(d("2026-10-20"), &mut db).unwrap().outcome,
-        "skipped"
-    );
-    let before = rows(
-        &mut db,
-        "SELECT * FROM silver.orders ORDER BY order_id, updated_at",
-    );
+    let r = job(spec).load_with(d("2026-10-20"), &mut db, &force()).unwrap();
+    assert_eq!((r.method.as_str(), r.rows_deleted, r.rows_inserted, r.output_rows), ("partition exchange", 0, 6, 6));
+    let digest = |db: &mut dyn Engine, from: &str| rows(db, &format!("SELECT count(*), sum(hashtextextended(CAST(ROW(order_id, customer_id, order_total, currency, updated_at, dt) AS TEXT), 0)) FROM {from}"));
+    assert_eq!(digest(&mut db, "silver.orders_20261020"), digest(&mut db, "bronze.orders WHERE dt = DATE '2026-10-20'"));
+    assert_eq!(r.output(), day_fp(&mut db, "silver.orders", "2026-10-20", &[]), "the output fingerprint is the stored day's");
+    assert_eq!((r.input_rows, r.input_checksum.as_str()), (r.output_rows, r.output_checksum.as_str()), "the day holds the source's rows as they are");
+    assert_eq!(job(spec).load(d("2026-10-20"), &mut db).unwrap().outcome, "skipped");
+    let before = rows(&mut db, "SELECT * FROM silver.orders ORDER BY order_id, updated_at");
     let old = oid(&mut db, "silver.orders_20261020");
 
     let wide = job(&spec.replace("WHERE dt = :run_date", "WHERE dt >= :run_date"));
-    let err = wide
-        .load_with(d("2026-10-20"), &mut db, &force())
-        .unwrap_err();
-    assert!(
-        matches!(err, Error::OutOfPartition { rows: 1, .. }),
-        "{err}"
-    );
-    assert!(
-        err.to_string().contains("order_id: 7"),
-        "the row of another day is named: {err}"
-    );
+    let err = wide.load_with(d("2026-10-20"), &mut db, &force()).unwrap_err();
+    assert!(matches!(err, Error::OutOfPartition { rows: 1, .. }), "{err}");
+    assert!(err.to_string().contains("order_id: 7"), "the row of another day is named: {err}");
     let few = job(&format!("min_rows = 7\n{spec}"));
-    let err = few
-        .load_with(d("2026-10-20"), &mut db, &force())
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::TooFewRows {
-                rows: 6,
-                min_rows: 7,
-                ..
-            }
-        ),
-        "{err}"
-    );
-    assert_eq!(
-        rows(
-            &mut db,
-            "SELECT * FROM silver.orders ORDER BY order_id, updated_at"
-        ),
-        before,
-        "refused: the day as it was"
-    );
-    assert_eq!(
-        oid(&mut db, "silver.orders_20261020"),
-        old,
-        "the old partition stays attached"
-    );
-    assert_eq!(
-        tables_in_silver(&mut db),
-        vec![vec!["\"orders\""], vec!["\"orders_20261020\""]],
-        "no day table left behind"
-    );
+    let err = few.load_with(d("2026-10-20"), &mut db, &force()).unwrap_err();
+    assert!(matches!(err, Error::TooFewRows { rows: 6, min_rows: 7, .. }), "{err}");
+    assert_eq!(rows(&mut db, "SELECT * FROM silver.orders ORDER BY order_id, updated_at"), before, "refused: the day as it was");
+    assert_eq!(oid(&mut db, "silver.orders_20261020"), old, "the old partition stays attached");
+    assert_eq!(tables_in_silver(&mut db), vec![vec!["\"orders\""], vec!["\"orders_20261020\""]], "no day table left behind");
 }

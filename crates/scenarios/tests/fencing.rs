@@ -18,9 +18,7 @@ fn loaded() -> Option<(Postgres, fixpoint_core::Job, fixpoint_core::RunReport)> 
 
 #[test]
 fn double_fired_runs_serialize_and_equal_one_run() {
-    let Some((mut db, job, once)) = loaded() else {
-        return;
-    };
+    let Some((mut db, job, once)) = loaded() else { return };
     let url = db.url().to_owned();
     let threads: Vec<_> = (0..3)
         .map(|_| {
@@ -30,12 +28,7 @@ fn double_fired_runs_serialize_and_equal_one_run() {
                 let mut conn = Postgres::connect(&url).unwrap();
                 for _ in 0..5 {
                     // Pause between the delete and the insert, so the runs overlap.
-                    let overlap = RunOptions {
-                        force: true,
-                        fault: Some((FailPoint::AfterDelete, FaultAction::Pause(50))),
-                        no_wait: false,
-                        ..RunOptions::default()
-                    };
+                    let overlap = RunOptions { force: true, fault: Some((FailPoint::AfterDelete, FaultAction::Pause(50))), no_wait: false, ..RunOptions::default() };
                     job.load_with(d("2026-10-20"), &mut conn, &overlap).unwrap();
                 }
             })
@@ -44,85 +37,31 @@ fn double_fired_runs_serialize_and_equal_one_run() {
     for t in threads {
         t.join().unwrap();
     }
-    assert_eq!(
-        count(
-            &mut db,
-            "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'"
-        ),
-        4,
-        "no duplicated rows"
-    );
-    assert_eq!(
-        day_fp(&mut db, "silver.orders", "2026-10-20", &["load_id"]),
-        once.output()
-    );
-    assert_eq!(
-        count(&mut db, "SELECT count(*) FROM fixpoint.runs"),
-        16,
-        "every run committed, one after the other"
-    );
+    assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'"), 4, "no duplicated rows");
+    assert_eq!(day_fp(&mut db, "silver.orders", "2026-10-20", &["load_id"]), once.output());
+    assert_eq!(count(&mut db, "SELECT count(*) FROM fixpoint.runs"), 16, "every run committed, one after the other");
 }
 
 #[test]
 fn no_wait_fails_at_once_while_another_run_holds_the_lock() {
-    let Some((mut db, job, _)) = loaded() else {
-        return;
-    };
+    let Some((mut db, job, _)) = loaded() else { return };
     let mut holder = Postgres::connect(db.url()).unwrap();
     holder.begin().unwrap();
-    assert!(holder
-        .lock_scope("fixpoint:silver_orders:silver.orders:2026-10-20", true)
-        .unwrap());
-    let err = job
-        .load_with(
-            d("2026-10-20"),
-            &mut db,
-            &RunOptions {
-                force: true,
-                fault: None,
-                no_wait: true,
-                ..RunOptions::default()
-            },
-        )
-        .unwrap_err();
+    assert!(holder.lock_scope("fixpoint:silver_orders:silver.orders:2026-10-20", true).unwrap());
+    let err = job.load_with(d("2026-10-20"), &mut db, &RunOptions { force: true, fault: None, no_wait: true, ..RunOptions::default() }).unwrap_err();
     assert!(matches!(err, Error::Busy { .. }), "{err}");
     assert_eq!(err.to_string(), "another run of job silver_orders holds the lock on silver.orders (2026-10-20); --no-wait was given");
     // Another partition is not blocked.
-    job.load_with(
-        d("2026-10-21"),
-        &mut db,
-        &RunOptions {
-            force: true,
-            fault: None,
-            no_wait: true,
-            ..RunOptions::default()
-        },
-    )
-    .unwrap();
+    job.load_with(d("2026-10-21"), &mut db, &RunOptions { force: true, fault: None, no_wait: true, ..RunOptions::default() }).unwrap();
     holder.rollback().unwrap();
-    job.load_with(
-        d("2026-10-20"),
-        &mut db,
-        &RunOptions {
-            force: true,
-            fault: None,
-            no_wait: true,
-            ..RunOptions::default()
-        },
-    )
-    .unwrap();
+    job.load_with(d("2026-10-20"), &mut db, &RunOptions { force: true, fault: None, no_wait: true, ..RunOptions::default() }).unwrap();
 }
 
 #[test]
 fn a_connection_killed_mid_run_leaves_the_previous_contents() {
-    let Some((mut db, job, before)) = loaded() else {
-        return;
-    };
+    let Some((mut db, job, before)) = loaded() else { return };
     let before_rows = rows(&mut db, "SELECT * FROM silver.orders");
-    exec(
-        &mut db,
-        "UPDATE bronze.orders SET order_total = 6.00 WHERE order_id = 3",
-    );
+    exec(&mut db, "UPDATE bronze.orders SET order_total = 6.00 WHERE order_id = 3");
     let url = db.url().to_owned();
     let dbname = url.rsplit('/').next().unwrap().to_owned();
     let runner = {
@@ -130,12 +69,7 @@ fn a_connection_killed_mid_run_leaves_the_previous_contents() {
         std::thread::spawn(move || {
             let mut conn = Postgres::connect(&url).unwrap();
             // Stops after the insert, inside the open transaction.
-            let slow = RunOptions {
-                force: true,
-                fault: Some((FailPoint::AfterInsert, FaultAction::Pause(3000))),
-                no_wait: false,
-                ..RunOptions::default()
-            };
+            let slow = RunOptions { force: true, fault: Some((FailPoint::AfterInsert, FaultAction::Pause(3000))), no_wait: false, ..RunOptions::default() };
             job.load_with(d("2026-10-20"), &mut conn, &slow)
         })
     };
@@ -156,85 +90,36 @@ fn a_connection_killed_mid_run_leaves_the_previous_contents() {
     assert_eq!(killed, 1, "the run's connection was found and terminated");
     let err = runner.join().unwrap().unwrap_err();
     assert!(matches!(err, Error::Database { .. }), "{err}");
-    assert_eq!(
-        rows(&mut db, "SELECT * FROM silver.orders"),
-        before_rows,
-        "the previous contents survive"
-    );
-    assert_eq!(
-        count(&mut db, "SELECT count(*) FROM fixpoint.runs"),
-        1,
-        "no ledger row from the killed run"
-    );
+    assert_eq!(rows(&mut db, "SELECT * FROM silver.orders"), before_rows, "the previous contents survive");
+    assert_eq!(count(&mut db, "SELECT count(*) FROM fixpoint.runs"), 1, "no ledger row from the killed run");
     let retry = job.load(d("2026-10-20"), &mut db).unwrap();
     assert_ne!(retry.output(), before.output());
-    assert_eq!(
-        count(
-            &mut db,
-            "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'"
-        ),
-        4
-    );
-    assert_eq!(
-        rows(
-            &mut db,
-            "SELECT order_total FROM silver.orders WHERE order_id = 3"
-        ),
-        vec![vec!["\"6.00\""]]
-    );
+    assert_eq!(count(&mut db, "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'"), 4);
+    assert_eq!(rows(&mut db, "SELECT order_total FROM silver.orders WHERE order_id = 3"), vec![vec!["\"6.00\""]]);
 }
 
 #[test]
 fn a_serialization_failure_is_retried_and_converges() {
-    let Some((mut db, job, _)) = loaded() else {
-        return;
-    };
+    let Some((mut db, job, _)) = loaded() else { return };
     let url = db.url().to_owned();
     let dbname = url.rsplit('/').next().unwrap().to_owned();
     // Under REPEATABLE READ, a row changed by another transaction after the
     // run's snapshot makes the run's DELETE fail with SQLSTATE 40001.
-    exec(
-        &mut db,
-        &format!(
-            "ALTER DATABASE \"{dbname}\" SET default_transaction_isolation = 'repeatable read'"
-        ),
-    );
+    exec(&mut db, &format!("ALTER DATABASE \"{dbname}\" SET default_transaction_isolation = 'repeatable read'"));
     let runner = {
         let (url, job) = (url.clone(), job.clone());
         std::thread::spawn(move || {
             let mut conn = Postgres::connect(&url).unwrap();
-            let slow = RunOptions {
-                force: true,
-                fault: Some((FailPoint::AfterGuards, FaultAction::Pause(700))),
-                no_wait: false,
-                ..RunOptions::default()
-            };
+            let slow = RunOptions { force: true, fault: Some((FailPoint::AfterGuards, FaultAction::Pause(700))), no_wait: false, ..RunOptions::default() };
             job.load_with(d("2026-10-20"), &mut conn, &slow)
         })
     };
     std::thread::sleep(std::time::Duration::from_millis(300));
-    exec(
-        &mut db,
-        "UPDATE silver.orders SET order_total = 0 WHERE order_id = 3",
-    );
-    let report = runner
-        .join()
-        .unwrap()
-        .expect("retried after the serialization failure");
+    exec(&mut db, "UPDATE silver.orders SET order_total = 0 WHERE order_id = 3");
+    let report = runner.join().unwrap().expect("retried after the serialization failure");
     assert_eq!(report.rows_inserted, 4);
-    assert_eq!(
-        rows(
-            &mut db,
-            "SELECT order_total FROM silver.orders WHERE order_id = 3"
-        ),
-        vec![vec!["\"5.25\""]],
-        "the rerun replaced the concurrent edit"
-    );
-    assert_eq!(
-        count(&mut db, "SELECT count(*) FROM fixpoint.runs"),
-        2,
-        "one committed run per load: the failed attempt left nothing"
-    );
+    assert_eq!(rows(&mut db, "SELECT order_total FROM silver.orders WHERE order_id = 3"), vec![vec!["\"5.25\""]], "the rerun replaced the concurrent edit");
+    assert_eq!(count(&mut db, "SELECT count(*) FROM fixpoint.runs"), 2, "one committed run per load: the failed attempt left nothing");
 }
 
 /// Another session holding a lock on the target (a `LOCK TABLE` left open
@@ -242,38 +127,18 @@ fn a_serialization_failure_is_retried_and_converges() {
 /// naming the session; nothing changed. With `--no-wait` it stops at once.
 #[test]
 fn a_target_locked_by_another_session_is_waited_for_at_most_the_wait() {
-    let Some((mut db, job, _)) = loaded() else {
-        return;
-    };
-    exec(
-        &mut db,
-        "UPDATE bronze.orders SET order_total = 7.00 WHERE order_id = 3",
-    );
+    let Some((mut db, job, _)) = loaded() else { return };
+    exec(&mut db, "UPDATE bronze.orders SET order_total = 7.00 WHERE order_id = 3");
     let before = rows(&mut db, "SELECT * FROM silver.orders");
     let ledger = count(&mut db, "SELECT count(*) FROM fixpoint.runs");
     let mut holder = Postgres::connect(db.url()).unwrap();
     exec(&mut holder, "SET application_name = 'console of ana'");
     holder.begin().unwrap();
-    exec(
-        &mut holder,
-        "LOCK TABLE silver.orders IN ACCESS EXCLUSIVE MODE",
-    );
+    exec(&mut holder, "LOCK TABLE silver.orders IN ACCESS EXCLUSIVE MODE");
     for (wait, no_wait, at_most) in [(2_000, false, 15_000), (60_000, true, 15_000)] {
-        let mut runner =
-            Postgres::connect_waiting(db.url(), std::time::Duration::from_millis(wait)).unwrap();
+        let mut runner = Postgres::connect_waiting(db.url(), std::time::Duration::from_millis(wait)).unwrap();
         let started = std::time::Instant::now();
-        let err = job
-            .load_with(
-                d("2026-10-20"),
-                &mut runner,
-                &RunOptions {
-                    force: false,
-                    fault: None,
-                    no_wait,
-                    ..RunOptions::default()
-                },
-            )
-            .unwrap_err();
+        let err = job.load_with(d("2026-10-20"), &mut runner, &RunOptions { force: false, fault: None, no_wait, ..RunOptions::default() }).unwrap_err();
         let took = started.elapsed().as_millis();
         assert!(matches!(err, Error::Busy { .. }), "{err}");
         assert!(took < at_most, "waited {took} ms");
@@ -281,24 +146,11 @@ fn a_target_locked_by_another_session_is_waited_for_at_most_the_wait() {
             assert!(took >= 1_900, "waited only {took} ms of --wait 2 s");
         }
         let msg = err.to_string();
-        assert!(
-            msg.contains("lock timeout")
-                && msg.contains("console of ana")
-                && msg.contains("LOCK TABLE"),
-            "{msg}"
-        );
+        assert!(msg.contains("lock timeout") && msg.contains("console of ana") && msg.contains("LOCK TABLE"), "{msg}");
     }
     holder.rollback().unwrap();
-    assert_eq!(
-        rows(&mut db, "SELECT * FROM silver.orders"),
-        before,
-        "nothing changed"
-    );
-    assert_eq!(
-        count(&mut db, "SELECT count(*) FROM fixpoint.runs"),
-        ledger,
-        "no ledger row"
-    );
+    assert_eq!(rows(&mut db, "SELECT * FROM silver.orders"), before, "nothing changed");
+    assert_eq!(count(&mut db, "SELECT count(*) FROM fixpoint.runs"), ledger, "no ledger row");
     // Once the lock is gone, the run goes through.
     let report = job.load(d("2026-10-20"), &mut db).unwrap();
     assert_eq!(report.rows_inserted, 4);
@@ -309,20 +161,13 @@ fn a_target_locked_by_another_session_is_waited_for_at_most_the_wait() {
 /// fingerprint describes exactly the rows written); the next run sees it.
 #[test]
 fn a_source_row_committed_during_a_run_is_in_neither_its_fingerprint_nor_its_write() {
-    let Some((mut db, job, _)) = loaded() else {
-        return;
-    };
+    let Some((mut db, job, _)) = loaded() else { return };
     let url = db.url().to_owned();
     let runner = {
         let (url, job) = (url.clone(), job.clone());
         std::thread::spawn(move || {
             let mut conn = Postgres::connect(&url).unwrap();
-            let slow = RunOptions {
-                force: true,
-                fault: Some((FailPoint::AfterGuards, FaultAction::Pause(1500))),
-                no_wait: false,
-                ..RunOptions::default()
-            };
+            let slow = RunOptions { force: true, fault: Some((FailPoint::AfterGuards, FaultAction::Pause(1500))), no_wait: false, ..RunOptions::default() };
             job.load_with(d("2026-10-20"), &mut conn, &slow)
         })
     };
@@ -330,24 +175,13 @@ fn a_source_row_committed_during_a_run_is_in_neither_its_fingerprint_nor_its_wri
     exec(&mut db, "INSERT INTO bronze.orders VALUES (8, 16, 1.00, 'EUR', TIMESTAMP '2026-10-20 13:00:00', DATE '2026-10-20')");
     let report = runner.join().unwrap().expect("the run commits");
     let day = "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-20'";
-    assert_eq!(
-        count(&mut db, day),
-        4,
-        "the run wrote its snapshot's rows, not the row committed meanwhile"
-    );
+    assert_eq!(count(&mut db, day), 4, "the run wrote its snapshot's rows, not the row committed meanwhile");
     assert_eq!(report.rows_inserted, 4);
     let last = "FROM fixpoint.runs WHERE run_date = DATE '2026-10-20' AND finished_at = (SELECT max(finished_at) FROM fixpoint.runs WHERE run_date = DATE '2026-10-20')";
-    assert_eq!(
-        count(&mut db, &format!("SELECT input_rows {last}")),
-        4,
-        "the ledger's input is what was written"
-    );
+    assert_eq!(count(&mut db, &format!("SELECT input_rows {last}")), 4, "the ledger's input is what was written");
     assert_eq!(count(&mut db, &format!("SELECT output_rows {last}")), 4);
     assert_eq!(
-        count(
-            &mut db,
-            &format!("SELECT count(*) {last} AND input_checksum = output_checksum")
-        ),
+        count(&mut db, &format!("SELECT count(*) {last} AND input_checksum = output_checksum")),
         1,
         "input and output fingerprints agree (same columns)"
     );

@@ -4,9 +4,9 @@
 
 use std::path::PathBuf;
 
-use fixpoint_core::run::ledger;
 use fixpoint_core::tools::backfill::{status, DateState};
 use fixpoint_core::{Error, ErrorClass, Job};
+use fixpoint_core::run::ledger;
 use fixpoint_scenarios::*;
 
 /// A folder for one test's bronze files and job file; in the scenarios'
@@ -29,9 +29,7 @@ impl Lake {
         Lake {
             dir: tempfile::tempdir().unwrap(),
             #[cfg(feature = "s3")]
-            s3: ON_S3
-                .with(|on| on.get())
-                .then(|| S3Mirror::get().expect("the S3 server, checked by the test")),
+            s3: ON_S3.with(|on| on.get()).then(|| S3Mirror::get().expect("the S3 server, checked by the test")),
         }
     }
 
@@ -55,9 +53,7 @@ impl Lake {
         }
         let duck = fixpoint_duckdb::DuckDb::open_in_memory().unwrap();
         let script = script.replace("{lake}", &self.dir.path().display().to_string());
-        duck.connection()
-            .execute_batch(&script)
-            .unwrap_or_else(|e| panic!("fixture: {e}\n{script}"));
+        duck.connection().execute_batch(&script).unwrap_or_else(|e| panic!("fixture: {e}\n{script}"));
         self.sync();
     }
 
@@ -126,10 +122,7 @@ fn orders_20() -> String {
     format!("{PART_0}{PART_1}")
 }
 
-const PARTS_20: &[&str] = &[
-    "bronze/orders/dt=2026-10-20/part-0.parquet",
-    "bronze/orders/dt=2026-10-20/part-1.parquet",
-];
+const PARTS_20: &[&str] = &["bronze/orders/dt=2026-10-20/part-0.parquet", "bronze/orders/dt=2026-10-20/part-1.parquet"];
 
 /// The day's folder, loaded as it is: the files' columns plus `dt` from the
 /// folder name (hive-style).
@@ -155,35 +148,14 @@ fn a_day_of_parquet_files_loads_and_reloads(e: &dyn EngineUnderTest) {
     let db = db.as_mut();
 
     let first = job.load(d("2026-10-20"), db).unwrap();
-    assert_eq!(
-        (
-            first.outcome.as_str(),
-            first.rows_inserted,
-            first.output_rows
-        ),
-        ("committed", 4, 4)
-    );
-    let files = first
-        .input_files
-        .clone()
-        .expect("the report lists the files");
+    assert_eq!((first.outcome.as_str(), first.rows_inserted, first.output_rows), ("committed", 4, 4));
+    let files = first.input_files.clone().expect("the report lists the files");
     let names: Vec<&str> = files.files.iter().map(|f| f.path.as_str()).collect();
     assert_eq!(names, ["part-0.parquet", "part-1.parquet"]);
+    assert_eq!(files.files[0].size, std::fs::metadata(lake.path(PARTS_20[0])).unwrap().len());
     assert_eq!(
-        files.files[0].size,
-        std::fs::metadata(lake.path(PARTS_20[0])).unwrap().len()
-    );
-    assert_eq!(
-        rows(
-            db,
-            "SELECT order_id, CAST(dt AS VARCHAR) FROM silver.orders"
-        ),
-        [
-            ["3", "\"2026-10-20\""],
-            ["4", "\"2026-10-20\""],
-            ["5", "\"2026-10-20\""],
-            ["6", "\"2026-10-20\""]
-        ]
+        rows(db, "SELECT order_id, CAST(dt AS VARCHAR) FROM silver.orders"),
+        [["3", "\"2026-10-20\""], ["4", "\"2026-10-20\""], ["5", "\"2026-10-20\""], ["6", "\"2026-10-20\""]]
     );
     let fp = day_fp(db, "silver.orders", "2026-10-20", &[]);
 
@@ -197,11 +169,7 @@ fn a_day_of_parquet_files_loads_and_reloads(e: &dyn EngineUnderTest) {
     let entries = ledger::entries(db, Some("silver_orders_files"), None, None).unwrap();
     assert_eq!(entries.len(), 1);
     let recorded = entries[0].input_files.as_ref().unwrap();
-    assert_eq!(
-        (&recorded.checksum, &recorded.files),
-        (&files.checksum, &files.files),
-        "the ledger records the files and their hashes"
-    );
+    assert_eq!((&recorded.checksum, &recorded.files), (&files.checksum, &files.files), "the ledger records the files and their hashes");
 
     // One value changed in one file: another run key, and only that row changes.
     let before = all_rows(db);
@@ -209,10 +177,7 @@ fn a_day_of_parquet_files_loads_and_reloads(e: &dyn EngineUnderTest) {
     let st = status(&job, d("2026-10-20"), db).unwrap();
     assert_eq!(st.state, DateState::SourceChanged);
     assert_eq!(st.files_changed, ["changed part-1.parquet"]);
-    assert_eq!(
-        st.input_rows_now, None,
-        "status reads no row of a file source"
-    );
+    assert_eq!(st.input_rows_now, None, "status reads no row of a file source");
     let changed = job.load(d("2026-10-20"), db).unwrap();
     assert_eq!(changed.outcome, "committed");
     assert_ne!(changed.run_key, first.run_key);
@@ -222,18 +187,12 @@ fn a_day_of_parquet_files_loads_and_reloads(e: &dyn EngineUnderTest) {
     assert_eq!(gone.len(), 1, "{gone:?}");
     assert_eq!(new.len(), 1, "{new:?}");
     assert_eq!((new[0][0].as_str(), new[0][2].as_str()), ("5", "\"7.01\""));
-    assert_eq!(
-        status(&job, d("2026-10-20"), db).unwrap().state,
-        DateState::Ok
-    );
+    assert_eq!(status(&job, d("2026-10-20"), db).unwrap().state, DateState::Ok);
 
     // A file added: another run key too.
     lake.write(&["bronze/orders/dt=2026-10-20/part-2.parquet"], "COPY (SELECT 8 AS order_id, 16 AS customer_id, 1.00::DECIMAL(12,2) AS order_total, 'EUR' AS currency, TIMESTAMP '2026-10-20 13:00:00' AS updated_at) TO '{lake}/bronze/orders/dt=2026-10-20/part-2.parquet' (FORMAT parquet)");
     let added = job.load(d("2026-10-20"), db).unwrap();
-    assert_eq!(
-        (added.outcome.as_str(), added.output_rows),
-        ("committed", 5)
-    );
+    assert_eq!((added.outcome.as_str(), added.output_rows), ("committed", 5));
 }
 
 fn incomplete_days_are_refused_and_change_nothing(e: &dyn EngineUnderTest) {
@@ -252,26 +211,15 @@ fn incomplete_days_are_refused_and_change_nothing(e: &dyn EngineUnderTest) {
     // A missing day.
     let err = job.load(d("2026-10-21"), db).unwrap_err();
     assert_eq!(err.class(), ErrorClass::Data);
-    assert!(
-        err.to_string().contains("no file matches")
-            && err.to_string().contains("dt=2026-10-21/*.parquet"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("no file matches") && err.to_string().contains("dt=2026-10-21/*.parquet"), "{err}");
     assert!(err.hint().unwrap().contains("allow_missing = true"));
     unchanged(db);
     // … allowed: skipped, nothing written.
-    let lenient =
-        lake.job(&PARQUET_JOB.replace("*.parquet\"", "*.parquet\"\nallow_missing = true"));
+    let lenient = lake.job(&PARQUET_JOB.replace("*.parquet\"", "*.parquet\"\nallow_missing = true"));
     let r = lenient.load(d("2026-10-21"), db).unwrap();
     assert_eq!(r.outcome, "skipped");
     assert!(r.skip_reason.unwrap().contains("allow_missing = true"));
-    assert_eq!(
-        count(
-            db,
-            "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-21'"
-        ),
-        0
-    );
+    assert_eq!(count(db, "SELECT count(*) FROM silver.orders WHERE dt = DATE '2026-10-21'"), 0);
     unchanged(db);
 
     // A truncated file: the error names it; nothing changes.
@@ -280,18 +228,12 @@ fn incomplete_days_are_refused_and_change_nothing(e: &dyn EngineUnderTest) {
     lake.put(PARTS_20[1], &good[..good.len() / 2]);
     let err = job.load(d("2026-10-20"), db).unwrap_err();
     assert_eq!(err.class(), ErrorClass::Data, "{err}");
-    assert!(
-        err.to_string().starts_with(
-            "cannot read part-1.parquet (parquet file of job silver_orders_files for 2026-10-20)"
-        ),
-        "{err}"
-    );
+    assert!(err.to_string().starts_with("cannot read part-1.parquet (parquet file of job silver_orders_files for 2026-10-20)"), "{err}");
     unchanged(db);
     lake.put(PARTS_20[1], &good);
 
     // A half-written day: the marker is required and not there yet.
-    let marked =
-        lake.job(&PARQUET_JOB.replace("*.parquet\"", "*.parquet\"\nrequire_marker = \"_SUCCESS\""));
+    let marked = lake.job(&PARQUET_JOB.replace("*.parquet\"", "*.parquet\"\nrequire_marker = \"_SUCCESS\""));
     lake.put("bronze/orders/dt=2026-10-20/part-2.parquet", &good[..100]);
     let err = marked.load(d("2026-10-20"), db).unwrap_err();
     assert!(err.to_string().contains("has no _SUCCESS marker"), "{err}");
@@ -300,17 +242,10 @@ fn incomplete_days_are_refused_and_change_nothing(e: &dyn EngineUnderTest) {
     lake.put("bronze/orders/dt=2026-10-20/part-2.parquet", &good);
     lake.put("bronze/orders/dt=2026-10-20/_SUCCESS", b"");
     let r = marked.load(d("2026-10-20"), db).unwrap();
-    assert_eq!(
-        (r.outcome.as_str(), r.output_rows),
-        ("committed", 6),
-        "part-2 is a copy of part-1: 2 more rows"
-    );
+    assert_eq!((r.outcome.as_str(), r.output_rows), ("committed", 6), "part-2 is a copy of part-1: 2 more rows");
 
     // A file still being written under a name starting with `.` or `_` is never read.
-    lake.put(
-        "bronze/orders/dt=2026-10-20/.part-3.parquet.inprogress",
-        b"PAR1",
-    );
+    lake.put("bronze/orders/dt=2026-10-20/.part-3.parquet.inprogress", b"PAR1");
     lake.put("bronze/orders/dt=2026-10-20/_part-4.parquet", b"PAR1");
     let again = marked.load(d("2026-10-20"), db).unwrap();
     assert_eq!(again.outcome, "skipped");
@@ -318,14 +253,8 @@ fn incomplete_days_are_refused_and_change_nothing(e: &dyn EngineUnderTest) {
 
 fn csv_and_json_lines_load_and_name_bad_lines(e: &dyn EngineUnderTest) {
     let lake = Lake::new();
-    lake.text(
-        "in/2026/10/20/a.csv",
-        "order_id,currency,order_total\n1,EUR,12.50\n2,USD,99.00\n",
-    );
-    lake.text(
-        "in/2026/10/20/b.csv",
-        "order_id,currency,order_total\n#3,GBP,5.25\n",
-    );
+    lake.text("in/2026/10/20/a.csv", "order_id,currency,order_total\n1,EUR,12.50\n2,USD,99.00\n");
+    lake.text("in/2026/10/20/b.csv", "order_id,currency,order_total\n#3,GBP,5.25\n");
     let csv = lake.job(
         r#"
 name = "csv_orders"
@@ -344,42 +273,21 @@ sql = "SELECT order_id, currency, order_total, :run_date AS dt FROM input"
     assert_eq!((r.outcome.as_str(), r.output_rows), ("committed", 3));
     // A value starting with `#` is data, not a comment.
     assert_eq!(
-        rows(
-            db,
-            "SELECT CAST(order_id AS VARCHAR), currency FROM silver.csv_orders"
-        ),
-        [
-            ["\"#3\"", "\"GBP\""],
-            ["\"1\"", "\"EUR\""],
-            ["\"2\"", "\"USD\""]
-        ]
+        rows(db, "SELECT CAST(order_id AS VARCHAR), currency FROM silver.csv_orders"),
+        [["\"#3\"", "\"GBP\""], ["\"1\"", "\"EUR\""], ["\"2\"", "\"USD\""]]
     );
     let fp = day_fp(db, "silver.csv_orders", "2026-10-20", &[]);
     assert_eq!(csv.load(d("2026-10-20"), db).unwrap().outcome, "skipped");
 
     // A row with one field too many: refused, naming the file.
-    lake.text(
-        "in/2026/10/20/b.csv",
-        "order_id,currency,order_total\n#3,GBP,5.25\n4,EUR,1.00,oops\n",
-    );
+    lake.text("in/2026/10/20/b.csv", "order_id,currency,order_total\n#3,GBP,5.25\n4,EUR,1.00,oops\n");
     let err = csv.load(d("2026-10-20"), db).unwrap_err();
     assert_eq!(err.class(), ErrorClass::Data, "{err}");
-    assert!(
-        err.to_string().starts_with(
-            "cannot read b.csv (csv file of job csv_orders for 2026-10-20): Invalid Input Error: "
-        ),
-        "{err}"
-    );
-    assert!(
-        !err.to_string().contains("strict_mode"),
-        "the reader's own options are not the user's: {err}"
-    );
+    assert!(err.to_string().starts_with("cannot read b.csv (csv file of job csv_orders for 2026-10-20): Invalid Input Error: "), "{err}");
+    assert!(!err.to_string().contains("strict_mode"), "the reader's own options are not the user's: {err}");
     assert_eq!(day_fp(db, "silver.csv_orders", "2026-10-20", &[]), fp);
 
-    lake.text(
-        "cdc/2026-10-20.jsonl",
-        "{\"order_id\": 1, \"status\": \"new\"}\n{\"order_id\": 2, \"status\": \"paid\"}\n",
-    );
+    lake.text("cdc/2026-10-20.jsonl", "{\"order_id\": 1, \"status\": \"new\"}\n{\"order_id\": 2, \"status\": \"paid\"}\n");
     let json = lake.job(
         r#"
 name = "json_orders"
@@ -394,21 +302,10 @@ sql = "SELECT order_id, status, :run_date AS dt FROM input"
     );
     let r = json.load(d("2026-10-20"), db).unwrap();
     assert_eq!((r.outcome.as_str(), r.output_rows), ("committed", 2));
-    assert_eq!(
-        rows(db, "SELECT order_id, status FROM silver.json_orders"),
-        [["1", "\"new\""], ["2", "\"paid\""]]
-    );
-    lake.text(
-        "cdc/2026-10-20.jsonl",
-        "{\"order_id\": 1, \"status\": \"new\"}\n{\"order_id\": 2, \"status\": \"paid\"\n",
-    );
+    assert_eq!(rows(db, "SELECT order_id, status FROM silver.json_orders"), [["1", "\"new\""], ["2", "\"paid\""]]);
+    lake.text("cdc/2026-10-20.jsonl", "{\"order_id\": 1, \"status\": \"new\"}\n{\"order_id\": 2, \"status\": \"paid\"\n");
     let err = json.load(d("2026-10-20"), db).unwrap_err();
-    assert!(
-        err.to_string().starts_with(
-            "cannot read 2026-10-20.jsonl (json file of job json_orders for 2026-10-20)"
-        ),
-        "{err}"
-    );
+    assert!(err.to_string().starts_with("cannot read 2026-10-20.jsonl (json file of job json_orders for 2026-10-20)"), "{err}");
     assert_eq!(count(db, "SELECT count(*) FROM silver.json_orders"), 2);
 }
 
@@ -443,37 +340,14 @@ sql = "SELECT order_id, CAST(total AS DECIMAL(12,2)) AS total, op, CAST(updated_
     job.load(d("2026-10-21"), db).unwrap();
     job.load(d("2026-10-20"), db).unwrap(); // an older day replayed after a newer one
     let want = [["1", "\"11.00\""], ["3", "\"30.00\""]];
-    assert_eq!(
-        rows(
-            db,
-            "SELECT order_id, CAST(total AS VARCHAR) FROM silver.orders_cdc"
-        ),
-        want
-    );
-    let runs = ledger::entries(db, Some("orders_cdc"), None, None)
-        .unwrap()
-        .len();
+    assert_eq!(rows(db, "SELECT order_id, CAST(total AS VARCHAR) FROM silver.orders_cdc"), want);
+    let runs = ledger::entries(db, Some("orders_cdc"), None, None).unwrap().len();
     for day in ["2026-10-20", "2026-10-21"] {
         let r = job.load(d(day), db).unwrap();
-        assert_eq!(
-            (r.rows_inserted, r.rows_updated, r.rows_deleted),
-            (0, 0, 0),
-            "{day}"
-        );
+        assert_eq!((r.rows_inserted, r.rows_updated, r.rows_deleted), (0, 0, 0), "{day}");
     }
-    assert_eq!(
-        rows(
-            db,
-            "SELECT order_id, CAST(total AS VARCHAR) FROM silver.orders_cdc"
-        ),
-        want
-    );
-    assert!(
-        ledger::entries(db, Some("orders_cdc"), None, None)
-            .unwrap()
-            .len()
-            >= runs
-    );
+    assert_eq!(rows(db, "SELECT order_id, CAST(total AS VARCHAR) FROM silver.orders_cdc"), want);
+    assert!(ledger::entries(db, Some("orders_cdc"), None, None).unwrap().len() >= runs);
 }
 
 /// Types travel faithfully (PostgreSQL: through COPY binary).
@@ -506,27 +380,13 @@ files = "typed/dt={run_date}/*.parquet"
         "SELECT id, small, CAST(amount AS VARCHAR), CAST(big AS VARCHAR), ratio, CAST(name AS VARCHAR), CAST(day AS VARCHAR), CAST(ts AS VARCHAR),
                 tstz, flag, CAST(tm AS VARCHAR), CAST(u AS VARCHAR), CAST(ub AS VARCHAR) FROM silver.typed",
     );
-    assert_eq!(
-        got[0][..4],
-        ["1", "7", "\"12.50\"", "\"123456789012345678.1234567890\""]
-    );
+    assert_eq!(got[0][..4], ["1", "7", "\"12.50\"", "\"123456789012345678.1234567890\""]);
     assert_eq!(got[0][4], "0.1");
     assert_eq!(got[0][5], "\"ünï 'q'\"");
-    assert_eq!(
-        got[0][6..8],
-        ["\"1999-12-31\"", "\"2026-10-20 08:00:00.123456\""]
-    );
+    assert_eq!(got[0][6..8], ["\"1999-12-31\"", "\"2026-10-20 08:00:00.123456\""]);
     // The instant, whatever each engine's display: 08:00:00.5+02 is 06:00:00.5 UTC.
     assert!(got[0][8].contains("2026-10-20 06:00:00.5"), "{}", got[0][8]);
-    assert_eq!(
-        got[0][9..],
-        [
-            "true",
-            "\"23:59:59.25\"",
-            "\"7e1f0c9a-3f4e-4c55-9d4b-0b1a2c3d4e5f\"",
-            "\"3000000000\""
-        ]
-    );
+    assert_eq!(got[0][9..], ["true", "\"23:59:59.25\"", "\"7e1f0c9a-3f4e-4c55-9d4b-0b1a2c3d4e5f\"", "\"3000000000\""]);
     assert_eq!(got[1][..4], ["2", "NULL", "\"-0.05\"", "\"-1.0000000000\""]);
     assert_eq!(job.load(d("2026-10-20"), db).unwrap().outcome, "skipped");
 }
@@ -536,10 +396,7 @@ files = "typed/dt={run_date}/*.parquet"
 fn lookback_reloads_the_days_whose_files_changed(e: &dyn EngineUnderTest) {
     let lake = Lake::new();
     for day in ["2026-10-18", "2026-10-19", "2026-10-20"] {
-        lake.text(
-            &format!("daily/{day}/orders.csv"),
-            &format!("order_id,total\n1,{}.00\n2,5.00\n", &day[8..]),
-        );
+        lake.text(&format!("daily/{day}/orders.csv"), &format!("order_id,total\n1,{}.00\n2,5.00\n", &day[8..]));
     }
     let job = lake.job(
         r#"
@@ -557,38 +414,16 @@ sql = "SELECT order_id, total, :run_date AS dt FROM input"
     let mut db = e.fresh();
     let db = db.as_mut();
     let opts = fixpoint_core::RunOptions::default();
-    let (w, err) =
-        fixpoint_core::tools::lookback::run_window(&job, d("2026-10-20"), db, &opts, None);
+    let (w, err) = fixpoint_core::tools::lookback::run_window(&job, d("2026-10-20"), db, &opts, None);
     assert!(err.is_none(), "{err:?}");
     assert_eq!(w.written, 3);
     // A late row lands in the 19th's file.
-    lake.text(
-        "daily/2026-10-19/orders.csv",
-        "order_id,total\n1,19.00\n2,5.00\n3,7.00\n",
-    );
-    let (w, err) =
-        fixpoint_core::tools::lookback::run_window(&job, d("2026-10-20"), db, &opts, None);
+    lake.text("daily/2026-10-19/orders.csv", "order_id,total\n1,19.00\n2,5.00\n3,7.00\n");
+    let (w, err) = fixpoint_core::tools::lookback::run_window(&job, d("2026-10-20"), db, &opts, None);
     assert!(err.is_none(), "{err:?}");
-    let actions: Vec<(&str, &str)> = w
-        .days
-        .iter()
-        .map(|x| (x.run_date.as_str(), x.action.as_str()))
-        .collect();
-    assert_eq!(
-        actions,
-        [
-            ("2026-10-18", "skipped"),
-            ("2026-10-19", "reloaded"),
-            ("2026-10-20", "skipped")
-        ]
-    );
-    assert_eq!(
-        count(
-            db,
-            "SELECT count(*) FROM silver.daily WHERE dt = DATE '2026-10-19'"
-        ),
-        3
-    );
+    let actions: Vec<(&str, &str)> = w.days.iter().map(|x| (x.run_date.as_str(), x.action.as_str())).collect();
+    assert_eq!(actions, [("2026-10-18", "skipped"), ("2026-10-19", "reloaded"), ("2026-10-20", "skipped")]);
+    assert_eq!(count(db, "SELECT count(*) FROM silver.daily WHERE dt = DATE '2026-10-19'"), 3);
     assert_eq!(count(db, "SELECT count(*) FROM silver.daily"), 7);
     // A backfill over the window finds every day done from the files' hashes;
     // a replaced file reruns its day only.
@@ -596,23 +431,16 @@ sql = "SELECT order_id, total, :run_date AS dt FROM input"
     let done = fixpoint_core::tools::backfill::done_dates(&job, &days, db).unwrap();
     assert_eq!(done.len(), 3);
     assert_eq!(done[&d("2026-10-19")].output_rows, 3);
-    lake.text(
-        "daily/2026-10-18/orders.csv",
-        "order_id,total\n1,18.50\n2,5.00\n",
-    );
-    let outcomes: Vec<String> =
-        fixpoint_core::tools::backfill::backfill(&job, &days, db, &Default::default(), |_| {})
-            .into_iter()
-            .map(|o| match o {
-                fixpoint_core::tools::backfill::DateOutcome::Done(r) => r.outcome,
-                other => format!("{other:?}"),
-            })
-            .collect();
+    lake.text("daily/2026-10-18/orders.csv", "order_id,total\n1,18.50\n2,5.00\n");
+    let outcomes: Vec<String> = fixpoint_core::tools::backfill::backfill(&job, &days, db, &Default::default(), |_| {})
+        .into_iter()
+        .map(|o| match o {
+            fixpoint_core::tools::backfill::DateOutcome::Done(r) => r.outcome,
+            other => format!("{other:?}"),
+        })
+        .collect();
     assert_eq!(outcomes, ["committed", "skipped", "skipped"]);
-    assert_eq!(
-        count(db, "SELECT count(*) FROM silver.daily WHERE total = 18.50"),
-        1
-    );
+    assert_eq!(count(db, "SELECT count(*) FROM silver.daily WHERE total = 18.50"), 1);
 }
 
 /// A file source whose query also reads a table: the files alone cannot
@@ -641,32 +469,18 @@ SELECT o.order_id, c.country, :run_date AS dt FROM o JOIN dim.customers AS c ON 
     exec(db, "CREATE SCHEMA dim;\nCREATE TABLE dim.customers (customer_id BIGINT, country VARCHAR);\nINSERT INTO dim.customers VALUES (10, 'FR'), (11, 'DE')");
     assert_eq!(job.load(d("2026-10-20"), db).unwrap().outcome, "committed");
     assert_eq!(job.load(d("2026-10-20"), db).unwrap().outcome, "skipped");
-    exec(
-        db,
-        "UPDATE dim.customers SET country = 'IT' WHERE customer_id = 11",
-    );
-    assert_eq!(
-        status(&job, d("2026-10-20"), db).unwrap().state,
-        DateState::SourceChanged
-    );
+    exec(db, "UPDATE dim.customers SET country = 'IT' WHERE customer_id = 11");
+    assert_eq!(status(&job, d("2026-10-20"), db).unwrap().state, DateState::SourceChanged);
     let r = job.load(d("2026-10-20"), db).unwrap();
-    assert_eq!(
-        r.outcome, "committed",
-        "the dimension changed: the day is reloaded"
-    );
-    assert_eq!(
-        rows(db, "SELECT order_id, country FROM silver.joined"),
-        [["1", "\"FR\""], ["2", "\"IT\""]]
-    );
+    assert_eq!(r.outcome, "committed", "the dimension changed: the day is reloaded");
+    assert_eq!(rows(db, "SELECT order_id, country FROM silver.joined"), [["1", "\"FR\""], ["2", "\"IT\""]]);
     assert!(lake.job(PARQUET_JOB).source.key_from_files());
 }
 
 /// The target's column names, in order.
 fn column_names(db: &mut dyn fixpoint_core::Engine, table: &str) -> Option<Vec<String>> {
     let t = fixpoint_core::TableName::parse(table).unwrap();
-    db.table_columns(&t)
-        .unwrap()
-        .map(|cols| cols.into_iter().map(|c| c.name).collect())
+    db.table_columns(&t).unwrap().map(|cols| cols.into_iter().map(|c| c.name).collect())
 }
 
 /// An empty (0-byte) file, or a CSV file whose first line names no column,
@@ -676,10 +490,7 @@ fn column_names(db: &mut dyn fixpoint_core::Engine, table: &str) -> Option<Vec<S
 /// day without rows, which `min_rows` governs.
 fn empty_and_headerless_files_are_refused_before_anything_changes(e: &dyn EngineUnderTest) {
     let lake = Lake::new();
-    lake.text(
-        "e/dt=2026-10-20/a.csv",
-        "order_ref,currency\nA1,EUR\nA2,USD\n",
-    );
+    lake.text("e/dt=2026-10-20/a.csv", "order_ref,currency\nA1,EUR\nA2,USD\n");
     const JOB: &str = r#"
 name = "empty_csv"
 target = "silver.empty_csv"
@@ -695,18 +506,11 @@ files = "e/dt={run_date}/*.csv"
     let db = db.as_mut();
     let r = job.load(d("2026-10-20"), db).unwrap();
     assert_eq!((r.outcome.as_str(), r.output_rows), ("committed", 2));
-    let loaded = [
-        ["\"A1\"", "\"EUR\"", "\"2026-10-20\""],
-        ["\"A2\"", "\"USD\"", "\"2026-10-20\""],
-    ];
+    let loaded = [["\"A1\"", "\"EUR\"", "\"2026-10-20\""], ["\"A2\"", "\"USD\"", "\"2026-10-20\""]];
     let read = "SELECT order_ref, currency, CAST(dt AS VARCHAR) FROM silver.empty_csv";
     let unchanged = |db: &mut dyn fixpoint_core::Engine| {
         assert_eq!(rows(db, read), loaded);
-        assert_eq!(
-            column_names(db, "silver.empty_csv").unwrap(),
-            ["order_ref", "currency", "dt"],
-            "no made-up column"
-        );
+        assert_eq!(column_names(db, "silver.empty_csv").unwrap(), ["order_ref", "currency", "dt"], "no made-up column");
         assert_eq!(ledger::entries(db, None, None, None).unwrap().len(), 1);
     };
 
@@ -720,20 +524,11 @@ files = "e/dt={run_date}/*.csv"
     ] {
         lake.text(&format!("e/dt=2026-10-20/{file}"), content);
         let err = job.load(d("2026-10-20"), db).unwrap_err();
-        assert!(
-            matches!(err, Error::Files { .. }),
-            "{file} {content:?}: {err}"
-        );
+        assert!(matches!(err, Error::Files { .. }), "{file} {content:?}: {err}");
         assert_eq!(err.class(), ErrorClass::Data);
-        assert!(
-            err.to_string().starts_with(&format!("{file} (in ")) && err.to_string().contains(says),
-            "{err}"
-        );
+        assert!(err.to_string().starts_with(&format!("{file} (in ")) && err.to_string().contains(says), "{err}");
         assert!(err.to_string().contains("nothing was changed"), "{err}");
-        assert!(
-            err.hint().unwrap().contains("header line and no row"),
-            "{err}"
-        );
+        assert!(err.hint().unwrap().contains("header line and no row"), "{err}");
         unchanged(db);
         if file == "b.csv" {
             lake.remove("e/dt=2026-10-20/b.csv");
@@ -749,15 +544,8 @@ files = "e/dt={run_date}/*.csv"
     let gz = lake.job(&JOB.replace("*.csv\"", "gz/*.csv.gz\""));
     let err = gz.load(d("2026-10-20"), db).unwrap_err();
     assert!(matches!(err, Error::Files { .. }), "{err}");
-    assert!(
-        err.to_string().starts_with("b.csv.gz (in ")
-            && err.to_string().contains("has no header line"),
-        "{err}"
-    );
-    lake.text(
-        "e/dt=2026-10-20/a.csv",
-        "order_ref,currency\nA1,EUR\nA2,USD\n",
-    );
+    assert!(err.to_string().starts_with("b.csv.gz (in ") && err.to_string().contains("has no header line"), "{err}");
+    lake.text("e/dt=2026-10-20/a.csv", "order_ref,currency\nA1,EUR\nA2,USD\n");
     unchanged(db);
 
     // A header and no row: a day without rows (its columns read as text,
@@ -765,26 +553,13 @@ files = "e/dt={run_date}/*.csv"
     lake.text("e/dt=2026-10-20/a.csv", "order_ref,currency\n");
     let guarded = lake.job(&JOB.replace("partition = \"dt\"", "partition = \"dt\"\nmin_rows = 1"));
     let err = guarded.load(d("2026-10-20"), db).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::TooFewRows {
-                rows: 0,
-                min_rows: 1,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, Error::TooFewRows { rows: 0, min_rows: 1, .. }), "{err}");
     unchanged(db);
     // … without, it empties the day, and adds no column.
     let r = job.load(d("2026-10-20"), db).unwrap();
     assert_eq!((r.outcome.as_str(), r.output_rows), ("committed", 0));
     assert_eq!(count(db, "SELECT count(*) FROM silver.empty_csv"), 0);
-    assert_eq!(
-        column_names(db, "silver.empty_csv").unwrap(),
-        ["order_ref", "currency", "dt"]
-    );
+    assert_eq!(column_names(db, "silver.empty_csv").unwrap(), ["order_ref", "currency", "dt"]);
 }
 
 /// A symbolic link under a `**` pattern back to the day's own folder
@@ -793,9 +568,7 @@ files = "e/dt={run_date}/*.csv"
 /// times). A second name for a file loads it once.
 fn a_symlink_cycle_is_refused_and_each_file_loads_once(e: &dyn EngineUnderTest) {
     let lake = Lake::new();
-    let ten: String = std::iter::once("order_id,qty\n".to_owned())
-        .chain((1..=10).map(|i| format!("{i},{}\n", i * 10)))
-        .collect();
+    let ten: String = std::iter::once("order_id,qty\n".to_owned()).chain((1..=10).map(|i| format!("{i},{}\n", i * 10))).collect();
     lake.text("s/dt=2026-10-20/a.csv", &ten);
     let job = lake.job(
         r#"
@@ -811,10 +584,7 @@ files = "s/dt={run_date}/**/*.csv"
     let mut db = e.fresh();
     let db = db.as_mut();
     let first = job.load(d("2026-10-20"), db).unwrap();
-    assert_eq!(
-        (first.outcome.as_str(), first.output_rows),
-        ("committed", 10)
-    );
+    assert_eq!((first.outcome.as_str(), first.output_rows), ("committed", 10));
     let read = "SELECT order_id, qty, CAST(dt AS VARCHAR) FROM silver.linked";
     let before = rows(db, read);
     assert_eq!(before.len(), 10);
@@ -824,12 +594,7 @@ files = "s/dt={run_date}/**/*.csv"
     assert!(matches!(err, Error::Files { .. }), "{err}");
     assert_eq!(err.class(), ErrorClass::Data);
     let m = err.to_string();
-    assert!(
-        m.contains("s/dt=2026-10-20/loop leads back to ")
-            && m.contains("symbolic link cycle")
-            && m.contains("nothing was changed"),
-        "{m}"
-    );
+    assert!(m.contains("s/dt=2026-10-20/loop leads back to ") && m.contains("symbolic link cycle") && m.contains("nothing was changed"), "{m}");
     assert!(err.hint().unwrap().contains("remove the link"), "{err}");
     assert_eq!(rows(db, read), before);
     assert_eq!(count(db, "SELECT count(*) FROM silver.linked"), 10);
@@ -842,30 +607,9 @@ files = "s/dt={run_date}/**/*.csv"
     let again = job.load(d("2026-10-20"), db).unwrap();
     assert_eq!(again.outcome, "skipped", "{:?}", again.skip_reason);
     assert_eq!(again.run_key, first.run_key);
-    let forced = job
-        .load_with(
-            d("2026-10-20"),
-            db,
-            &fixpoint_core::RunOptions {
-                force: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-    assert_eq!(
-        (forced.outcome.as_str(), forced.output_rows),
-        ("committed", 10)
-    );
-    assert_eq!(
-        forced
-            .input_files
-            .unwrap()
-            .files
-            .iter()
-            .map(|f| f.path.as_str())
-            .collect::<Vec<_>>(),
-        ["a.csv"]
-    );
+    let forced = job.load_with(d("2026-10-20"), db, &fixpoint_core::RunOptions { force: true, ..Default::default() }).unwrap();
+    assert_eq!((forced.outcome.as_str(), forced.output_rows), ("committed", 10));
+    assert_eq!(forced.input_files.unwrap().files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(), ["a.csv"]);
     assert_eq!(rows(db, read), before);
 }
 
@@ -876,14 +620,8 @@ files = "s/dt={run_date}/**/*.csv"
 /// made-up column `json`.
 fn a_json_array_is_one_row_per_element_and_other_values_are_refused(e: &dyn EngineUnderTest) {
     let lake = Lake::new();
-    lake.text(
-        "j/2026-10-20/a.json",
-        "[{\"order_id\": 1, \"status\": \"new\"},\n {\"order_id\": 2, \"status\": \"paid\"}]\n",
-    );
-    lake.text(
-        "j/2026-10-20/b.jsonl",
-        "{\"order_id\": 3, \"status\": \"new\"}\n",
-    );
+    lake.text("j/2026-10-20/a.json", "[{\"order_id\": 1, \"status\": \"new\"},\n {\"order_id\": 2, \"status\": \"paid\"}]\n");
+    lake.text("j/2026-10-20/b.jsonl", "{\"order_id\": 3, \"status\": \"new\"}\n");
     let job = lake.job(
         r#"
 name = "json_shapes"
@@ -902,11 +640,7 @@ sql = "SELECT order_id, status, :run_date AS dt FROM input"
     let r = job.load(d("2026-10-20"), db).unwrap();
     assert_eq!((r.outcome.as_str(), r.output_rows), ("committed", 3));
     let read = "SELECT order_id, status, CAST(dt AS VARCHAR) FROM silver.json_shapes";
-    let loaded = [
-        ["1", "\"new\"", "\"2026-10-20\""],
-        ["2", "\"paid\"", "\"2026-10-20\""],
-        ["3", "\"new\"", "\"2026-10-20\""],
-    ];
+    let loaded = [["1", "\"new\"", "\"2026-10-20\""], ["2", "\"paid\"", "\"2026-10-20\""], ["3", "\"new\"", "\"2026-10-20\""]];
     assert_eq!(rows(db, read), loaded);
 
     for content in ["[1, 2]\n", "[]\n", "1\n2\n"] {
@@ -914,11 +648,7 @@ sql = "SELECT order_id, status, :run_date AS dt FROM input"
         let err = job.load(d("2026-10-20"), db).unwrap_err();
         assert!(matches!(err, Error::Files { .. }), "{content:?}: {err}");
         assert_eq!(err.class(), ErrorClass::Data);
-        assert!(
-            err.to_string().starts_with("c.json (in ")
-                && err.to_string().contains("holds no JSON object"),
-            "{content:?}: {err}"
-        );
+        assert!(err.to_string().starts_with("c.json (in ") && err.to_string().contains("holds no JSON object"), "{content:?}: {err}");
         assert_eq!(rows(db, read), loaded);
         assert_eq!(ledger::entries(db, None, None, None).unwrap().len(), 1);
     }
@@ -959,12 +689,7 @@ files = "h/dt={run_date}/*.parquet"
     assert!(matches!(err, Error::Files { .. }), "{err}");
     assert_eq!(err.class(), ErrorClass::Data);
     let m = err.to_string();
-    assert!(
-        m.starts_with("part-1.parquet (in ")
-            && m.contains("own column \"dt\" holding \"2026-10-19\"")
-            && m.contains("dt=2026-10-20"),
-        "{m}"
-    );
+    assert!(m.starts_with("part-1.parquet (in ") && m.contains("own column \"dt\" holding \"2026-10-19\"") && m.contains("dt=2026-10-20"), "{m}");
     assert!(m.contains("nothing was changed"), "{m}");
     assert_eq!(rows(db, read), loaded);
     assert_eq!(ledger::entries(db, None, None, None).unwrap().len(), 1);
@@ -972,29 +697,13 @@ files = "h/dt={run_date}/*.parquet"
 
     // The same in CSV, whose reader types the column itself.
     lake.text("hc/dt=2026-10-20/a.csv", "order_id,dt\n1,2026-10-20\n");
-    let csv = lake.job(
-        &JOB.replace("h/dt={run_date}/*.parquet", "hc/dt={run_date}/*.csv")
-            .replace("hive_own", "hive_csv"),
-    );
+    let csv = lake.job(&JOB.replace("h/dt={run_date}/*.parquet", "hc/dt={run_date}/*.csv").replace("hive_own", "hive_csv"));
     assert_eq!(csv.load(d("2026-10-20"), db).unwrap().output_rows, 1);
-    lake.text(
-        "hc/dt=2026-10-20/b.csv",
-        "order_id,dt\n2,2026-10-20\n3,2026-10-21\n",
-    );
+    lake.text("hc/dt=2026-10-20/b.csv", "order_id,dt\n2,2026-10-20\n3,2026-10-21\n");
     let err = csv.load(d("2026-10-20"), db).unwrap_err();
     assert!(matches!(err, Error::Files { .. }), "{err}");
-    assert!(
-        err.to_string().starts_with("b.csv (in ")
-            && err.to_string().contains("holding \"2026-10-21\""),
-        "{err}"
-    );
-    assert_eq!(
-        rows(
-            db,
-            "SELECT order_id, CAST(dt AS VARCHAR) FROM silver.hive_csv"
-        ),
-        [["1", "\"2026-10-20\""]]
-    );
+    assert!(err.to_string().starts_with("b.csv (in ") && err.to_string().contains("holding \"2026-10-21\""), "{err}");
+    assert_eq!(rows(db, "SELECT order_id, CAST(dt AS VARCHAR) FROM silver.hive_csv"), [["1", "\"2026-10-20\""]]);
     assert_eq!(rows(db, read), loaded);
 }
 
@@ -1027,10 +736,7 @@ fn file_op() -> impl proptest::strategy::Strategy<Value = FileOp> {
 
 /// Cases of [`random_file_changes_match_the_model`]: 12, or `FIXPOINT_FILE_CASES`.
 fn file_cases() -> u32 {
-    std::env::var("FIXPOINT_FILE_CASES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(12)
+    std::env::var("FIXPOINT_FILE_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(12)
 }
 
 /// Random changes to a day's CSV files (new content, the same bytes
@@ -1055,11 +761,7 @@ fn random_file_changes_as_they_are_match_the_model(e: &dyn EngineUnderTest) {
 fn random_file_changes(e: &dyn EngineUnderTest, sql: Option<&str>) {
     use proptest::test_runner::{Config, TestCaseError, TestRunner};
     let ops = proptest::collection::vec(file_op(), 1..14);
-    let mut runner = TestRunner::new(Config {
-        cases: file_cases(),
-        failure_persistence: None,
-        ..Config::default()
-    });
+    let mut runner = TestRunner::new(Config { cases: file_cases(), failure_persistence: None, ..Config::default() });
     let result = runner.run(&ops, |ops| {
         let lake = Lake::new();
         let mut spec = String::from(
@@ -1109,20 +811,9 @@ require_marker = "_SUCCESS"
                 }
                 FileOp::Run | FileOp::Force => {
                     let force = matches!(op, FileOp::Force);
-                    let ledger_rows = |db: &mut dyn fixpoint_core::Engine| {
-                        ledger::entries(db, Some("events"), None, None)
-                            .map(|e| e.len())
-                            .unwrap_or(0)
-                    };
+                    let ledger_rows = |db: &mut dyn fixpoint_core::Engine| ledger::entries(db, Some("events"), None, None).map(|e| e.len()).unwrap_or(0);
                     let before = ledger_rows(db);
-                    let result = job.load_with(
-                        d("2026-10-20"),
-                        db,
-                        &fixpoint_core::RunOptions {
-                            force,
-                            ..Default::default()
-                        },
-                    );
+                    let result = job.load_with(d("2026-10-20"), db, &fixpoint_core::RunOptions { force, ..Default::default() });
                     let expected = if !marker || files.is_empty() {
                         "refused"
                     } else if !force && loaded.as_ref() == Some(&files) {
@@ -1135,64 +826,20 @@ require_marker = "_SUCCESS"
                         Err(e) if e.class() == ErrorClass::Data => "refused".to_owned(),
                         Err(e) => return Err(TestCaseError::fail(format!("step {i} {op:?}: {e}"))),
                     };
-                    proptest::prop_assert_eq!(
-                        &got,
-                        expected,
-                        "step {} {:?} of {:?}: {:?}",
-                        i,
-                        op,
-                        &ops,
-                        result.as_ref().err().map(|e| e.to_string())
-                    );
+                    proptest::prop_assert_eq!(&got, expected, "step {} {:?} of {:?}: {:?}", i, op, &ops, result.as_ref().err().map(|e| e.to_string()));
                     if got == "committed" {
-                        let m = result
-                            .as_ref()
-                            .map(|r| r.method.as_str())
-                            .unwrap_or_default();
-                        proptest::prop_assert_eq!(
-                            m == "delete+copy",
-                            copied,
-                            "step {} method {} of {:?}",
-                            i,
-                            m,
-                            &ops
-                        );
+                        let m = result.as_ref().map(|r| r.method.as_str()).unwrap_or_default();
+                        proptest::prop_assert_eq!(m == "delete+copy", copied, "step {} method {} of {:?}", i, m, &ops);
                         commits += 1;
                         loaded = Some(files.clone());
                     } else if got == "refused" {
-                        proptest::prop_assert_eq!(
-                            ledger_rows(db),
-                            before,
-                            "a refused run wrote a ledger row"
-                        );
+                        proptest::prop_assert_eq!(ledger_rows(db), before, "a refused run wrote a ledger row");
                     }
                     if let Some(l) = &loaded {
-                        let mut want: Vec<Vec<String>> = l
-                            .values()
-                            .flatten()
-                            .map(|(id, a)| vec![id.to_string(), a.to_string()])
-                            .collect();
+                        let mut want: Vec<Vec<String>> = l.values().flatten().map(|(id, a)| vec![id.to_string(), a.to_string()]).collect();
                         want.sort();
-                        proptest::prop_assert_eq!(
-                            rows(
-                                db,
-                                "SELECT id, amount FROM silver.events WHERE dt = DATE '2026-10-20'"
-                            ),
-                            want,
-                            "step {} {:?} of {:?}",
-                            i,
-                            op,
-                            &ops
-                        );
-                        proptest::prop_assert_eq!(
-                            ledger::entries(db, Some("events"), None, None)
-                                .unwrap()
-                                .len(),
-                            commits,
-                            "step {} of {:?}",
-                            i,
-                            &ops
-                        );
+                        proptest::prop_assert_eq!(rows(db, "SELECT id, amount FROM silver.events WHERE dt = DATE '2026-10-20'"), want, "step {} {:?} of {:?}", i, op, &ops);
+                        proptest::prop_assert_eq!(ledger::entries(db, Some("events"), None, None).unwrap().len(), commits, "step {} of {:?}", i, &ops);
                     }
                 }
                 _ => {}
@@ -1224,38 +871,19 @@ fn a_row_of_another_day_in_the_files_changes_nothing(e: &dyn EngineUnderTest) {
     let mut db = e.fresh();
     let db = db.as_mut();
     assert_eq!(job.load(d("2026-10-20"), db).unwrap().output_rows, 3);
-    exec(
-        db,
-        "INSERT INTO silver.flat VALUES (9, 1.00, DATE '2026-10-21')",
-    );
-    let all = |db: &mut dyn fixpoint_core::Engine| {
-        rows(db, "SELECT order_id, CAST(order_total AS VARCHAR), CAST(dt AS VARCHAR) FROM silver.flat ORDER BY order_id")
-    };
+    exec(db, "INSERT INTO silver.flat VALUES (9, 1.00, DATE '2026-10-21')");
+    let all = |db: &mut dyn fixpoint_core::Engine| rows(db, "SELECT order_id, CAST(order_total AS VARCHAR), CAST(dt AS VARCHAR) FROM silver.flat ORDER BY order_id");
     let before = all(db);
     write(&lake, "2026-10-21", "9.50");
     let err = job.load(d("2026-10-20"), db).unwrap_err();
-    assert!(
-        matches!(err, Error::OutOfPartition { rows: 1, .. }),
-        "{err}"
-    );
-    assert!(
-        err.to_string().contains("order_id: 3"),
-        "the sample shows the row: {err}"
-    );
+    assert!(matches!(err, Error::OutOfPartition { rows: 1, .. }), "{err}");
+    assert!(err.to_string().contains("order_id: 3"), "the sample shows the row: {err}");
     assert_eq!(all(db), before, "neither day changed");
-    assert_eq!(
-        ledger::entries(db, Some("flat"), None, None).unwrap().len(),
-        1
-    );
+    assert_eq!(ledger::entries(db, Some("flat"), None, None).unwrap().len(), 1);
     // Fixed upstream: the day loads, the other day keeps its row.
     write(&lake, "2026-10-20", "9.75");
     let r = job.load(d("2026-10-20"), db).unwrap();
-    assert_eq!(
-        (r.outcome.as_str(), r.output_rows),
-        ("committed", 3),
-        "{:?}",
-        r.skip_reason
-    );
+    assert_eq!((r.outcome.as_str(), r.output_rows), ("committed", 3), "{:?}", r.skip_reason);
     let mut want = before.clone();
     want[2][1] = "\"9.75\"".into();
     assert_eq!(all(db), want);
@@ -1282,23 +910,12 @@ fn a_tie_in_merged_files_is_refused_by_name(e: &dyn EngineUnderTest) {
     let db = db.as_mut();
     exec(db, "CREATE SCHEMA silver;\nCREATE TABLE silver.m (order_id INTEGER, order_total DECIMAL(12,2), updated_at TIMESTAMP)");
     let err = job.load(d("2026-10-20"), db).unwrap_err().to_string();
-    assert!(
-        err.contains(
-            "1 key(s) have two different rows at the same version (updated_at), e.g. order_id = 1"
-        ),
-        "{err}"
-    );
+    assert!(err.contains("1 key(s) have two different rows at the same version (updated_at), e.g. order_id = 1"), "{err}");
     assert_eq!(count(db, "SELECT count(*) FROM silver.m"), 0);
     write(&lake, "5.25");
     let r = job.load(d("2026-10-20"), db).unwrap();
     assert_eq!((r.rows_inserted, r.duplicates_collapsed), (2, 1));
-    assert_eq!(
-        rows(
-            db,
-            "SELECT order_id, CAST(order_total AS VARCHAR) FROM silver.m ORDER BY order_id"
-        ),
-        [["1", "\"5.25\""], ["2", "\"7.00\""]]
-    );
+    assert_eq!(rows(db, "SELECT order_id, CAST(order_total AS VARCHAR) FROM silver.m ORDER BY order_id"), [["1", "\"5.25\""], ["2", "\"7.00\""]]);
 }
 
 // Every engine, and PostgreSQL again without its accelerated plans (the
@@ -1321,6 +938,7 @@ fixpoint_scenarios::scenarios_and_postgres_portable!(
     a_tie_in_merged_files_is_refused_by_name,
 );
 
+
 /// A type PostgreSQL has no faithful equivalent for is refused, naming the column.
 #[test]
 fn postgres_refuses_an_unmappable_column_by_name() {
@@ -1331,15 +949,8 @@ fn postgres_refuses_an_unmappable_column_by_name() {
     let mut db = pg.fresh();
     let err = job.load(d("2026-10-20"), db.as_mut()).unwrap_err();
     assert!(matches!(err, Error::Schema { .. }), "{err}");
-    assert!(
-        err.to_string()
-            .contains("column \"tags\" has the type INTEGER[]"),
-        "{err}"
-    );
-    assert!(db
-        .table_columns(&fixpoint_core::TableName::parse("s.l").unwrap())
-        .unwrap()
-        .is_none());
+    assert!(err.to_string().contains("column \"tags\" has the type INTEGER[]"), "{err}");
+    assert!(db.table_columns(&fixpoint_core::TableName::parse("s.l").unwrap()).unwrap().is_none());
 }
 
 /// The scenarios again with the day's files on the local S3-compatible
@@ -1406,9 +1017,7 @@ mod s3_files {
     /// naming it, and nothing is loaded.
     #[test]
     fn objects_are_keyed_by_etag_and_read_exactly_as_listed() {
-        let Some(_) = fixpoint_core::job::objects::test_s3_endpoint() else {
-            return;
-        };
+        let Some(_) = fixpoint_core::job::objects::test_s3_endpoint() else { return };
         ON_S3.with(|on| on.set(true));
         let lake = Lake::new();
         lake.write(PARTS_20, &orders_20());
@@ -1418,33 +1027,21 @@ mod s3_files {
 
         let files = source.resolve(d("2026-10-20")).unwrap().unwrap();
         assert_eq!(files.kind(), "files-s3-etag-v1");
-        assert_eq!(
-            files.shown_base(),
-            mirror.url("bronze/orders/dt=2026-10-20")
-        );
+        assert_eq!(files.shown_base(), mirror.url("bronze/orders/dt=2026-10-20"));
         for (f, rel) in files.files.iter().zip(PARTS_20) {
             assert_eq!(f.etag.as_deref(), Some(mirror.etag(rel).as_str()), "{rel}");
             assert_eq!(f.size, std::fs::metadata(lake.path(rel)).unwrap().len());
         }
         // Listed again, unchanged: the same fingerprint; one object
         // rewritten with other bytes: another.
-        assert_eq!(
-            source.resolve(d("2026-10-20")).unwrap().unwrap().checksum,
-            files.checksum
-        );
+        assert_eq!(source.resolve(d("2026-10-20")).unwrap().unwrap().checksum, files.checksum);
 
         // Rewritten after the listing, before the read: refused, by name.
         let mut listed = files.clone();
         lake.write(&[], &PART_1.replace("7.00::DECIMAL", "7.01::DECIMAL"));
         let err = listed.fetch().unwrap_err();
         assert_eq!(err.class(), ErrorClass::Data, "{err}");
-        assert!(
-            err.to_string().contains(&mirror.url(PARTS_20[1]))
-                && err
-                    .to_string()
-                    .contains("changed or was removed after it was listed"),
-            "{err}"
-        );
+        assert!(err.to_string().contains(&mirror.url(PARTS_20[1])) && err.to_string().contains("changed or was removed after it was listed"), "{err}");
         let now = source.resolve(d("2026-10-20")).unwrap().unwrap();
         assert_ne!(now.checksum, files.checksum);
 
@@ -1453,10 +1050,7 @@ mod s3_files {
         let mut now = now;
         now.fetch().unwrap();
         for (f, rel) in now.files.iter().zip(PARTS_20) {
-            assert_eq!(
-                std::fs::read(now.base.join(&f.path)).unwrap(),
-                std::fs::read(lake.path(rel)).unwrap()
-            );
+            assert_eq!(std::fs::read(now.base.join(&f.path)).unwrap(), std::fs::read(lake.path(rel)).unwrap());
         }
         let folder = now.base.clone();
         assert!(folder.is_dir());
@@ -1464,24 +1058,11 @@ mod s3_files {
         assert!(!folder.exists(), "the run's copies are removed");
 
         // A missing bucket names the bucket and the fix.
-        let pattern = source
-            .pattern
-            .replace("s3://fixpoint-test/", "s3://fixpoint-no-such-bucket/");
-        let mut other = fixpoint_core::job::files::FileSource::parse(
-            &pattern,
-            None,
-            false,
-            None,
-            PathBuf::new(),
-        )
-        .unwrap();
+        let pattern = source.pattern.replace("s3://fixpoint-test/", "s3://fixpoint-no-such-bucket/");
+        let mut other = fixpoint_core::job::files::FileSource::parse(&pattern, None, false, None, PathBuf::new()).unwrap();
         other.s3_options = mirror.options();
         let err = other.resolve(d("2026-10-20")).unwrap_err();
         assert_eq!(err.class(), ErrorClass::Input, "{err}");
-        assert!(
-            err.to_string()
-                .contains("fixpoint-no-such-bucket does not exist"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("fixpoint-no-such-bucket does not exist"), "{err}");
     }
 }

@@ -51,9 +51,9 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
-use fixpoint_core::run::ledger;
 use fixpoint_core::tools::backfill::{backfill, BackfillOptions, DateOutcome};
 use fixpoint_core::{Error, ErrorClass, FailPoint, FaultAction, Job, RunOptions, RunReport};
+use fixpoint_core::run::ledger;
 use fixpoint_scenarios::*;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
@@ -90,12 +90,7 @@ enum Step {
     Fail { day: usize, point: usize },
     /// Every job backfills a range, optionally failing on one of its
     /// dates, optionally with `--force`.
-    Backfill {
-        from: usize,
-        to: usize,
-        fail: Option<(usize, usize)>,
-        force: bool,
-    },
+    Backfill { from: usize, to: usize, fail: Option<(usize, usize)>, force: bool },
 }
 
 /// One merge job's options.
@@ -119,54 +114,24 @@ struct Conf {
 }
 
 fn row() -> impl Strategy<Value = Row> {
-    (
-        0i64..5,
-        0i64..4,
-        proptest::option::of(0i64..3),
-        proptest::bool::weighted(0.2),
-        proptest::option::weighted(0.2, 0..DAYS),
-    )
-        .prop_map(|(k, v, amount, del, moved)| Row {
-            k,
-            v,
-            amount,
-            del,
-            pd: moved.unwrap_or(k as usize % DAYS),
-        })
+    (0i64..5, 0i64..4, proptest::option::of(0i64..3), proptest::bool::weighted(0.2), proptest::option::weighted(0.2, 0..DAYS))
+        .prop_map(|(k, v, amount, del, moved)| Row { k, v, amount, del, pd: moved.unwrap_or(k as usize % DAYS) })
 }
 
 fn conf() -> impl Strategy<Value = Conf> {
-    (
-        any::<bool>(),
-        any::<bool>(),
-        any::<bool>(),
-        any::<bool>(),
-        any::<bool>(),
-        any::<bool>(),
-        any::<bool>(),
-        proptest::bool::weighted(0.25),
+    (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), proptest::bool::weighted(0.25)).prop_map(
+        |(rp_key, p1, del1, det1, p2, det2, range, delete_insert)| Conf {
+            rp_key,
+            // One merge with tombstones, one without: every history has a
+            // merge that DuckDB may run as one statement.
+            merges: [
+                MergeConf { partition: p1, deleted: del1, deterministic: det1 },
+                MergeConf { partition: p2, deleted: !del1, deterministic: det2 },
+            ],
+            range,
+            delete_insert,
+        },
     )
-        .prop_map(
-            |(rp_key, p1, del1, det1, p2, det2, range, delete_insert)| Conf {
-                rp_key,
-                // One merge with tombstones, one without: every history has a
-                // merge that DuckDB may run as one statement.
-                merges: [
-                    MergeConf {
-                        partition: p1,
-                        deleted: del1,
-                        deterministic: det1,
-                    },
-                    MergeConf {
-                        partition: p2,
-                        deleted: !del1,
-                        deterministic: det2,
-                    },
-                ],
-                range,
-                delete_insert,
-            },
-        )
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -232,10 +197,7 @@ impl Plans {
     /// (DuckDB's taps) or beside it (PostgreSQL's second session) rather
     /// than in a scan before it.
     fn defers_guards(self) -> bool {
-        matches!(
-            self,
-            Plans::OneStatement | Plans::TwoStatements | Plans::PgOneStatement
-        )
+        matches!(self, Plans::OneStatement | Plans::TwoStatements | Plans::PgOneStatement)
     }
 
     /// Whether the plans are the leased ones (Spark, Delta).
@@ -272,9 +234,7 @@ impl Plans {
     /// The report's `method` a committed merge may give.
     fn merge_methods(self, m: &MergeConf, layout: Layout) -> &'static [&'static str] {
         match self {
-            Plans::PgOneStatement if !m.deleted && layout == Layout::Keyed => {
-                &["merge, one statement, updates on the key", "merge"]
-            }
+            Plans::PgOneStatement if !m.deleted && layout == Layout::Keyed => &["merge, one statement, updates on the key", "merge"],
             Plans::Join => &["merge"],
             Plans::Spark | Plans::Delta if m.partition => &["copy-on-write of touched partitions"],
             Plans::Spark | Plans::Delta => &["copy-on-write of the table"],
@@ -298,21 +258,9 @@ struct Ctx {
 
 /// The newest version per key of the day; a tombstone winner removes the key.
 fn rp_toml(c: &Conf, layout: Layout) -> String {
-    let key_col = if c.rp_key {
-        ", :run_key AS load_id"
-    } else {
-        ""
-    };
-    let metadata = if c.rp_key {
-        "metadata = [\"load_id\"]\n"
-    } else {
-        ""
-    };
-    let swap = if layout == Layout::Partitioned && c.delete_insert {
-        "swap = \"delete_insert\"\n"
-    } else {
-        ""
-    };
+    let key_col = if c.rp_key { ", :run_key AS load_id" } else { "" };
+    let metadata = if c.rp_key { "metadata = [\"load_id\"]\n" } else { "" };
+    let swap = if layout == Layout::Partitioned && c.delete_insert { "swap = \"delete_insert\"\n" } else { "" };
     format!(
         r#"
 name = "h_rp"
@@ -336,21 +284,9 @@ WHERE rn = 1 AND op <> 'D'
 /// Each day's rows are a batch of changes, each row in its own partition
 /// `dt`: newest version wins across days.
 fn merge_toml(i: usize, m: &MergeConf) -> String {
-    let partition = if m.partition {
-        "partition = \"dt\"\n"
-    } else {
-        ""
-    };
-    let deleted = if m.deleted {
-        "deleted = \"op = 'D'\"\n"
-    } else {
-        ""
-    };
-    let on_tie = if m.deterministic {
-        "deterministic"
-    } else {
-        "error"
-    };
+    let partition = if m.partition { "partition = \"dt\"\n" } else { "" };
+    let deleted = if m.deleted { "deleted = \"op = 'D'\"\n" } else { "" };
+    let on_tie = if m.deterministic { "deterministic" } else { "error" };
     format!(
         r#"
 name = "h_m{i}"
@@ -374,17 +310,9 @@ fn setup(c: &Conf, ctx: &Ctx) -> String {
         // partitioned by day (a job without `partition` rewrites them all).
         // On Delta a job without `partition` has an unpartitioned target,
         // whose files holding the batch's keys are rewritten.
-        let (text, using) = if ctx.plans == Plans::Spark {
-            ("STRING", " USING parquet")
-        } else {
-            ("VARCHAR", "")
-        };
+        let (text, using) = if ctx.plans == Plans::Spark { ("STRING", " USING parquet") } else { ("VARCHAR", "") };
         for (i, m) in c.merges.iter().enumerate() {
-            let by = if ctx.plans == Plans::Delta && !m.partition {
-                ""
-            } else {
-                " PARTITIONED BY (dt)"
-            };
+            let by = if ctx.plans == Plans::Delta && !m.partition { "" } else { " PARTITIONED BY (dt)" };
             s.push_str(&format!(";\nCREATE TABLE h.m{} (k BIGINT, v BIGINT, amount BIGINT, op {text}, dt DATE){using}{by}", i + 1));
         }
     }
@@ -395,22 +323,13 @@ fn setup(c: &Conf, ctx: &Ctx) -> String {
     }
     if layout == Layout::Partitioned {
         let by = if c.range { "RANGE" } else { "LIST" };
-        let bound = |d: usize| {
-            if c.range {
-                format!("FROM ('{}') TO ('{}')", day(d), day(d + 1))
-            } else {
-                format!("IN ('{}')", day(d))
-            }
-        };
+        let bound = |d: usize| if c.range { format!("FROM ('{}') TO ('{}')", day(d), day(d + 1)) } else { format!("IN ('{}')", day(d)) };
         let load_id = if c.rp_key { ", load_id VARCHAR" } else { "" };
         s.push_str(&format!(";\nCREATE TABLE h.rp (k BIGINT, v BIGINT, amount BIGINT, dt DATE{load_id}) PARTITION BY {by} (dt)"));
         for i in 1..=c.merges.len() {
             s.push_str(&format!(";\nCREATE TABLE h.m{i} (k BIGINT, v BIGINT, amount BIGINT, dt DATE, op VARCHAR) PARTITION BY {by} (dt)"));
             for d in 0..DAYS {
-                s.push_str(&format!(
-                    ";\nCREATE TABLE h.m{i}_{d} PARTITION OF h.m{i} FOR VALUES {}",
-                    bound(d)
-                ));
+                s.push_str(&format!(";\nCREATE TABLE h.m{i}_{d} PARTITION OF h.m{i} FOR VALUES {}", bound(d)));
             }
         }
     }
@@ -449,13 +368,7 @@ impl Change {
     }
 
     fn show(&self) -> Vec<String> {
-        vec![
-            self.k.to_string(),
-            self.v.to_string(),
-            amount(self.amount),
-            day(self.dt),
-            format!("{:?}", self.op),
-        ]
+        vec![self.k.to_string(), self.v.to_string(), amount(self.amount), day(self.dt), format!("{:?}", self.op)]
     }
 }
 
@@ -527,14 +440,7 @@ struct MergeModel {
 impl MergeModel {
     fn changes(&self, rows: &[Row]) -> Vec<Change> {
         rows.iter()
-            .map(|r| Change {
-                k: r.k,
-                v: r.v,
-                amount: r.amount,
-                dt: r.pd,
-                op: if r.del { "D" } else { "U" },
-                del: self.conf.deleted && r.del,
-            })
+            .map(|r| Change { k: r.k, v: r.v, amount: r.amount, dt: r.pd, op: if r.del { "D" } else { "U" }, del: self.conf.deleted && r.del })
             .collect()
     }
 
@@ -567,14 +473,7 @@ impl MergeModel {
             }
         }
         let keys = kept.len() as u64;
-        let live: Vec<&Change> = kept
-            .values()
-            .filter(|c| {
-                self.tombs
-                    .get(&c.k)
-                    .is_none_or(|t| c.v > *t || (self.spark && c.del && c.v == *t))
-            })
-            .collect();
+        let live: Vec<&Change> = kept.values().filter(|c| self.tombs.get(&c.k).is_none_or(|t| c.v > *t || (self.spark && c.del && c.v == *t))).collect();
         let touched: BTreeSet<usize> = live.iter().map(|c| c.dt).collect();
         let mut target = self.target.clone();
         let mut tombs = self.tombs.clone();
@@ -594,9 +493,7 @@ impl MergeModel {
                             target.remove(&c.k);
                             deleted += 1;
                         }
-                    } else if c.v > t.v
-                        || (self.conf.deterministic && c.v == t.v && c.values() < t.values())
-                    {
+                    } else if c.v > t.v || (self.conf.deterministic && c.v == t.v && c.values() < t.values()) {
                         target.insert(c.k, (*c).clone());
                         updated += 1;
                     }
@@ -629,12 +526,7 @@ impl MergeModel {
             collapsed: input_rows - keys,
             output_rows,
         };
-        Ok(MergePlan {
-            target,
-            tombs,
-            batch,
-            counts,
-        })
+        Ok(MergePlan { target, tombs, batch, counts })
     }
 
     fn rows(&self) -> Vec<Vec<String>> {
@@ -653,11 +545,7 @@ impl MergeModel {
                 winners.insert(c.k, c);
             }
         }
-        let mut out: Vec<Vec<String>> = winners
-            .values()
-            .filter(|c| !c.del)
-            .map(|c| c.show())
-            .collect();
+        let mut out: Vec<Vec<String>> = winners.values().filter(|c| !c.del).map(|c| c.show()).collect();
         out.sort();
         out
     }
@@ -727,11 +615,7 @@ impl Model {
                 best.insert(r.k, r);
             }
         }
-        let mut out: Vec<Vec<String>> = best
-            .values()
-            .filter(|r| !r.del)
-            .map(|r| vec![r.k.to_string(), r.v.to_string(), amount(r.amount), day(d)])
-            .collect();
+        let mut out: Vec<Vec<String>> = best.values().filter(|r| !r.del).map(|r| vec![r.k.to_string(), r.v.to_string(), amount(r.amount), day(d)]).collect();
         out.sort();
         out
     }
@@ -744,37 +628,18 @@ impl Model {
 
     /// A good run (committed or skipped) of `job` for `d`.
     fn good(&mut self, job: &str, d: usize) {
-        self.last_run
-            .insert((job.to_owned(), d), self.bronze[d].len());
+        self.last_run.insert((job.to_owned(), d), self.bronze[d].len());
     }
 
     /// Equal inputs, equal run keys; different inputs, different keys.
-    fn run_key(
-        &mut self,
-        job: &str,
-        d: usize,
-        input: String,
-        key: &str,
-    ) -> Result<(), TestCaseError> {
+    fn run_key(&mut self, job: &str, d: usize, input: String, key: &str) -> Result<(), TestCaseError> {
         let id = (job.to_owned(), d, input);
         if let Some(k) = self.keys.get(&id) {
-            prop_assert_eq!(
-                k.as_str(),
-                key,
-                "{} {}: the same input as an earlier run, another run key",
-                job,
-                day(d)
-            );
+            prop_assert_eq!(k.as_str(), key, "{} {}: the same input as an earlier run, another run key", job, day(d));
             return Ok(());
         }
         if let Some(other) = self.inputs.get(key) {
-            prop_assert!(
-                false,
-                "run key {} given to two inputs: {:?} and {:?}",
-                key,
-                other,
-                id
-            );
+            prop_assert!(false, "run key {} given to two inputs: {:?} and {:?}", key, other, id);
         }
         self.keys.insert(id.clone(), key.to_owned());
         self.inputs.insert(key.to_owned(), id);
@@ -789,13 +654,8 @@ impl Model {
             match self.rp.parts.get(&d) {
                 // The last recorded run had this input and the partition
                 // holds its output (nothing else writes it): nothing to do.
-                Some(now) if !force && *now == rows && self.rp.recorded.get(&d) == Some(&rows) => {
-                    Predicted::RpSkip
-                }
-                now => Predicted::RpCommit {
-                    deleted: now.map_or(0, |n| n.len() as u64),
-                    rows,
-                },
+                Some(now) if !force && *now == rows && self.rp.recorded.get(&d) == Some(&rows) => Predicted::RpSkip,
+                now => Predicted::RpCommit { deleted: now.map_or(0, |n| n.len() as u64), rows },
             }
         } else {
             match self.merges[j - 1].plan(&self.bronze[d]) {
@@ -810,10 +670,7 @@ impl Model {
         if j == 0 {
             format!("{:?}", self.rp_day(d))
         } else {
-            let mut rows: Vec<(i64, i64, Option<i64>, usize, bool)> = self.bronze[d]
-                .iter()
-                .map(|r| (r.k, r.v, r.amount, r.pd, r.del))
-                .collect();
+            let mut rows: Vec<(i64, i64, Option<i64>, usize, bool)> = self.bronze[d].iter().map(|r| (r.k, r.v, r.amount, r.pd, r.del)).collect();
             rows.sort();
             format!("{rows:?}")
         }
@@ -832,10 +689,7 @@ impl Model {
 #[derive(Debug)]
 enum Predicted {
     RpSkip,
-    RpCommit {
-        rows: Vec<Vec<String>>,
-        deleted: u64,
-    },
+    RpCommit { rows: Vec<Vec<String>>, deleted: u64 },
     MergeCommit(MergePlan),
     MergeRefused(Refusal),
 }
@@ -899,22 +753,9 @@ impl Stats {
 fn insert(db: &mut dyn fixpoint_core::Engine, d: usize, rows: &[Row]) {
     let values: Vec<String> = rows
         .iter()
-        .map(|r| {
-            format!(
-                "(DATE '{}', {}, {}, {}, '{}', DATE '{}')",
-                day(d),
-                r.k,
-                r.v,
-                amount(r.amount),
-                if r.del { "D" } else { "U" },
-                day(r.pd)
-            )
-        })
+        .map(|r| format!("(DATE '{}', {}, {}, {}, '{}', DATE '{}')", day(d), r.k, r.v, amount(r.amount), if r.del { "D" } else { "U" }, day(r.pd)))
         .collect();
-    exec(
-        db,
-        &format!("INSERT INTO h.bronze VALUES {}", values.join(", ")),
-    );
+    exec(db, &format!("INSERT INTO h.bronze VALUES {}", values.join(", ")));
 }
 
 fn table_rows(db: &mut dyn fixpoint_core::Engine, table: &str, cols: &str) -> Vec<Vec<String>> {
@@ -940,66 +781,33 @@ fn settle(
     r: fixpoint_core::Result<RunReport>,
 ) -> Result<(), TestCaseError> {
     let name = model.job_name(j);
-    let what = format!(
-        "{name} {}{}{}",
-        day(d),
-        if force { " --force" } else { "" },
-        fault.map_or(String::new(), |p| format!(" failing at {p}"))
-    );
+    let what = format!("{name} {}{}{}", day(d), if force { " --force" } else { "" }, fault.map_or(String::new(), |p| format!(" failing at {p}")));
     let input = model.input(j, d);
     match (model.predict(j, d, force), r) {
         (Predicted::RpSkip, Ok(rep)) => {
             prop_assert_eq!(rep.outcome.as_str(), "skipped", "{}: the model expects a skip (same input as its last run, the partition as recorded)", what);
             let held = model.rp.parts.get(&d).map_or(0, |p| p.len() as u64);
-            prop_assert_eq!(
-                (rep.rows_unchanged, rep.method.as_str()),
-                (held, "none"),
-                "report of {}",
-                what
-            );
+            prop_assert_eq!((rep.rows_unchanged, rep.method.as_str()), (held, "none"), "report of {}", what);
             stats.skipped += 1;
             model.run_key(&name, d, input, &rep.run_key)?;
             model.good(&name, d);
         }
         (Predicted::RpCommit { rows, deleted }, Ok(rep)) => {
-            prop_assert_eq!(
-                rep.outcome.as_str(),
-                "committed",
-                "{}: the model expects a commit (the input changed, or --force)",
-                what
-            );
+            prop_assert_eq!(rep.outcome.as_str(), "committed", "{}: the model expects a commit (the input changed, or --force)", what);
             prop_assert!(fault.is_none(), "{}: committed past the fault point", what);
             let n = rows.len() as u64;
             let methods = ctx.plans.rp_methods(ctx.layout, conf);
             prop_assert_eq!(
-                (
-                    rep.rows_inserted,
-                    rep.rows_deleted,
-                    rep.input_rows,
-                    rep.output_rows
-                ),
+                (rep.rows_inserted, rep.rows_deleted, rep.input_rows, rep.output_rows),
                 (n, deleted, n, n),
                 "report of {} (inserted, deleted, input rows, output rows)",
                 what
             );
-            prop_assert!(
-                methods.contains(&rep.method.as_str()),
-                "report of {}: method {:?}, expected one of {:?}",
-                what,
-                rep.method,
-                methods
-            );
+            prop_assert!(methods.contains(&rep.method.as_str()), "report of {}: method {:?}, expected one of {:?}", what, rep.method, methods);
             stats.committed += 1;
-            *stats
-                .methods
-                .entry(format!("replace_partition: {}", rep.method))
-                .or_default() += 1;
+            *stats.methods.entry(format!("replace_partition: {}", rep.method)).or_default() += 1;
             let swapped = ctx.layout == Layout::Partitioned && !conf.delete_insert;
-            if ctx.plans.defers_guards()
-                && !swapped
-                && !conf.rp_key
-                && (force || !model.rp.parts.contains_key(&d))
-            {
+            if ctx.plans.defers_guards() && !swapped && !conf.rp_key && (force || !model.rp.parts.contains_key(&d)) {
                 stats.rp_tapped += 1;
             } else {
                 stats.rp_scanned += 1;
@@ -1008,11 +816,7 @@ fn settle(
             model.rp.parts.insert(d, rows.clone());
             model.rp.recorded.insert(d, rows);
             model.rp.keys.insert(d, Some(rep.run_key.clone()));
-            model
-                .ledger
-                .entry(name.clone())
-                .or_default()
-                .push(rep.run_key);
+            model.ledger.entry(name.clone()).or_default().push(rep.run_key);
             model.good(&name, d);
         }
         (Predicted::RpCommit { rows, .. }, Err(Error::Injected(p))) if fault == Some(p) => {
@@ -1047,25 +851,12 @@ fn settle(
             }
         }
         (Predicted::MergeCommit(plan), Ok(rep)) => {
-            prop_assert_eq!(
-                rep.outcome.as_str(),
-                "committed",
-                "{}: a merge always commits",
-                what
-            );
+            prop_assert_eq!(rep.outcome.as_str(), "committed", "{}: a merge always commits", what);
             let c = &plan.counts;
             // On Spark a merge that changes nothing writes nothing: it
             // never reaches the points of its rewrite.
-            let passes = |p: FailPoint| {
-                ctx.plans.leased()
-                    && c.inserted + c.updated + c.deleted == 0
-                    && matches!(p, FailPoint::AfterDelete | FailPoint::MidInsert)
-            };
-            prop_assert!(
-                fault.is_none_or(passes),
-                "{}: committed past the fault point",
-                what
-            );
+            let passes = |p: FailPoint| ctx.plans.leased() && c.inserted + c.updated + c.deleted == 0 && matches!(p, FailPoint::AfterDelete | FailPoint::MidInsert);
+            prop_assert!(fault.is_none_or(passes), "{}: committed past the fault point", what);
             prop_assert_eq!(
                 (rep.input_rows, rep.rows_inserted, rep.rows_updated, rep.rows_deleted, rep.rows_unchanged, rep.duplicates_collapsed, rep.output_rows),
                 (c.input_rows, c.inserted, c.updated, c.deleted, c.unchanged, c.collapsed, c.output_rows),
@@ -1073,31 +864,15 @@ fn settle(
                 what
             );
             let m = model.merges[j - 1].conf;
-            prop_assert!(
-                ctx.plans
-                    .merge_methods(&m, ctx.layout)
-                    .contains(&rep.method.as_str()),
-                "{}: method {:?} on {:?} with {:?}",
-                what,
-                rep.method,
-                ctx.plans,
-                m
-            );
+            prop_assert!(ctx.plans.merge_methods(&m, ctx.layout).contains(&rep.method.as_str()), "{}: method {:?} on {:?} with {:?}", what, rep.method, ctx.plans, m);
             stats.committed += 1;
-            *stats
-                .methods
-                .entry(format!("merge ({}): {}", merge_label(&m), rep.method))
-                .or_default() += 1;
+            *stats.methods.entry(format!("merge ({}): {}", merge_label(&m), rep.method)).or_default() += 1;
             model.run_key(&name, d, input, &rep.run_key)?;
             let mm = &mut model.merges[j - 1];
             mm.target = plan.target;
             mm.tombs = plan.tombs;
             mm.seen.extend(plan.batch);
-            model
-                .ledger
-                .entry(name.clone())
-                .or_default()
-                .push(rep.run_key);
+            model.ledger.entry(name.clone()).or_default().push(rep.run_key);
             model.good(&name, d);
         }
         (Predicted::MergeRefused(why), Err(e)) => match e {
@@ -1106,21 +881,8 @@ fn settle(
             Error::Injected(p) if fault == Some(p) => stats.injected += 1,
             e => {
                 let message = e.to_string();
-                prop_assert_eq!(
-                    e.class(),
-                    ErrorClass::Data,
-                    "{}: the model expects a refusal ({:?}), got: {}",
-                    what,
-                    why,
-                    message
-                );
-                prop_assert!(
-                    message.contains(why.says()),
-                    "{}: the model expects a refusal ({:?}), got: {}",
-                    what,
-                    why,
-                    message
-                );
+                prop_assert_eq!(e.class(), ErrorClass::Data, "{}: the model expects a refusal ({:?}), got: {}", what, why, message);
+                prop_assert!(message.contains(why.says()), "{}: the model expects a refusal ({:?}), got: {}", what, why, message);
                 stats.refused += 1;
             }
         },
@@ -1129,13 +891,7 @@ fn settle(
                 Ok(rep) => format!("{} ({})", rep.outcome, rep.method),
                 Err(e) => format!("error: {e}"),
             };
-            prop_assert!(
-                false,
-                "{}: the model expects {:?}; the run gave {}",
-                what,
-                p,
-                got
-            );
+            prop_assert!(false, "{}: the model expects {:?}; the run gave {}", what, p, got);
         }
     }
     Ok(())
@@ -1144,17 +900,9 @@ fn settle(
 fn merge_label(m: &MergeConf) -> String {
     format!(
         "{}, {}, on_tie = {}",
-        if m.partition {
-            "partition"
-        } else {
-            "no partition"
-        },
+        if m.partition { "partition" } else { "no partition" },
         if m.deleted { "deleted" } else { "no deleted" },
-        if m.deterministic {
-            "deterministic"
-        } else {
-            "error"
-        }
+        if m.deterministic { "deterministic" } else { "error" }
     )
 }
 
@@ -1179,58 +927,26 @@ fn run_all(
 }
 
 /// The targets equal the model.
-fn check(
-    db: &mut dyn fixpoint_core::Engine,
-    conf: &Conf,
-    model: &Model,
-    stats: &mut Stats,
-    after: &str,
-) -> Result<(), TestCaseError> {
+fn check(db: &mut dyn fixpoint_core::Engine, conf: &Conf, model: &Model, stats: &mut Stats, after: &str) -> Result<(), TestCaseError> {
     stats.checks += 1;
-    prop_assert_eq!(
-        table_rows(db, "h.rp", "k, v, amount, dt"),
-        model.rp_rows(),
-        "replace_partition after {}",
-        after
-    );
+    prop_assert_eq!(table_rows(db, "h.rp", "k, v, amount, dt"), model.rp_rows(), "replace_partition after {}", after);
     if conf.rp_key {
         // Each day's rows carry the key of the day's last committed run.
         // (A day whose key no run reported is left out.)
-        let unknown: BTreeSet<String> = model
-            .rp
-            .keys
-            .iter()
-            .filter(|(_, k)| k.is_none())
-            .map(|(d, _)| day(*d))
-            .collect();
+        let unknown: BTreeSet<String> = model.rp.keys.iter().filter(|(_, k)| k.is_none()).map(|(d, _)| day(*d)).collect();
         let expected: Vec<Vec<String>> = model
             .rp
             .parts
             .iter()
             .filter(|(d, rows)| !rows.is_empty() && model.rp.keys[d].is_some())
-            .map(|(d, _)| {
-                vec![
-                    day(*d),
-                    format!("{:?}", model.rp.keys[d].as_ref().expect("known")),
-                ]
-            })
+            .map(|(d, _)| vec![day(*d), format!("{:?}", model.rp.keys[d].as_ref().expect("known"))])
             .collect();
-        let got: Vec<Vec<String>> = table_rows(db, "h.rp", "DISTINCT dt, load_id")
-            .into_iter()
-            .filter(|r| !unknown.contains(&r[0]))
-            .collect();
+        let got: Vec<Vec<String>> = table_rows(db, "h.rp", "DISTINCT dt, load_id").into_iter().filter(|r| !unknown.contains(&r[0])).collect();
         prop_assert_eq!(got, expected, "replace_partition's load_id after {}", after);
     }
     for m in &model.merges {
         let expected = m.rows();
-        prop_assert_eq!(
-            table_rows(db, &m.table, "k, v, amount, dt, op"),
-            expected.clone(),
-            "merge {} ({}) after {}",
-            m.name,
-            merge_label(&m.conf),
-            after
-        );
+        prop_assert_eq!(table_rows(db, &m.table, "k, v, amount, dt, op"), expected.clone(), "merge {} ({}) after {}", m.name, merge_label(&m.conf), after);
         prop_assert!(
             m.pending || expected == m.contract_rows(),
             "the model of {} disagrees with the contract's winner-among-committed-rows after {} (a bug of the test's model): {:?} vs {:?}",
@@ -1246,21 +962,12 @@ fn check(
 /// The ledger agrees with the model and the targets. The run keys (one
 /// ledger row per committed run) always; with `full`, each day's latest
 /// replace_partition entry against the partition's fingerprint too.
-fn check_ledger(
-    db: &mut dyn fixpoint_core::Engine,
-    conf: &Conf,
-    model: &Model,
-    stats: &mut Stats,
-    after: &str,
-    full: bool,
-) -> Result<(), TestCaseError> {
+fn check_ledger(db: &mut dyn fixpoint_core::Engine, conf: &Conf, model: &Model, stats: &mut Stats, after: &str, full: bool) -> Result<(), TestCaseError> {
     stats.ledger_checks += 1;
     let all = ledger::entries(db, None, None, None).unwrap();
     let mut got: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for e in &all {
-        got.entry(e.job.clone())
-            .or_default()
-            .push(e.run_key.clone());
+        got.entry(e.job.clone()).or_default().push(e.run_key.clone());
     }
     for keys in got.values_mut() {
         keys.sort();
@@ -1269,26 +976,11 @@ fn check_ledger(
     for keys in expected.values_mut() {
         keys.sort();
     }
-    prop_assert_eq!(
-        got,
-        expected,
-        "ledger rows (one per committed run, none for a failed, refused or skipped one) after {}",
-        after
-    );
+    prop_assert_eq!(got, expected, "ledger rows (one per committed run, none for a failed, refused or skipped one) after {}", after);
     // merge: the ledger's inserts minus deletes are the target's rows.
     for m in &model.merges {
-        let net: i64 = all
-            .iter()
-            .filter(|e| e.job == m.name)
-            .map(|e| e.rows_inserted as i64 - e.rows_deleted as i64)
-            .sum();
-        prop_assert_eq!(
-            net + m.unrecorded,
-            m.target.len() as i64,
-            "ledger of {} after {}",
-            m.name,
-            after
-        );
+        let net: i64 = all.iter().filter(|e| e.job == m.name).map(|e| e.rows_inserted as i64 - e.rows_deleted as i64).sum();
+        prop_assert_eq!(net + m.unrecorded, m.target.len() as i64, "ledger of {} after {}", m.name, after);
     }
     if !full {
         return Ok(());
@@ -1303,23 +995,10 @@ fn check_ledger(
             (Some(_), true) if model.rp.parts.get(&d) != model.rp.recorded.get(&d) => {}
             (Some(e), true) => {
                 let fp = day_fp(db, "h.rp", &day(d), exclude);
-                prop_assert_eq!(
-                    (e.output_rows, e.output_checksum.clone()),
-                    (fp.rows, fp.checksum.clone()),
-                    "ledger of {} after {}",
-                    day(d),
-                    after
-                );
+                prop_assert_eq!((e.output_rows, e.output_checksum.clone()), (fp.rows, fp.checksum.clone()), "ledger of {} after {}", day(d), after);
             }
             (None, false) => {}
-            (e, ran) => prop_assert!(
-                false,
-                "ledger of {} after {}: entry {:?}, ran {}",
-                day(d),
-                after,
-                e.map(|e| &e.run_key),
-                ran
-            ),
+            (e, ran) => prop_assert!(false, "ledger of {} after {}: entry {:?}, ran {}", day(d), after, e.map(|e| &e.run_key), ran),
         }
     }
     Ok(())
@@ -1333,25 +1012,11 @@ fn targets(db: &mut dyn fixpoint_core::Engine, model: &Model) -> Vec<Vec<Vec<Str
     out
 }
 
-fn history(
-    db: &mut dyn fixpoint_core::Engine,
-    ctx: &Ctx,
-    conf: &Conf,
-    steps: &[Step],
-    stats: &mut Stats,
-) -> Result<(), TestCaseError> {
-    exec(
-        db,
-        "DROP SCHEMA IF EXISTS h CASCADE;\nDROP SCHEMA IF EXISTS fixpoint CASCADE",
-    );
+fn history(db: &mut dyn fixpoint_core::Engine, ctx: &Ctx, conf: &Conf, steps: &[Step], stats: &mut Stats) -> Result<(), TestCaseError> {
+    exec(db, "DROP SCHEMA IF EXISTS h CASCADE;\nDROP SCHEMA IF EXISTS fixpoint CASCADE");
     exec(db, &setup(conf, ctx));
     let mut jobs = vec![job(&rp_toml(conf, ctx.layout))];
-    jobs.extend(
-        conf.merges
-            .iter()
-            .enumerate()
-            .map(|(i, m)| job(&merge_toml(i + 1, m))),
-    );
+    jobs.extend(conf.merges.iter().enumerate().map(|(i, m)| job(&merge_toml(i + 1, m))));
     let mut model = Model::new(conf, ctx);
     stats.histories += 1;
     for m in &conf.merges {
@@ -1378,64 +1043,28 @@ fn history(
                     model.bronze[*to].extend(again);
                 }
             }
-            Step::Run { day: d } => run_all(
-                db,
-                &jobs,
-                &mut model,
-                stats,
-                ctx,
-                conf,
-                *d,
-                &RunOptions::default(),
-            )?,
-            Step::Force { day: d } => run_all(
-                db,
-                &jobs,
-                &mut model,
-                stats,
-                ctx,
-                conf,
-                *d,
-                &RunOptions {
-                    force: true,
-                    ..RunOptions::default()
-                },
-            )?,
+            Step::Run { day: d } => run_all(db, &jobs, &mut model, stats, ctx, conf, *d, &RunOptions::default())?,
+            Step::Force { day: d } => run_all(db, &jobs, &mut model, stats, ctx, conf, *d, &RunOptions { force: true, ..RunOptions::default() })?,
             Step::Fail { day: d, point } => {
                 // Each run fails at the point (nothing changes), or has
                 // nothing to do and is skipped before reaching it, or (a
                 // merge) is refused before it: the model says which.
-                let opts = RunOptions {
-                    fault: Some((FailPoint::ALL[*point], FaultAction::Error)),
-                    ..RunOptions::default()
-                };
+                let opts = RunOptions { fault: Some((FailPoint::ALL[*point], FaultAction::Error)), ..RunOptions::default() };
                 run_all(db, &jobs, &mut model, stats, ctx, conf, *d, &opts)?;
             }
-            Step::Backfill {
-                from,
-                to,
-                fail,
-                force,
-            } => {
+            Step::Backfill { from, to, fail, force } => {
                 stats.backfills += 1;
                 let dates: Vec<_> = (*from..=*to).map(d_).collect();
                 let fault_day = fail.map(|(f, _)| *from + f % (to - from + 1));
                 let point = fail.map(|(_, p)| FailPoint::ALL[p]);
                 let opts = BackfillOptions {
-                    run: RunOptions {
-                        force: *force,
-                        fault: point.map(|p| (p, FaultAction::Error)),
-                        ..RunOptions::default()
-                    },
+                    run: RunOptions { force: *force, fault: point.map(|p| (p, FaultAction::Error)), ..RunOptions::default() },
                     keep_going: false,
                     fault_date: fault_day.map(d_),
                 };
                 for (j, job) in jobs.iter().enumerate() {
                     let mut stopped = false;
-                    for (o, n) in backfill(job, &dates, db, &opts, |_| {})
-                        .into_iter()
-                        .zip(*from..=*to)
-                    {
+                    for (o, n) in backfill(job, &dates, db, &opts, |_| {}).into_iter().zip(*from..=*to) {
                         let fault = if fault_day == Some(n) { point } else { None };
                         match o {
                             DateOutcome::Done(r) => {
@@ -1447,9 +1076,7 @@ fn history(
                                 stopped = true;
                                 settle(&mut model, stats, ctx, conf, j, n, *force, fault, Err(e))?;
                             }
-                            DateOutcome::NotRun(_) => {
-                                prop_assert!(stopped, "a date is only left out after a failure")
-                            }
+                            DateOutcome::NotRun(_) => prop_assert!(stopped, "a date is only left out after a failure"),
                         }
                     }
                 }
@@ -1466,22 +1093,14 @@ fn history(
     // Every (job, date) whose input has not changed since its last good
     // run, run once more: nothing changes.
     let before = targets(db, &model);
-    let again: Vec<(String, usize)> = model
-        .last_run
-        .iter()
-        .filter(|((_, d), n)| model.bronze[*d].len() == **n)
-        .map(|(k, _)| k.clone())
-        .collect();
+    let again: Vec<(String, usize)> =
+        model.last_run.iter().filter(|((_, d), n)| model.bronze[*d].len() == **n).map(|(k, _)| k.clone()).collect();
     for (name, d) in again {
         let j = jobs.iter().position(|j| j.name == name).expect("a job");
         let r = jobs[j].load(d_(d), db);
         settle(&mut model, stats, ctx, conf, j, d, false, None, r)?;
     }
-    prop_assert_eq!(
-        targets(db, &model),
-        before,
-        "rerunning every date changed the targets"
-    );
+    prop_assert_eq!(targets(db, &model), before, "rerunning every date changed the targets");
     check(db, conf, &model, stats, "the final reruns")?;
     check_ledger(db, conf, &model, stats, "the final reruns", true)
 }
@@ -1502,54 +1121,32 @@ fn d_(i: usize) -> fixpoint_core::RunDate {
 
 /// How many histories: `FIXPOINT_HISTORIES`, or `quick` in the normal suite.
 fn cases(quick: u32) -> u32 {
-    std::env::var("FIXPOINT_HISTORIES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(quick)
+    std::env::var("FIXPOINT_HISTORIES").ok().and_then(|v| v.parse().ok()).unwrap_or(quick)
 }
 
 /// Worker threads for the histories: `FIXPOINT_HISTORY_THREADS`, else one
 /// in the quick run and one per core in a long run. Each thread has its own
 /// database and its own share of the histories.
 fn threads() -> u32 {
-    let default = if long() {
-        std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
-    } else {
-        1
-    };
-    std::env::var("FIXPOINT_HISTORY_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-        .max(1)
+    let default = if long() { std::thread::available_parallelism().map_or(1, |n| n.get() as u32) } else { 1 };
+    std::env::var("FIXPOINT_HISTORY_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(default).max(1)
 }
 
 /// The first worker's seed: `FIXPOINT_HISTORY_SEED`, else a fresh one
 /// (worker `w` takes the seed plus `w`).
 fn base_seed() -> u64 {
-    std::env::var("FIXPOINT_HISTORY_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            use std::hash::{BuildHasher, Hasher};
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u128(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |t| t.as_nanos()),
-            );
-            h.finish()
-        })
+    std::env::var("FIXPOINT_HISTORY_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |t| t.as_nanos()));
+        h.finish()
+    })
 }
 
 fn run_histories(e: &(dyn EngineUnderTest + Sync), engine: &str, test: &str, ctx: Ctx, quick: u32) {
     let cases = cases(quick);
     // Spark's one catalog holds one history at a time.
-    let workers = if ctx.plans == Plans::Spark {
-        1
-    } else {
-        threads().min(cases.max(1))
-    };
+    let workers = if ctx.plans == Plans::Spark { 1 } else { threads().min(cases.max(1)) };
     let seed = base_seed();
     eprintln!("histories {engine}: seed {seed}, {cases} histories on {workers} thread(s)");
     let started = Instant::now();
@@ -1592,10 +1189,7 @@ fn run_histories(e: &(dyn EngineUnderTest + Sync), engine: &str, test: &str, ctx
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a history worker panicked"))
-            .collect()
+        handles.into_iter().map(|h| h.join().expect("a history worker panicked")).collect()
     });
     let mut s = Stats::default();
     for (w, _) in &results {
@@ -1637,15 +1231,8 @@ fn run_histories(e: &(dyn EngineUnderTest + Sync), engine: &str, test: &str, ctx
     // Both replace_partition plans of Spark are reached (the observed
     // write, and the steps that scan before and after it).
     if ctx.plans == Plans::Spark && s.histories >= 10 {
-        for m in [
-            "replace_partition: partition overwrite, observed",
-            "replace_partition: partition overwrite",
-        ] {
-            assert!(
-                s.methods.get(m).is_some_and(|n| *n > 0),
-                "histories {engine}: no run committed with {m:?} in {} histories",
-                s.histories
-            );
+        for m in ["replace_partition: partition overwrite, observed", "replace_partition: partition overwrite"] {
+            assert!(s.methods.get(m).is_some_and(|n| *n > 0), "histories {engine}: no run committed with {m:?} in {} histories", s.histories);
         }
     }
     for (m, n) in &s.merge_jobs {
@@ -1661,16 +1248,7 @@ fn run_histories(e: &(dyn EngineUnderTest + Sync), engine: &str, test: &str, ctx
 /// DuckDB: merges in one statement where eligible.
 #[test]
 fn duckdb_histories_match_the_model() {
-    run_histories(
-        &DuckDbUnderTest,
-        "duckdb",
-        "duckdb_histories_match_the_model",
-        Ctx {
-            plans: Plans::OneStatement,
-            layout: Layout::Plain,
-        },
-        50,
-    );
+    run_histories(&DuckDbUnderTest, "duckdb", "duckdb_histories_match_the_model", Ctx { plans: Plans::OneStatement, layout: Layout::Plain }, 50);
 }
 
 /// DuckDB, its merges never one statement and its tapped day insert
@@ -1681,12 +1259,7 @@ struct DuckDbTwoStatementsUntapped;
 
 impl EngineUnderTest for DuckDbTwoStatementsUntapped {
     fn fresh(&self) -> Box<dyn fixpoint_core::engine::Engine> {
-        Box::new(
-            fixpoint_duckdb::DuckDb::open_in_memory()
-                .expect("in-memory duckdb")
-                .without_one_statement_merge()
-                .without_tapped_day_insert(),
-        )
+        Box::new(fixpoint_duckdb::DuckDb::open_in_memory().expect("in-memory duckdb").without_one_statement_merge().without_tapped_day_insert())
     }
 }
 
@@ -1698,10 +1271,7 @@ fn duckdb_two_statement_histories_match_the_model() {
         &DuckDbTwoStatementsUntapped,
         "duckdb (two statements)",
         "duckdb_two_statement_histories_match_the_model",
-        Ctx {
-            plans: Plans::TwoStatements,
-            layout: Layout::Plain,
-        },
+        Ctx { plans: Plans::TwoStatements, layout: Layout::Plain },
         50,
     );
 }
@@ -1713,10 +1283,7 @@ fn duckdb_join_plan_histories_match_the_model() {
         &DuckDbWithoutTapsUnderTest,
         "duckdb (without taps)",
         "duckdb_join_plan_histories_match_the_model",
-        Ctx {
-            plans: Plans::Join,
-            layout: Layout::Plain,
-        },
+        Ctx { plans: Plans::Join, layout: Layout::Plain },
         50,
     );
 }
@@ -1725,16 +1292,7 @@ fn duckdb_join_plan_histories_match_the_model() {
 #[test]
 fn postgres_histories_match_the_model() {
     if let Some(pg) = PgUnderTest::get() {
-        run_histories(
-            &pg,
-            "postgres",
-            "postgres_histories_match_the_model",
-            Ctx {
-                plans: Plans::PgOneStatement,
-                layout: Layout::Plain,
-            },
-            50,
-        );
+        run_histories(&pg, "postgres", "postgres_histories_match_the_model", Ctx { plans: Plans::PgOneStatement, layout: Layout::Plain }, 50);
     }
 }
 
@@ -1743,16 +1301,7 @@ fn postgres_histories_match_the_model() {
 #[test]
 fn postgres_keyed_histories_match_the_model() {
     if let Some(pg) = PgUnderTest::get() {
-        run_histories(
-            &pg,
-            "postgres (keyed targets)",
-            "postgres_keyed_histories_match_the_model",
-            Ctx {
-                plans: Plans::PgOneStatement,
-                layout: Layout::Keyed,
-            },
-            50,
-        );
+        run_histories(&pg, "postgres (keyed targets)", "postgres_keyed_histories_match_the_model", Ctx { plans: Plans::PgOneStatement, layout: Layout::Keyed }, 50);
     }
 }
 
@@ -1765,10 +1314,7 @@ fn postgres_join_plan_histories_match_the_model() {
             &pg.portable(),
             "postgres (join plan)",
             "postgres_join_plan_histories_match_the_model",
-            Ctx {
-                plans: Plans::Join,
-                layout: Layout::Plain,
-            },
+            Ctx { plans: Plans::Join, layout: Layout::Plain },
             50,
         );
     }
@@ -1783,10 +1329,7 @@ fn postgres_partitioned_histories_match_the_model() {
             &pg,
             "postgres (partitioned targets)",
             "postgres_partitioned_histories_match_the_model",
-            Ctx {
-                plans: Plans::PgOneStatement,
-                layout: Layout::Partitioned,
-            },
+            Ctx { plans: Plans::PgOneStatement, layout: Layout::Partitioned },
             50,
         );
     }
@@ -1801,32 +1344,14 @@ mod delta {
 
     #[test]
     fn delta_histories_match_the_model() {
-        run_histories(
-            &DeltaUnderTest,
-            "delta",
-            "delta::delta_histories_match_the_model",
-            Ctx {
-                plans: Plans::Delta,
-                layout: Layout::Plain,
-            },
-            50,
-        );
+        run_histories(&DeltaUnderTest, "delta", "delta::delta_histories_match_the_model", Ctx { plans: Plans::Delta, layout: Layout::Plain }, 50);
     }
 
     /// The same on S3 (the local S3-compatible server).
     #[test]
     fn delta_s3_histories_match_the_model() {
         if let Some(s3) = DeltaS3UnderTest::get() {
-            run_histories(
-                &s3,
-                "delta-s3",
-                "delta::delta_s3_histories_match_the_model",
-                Ctx {
-                    plans: Plans::Delta,
-                    layout: Layout::Plain,
-                },
-                10,
-            );
+            run_histories(&s3, "delta-s3", "delta::delta_s3_histories_match_the_model", Ctx { plans: Plans::Delta, layout: Layout::Plain }, 10);
         }
     }
 }
@@ -1841,16 +1366,7 @@ mod spark {
     fn spark_histories_match_the_model() {
         if let Some(spark) = SparkUnderTest::get() {
             let _one_at_a_time = spark.exclusive();
-            run_histories(
-                &spark,
-                "spark",
-                "spark::spark_histories_match_the_model",
-                Ctx {
-                    plans: Plans::Spark,
-                    layout: Layout::Plain,
-                },
-                spark_quick(),
-            );
+            run_histories(&spark, "spark", "spark::spark_histories_match_the_model", Ctx { plans: Plans::Spark, layout: Layout::Plain }, spark_quick());
         }
     }
 

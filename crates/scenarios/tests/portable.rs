@@ -53,23 +53,12 @@ fn both() -> Option<(Box<dyn Engine>, Box<dyn Engine>)> {
 fn portable(db: &mut dyn Engine) -> Fingerprint {
     let t = TableName::parse("s.t").unwrap();
     let cols = db.table_columns(&t).unwrap().unwrap();
-    fingerprint(
-        db,
-        Method::Portable,
-        &Scope::Table {
-            table: &t,
-            filter: None,
-        },
-        &cols,
-    )
-    .unwrap()
+    fingerprint(db, Method::Portable, &Scope::Table { table: &t, filter: None }, &cols).unwrap()
 }
 
 #[test]
 fn the_portable_checksum_agrees_between_duckdb_and_postgres() {
-    let Some((mut duck, mut pg)) = both() else {
-        return;
-    };
+    let Some((mut duck, mut pg)) = both() else { return };
     let (d, p) = (portable(duck.as_mut()), portable(pg.as_mut()));
     assert_eq!(d.rows, 7);
     assert_eq!(d, p, "the same logical rows on both engines");
@@ -98,44 +87,23 @@ fn the_portable_checksum_agrees_between_duckdb_and_postgres() {
 #[test]
 fn diff_between_duckdb_and_postgres_reports_exactly_the_changed_row() {
     use fixpoint_core::tools::diff::{diff, DiffOptions, Sides};
-    let Some((mut duck, mut pg)) = both() else {
-        return;
-    };
+    let Some((mut duck, mut pg)) = both() else { return };
     let t = TableName::parse("s.t").unwrap();
-    let key = DiffOptions {
-        key: vec!["id".into()],
-        ..Default::default()
-    };
+    let key = DiffOptions { key: vec!["id".into()], ..Default::default() };
     let same = diff(&mut Sides::Two(duck.as_mut(), pg.as_mut()), &t, &t, &key).unwrap();
     assert!(same.identical, "{same:?}");
     assert_eq!(same.method, fixpoint_core::Method::Portable);
     assert_eq!(same.rows_transferred, 0);
 
-    exec(
-        pg.as_mut(),
-        "UPDATE s.t SET ratio = 0.25, name = 'plain!' WHERE id = 1",
-    );
+    exec(pg.as_mut(), "UPDATE s.t SET ratio = 0.25, name = 'plain!' WHERE id = 1");
     exec(pg.as_mut(), "DELETE FROM s.t WHERE id = 3");
     let d = diff(&mut Sides::Two(duck.as_mut(), pg.as_mut()), &t, &t, &key).unwrap();
     assert_eq!((d.only_in_a, d.only_in_b, d.changed), (1, 0, 1), "{d:?}");
     assert_eq!(d.changed_rows[0].key, vec!["id='1'"]);
-    let changes: Vec<String> = d.changed_rows[0]
-        .changes
-        .iter()
-        .map(|c| format!("{}: {} -> {}", c.column, c.a, c.b))
-        .collect();
-    assert_eq!(
-        changes,
-        vec!["ratio: '0.1' -> '0.25'", "name: 'plain' -> 'plain!'"]
-    );
+    let changes: Vec<String> = d.changed_rows[0].changes.iter().map(|c| format!("{}: {} -> {}", c.column, c.a, c.b)).collect();
+    assert_eq!(changes, vec!["ratio: '0.1' -> '0.25'", "name: 'plain' -> 'plain!'"]);
     assert_eq!(d.only_in_a_rows[0][0], "id='3'");
-    assert!(
-        d.only_in_a_rows[0][1..]
-            .iter()
-            .all(|c| c.ends_with("=NULL")),
-        "{:?}",
-        d.only_in_a_rows
-    );
+    assert!(d.only_in_a_rows[0][1..].iter().all(|c| c.ends_with("=NULL")), "{:?}", d.only_in_a_rows);
 }
 
 #[test]
@@ -149,21 +117,8 @@ fn postgres_gives_the_golden_checksum() {
     ));
     let t = TableName::parse("g.t").unwrap();
     let cols = pg.table_columns(&t).unwrap().unwrap();
-    let fp = fingerprint(
-        pg.as_mut(),
-        Method::Portable,
-        &Scope::Table {
-            table: &t,
-            filter: None,
-        },
-        &cols,
-    )
-    .unwrap();
-    assert_eq!(
-        (fp.rows, fp.checksum.as_str()),
-        (7, golden::CHECKSUM),
-        "the value DuckDB's and Spark's tests pin"
-    );
+    let fp = fingerprint(pg.as_mut(), Method::Portable, &Scope::Table { table: &t, filter: None }, &cols).unwrap();
+    assert_eq!((fp.rows, fp.checksum.as_str()), (7, golden::CHECKSUM), "the value DuckDB's and Spark's tests pin");
 }
 
 /// PostgreSQL writes every double, edge values included, as the canonical
@@ -174,67 +129,25 @@ fn postgres_writes_each_float_as_its_bits() {
     let Some(pg) = PgUnderTest::get() else { return };
     let mut pg = pg.fresh();
     let values = [
-        "NaN",
-        "Infinity",
-        "-Infinity",
-        "0",
-        "-0",
-        "4.9e-324",
-        "-2.5e-310",
-        "2.2250738585072009e-308",
-        "2.2250738585072014e-308",
-        "1.7976931348623157e308",
-        "-8.98846567431158e307",
-        "0.1",
-        "0.30000000000000004",
-        "1",
-        "0.5",
-        "1e300",
-        "-1234.5",
-        "1.0000000000000002",
+        "NaN", "Infinity", "-Infinity", "0", "-0", "4.9e-324", "-2.5e-310", "2.2250738585072009e-308", "2.2250738585072014e-308",
+        "1.7976931348623157e308", "-8.98846567431158e307", "0.1", "0.30000000000000004", "1", "0.5", "1e300", "-1234.5", "1.0000000000000002",
     ];
-    let col = fixpoint_core::engine::Column {
-        name: "v".into(),
-        ty: "double precision".into(),
-    };
+    let col = fixpoint_core::engine::Column { name: "v".into(), ty: "double precision".into() };
     let (text, class) = pg.dialect().portable_value("x.v", &col);
     assert_eq!(class, "float");
-    let literals: Vec<String> = values
-        .iter()
-        .enumerate()
-        .map(|(i, v)| format!("({i}, CAST('{v}' AS DOUBLE PRECISION))"))
-        .collect();
-    let rows = pg
-        .query(&fixpoint_core::job::sql::Sql::raw(format!(
-            "SELECT x.i, {text} FROM (VALUES {}) AS x(i, v) ORDER BY x.i",
-            literals.join(", ")
-        )))
-        .unwrap();
-    let got: Vec<String> = rows
-        .rows
-        .iter()
-        .map(|r| r[1].display().trim_matches('"').to_owned())
-        .collect();
+    let literals: Vec<String> = values.iter().enumerate().map(|(i, v)| format!("({i}, CAST('{v}' AS DOUBLE PRECISION))")).collect();
+    let rows = pg.query(&fixpoint_core::job::sql::Sql::raw(format!("SELECT x.i, {text} FROM (VALUES {}) AS x(i, v) ORDER BY x.i", literals.join(", ")))).unwrap();
+    let got: Vec<String> = rows.rows.iter().map(|r| r[1].display().trim_matches('"').to_owned()).collect();
     let want: Vec<String> = values
         .iter()
         .map(|v| fixpoint_core::fingerprint::float_text(v.parse::<f64>().unwrap()))
         .collect();
     assert_eq!(got, want);
     // A REAL is widened exactly.
-    let real = fixpoint_core::engine::Column {
-        name: "v".into(),
-        ty: "real".into(),
-    };
+    let real = fixpoint_core::engine::Column { name: "v".into(), ty: "real".into() };
     let (text, _) = pg.dialect().portable_value("x.v", &real);
-    let rows = pg
-        .query(&fixpoint_core::job::sql::Sql::raw(format!(
-            "SELECT {text} FROM (VALUES (CAST('0.1' AS REAL))) AS x(v)"
-        )))
-        .unwrap();
-    assert_eq!(
-        rows.rows[0][0].display().trim_matches('"'),
-        f64::from(0.1f32).to_bits().to_string()
-    );
+    let rows = pg.query(&fixpoint_core::job::sql::Sql::raw(format!("SELECT {text} FROM (VALUES (CAST('0.1' AS REAL))) AS x(v)"))).unwrap();
+    assert_eq!(rows.rows[0][0].display().trim_matches('"'), f64::from(0.1f32).to_bits().to_string());
 }
 
 /// How one engine spells the generated rows' types and byte strings.
@@ -295,8 +208,7 @@ enum Gen {
 }
 
 fn date_text(days_since_1970: i64) -> String {
-    let d = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).unwrap()
-        + chrono::Duration::days(days_since_1970);
+    let d = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).unwrap() + chrono::Duration::days(days_since_1970);
     d.format("%Y-%m-%d").to_string()
 }
 
@@ -306,11 +218,7 @@ fn literal(v: &Gen, dialect: &Dialect) -> String {
         Gen::Int(ty, i) => format!("CAST('{i}' AS {ty})"),
         Gen::Decimal(cents) => {
             let sign = if *cents < 0 { "-" } else { "" };
-            format!(
-                "CAST('{sign}{}.{:02}' AS DECIMAL(12,2))",
-                cents.unsigned_abs() / 100,
-                cents.unsigned_abs() % 100
-            )
+            format!("CAST('{sign}{}.{:02}' AS DECIMAL(12,2))", cents.unsigned_abs() / 100, cents.unsigned_abs() % 100)
         }
         // Rust's shortest round-trip text (`NaN`, `inf` and `-inf` too),
         // which both engines read back to the same value.
@@ -321,13 +229,7 @@ fn literal(v: &Gen, dialect: &Dialect) -> String {
         Gen::Timestamp(us) => {
             let (day, in_day) = (us.div_euclid(86_400_000_000), us.rem_euclid(86_400_000_000));
             let (secs, micros) = (in_day / 1_000_000, in_day % 1_000_000);
-            format!(
-                "TIMESTAMP '{} {:02}:{:02}:{:02}.{micros:06}'",
-                date_text(day),
-                secs / 3600,
-                secs / 60 % 60,
-                secs % 60
-            )
+            format!("TIMESTAMP '{} {:02}:{:02}:{:02}.{micros:06}'", date_text(day), secs / 3600, secs / 60 % 60, secs % 60)
         }
         Gen::Bool(b) => b.to_string(),
         Gen::Bytes(b) => (dialect.blob)(&b.iter().map(|x| format!("{x:02x}")).collect::<String>()),
@@ -361,39 +263,11 @@ fn generated_rows(n: usize) -> Vec<Vec<Gen>> {
         1.000_000_000_000_000_2,
         -1234.5e-300,
     ];
-    let reals = [
-        f32::NAN,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        0.0,
-        -0.0,
-        f32::from_bits(1),
-        f32::MIN_POSITIVE,
-        f32::MAX,
-        f32::MIN,
-        0.1,
-    ];
+    let reals = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, f32::from_bits(1), f32::MIN_POSITIVE, f32::MAX, f32::MIN, 0.1];
     let texts = [
-        "",
-        "NULL",
-        "\\N",
-        "\\",
-        "|",
-        "a|b\\c",
-        "||\\\\",
-        "it's",
-        " spaced ",
-        "tab\there",
-        "new\nline",
-        "ünïcödé ✓ 'quoted' 日本語 😀 a,b",
+        "", "NULL", "\\N", "\\", "|", "a|b\\c", "||\\\\", "it's", " spaced ", "tab\there", "new\nline", "ünïcödé ✓ 'quoted' 日本語 😀 a,b",
     ];
-    let blobs: [Vec<u8>; 5] = [
-        vec![],
-        vec![0],
-        vec![0xff],
-        vec![0xde, 0xad, 0xbe, 0xef],
-        vec![0; 2000],
-    ];
+    let blobs: [Vec<u8>; 5] = [vec![], vec![0], vec![0xff], vec![0xde, 0xad, 0xbe, 0xef], vec![0; 2000]];
     let long_text = "long|text\\".repeat(3000);
     let mut rng = Rng(20261020);
     let mut rows = Vec::new();
@@ -445,13 +319,7 @@ fn generated_rows(n: usize) -> Vec<Vec<Gen>> {
                     let len = rng.below(40);
                     Gen::Text(
                         (0..len)
-                            .map(|_| {
-                                if rng.below(6) == 0 {
-                                    unicode[rng.below(unicode.len() as u64) as usize]
-                                } else {
-                                    ascii[rng.below(ascii.len() as u64) as usize]
-                                }
-                            })
+                            .map(|_| if rng.below(6) == 0 { unicode[rng.below(unicode.len() as u64) as usize] } else { ascii[rng.below(ascii.len() as u64) as usize] })
                             .collect(),
                     )
                 }
@@ -475,24 +343,11 @@ fn generated_rows(n: usize) -> Vec<Vec<Gen>> {
 fn load_generated(db: &mut dyn Engine, dialect: &Dialect, rows: &[Vec<Gen>]) {
     exec(db, &format!("CREATE SCHEMA s;\n{}", dialect.table));
     for batch in rows.chunks(200) {
-        let values: Vec<String> = batch
-            .iter()
-            .map(|r| {
-                format!(
-                    "({})",
-                    r.iter()
-                        .map(|v| literal(v, dialect))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            })
-            .collect();
+        let values: Vec<String> =
+            batch.iter().map(|r| format!("({})", r.iter().map(|v| literal(v, dialect)).collect::<Vec<_>>().join(", "))).collect();
         // Run as it is: values hold newlines and semicolons, which `exec` would split on.
-        db.execute(&fixpoint_core::job::sql::Sql::raw(format!(
-            "INSERT INTO s.g VALUES {}",
-            values.join(",\n")
-        )))
-        .unwrap_or_else(|e| panic!("loading the generated rows: {e}"));
+        db.execute(&fixpoint_core::job::sql::Sql::raw(format!("INSERT INTO s.g VALUES {}", values.join(",\n"))))
+            .unwrap_or_else(|e| panic!("loading the generated rows: {e}"));
     }
 }
 
@@ -509,14 +364,8 @@ fn postgres_and_duckdb_agree_on_generated_rows() {
     load_generated(duck.as_mut(), &DUCK, &rows);
     load_generated(pg.as_mut(), &PG, &rows);
     let t = TableName::parse("s.g").unwrap();
-    let scope = Scope::Table {
-        table: &t,
-        filter: None,
-    };
-    let (dcols, pcols) = (
-        duck.table_columns(&t).unwrap().unwrap(),
-        pg.table_columns(&t).unwrap().unwrap(),
-    );
+    let scope = Scope::Table { table: &t, filter: None };
+    let (dcols, pcols) = (duck.table_columns(&t).unwrap().unwrap(), pg.table_columns(&t).unwrap().unwrap());
     let d = fingerprint(duck.as_mut(), Method::Portable, &scope, &dcols).unwrap();
     let p = fingerprint(pg.as_mut(), Method::Portable, &scope, &pcols).unwrap();
     assert_eq!(d.rows, rows.len() as u64);
@@ -525,20 +374,8 @@ fn postgres_and_duckdb_agree_on_generated_rows() {
             .iter()
             .zip(&pcols)
             .filter(|(dc, pc)| {
-                let a = fingerprint(
-                    duck.as_mut(),
-                    Method::Portable,
-                    &scope,
-                    std::slice::from_ref(*dc),
-                )
-                .unwrap();
-                let b = fingerprint(
-                    pg.as_mut(),
-                    Method::Portable,
-                    &scope,
-                    std::slice::from_ref(*pc),
-                )
-                .unwrap();
+                let a = fingerprint(duck.as_mut(), Method::Portable, &scope, std::slice::from_ref(*dc)).unwrap();
+                let b = fingerprint(pg.as_mut(), Method::Portable, &scope, std::slice::from_ref(*pc)).unwrap();
                 a != b
             })
             .map(|(dc, pc)| format!("{} ({} / {})", dc.name, dc.ty, pc.ty))
@@ -571,25 +408,10 @@ INSERT INTO n.t VALUES
     );
     let t = TableName::parse("n.t").unwrap();
     let cols = db.table_columns(&t).unwrap().unwrap();
-    let fp = |db: &mut dyn Engine| {
-        fingerprint(
-            db,
-            Method::Native,
-            &Scope::Table {
-                table: &t,
-                filter: None,
-            },
-            &cols,
-        )
-        .unwrap()
-    };
+    let fp = |db: &mut dyn Engine| fingerprint(db, Method::Native, &Scope::Table { table: &t, filter: None }, &cols).unwrap();
     let before = fp(db);
     assert_eq!(before.rows, 2);
-    assert!(
-        before.kind.starts_with("native-v2/postgres "),
-        "{}",
-        before.kind
-    );
+    assert!(before.kind.starts_with("native-v2/postgres "), "{}", before.kind);
     let changes = [
         ("name", "'alice'"),
         ("code", "'abd'"),
@@ -612,21 +434,11 @@ INSERT INTO n.t VALUES
         exec(db, &format!("CREATE TABLE n.saved AS SELECT * FROM n.t WHERE id = 1;\nUPDATE n.t SET {col} = {value} WHERE id = 1"));
         let changed = fp(db);
         assert_eq!(changed.rows, 2);
-        assert_ne!(
-            changed.checksum, before.checksum,
-            "a new {col} ({value}) changes the fingerprint"
-        );
+        assert_ne!(changed.checksum, before.checksum, "a new {col} ({value}) changes the fingerprint");
         exec(db, "DELETE FROM n.t WHERE id = 1;\nINSERT INTO n.t SELECT * FROM n.saved;\nDROP TABLE n.saved");
         assert_eq!(fp(db), before, "{col} put back");
     }
     // The same values in the other row: swapped between rows.
-    exec(
-        db,
-        "UPDATE n.t SET amount = CASE id WHEN 1 THEN 2.25 ELSE 1.50 END",
-    );
-    assert_ne!(
-        fp(db).checksum,
-        before.checksum,
-        "amounts swapped between rows"
-    );
+    exec(db, "UPDATE n.t SET amount = CASE id WHEN 1 THEN 2.25 ELSE 1.50 END");
+    assert_ne!(fp(db).checksum, before.checksum, "amounts swapped between rows");
 }

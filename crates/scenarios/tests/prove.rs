@@ -1,38 +1,22 @@
 //! `prove`'s mutation check and `diff`, run on every engine (Delta included).
 
-use fixpoint_core::run::ledger;
 use fixpoint_core::tools::diff::{diff, DiffOptions, Sides};
 use fixpoint_core::tools::prove::{prove, ProveOptions};
 use fixpoint_core::{Engine, ErrorClass, TableName};
+use fixpoint_core::run::ledger;
 use fixpoint_scenarios::*;
 
 fn opts(mutate_key: &[(&str, &str)]) -> ProveOptions {
-    ProveOptions {
-        runs: 2,
-        crash: false,
-        mutate: true,
-        mutate_key: mutate_key
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-    }
+    ProveOptions { runs: 2, crash: false, mutate: true, mutate_key: mutate_key.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
 }
 
 /// Schemas named like a proof's sandbox (`fixpoint_sandbox_<hex>`), by plain SQL.
 const SANDBOX_SCHEMAS: &str = "SELECT count(*) FROM information_schema.schemata WHERE substr(schema_name, 1, 17) = 'fixpoint_sandbox_'";
 
 fn sandbox_is_gone(db: &mut dyn fixpoint_core::Engine, job: &str) {
-    assert_eq!(
-        count(db, SANDBOX_SCHEMAS),
-        0,
-        "the sandbox schema is dropped"
-    );
+    assert_eq!(count(db, SANDBOX_SCHEMAS), 0, "the sandbox schema is dropped");
     let entries = ledger::entries(db, None, None, None).unwrap();
-    assert!(
-        entries.iter().all(|e| e.job == job),
-        "no sandbox run left in the ledger: {:?}",
-        entries.iter().map(|e| &e.job).collect::<Vec<_>>()
-    );
+    assert!(entries.iter().all(|e| e.job == job), "no sandbox run left in the ledger: {:?}", entries.iter().map(|e| &e.job).collect::<Vec<_>>());
 }
 
 fn mutation_changes_one_output_row(e: &dyn EngineUnderTest) {
@@ -45,23 +29,12 @@ fn mutation_changes_one_output_row(e: &dyn EngineUnderTest) {
     assert!(proof.proved, "{:?}", proof.failures);
     let m = proof.mutation.as_ref().unwrap();
     assert_eq!(m.outcome, "passed", "{m:?}");
-    assert_eq!(
-        (m.table.as_str(), m.column.as_str(), m.change.as_str()),
-        ("bronze.orders", "order_total", "order_total + 1")
-    );
+    assert_eq!((m.table.as_str(), m.column.as_str(), m.change.as_str()), ("bronze.orders", "order_total", "order_total + 1"));
     assert_eq!((m.output_rows_removed, m.output_rows_added), (1, 1));
-    assert!(
-        m.row.iter().any(|c| c == "dt=2026-10-20"),
-        "a row of the run's day: {:?}",
-        m.row
-    );
+    assert!(m.row.iter().any(|c| c == "dt=2026-10-20"), "a row of the run's day: {:?}", m.row);
     assert_eq!(m.sample.len(), 2, "{:?}", m.sample);
     assert!(proof.verdict.ends_with("Mutation: changing one input row of bronze.orders (order_total + 1) changed exactly one output row."), "{}", proof.verdict);
-    assert_eq!(
-        rows(db, "SELECT * FROM bronze.orders"),
-        bronze,
-        "the user's source is untouched"
-    );
+    assert_eq!(rows(db, "SELECT * FROM bronze.orders"), bronze, "the user's source is untouched");
     sandbox_is_gone(db, "silver_orders");
 
     // --mutate-key picks the row; an older version of order 4 does not
@@ -70,18 +43,8 @@ fn mutation_changes_one_output_row(e: &dyn EngineUnderTest) {
     let m = picked.mutation.unwrap();
     assert_eq!(m.outcome, "passed");
     assert!(m.row.contains(&"order_id=3".to_string()), "{:?}", m.row);
-    assert!(
-        m.sample.iter().all(|s| s.contains("order_id: 3")),
-        "{:?}",
-        m.sample
-    );
-    let older = prove(
-        &job,
-        d("2026-10-20"),
-        db,
-        &opts(&[("order_id", "4"), ("order_total", "42.00")]),
-    )
-    .unwrap();
+    assert!(m.sample.iter().all(|s| s.contains("order_id: 3")), "{:?}", m.sample);
+    let older = prove(&job, d("2026-10-20"), db, &opts(&[("order_id", "4"), ("order_total", "42.00")])).unwrap();
     let m = older.mutation.unwrap();
     assert_eq!(m.outcome, "inconclusive", "{m:?}");
     assert!(older.proved, "inconclusive is not a failure");
@@ -108,15 +71,8 @@ FROM bronze.orders WHERE dt = :run_date AND currency = 'EUR'
     assert!(!proof.proved, "every row changes when one input row does");
     let m = proof.mutation.as_ref().unwrap();
     assert_eq!(m.outcome, "failed");
-    assert_eq!(
-        m.column, "order_total",
-        "a measure before an identifier: {m:?}"
-    );
-    assert_eq!(
-        (m.output_rows_removed, m.output_rows_added),
-        (4, 4),
-        "orders 3, 5, 5, 6 (EUR) all carry the total"
-    );
+    assert_eq!(m.column, "order_total", "a measure before an identifier: {m:?}");
+    assert_eq!((m.output_rows_removed, m.output_rows_added), (4, 4), "orders 3, 5, 5, 6 (EUR) all carry the total");
     assert_eq!(proof.failures.len(), 1);
     assert!(
         proof.failures[0].starts_with("the mutation check failed: changing one input row of bronze.orders (order_total + 1) changed 4 output rows (4 before, 4 after)"),
@@ -134,11 +90,7 @@ fn merge_mutation_changes_one_key(e: &dyn EngineUnderTest) {
     let proof = prove(&job, d("2026-10-20"), db, &opts(&[])).unwrap();
     assert!(proof.proved, "{:?}", proof.failures);
     let m = proof.mutation.unwrap();
-    assert_eq!(
-        (m.outcome.as_str(), m.output_keys_changed),
-        ("passed", Some(1)),
-        "{m:?}"
-    );
+    assert_eq!((m.outcome.as_str(), m.output_keys_changed), ("passed", Some(1)), "{m:?}");
     assert_eq!((m.output_rows_removed, m.output_rows_added), (1, 1));
 }
 
@@ -148,20 +100,11 @@ fn order_check_catches_a_row_number_over_ties(e: &dyn EngineUnderTest) {
     exec(db, BRONZE);
     // Order 9: two versions with the same updated_at — a tie for a dedup on updated_at alone.
     exec(db, "INSERT INTO bronze.orders VALUES (9, 19, 1.00, 'EUR', TIMESTAMP '2026-10-20 15:00:00', DATE '2026-10-20'), (9, 19, 2.00, 'EUR', TIMESTAMP '2026-10-20 15:00:00', DATE '2026-10-20')");
-    let tied = job(&SILVER_JOB
-        .replace(
-            "ORDER BY updated_at DESC, order_total DESC, currency, customer_id",
-            "ORDER BY updated_at DESC",
-        )
-        .replace("silver.orders", "silver.tied"));
+    let tied = job(&SILVER_JOB.replace("ORDER BY updated_at DESC, order_total DESC, currency, customer_id", "ORDER BY updated_at DESC").replace("silver.orders", "silver.tied"));
     let proof = prove(&tied, d("2026-10-20"), db, &opts(&[])).unwrap();
     let order = proof.order.as_ref().unwrap();
     assert_eq!(order.outcome, "failed", "{order:?}");
-    assert_eq!(
-        (order.output_rows_removed, order.output_rows_added),
-        (1, 1),
-        "order 9 flips between its two tied versions"
-    );
+    assert_eq!((order.output_rows_removed, order.output_rows_added), (1, 1), "order 9 flips between its two tied versions");
     assert!(!proof.proved);
     assert!(proof.failures[0].starts_with("the order check failed: the same input stored in the opposite order changed 1 output rows"), "{:?}", proof.failures);
     // The seed job breaks the tie with more columns: it passes.
@@ -175,9 +118,7 @@ fn order_check_catches_a_row_number_over_ties(e: &dyn EngineUnderTest) {
 fn numbers(db: &mut dyn fixpoint_core::Engine, table: &str, digits: u32) {
     let tens = "(VALUES (0), (1), (2), (3), (4), (5), (6), (7), (8), (9))";
     let from: Vec<String> = (0..digits).map(|i| format!("{tens} AS d{i}(v)")).collect();
-    let id: Vec<String> = (0..digits)
-        .map(|i| format!("d{i}.v * {}", 10i64.pow(i)))
-        .collect();
+    let id: Vec<String> = (0..digits).map(|i| format!("d{i}.v * {}", 10i64.pow(i))).collect();
     let id = format!("({})", id.join(" + "));
     exec(
         db,
@@ -195,91 +136,31 @@ fn diff_finds_exactly_the_differences(e: &dyn EngineUnderTest) {
     exec(db, "CREATE SCHEMA s");
     numbers(db, "s.a", 5);
     exec(db, "CREATE TABLE s.b AS SELECT * FROM s.a");
-    let (a, b) = (
-        TableName::parse("s.a").unwrap(),
-        TableName::parse("s.b").unwrap(),
-    );
-    let key = DiffOptions {
-        key: vec!["id".into()],
-        ..Default::default()
-    };
+    let (a, b) = (TableName::parse("s.a").unwrap(), TableName::parse("s.b").unwrap());
+    let key = DiffOptions { key: vec!["id".into()], ..Default::default() };
 
     let same = diff(&mut Sides::One(&mut *db), &a, &b, &key).unwrap();
     assert!(same.identical);
-    assert_eq!(
-        (
-            same.fingerprint_a.rows,
-            same.rows_transferred,
-            same.segment_queries
-        ),
-        (100_000, 0, 1),
-        "equal fingerprints: no row read"
-    );
+    assert_eq!((same.fingerprint_a.rows, same.rows_transferred, same.segment_queries), (100_000, 0, 1), "equal fingerprints: no row read");
     assert_eq!(same.fingerprint_a, same.fingerprint_b);
 
-    exec(
-        db,
-        "UPDATE s.b SET amount = 1.25, label = 'changed' WHERE id = 4242",
-    );
+    exec(db, "UPDATE s.b SET amount = 1.25, label = 'changed' WHERE id = 4242");
     let one = diff(&mut Sides::One(&mut *db), &a, &b, &key).unwrap();
     assert!(!one.identical);
     assert_eq!((one.only_in_a, one.only_in_b, one.changed), (0, 0, 1));
     assert_eq!(one.changed_rows.len(), 1);
     assert_eq!(one.changed_rows[0].key, vec!["id='4242'"]);
-    let changes: Vec<(String, String, String)> = one.changed_rows[0]
-        .changes
-        .iter()
-        .map(|c| (c.column.clone(), c.a.clone(), c.b.clone()))
-        .collect();
-    assert_eq!(
-        changes,
-        vec![
-            ("amount".into(), "'694.00'".into(), "'1.25'".into()),
-            ("label".into(), "'n71'".into(), "'changed'".into())
-        ]
-    );
-    assert!(
-        one.rows_transferred < 1000,
-        "only one of 256 segments is read: {}",
-        one.rows_transferred
-    );
+    let changes: Vec<(String, String, String)> = one.changed_rows[0].changes.iter().map(|c| (c.column.clone(), c.a.clone(), c.b.clone())).collect();
+    assert_eq!(changes, vec![("amount".into(), "'694.00'".into(), "'1.25'".into()), ("label".into(), "'n71'".into(), "'changed'".into())]);
+    assert!(one.rows_transferred < 1000, "only one of 256 segments is read: {}", one.rows_transferred);
     assert_eq!(one.segment_queries, 1);
 
     exec(db, "DELETE FROM s.b WHERE id = 17;\nINSERT INTO s.b VALUES (100000, 5.00, NULL, DATE '2026-10-02')");
-    let three = diff(
-        &mut Sides::One(&mut *db),
-        &a,
-        &b,
-        &DiffOptions {
-            key: vec!["id".into()],
-            segment_rows: 50,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let three = diff(&mut Sides::One(&mut *db), &a, &b, &DiffOptions { key: vec!["id".into()], segment_rows: 50, ..Default::default() }).unwrap();
     assert_eq!((three.only_in_a, three.only_in_b, three.changed), (1, 1, 1));
-    assert_eq!(
-        three.only_in_a_rows,
-        vec![vec![
-            "id='17'",
-            "amount='119.00'",
-            "label='n17'",
-            "dt='2026-10-18'"
-        ]]
-    );
-    assert_eq!(
-        three.only_in_b_rows,
-        vec![vec![
-            "id='100000'",
-            "amount='5.00'",
-            "label=NULL",
-            "dt='2026-10-02'"
-        ]]
-    );
-    assert_eq!(
-        three.segment_queries, 2,
-        "segments of ~390 rows narrowed 256 ways once"
-    );
+    assert_eq!(three.only_in_a_rows, vec![vec!["id='17'", "amount='119.00'", "label='n17'", "dt='2026-10-18'"]]);
+    assert_eq!(three.only_in_b_rows, vec![vec!["id='100000'", "amount='5.00'", "label=NULL", "dt='2026-10-02'"]]);
+    assert_eq!(three.segment_queries, 2, "segments of ~390 rows narrowed 256 ways once");
     assert!(three.rows_transferred < 100, "{}", three.rows_transferred);
 
     // --where and --exclude.
@@ -287,30 +168,12 @@ fn diff_finds_exactly_the_differences(e: &dyn EngineUnderTest) {
         &mut Sides::One(&mut *db),
         &a,
         &b,
-        &DiffOptions {
-            key: vec!["id".into()],
-            predicate: Some("dt = DATE '2026-10-13'".into()),
-            exclude: vec!["label".into()],
-            ..Default::default()
-        },
+        &DiffOptions { key: vec!["id".into()], predicate: Some("dt = DATE '2026-10-13'".into()), exclude: vec!["label".into()], ..Default::default() },
     )
     .unwrap();
-    assert_eq!(
-        (scoped.only_in_a, scoped.only_in_b, scoped.changed),
-        (0, 0, 1),
-        "id 4242 is on the 13th"
-    );
+    assert_eq!((scoped.only_in_a, scoped.only_in_b, scoped.changed), (0, 0, 1), "id 4242 is on the 13th");
     assert_eq!(scoped.columns, vec!["amount", "dt"]);
-    let err = diff(
-        &mut Sides::One(&mut *db),
-        &a,
-        &b,
-        &DiffOptions {
-            key: vec!["nope".into()],
-            ..Default::default()
-        },
-    )
-    .unwrap_err();
+    let err = diff(&mut Sides::One(&mut *db), &a, &b, &DiffOptions { key: vec!["nope".into()], ..Default::default() }).unwrap_err();
     assert_eq!(err.to_string(), "s.a has no column \"nope\"");
 }
 
@@ -336,23 +199,10 @@ CREATE TABLE fixpoint_sandbox.bronze__orders AS SELECT * FROM bronze.orders WHER
     for _ in 0..2 {
         let proof = prove(&job(SILVER_JOB), d("2026-10-20"), db, &opts(&[])).unwrap();
         assert!(proof.proved, "{:?}", proof.failures);
-        assert_eq!(
-            proof.mutation.as_ref().unwrap().outcome,
-            "passed",
-            "the check ran in a sandbox of its own: {:?}",
-            proof.mutation
-        );
+        assert_eq!(proof.mutation.as_ref().unwrap().outcome, "passed", "the check ran in a sandbox of its own: {:?}", proof.mutation);
         assert_eq!(count(db, "SELECT count(*) FROM information_schema.schemata WHERE schema_name = 'fixpoint_sandbox'"), 1, "the user's schema is still there");
-        assert_eq!(
-            rows(db, "SELECT x, note FROM fixpoint_sandbox.keep"),
-            keep,
-            "the user's table survives prove"
-        );
-        assert_eq!(
-            rows(db, "SELECT * FROM fixpoint_sandbox.bronze__orders"),
-            copy,
-            "a user's table under a sandbox copy's old name survives too"
-        );
+        assert_eq!(rows(db, "SELECT x, note FROM fixpoint_sandbox.keep"), keep, "the user's table survives prove");
+        assert_eq!(rows(db, "SELECT * FROM fixpoint_sandbox.bronze__orders"), copy, "a user's table under a sandbox copy's old name survives too");
         sandbox_is_gone(db, "silver_orders");
     }
 }
@@ -369,20 +219,9 @@ fn a_refused_mutate_key_changes_nothing(e: &dyn EngineUnderTest) {
     assert_eq!(count(db, tables), 0);
     let err = prove(&job, d("2026-10-20"), db, &opts(&[("nope", "1")])).unwrap_err();
     assert_eq!(err.class(), ErrorClass::Input, "exit 2: {err}");
-    assert_eq!(
-        err.to_string(),
-        "--mutate-key nope=1: bronze.orders has no column \"nope\""
-    );
-    assert!(
-        err.hint().unwrap_or_default().contains("order_total"),
-        "the hint lists the columns: {:?}",
-        err.hint()
-    );
-    assert_eq!(
-        count(db, tables),
-        0,
-        "no run created the target or the ledger"
-    );
+    assert_eq!(err.to_string(), "--mutate-key nope=1: bronze.orders has no column \"nope\"");
+    assert!(err.hint().unwrap_or_default().contains("order_total"), "the hint lists the columns: {:?}", err.hint());
+    assert_eq!(count(db, tables), 0, "no run created the target or the ledger");
     assert_eq!(count(db, SANDBOX_SCHEMAS), 0, "no sandbox was made");
 
     job.load(d("2026-10-20"), db).unwrap();
@@ -391,53 +230,21 @@ fn a_refused_mutate_key_changes_nothing(e: &dyn EngineUnderTest) {
     let (target_before, runs_before) = (rows(db, target), rows(db, runs));
     assert_eq!(runs_before.len(), 1);
     for (key, more) in [
-        (
-            opts(&[("order_id", "3"), ("nope", "1")]),
-            "--mutate-key nope=1: bronze.orders has no column \"nope\"",
-        ),
-        (
-            ProveOptions {
-                runs: 1,
-                ..opts(&[])
-            },
-            "--runs 1: a proof needs at least 2 runs",
-        ),
-        (
-            ProveOptions {
-                mutate: false,
-                ..opts(&[("order_id", "3")])
-            },
-            "--mutate-key with --no-mutate: the mutation check is off",
-        ),
+        (opts(&[("order_id", "3"), ("nope", "1")]), "--mutate-key nope=1: bronze.orders has no column \"nope\""),
+        (ProveOptions { runs: 1, ..opts(&[]) }, "--runs 1: a proof needs at least 2 runs"),
+        (ProveOptions { mutate: false, ..opts(&[("order_id", "3")]) }, "--mutate-key with --no-mutate: the mutation check is off"),
     ] {
         let err = prove(&job, d("2026-10-20"), db, &key).unwrap_err();
-        assert_eq!(
-            (err.class(), err.to_string().as_str()),
-            (ErrorClass::Input, more)
-        );
-        assert_eq!(
-            rows(db, target),
-            target_before,
-            "{more}: the target is unchanged"
-        );
-        assert_eq!(
-            rows(db, runs),
-            runs_before,
-            "{more}: the ledger is unchanged"
-        );
+        assert_eq!((err.class(), err.to_string().as_str()), (ErrorClass::Input, more));
+        assert_eq!(rows(db, target), target_before, "{more}: the target is unchanged");
+        assert_eq!(rows(db, runs), runs_before, "{more}: the ledger is unchanged");
         assert_eq!(count(db, SANDBOX_SCHEMAS), 0, "{more}: no sandbox was made");
     }
 }
 
 /// The type of `column` in `table`, as the engine names it.
 fn column_type(db: &mut dyn Engine, table: &TableName, column: &str) -> String {
-    db.table_columns(table)
-        .unwrap()
-        .unwrap()
-        .into_iter()
-        .find(|c| c.name == column)
-        .unwrap()
-        .ty
+    db.table_columns(table).unwrap().unwrap().into_iter().find(|c| c.name == column).unwrap().ty
 }
 
 /// A DECIMAL column against a VARCHAR one holding the same text: refused
@@ -456,41 +263,17 @@ INSERT INTO s.decimals VALUES (1, 1.50, 'a'), (2, 2.50, 'b');
 INSERT INTO s.texts VALUES (1, '1.50', 'a'), (2, '2.50', 'b');
 INSERT INTO s.narrow VALUES (1, 1.50, 'a'), (2, 2.50, 'b')",
     );
-    let (dec, txt, narrow) = (
-        TableName::parse("s.decimals").unwrap(),
-        TableName::parse("s.texts").unwrap(),
-        TableName::parse("s.narrow").unwrap(),
-    );
-    let key = DiffOptions {
-        key: vec!["id".into()],
-        ..Default::default()
-    };
+    let (dec, txt, narrow) = (TableName::parse("s.decimals").unwrap(), TableName::parse("s.texts").unwrap(), TableName::parse("s.narrow").unwrap());
+    let key = DiffOptions { key: vec!["id".into()], ..Default::default() };
     let err = diff(&mut Sides::One(&mut *db), &dec, &txt, &key).unwrap_err();
     assert_eq!(err.class(), ErrorClass::Input, "exit 2: {err}");
-    let (ta, tb) = (
-        column_type(db, &dec, "amount"),
-        column_type(db, &txt, "amount"),
-    );
+    let (ta, tb) = (column_type(db, &dec, "amount"), column_type(db, &txt, "amount"));
     assert_eq!(
         err.to_string(),
         format!("cannot diff columns of different type families: amount is {ta} (decimal) in s.decimals but {tb} (text) in s.texts")
     );
-    assert!(
-        err.hint().unwrap_or_default().contains("--exclude amount"),
-        "{:?}",
-        err.hint()
-    );
-    let rest = diff(
-        &mut Sides::One(&mut *db),
-        &dec,
-        &txt,
-        &DiffOptions {
-            key: vec!["id".into()],
-            exclude: vec!["amount".into()],
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    assert!(err.hint().unwrap_or_default().contains("--exclude amount"), "{:?}", err.hint());
+    let rest = diff(&mut Sides::One(&mut *db), &dec, &txt, &DiffOptions { key: vec!["id".into()], exclude: vec!["amount".into()], ..Default::default() }).unwrap();
     assert!(rest.identical, "{rest:?}");
     assert_eq!(rest.fingerprint_a, rest.fingerprint_b);
     // INTEGER against BIGINT: one family, compared (portable), identical.
@@ -502,32 +285,25 @@ INSERT INTO s.narrow VALUES (1, 1.50, 'a'), (2, 2.50, 'b')",
     let differs = diff(&mut Sides::One(&mut *db), &dec, &narrow, &key).unwrap();
     assert!(!differs.identical);
     assert_ne!(differs.fingerprint_a, differs.fingerprint_b);
-    assert_eq!(
-        (
-            differs.only_in_a,
-            differs.only_in_b,
-            differs.changed,
-            differs.note.as_deref()
-        ),
-        (0, 0, 1, None)
-    );
+    assert_eq!((differs.only_in_a, differs.only_in_b, differs.changed, differs.note.as_deref()), (0, 0, 1, None));
 }
 
 /// `$on!` over every scenario of this file (each engine's macro).
 macro_rules! prove_scenarios {
     ($on:ident) => {
         $on!(
-            order_check_catches_a_row_number_over_ties,
-            mutation_changes_one_output_row,
-            mutation_catches_a_per_day_total_in_every_row,
-            merge_mutation_changes_one_key,
-            diff_finds_exactly_the_differences,
-            prove_keeps_a_users_fixpoint_sandbox_schema,
-            a_refused_mutate_key_changes_nothing,
-            diff_refuses_columns_of_different_type_families
+    order_check_catches_a_row_number_over_ties,
+    mutation_changes_one_output_row,
+    mutation_catches_a_per_day_total_in_every_row,
+    merge_mutation_changes_one_key,
+    diff_finds_exactly_the_differences,
+    prove_keeps_a_users_fixpoint_sandbox_schema,
+    a_refused_mutate_key_changes_nothing,
+    diff_refuses_columns_of_different_type_families
         );
     };
 }
 
 prove_scenarios!(scenarios);
 prove_scenarios!(delta_scenarios);
+

@@ -44,23 +44,12 @@ impl SparkError {
         use tonic_types::StatusExt;
         let details = status.get_error_details();
         let info = details.error_info();
-        let meta = |k: &str| {
-            info.and_then(|i| i.metadata.get(k).cloned())
-                .filter(|v| !v.is_empty())
-        };
-        SparkError {
-            error_class: meta("errorClass"),
-            sql_state: meta("sqlState"),
-            message: without_plan(status.message()).to_owned(),
-        }
+        let meta = |k: &str| info.and_then(|i| i.metadata.get(k).cloned()).filter(|v| !v.is_empty());
+        SparkError { error_class: meta("errorClass"), sql_state: meta("sqlState"), message: without_plan(status.message()).to_owned() }
     }
 
     fn local(message: impl Into<String>) -> SparkError {
-        SparkError {
-            error_class: None,
-            sql_state: None,
-            message: message.into(),
-        }
+        SparkError { error_class: None, sql_state: None, message: message.into() }
     }
 }
 
@@ -70,10 +59,7 @@ impl SparkError {
 /// tells the user nothing the first lines do not.
 fn without_plan(message: &str) -> &str {
     let message = message.trim();
-    match message
-        .find("SQLSTATE: ")
-        .and_then(|s| message[s..].find(";\n").map(|e| s + e))
-    {
+    match message.find("SQLSTATE: ").and_then(|s| message[s..].find(";\n").map(|e| s + e)) {
         Some(cut) => &message[..cut],
         None => message,
     }
@@ -85,10 +71,7 @@ mod plan_tests {
     fn the_plan_is_left_out() {
         let m = "[TABLE_OR_VIEW_NOT_FOUND] The table `b`.`x` cannot be found.\nSearch path: [a].\nSQLSTATE: 42P01; line 1 pos 53;\n'Project ['a]\n+- 'Filter (x)";
         assert_eq!(super::without_plan(m), "[TABLE_OR_VIEW_NOT_FOUND] The table `b`.`x` cannot be found.\nSearch path: [a].\nSQLSTATE: 42P01; line 1 pos 53");
-        assert_eq!(
-            super::without_plan("[X] no plan. SQLSTATE: 22012"),
-            "[X] no plan. SQLSTATE: 22012"
-        );
+        assert_eq!(super::without_plan("[X] no plan. SQLSTATE: 22012"), "[X] no plan. SQLSTATE: 22012");
         assert_eq!(super::without_plan("plain"), "plain");
     }
 }
@@ -110,18 +93,12 @@ pub struct Client {
 /// Where to connect: `sc://host:port` (the Spark Connect URL; `/;param=…`
 /// options are not supported yet).
 pub fn endpoint(url: &str) -> Result<String, SparkError> {
-    let rest = url.strip_prefix("sc://").ok_or_else(|| {
-        SparkError::local(format!("not a Spark Connect URL (sc://host:port): {url}"))
-    })?;
+    let rest = url.strip_prefix("sc://").ok_or_else(|| SparkError::local(format!("not a Spark Connect URL (sc://host:port): {url}")))?;
     let hostport = rest.split(['/', ';']).next().unwrap_or("");
     if hostport.is_empty() {
         return Err(SparkError::local(format!("no host in {url}")));
     }
-    let hostport = if hostport.contains(':') {
-        hostport.to_owned()
-    } else {
-        format!("{hostport}:15002")
-    };
+    let hostport = if hostport.contains(':') { hostport.to_owned() } else { format!("{hostport}:15002") };
     Ok(format!("http://{hostport}"))
 }
 
@@ -140,26 +117,11 @@ impl Client {
                     .connect_timeout(timeout)
                     .connect()
                     .await
-                    .map_err(|e| {
-                        format!(
-                            "{e}: {}",
-                            std::error::Error::source(&e)
-                                .map(|s| s.to_string())
-                                .unwrap_or_default()
-                        )
-                    })
+                    .map_err(|e| format!("{e}: {}", std::error::Error::source(&e).map(|s| s.to_string()).unwrap_or_default()))
             })
-            .map_err(|e| {
-                SparkError::local(format!("cannot connect to Spark Connect at {url}: {e}"))
-            })?;
+            .map_err(|e| SparkError::local(format!("cannot connect to Spark Connect at {url}: {e}")))?;
         let service = SparkConnectServiceClient::new(channel).max_decoding_message_size(256 << 20);
-        Ok(Client {
-            runtime,
-            service,
-            session_id: uuid::Uuid::new_v4().to_string(),
-            observations: 0,
-            last_describe: None,
-        })
+        Ok(Client { runtime, service, session_id: uuid::Uuid::new_v4().to_string(), observations: 0, last_describe: None })
     }
 
     /// This session's id (a UUID).
@@ -168,11 +130,7 @@ impl Client {
     }
 
     fn user() -> Option<pb::UserContext> {
-        Some(pb::UserContext {
-            user_id: "fixpoint".into(),
-            user_name: "fixpoint".into(),
-            extensions: Vec::new(),
-        })
+        Some(pb::UserContext { user_id: "fixpoint".into(), user_name: "fixpoint".into(), extensions: Vec::new() })
     }
 
     fn sql_relation(query: &str, params: &[Value]) -> pb::Relation {
@@ -183,9 +141,7 @@ impl Client {
                 query,
                 named_arguments: names
                     .into_iter()
-                    .filter_map(|(name, n)| {
-                        params.get(n.checked_sub(1)?).map(|v| (name, literal(v)))
-                    })
+                    .filter_map(|(name, n)| params.get(n.checked_sub(1)?).map(|v| (name, literal(v))))
                     .collect(),
                 ..Default::default()
             })),
@@ -197,16 +153,7 @@ impl Client {
     }
 
     /// [`Client::run`], with the metrics the server observed.
-    fn run_observing(
-        &mut self,
-        plan: pb::Plan,
-    ) -> Result<
-        (
-            Vec<RecordBatch>,
-            Vec<pb::execute_plan_response::ObservedMetrics>,
-        ),
-        SparkError,
-    > {
+    fn run_observing(&mut self, plan: pb::Plan) -> Result<(Vec<RecordBatch>, Vec<pb::execute_plan_response::ObservedMetrics>), SparkError> {
         self.last_describe = None;
         let request = pb::ExecutePlanRequest {
             session_id: self.session_id.clone(),
@@ -217,27 +164,16 @@ impl Client {
         };
         let service = &mut self.service;
         self.runtime.block_on(async {
-            let mut stream = service
-                .execute_plan(request)
-                .await
-                .map_err(SparkError::from_status)?
-                .into_inner();
+            let mut stream = service.execute_plan(request).await.map_err(SparkError::from_status)?.into_inner();
             let mut batches = Vec::new();
             let mut observed = Vec::new();
             while let Some(response) = stream.message().await.map_err(SparkError::from_status)? {
                 observed.extend(response.observed_metrics);
-                if let Some(pb::execute_plan_response::ResponseType::ArrowBatch(b)) =
-                    response.response_type
-                {
-                    let reader = arrow_ipc::reader::StreamReader::try_new(
-                        std::io::Cursor::new(b.data.to_vec()),
-                        None,
-                    )
-                    .map_err(|e| SparkError::local(format!("reading an Arrow batch: {e}")))?;
+                if let Some(pb::execute_plan_response::ResponseType::ArrowBatch(b)) = response.response_type {
+                    let reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(b.data.to_vec()), None)
+                        .map_err(|e| SparkError::local(format!("reading an Arrow batch: {e}")))?;
                     for batch in reader {
-                        batches.push(batch.map_err(|e| {
-                            SparkError::local(format!("reading an Arrow batch: {e}"))
-                        })?);
+                        batches.push(batch.map_err(|e| SparkError::local(format!("reading an Arrow batch: {e}")))?);
                     }
                 }
             }
@@ -252,108 +188,61 @@ impl Client {
     /// columns) on the rows as the write job reads them: their values by
     /// name, from the same job (a `CollectMetrics` relation under the
     /// write; the server sends what it observed after the command).
-    pub fn overwrite_observed(
-        &mut self,
-        table: &str,
-        query: &str,
-        params: &[Value],
-        metrics: &[(String, String)],
-    ) -> Result<Vec<(String, Value)>, SparkError> {
+    pub fn overwrite_observed(&mut self, table: &str, query: &str, params: &[Value], metrics: &[(String, String)]) -> Result<Vec<(String, Value)>, SparkError> {
         self.observations += 1;
         let name = format!("fixpoint_write_{}", self.observations);
         let observed = pb::Relation {
-            common: Some(pb::RelationCommon {
-                plan_id: Some(1),
-                ..Default::default()
-            }),
-            rel_type: Some(pb::relation::RelType::CollectMetrics(Box::new(
-                pb::CollectMetrics {
-                    input: Some(Box::new(Self::sql_relation(query, params))),
-                    name: name.clone(),
-                    metrics: metrics
-                        .iter()
-                        .map(|(alias, expr)| pb::Expression {
-                            common: None,
-                            expr_type: Some(pb::expression::ExprType::Alias(Box::new(
-                                pb::expression::Alias {
-                                    expr: Some(Box::new(pb::Expression {
-                                        common: None,
-                                        expr_type: Some(
-                                            pb::expression::ExprType::ExpressionString(
-                                                pb::expression::ExpressionString {
-                                                    expression: named_markers(expr).0,
-                                                },
-                                            ),
-                                        ),
-                                    })),
-                                    name: vec![alias.clone()],
-                                    metadata: None,
-                                },
-                            ))),
-                        })
-                        .collect(),
-                },
-            ))),
+            common: Some(pb::RelationCommon { plan_id: Some(1), ..Default::default() }),
+            rel_type: Some(pb::relation::RelType::CollectMetrics(Box::new(pb::CollectMetrics {
+                input: Some(Box::new(Self::sql_relation(query, params))),
+                name: name.clone(),
+                metrics: metrics
+                    .iter()
+                    .map(|(alias, expr)| pb::Expression {
+                        common: None,
+                        expr_type: Some(pb::expression::ExprType::Alias(Box::new(pb::expression::Alias {
+                            expr: Some(Box::new(pb::Expression {
+                                common: None,
+                                expr_type: Some(pb::expression::ExprType::ExpressionString(pb::expression::ExpressionString { expression: named_markers(expr).0 })),
+                            })),
+                            name: vec![alias.clone()],
+                            metadata: None,
+                        }))),
+                    })
+                    .collect(),
+            }))),
         };
         let write = pb::WriteOperation {
             input: Some(observed),
-            save_type: Some(pb::write_operation::SaveType::Table(
-                pb::write_operation::SaveTable {
-                    table_name: table.to_owned(),
-                    save_method: pb::write_operation::save_table::TableSaveMethod::InsertInto
-                        as i32,
-                },
-            )),
+            save_type: Some(pb::write_operation::SaveType::Table(pb::write_operation::SaveTable {
+                table_name: table.to_owned(),
+                save_method: pb::write_operation::save_table::TableSaveMethod::InsertInto as i32,
+            })),
             mode: pb::write_operation::SaveMode::Overwrite as i32,
             ..Default::default()
         };
-        let plan = pb::Plan {
-            op_type: Some(pb::plan::OpType::Command(pb::Command {
-                command_type: Some(pb::command::CommandType::WriteOperation(write)),
-            })),
-        };
+        let plan = pb::Plan { op_type: Some(pb::plan::OpType::Command(pb::Command { command_type: Some(pb::command::CommandType::WriteOperation(write)) })) };
         let started = std::time::Instant::now();
         let result = self.run_observing(plan);
-        fixpoint_core::run::protocol::trace_statement(
-            started,
-            &format!("write (observed) into {table}: {query}"),
-        );
+        fixpoint_core::run::protocol::trace_statement(started, &format!("write (observed) into {table}: {query}"));
         let (_, observed) = result?;
         let Some(m) = observed.into_iter().find(|m| m.name == name) else {
-            return Err(SparkError::local(format!(
-                "the server sent no metrics {name} for the write into {table}"
-            )));
+            return Err(SparkError::local(format!("the server sent no metrics {name} for the write into {table}")));
         };
         if m.keys.len() != m.values.len() {
-            return Err(SparkError::local(format!(
-                "the server sent {} names for {} values of metrics {name}",
-                m.keys.len(),
-                m.values.len()
-            )));
+            return Err(SparkError::local(format!("the server sent {} names for {} values of metrics {name}", m.keys.len(), m.values.len())));
         }
-        m.keys
-            .into_iter()
-            .zip(m.values)
-            .map(|(k, v)| Ok((k, literal_value(&v)?)))
-            .collect()
+        m.keys.into_iter().zip(m.values).map(|(k, v)| Ok((k, literal_value(&v)?))).collect()
     }
 
     /// Runs a query and returns its rows as Arrow batches.
     pub fn query(&mut self, query: &str, params: &[Value]) -> Result<Vec<RecordBatch>, SparkError> {
-        let describe = params.is_empty()
-            && query.starts_with("DESCRIBE TABLE ")
-            && !query.starts_with("DESCRIBE TABLE EXTENDED ");
-        if let Some((_, batches)) = self
-            .last_describe
-            .as_ref()
-            .filter(|(q, _)| describe && q == query)
-        {
+        let describe = params.is_empty() && query.starts_with("DESCRIBE TABLE ") && !query.starts_with("DESCRIBE TABLE EXTENDED ");
+        if let Some((_, batches)) = self.last_describe.as_ref().filter(|(q, _)| describe && q == query) {
             return Ok(batches.clone());
         }
         let started = std::time::Instant::now();
-        let result = self.run(pb::Plan {
-            op_type: Some(pb::plan::OpType::Root(Self::sql_relation(query, params))),
-        });
+        let result = self.run(pb::Plan { op_type: Some(pb::plan::OpType::Root(Self::sql_relation(query, params))) });
         fixpoint_core::run::protocol::trace_statement(started, query);
         if let (true, Ok(batches)) = (describe, &result) {
             self.last_describe = Some((query.to_owned(), batches.clone()));
@@ -365,15 +254,10 @@ impl Client {
     pub fn execute(&mut self, statement: &str, params: &[Value]) -> Result<(), SparkError> {
         let started = std::time::Instant::now();
         #[allow(deprecated)]
-        let command = pb::SqlCommand {
-            input: Some(Self::sql_relation(statement, params)),
-            ..Default::default()
-        };
+        let command = pb::SqlCommand { input: Some(Self::sql_relation(statement, params)), ..Default::default() };
         let result = self
             .run(pb::Plan {
-                op_type: Some(pb::plan::OpType::Command(pb::Command {
-                    command_type: Some(pb::command::CommandType::SqlCommand(command)),
-                })),
+                op_type: Some(pb::plan::OpType::Command(pb::Command { command_type: Some(pb::command::CommandType::SqlCommand(command)) })),
             })
             .map(|_| ());
         fixpoint_core::run::protocol::trace_statement(started, statement);
@@ -386,22 +270,14 @@ impl Client {
             session_id: self.session_id.clone(),
             user_context: Self::user(),
             client_type: Some("fixpoint".into()),
-            analyze: Some(pb::analyze_plan_request::Analyze::SparkVersion(
-                pb::analyze_plan_request::SparkVersion {},
-            )),
+            analyze: Some(pb::analyze_plan_request::Analyze::SparkVersion(pb::analyze_plan_request::SparkVersion {})),
             ..Default::default()
         };
         let service = &mut self.service;
-        let response = self
-            .runtime
-            .block_on(service.analyze_plan(request))
-            .map_err(SparkError::from_status)?
-            .into_inner();
+        let response = self.runtime.block_on(service.analyze_plan(request)).map_err(SparkError::from_status)?.into_inner();
         match response.result {
             Some(pb::analyze_plan_response::Result::SparkVersion(v)) => Ok(v.version),
-            other => Err(SparkError::local(format!(
-                "the server did not say its version: {other:?}"
-            ))),
+            other => Err(SparkError::local(format!("the server did not say its version: {other:?}"))),
         }
     }
 }
@@ -416,9 +292,7 @@ impl Drop for Client {
             ..Default::default()
         };
         let service = &mut self.service;
-        let _ = self.runtime.block_on(async {
-            tokio::time::timeout(Duration::from_secs(5), service.release_session(request)).await
-        });
+        let _ = self.runtime.block_on(async { tokio::time::timeout(Duration::from_secs(5), service.release_session(request)).await });
     }
 }
 
@@ -427,16 +301,10 @@ fn literal(v: &Value) -> pb::Expression {
     use pb::expression::literal::LiteralType as L;
     let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).expect("a date");
     let lit = match v {
-        Value::Null => L::Null(pb::DataType {
-            kind: Some(pb::data_type::Kind::Null(pb::data_type::Null::default())),
-        }),
+        Value::Null => L::Null(pb::DataType { kind: Some(pb::data_type::Kind::Null(pb::data_type::Null::default())) }),
         Value::Bool(b) => L::Boolean(*b),
         Value::Int(i) => L::Long(*i),
-        Value::HugeInt(i) => L::Decimal(pb::expression::literal::Decimal {
-            value: i.to_string(),
-            precision: Some(38),
-            scale: Some(0),
-        }),
+        Value::HugeInt(i) => L::Decimal(pb::expression::literal::Decimal { value: i.to_string(), precision: Some(38), scale: Some(0) }),
         Value::Float(f) => L::Double(*f),
         Value::Text(s) => L::String(s.clone()),
         Value::Date(d) => L::Date((*d - epoch).num_days() as i32),
@@ -444,10 +312,7 @@ fn literal(v: &Value) -> pb::Expression {
     };
     pb::Expression {
         common: None,
-        expr_type: Some(pb::expression::ExprType::Literal(pb::expression::Literal {
-            data_type: None,
-            literal_type: Some(lit),
-        })),
+        expr_type: Some(pb::expression::ExprType::Literal(pb::expression::Literal { data_type: None, literal_type: Some(lit) })),
     }
 }
 
@@ -463,19 +328,10 @@ fn literal_value(l: &pb::expression::Literal) -> Result<Value, SparkError> {
         Some(L::Double(f)) => Value::Float(*f),
         Some(L::String(s)) => Value::Text(s.clone()),
         Some(L::Decimal(d)) => match d.scale.unwrap_or(0) {
-            0 => Value::HugeInt(d.value.parse().map_err(|_| {
-                SparkError::local(format!(
-                    "an observed decimal {:?} is not a whole number",
-                    d.value
-                ))
-            })?),
+            0 => Value::HugeInt(d.value.parse().map_err(|_| SparkError::local(format!("an observed decimal {:?} is not a whole number", d.value)))?),
             _ => Value::Text(d.value.clone()),
         },
-        Some(other) => {
-            return Err(SparkError::local(format!(
-                "an observed metric of an unexpected type: {other:?}"
-            )))
-        }
+        Some(other) => return Err(SparkError::local(format!("an observed metric of an unexpected type: {other:?}"))),
     })
 }
 
@@ -572,24 +428,12 @@ mod tests {
 
     #[test]
     fn placeholders_become_named_markers_outside_quotes_and_comments() {
-        let (sql, names) = named_markers(
-            "SELECT $1, '$2 it''s', \"$3\", `$4`, $2 -- $5\n/* $6 */ + $10, $1, '\\N', '\\'",
-        );
+        let (sql, names) = named_markers("SELECT $1, '$2 it''s', \"$3\", `$4`, $2 -- $5\n/* $6 */ + $10, $1, '\\N', '\\'");
         assert_eq!(sql, "SELECT :p_1, '$2 it''s', \"$3\", `$4`, :p_2 -- $5\n/* $6 */ + :p_10, :p_1, '\\\\N', '\\\\'");
-        assert_eq!(
-            names,
-            vec![
-                ("p_1".to_owned(), 1),
-                ("p_2".to_owned(), 2),
-                ("p_10".to_owned(), 10)
-            ]
-        );
+        assert_eq!(names, vec![("p_1".to_owned(), 1), ("p_2".to_owned(), 2), ("p_10".to_owned(), 10)]);
         let (sql, _) = named_markers("SELECT CAST($1 AS VARCHAR), CAST(x AS varchar(3)), 'VARCHAR', \"varchar\", my_varchar, varchar_x FROM t");
         assert_eq!(sql, "SELECT CAST(:p_1 AS STRING), CAST(x AS varchar(3)), 'VARCHAR', \"varchar\", my_varchar, varchar_x FROM t");
-        assert_eq!(
-            endpoint("sc://127.0.0.1:15002/;user_id=x").unwrap(),
-            "http://127.0.0.1:15002"
-        );
+        assert_eq!(endpoint("sc://127.0.0.1:15002/;user_id=x").unwrap(), "http://127.0.0.1:15002");
         assert_eq!(endpoint("sc://spark").unwrap(), "http://spark:15002");
         assert!(endpoint("http://x").is_err());
     }

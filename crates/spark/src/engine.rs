@@ -55,31 +55,13 @@ fn lease_from_env() -> Result<Duration> {
 pub(crate) fn database_error(context: String, e: SparkError) -> Error {
     // Where the server sent no structured class or state, the message
     // carries them: `[CLASS.SUBCLASS] … SQLSTATE: 42703`.
-    let class = e.error_class.clone().or_else(|| {
-        e.message
-            .strip_prefix('[')
-            .and_then(|m| m.split_once(']'))
-            .map(|(c, _)| c.to_owned())
-    });
-    let state = e.sql_state.clone().or_else(|| {
-        e.message
-            .split_once("SQLSTATE: ")
-            .map(|(_, s)| s.chars().take(5).collect())
-    });
+    let class = e.error_class.clone().or_else(|| e.message.strip_prefix('[').and_then(|m| m.split_once(']')).map(|(c, _)| c.to_owned()));
+    let state = e.sql_state.clone().or_else(|| e.message.split_once("SQLSTATE: ").map(|(_, s)| s.chars().take(5).collect()));
     let binding = matches!(
         class.as_deref().map(|c| c.split('.').next().unwrap_or(c)),
-        Some(
-            "UNRESOLVED_COLUMN"
-                | "UNRESOLVED_ROUTINE"
-                | "TABLE_OR_VIEW_NOT_FOUND"
-                | "PARSE_SYNTAX_ERROR"
-                | "DATATYPE_MISMATCH"
-                | "AMBIGUOUS_REFERENCE"
-        )
+        Some("UNRESOLVED_COLUMN" | "UNRESOLVED_ROUTINE" | "TABLE_OR_VIEW_NOT_FOUND" | "PARSE_SYNTAX_ERROR" | "DATATYPE_MISMATCH" | "AMBIGUOUS_REFERENCE")
     );
-    let statement = state
-        .as_deref()
-        .is_some_and(|s| s.starts_with("42") || s.starts_with("22"));
+    let statement = state.as_deref().is_some_and(|s| s.starts_with("42") || s.starts_with("22"));
     let failure = if binding {
         DbFailure::Binding
     } else if statement {
@@ -87,12 +69,7 @@ pub(crate) fn database_error(context: String, e: SparkError) -> Error {
     } else {
         DbFailure::Other
     };
-    Error::Database {
-        engine: "spark",
-        context,
-        message: e.to_string(),
-        failure,
-    }
+    Error::Database { engine: "spark", context, message: e.to_string(), failure }
 }
 
 fn err(context: &str) -> impl FnOnce(SparkError) -> Error + '_ {
@@ -102,8 +79,7 @@ fn err(context: &str) -> impl FnOnce(SparkError) -> Error + '_ {
 impl Spark {
     /// Connects to `sc://host:port`.
     pub fn connect(url: &str, timeout: Duration) -> Result<Spark> {
-        let client = Client::connect(url, timeout)
-            .map_err(|e| database_error(format!("connecting to {url}"), e))?;
+        let client = Client::connect(url, timeout).map_err(|e| database_error(format!("connecting to {url}"), e))?;
         let mut spark = Spark {
             client,
             url: url.to_owned(),
@@ -151,16 +127,8 @@ impl Spark {
     /// that lost its lease stops having written nothing; right after one,
     /// so a write that raced a take-over is reported, not recorded.
     fn check_leases(&mut self, before: bool) -> Result<()> {
-        let margin = if before {
-            self.lease / 3
-        } else {
-            Duration::ZERO
-        };
-        let held: Vec<(String, Held)> = self
-            .leases
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let margin = if before { self.lease / 3 } else { Duration::ZERO };
+        let held: Vec<(String, Held)> = self.leases.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         for (scope, h) in held {
             if let Err(why) = lease::check(&mut self.client, &h, margin)? {
                 let scope = scope.strip_prefix("fixpoint:").unwrap_or(&scope);
@@ -178,14 +146,9 @@ impl Spark {
 
     /// The partition columns of a table (`DESCRIBE TABLE`'s partition section).
     fn described_partitions(&mut self, table: &TableName) -> Result<Vec<String>> {
-        let rows = match self
-            .client
-            .query(&format!("DESCRIBE TABLE {}", table.quoted()), &[])
-        {
+        let rows = match self.client.query(&format!("DESCRIBE TABLE {}", table.quoted()), &[]) {
             Ok(b) => to_rows(&b)?,
-            Err(e) if e.error_class.as_deref() == Some("TABLE_OR_VIEW_NOT_FOUND") => {
-                return Ok(Vec::new())
-            }
+            Err(e) if e.error_class.as_deref() == Some("TABLE_OR_VIEW_NOT_FOUND") => return Ok(Vec::new()),
             Err(e) => return Err(err("describing a table")(e)),
         };
         let mut out = Vec::new();
@@ -210,16 +173,11 @@ impl Spark {
     fn described(rows: Rows) -> Vec<Column> {
         let mut cols = Vec::new();
         for r in rows.rows {
-            let (Some(Value::Text(name)), Some(Value::Text(ty))) = (r.first(), r.get(1)) else {
-                break;
-            };
+            let (Some(Value::Text(name)), Some(Value::Text(ty))) = (r.first(), r.get(1)) else { break };
             if name.is_empty() || name.starts_with('#') {
                 break;
             }
-            cols.push(Column {
-                name: name.clone(),
-                ty: ty.clone(),
-            });
+            cols.push(Column { name: name.clone(), ty: ty.clone() });
         }
         cols
     }
@@ -231,25 +189,16 @@ impl Engine for Spark {
     }
 
     fn version(&mut self) -> Result<String> {
-        self.client
-            .version()
-            .map(|v| format!("spark v{v}"))
-            .map_err(err("reading the server's version"))
+        self.client.version().map(|v| format!("spark v{v}")).map_err(err("reading the server's version"))
     }
 
     /// Spark reports no count of changed rows: 0.
     fn execute(&mut self, sql: &Sql) -> Result<u64> {
-        self.client
-            .execute(&sql.text, &sql.params)
-            .map_err(err(&sql.text))
-            .map(|_| 0)
+        self.client.execute(&sql.text, &sql.params).map_err(err(&sql.text)).map(|_| 0)
     }
 
     fn query(&mut self, sql: &Sql) -> Result<Rows> {
-        let batches = self
-            .client
-            .query(&sql.text, &sql.params)
-            .map_err(err(&sql.text))?;
+        let batches = self.client.query(&sql.text, &sql.params).map_err(err(&sql.text))?;
         to_rows(&batches)
     }
 
@@ -278,10 +227,7 @@ impl Engine for Spark {
     }
 
     fn table_columns(&mut self, table: &TableName) -> Result<Option<Vec<Column>>> {
-        match self
-            .client
-            .query(&format!("DESCRIBE TABLE {}", table.quoted()), &[])
-        {
+        match self.client.query(&format!("DESCRIBE TABLE {}", table.quoted()), &[]) {
             Ok(batches) => Ok(Some(Self::described(to_rows(&batches)?))),
             Err(e) if e.error_class.as_deref() == Some("TABLE_OR_VIEW_NOT_FOUND") => Ok(None),
             Err(e) => Err(err("describing a table")(e)),
@@ -290,21 +236,13 @@ impl Engine for Spark {
 
     /// A view (the metastore's `Type` of the relation), or `None`.
     fn relation_kind(&mut self, table: &TableName) -> Result<Option<String>> {
-        let rows = match self
-            .client
-            .query(&format!("DESCRIBE TABLE EXTENDED {}", table.quoted()), &[])
-        {
+        let rows = match self.client.query(&format!("DESCRIBE TABLE EXTENDED {}", table.quoted()), &[]) {
             Ok(b) => to_rows(&b)?,
-            Err(e) if e.error_class.as_deref() == Some("TABLE_OR_VIEW_NOT_FOUND") => {
-                return Ok(None)
-            }
+            Err(e) if e.error_class.as_deref() == Some("TABLE_OR_VIEW_NOT_FOUND") => return Ok(None),
             Err(e) => return Err(err("describing a table")(e)),
         };
         let view = rows.rows.iter().any(|r| {
-            r.first().and_then(|v| v.as_str()) == Some("Type")
-                && r.get(1)
-                    .and_then(|v| v.as_str())
-                    .is_some_and(|t| t.eq_ignore_ascii_case("VIEW"))
+            r.first().and_then(|v| v.as_str()) == Some("Type") && r.get(1).and_then(|v| v.as_str()).is_some_and(|t| t.eq_ignore_ascii_case("VIEW"))
         });
         Ok(view.then(|| "a view".to_owned()))
     }
@@ -317,19 +255,11 @@ impl Engine for Spark {
     }
 
     fn add_column(&mut self, table: &TableName, column: &Column) -> Result<()> {
-        if self
-            .table_columns(table)?
-            .is_some_and(|cols| cols.iter().any(|c| c.name == column.name))
-        {
+        if self.table_columns(table)?.is_some_and(|cols| cols.iter().any(|c| c.name == column.name)) {
             return Ok(());
         }
         self.check_leases(true)?;
-        let stmt = format!(
-            "ALTER TABLE {} ADD COLUMNS ({} {})",
-            table.quoted(),
-            quote_ident(&column.name),
-            column.ty
-        );
+        let stmt = format!("ALTER TABLE {} ADD COLUMNS ({} {})", table.quoted(), quote_ident(&column.name), column.ty);
         self.client.execute(&stmt, &[]).map_err(err(&stmt))
     }
 
@@ -353,11 +283,7 @@ impl Dialect for Spark {
     }
 
     fn native_row_hash(&self, alias: &str, columns: &[Column]) -> Option<String> {
-        Some(row_hash(
-            columns
-                .iter()
-                .map(|c| format!("{alias}.{}", quote_ident(&c.name))),
-        ))
+        Some(row_hash(columns.iter().map(|c| format!("{alias}.{}", quote_ident(&c.name)))))
     }
 
     fn portable_value(&self, expr: &str, column: &Column) -> (String, &'static str) {
@@ -372,9 +298,7 @@ impl Dialect for Spark {
             // decimal with zeros where C's prints the exact value's digits.
             let x = format!("CAST({expr} AS DOUBLE)");
             let inf = "CAST('Infinity' AS DOUBLE)";
-            let a = format!(
-                "(CASE WHEN isnan({x}) OR abs({x}) = {inf} OR {x} = 0 THEN 1.0D ELSE abs({x}) END)"
-            );
+            let a = format!("(CASE WHEN isnan({x}) OR abs({x}) = {inf} OR {x} = 0 THEN 1.0D ELSE abs({x}) END)");
             ("float", format!(
                 "CASE WHEN {x} IS NULL THEN NULL WHEN isnan({x}) THEN 'nan' WHEN {x} = {inf} THEN 'inf' WHEN {x} = -{inf} THEN '-inf' WHEN {x} = 0 THEN '0' \
                  ELSE concat(CASE WHEN {x} < 0 THEN '-' ELSE '' END, CAST({} AS STRING)) END",
@@ -385,20 +309,11 @@ impl Dialect for Spark {
         } else if ty == "date" {
             ("date", format!("CAST({expr} AS STRING)"))
         } else if ty == "timestamp_ntz" {
-            (
-                "timestamp",
-                format!("CAST(unix_micros(CAST({expr} AS TIMESTAMP)) AS STRING)"),
-            )
+            ("timestamp", format!("CAST(unix_micros(CAST({expr} AS TIMESTAMP)) AS STRING)"))
         } else if ty == "timestamp" {
-            (
-                "timestamptz",
-                format!("CAST(unix_micros({expr}) AS STRING)"),
-            )
+            ("timestamptz", format!("CAST(unix_micros({expr}) AS STRING)"))
         } else if ty == "boolean" {
-            (
-                "bool",
-                format!("CASE WHEN {expr} THEN 't' WHEN NOT {expr} THEN 'f' END"),
-            )
+            ("bool", format!("CASE WHEN {expr} THEN 't' WHEN NOT {expr} THEN 'f' END"))
         } else if ty == "binary" {
             ("bytes", format!("hex({expr})"))
         } else {
@@ -412,14 +327,8 @@ impl Dialect for Spark {
         // number (DuckDB's md5_number low 64 bits): the first 16 hex digits
         // with their byte pairs reversed, in base 10. (Spark evaluates the
         // repeated md5 once: subexpression elimination.)
-        let pairs: Vec<String> = (0..8)
-            .rev()
-            .map(|i| format!("substr(md5({text_expr}), {}, 2)", 2 * i + 1))
-            .collect();
-        format!(
-            "CAST(conv(concat({}), 16, 10) AS DECIMAL(20, 0))",
-            pairs.join(", ")
-        )
+        let pairs: Vec<String> = (0..8).rev().map(|i| format!("substr(md5({text_expr}), {}, 2)", 2 * i + 1)).collect();
+        format!("CAST(conv(concat({}), 16, 10) AS DECIMAL(20, 0))", pairs.join(", "))
     }
 
     fn text_type(&self) -> &'static str {
@@ -429,12 +338,8 @@ impl Dialect for Spark {
     fn read_sum(&self, v: &Value) -> Result<i128> {
         match v {
             Value::Null => Ok(0),
-            Value::Text(s) => s
-                .parse::<i128>()
-                .map_err(|_| Error::Internal(format!("spark: a checksum sum came back as {s:?}"))),
-            other => other.as_i128().ok_or_else(|| {
-                Error::Internal(format!("spark: a checksum sum came back as {other:?}"))
-            }),
+            Value::Text(s) => s.parse::<i128>().map_err(|_| Error::Internal(format!("spark: a checksum sum came back as {s:?}"))),
+            other => other.as_i128().ok_or_else(|| Error::Internal(format!("spark: a checksum sum came back as {other:?}"))),
         }
     }
 }
@@ -443,17 +348,11 @@ impl Leases for Spark {
     /// A lease is a generation of views `fixpoint.lease__<hash>__g<n>`,
     /// taken in one atomic step, renewed while the run lives, checked
     /// before every write (see the `lease` module).
-    fn acquire_lease(
-        &mut self,
-        scope: &str,
-        wait: bool,
-    ) -> Result<std::result::Result<(), String>> {
+    fn acquire_lease(&mut self, scope: &str, wait: bool) -> Result<std::result::Result<(), String>> {
         let wait = wait.then_some(self.wait);
         match lease::acquire(&mut self.client, scope, self.lease, wait)? {
             Ok(held) => {
-                let renewer = self.renewer.get_or_insert_with(|| {
-                    Renewer::start(&self.url, self.connect_timeout, self.lease)
-                });
+                let renewer = self.renewer.get_or_insert_with(|| Renewer::start(&self.url, self.connect_timeout, self.lease));
                 renewer.hold(&held);
                 self.leases.insert(scope.to_owned(), held);
                 Ok(Ok(()))
@@ -463,17 +362,10 @@ impl Leases for Spark {
     }
 
     fn release_lease(&mut self, scope: &str) -> Result<()> {
-        let Some(held) = self.leases.remove(scope) else {
-            return Ok(());
-        };
-        let stopped = self.renewer.as_ref().is_none_or(|r| {
-            r.stop_renewing(&held.prefix, self.connect_timeout + Duration::from_secs(5))
-        });
+        let Some(held) = self.leases.remove(scope) else { return Ok(()) };
+        let stopped = self.renewer.as_ref().is_none_or(|r| r.stop_renewing(&held.prefix, self.connect_timeout + Duration::from_secs(5)));
         if !stopped {
-            return Err(Error::Internal(format!(
-                "the renewal of lease {} did not stop in time; it is left to expire",
-                held.view()
-            )));
+            return Err(Error::Internal(format!("the renewal of lease {} did not stop in time; it is left to expire", held.view())));
         }
         lease::release(&mut self.client, &held)
     }
@@ -481,19 +373,9 @@ impl Leases for Spark {
     /// `REFRESH TABLE`: the session's cached file listing of the table is
     /// dropped, so rows another session wrote since are read.
     fn refresh(&mut self, table: &TableName) -> Result<()> {
-        match self
-            .client
-            .execute(&format!("REFRESH TABLE {}", table.quoted()), &[])
-        {
+        match self.client.execute(&format!("REFRESH TABLE {}", table.quoted()), &[]) {
             Ok(()) => Ok(()),
-            Err(e)
-                if matches!(
-                    e.error_class.as_deref(),
-                    Some("TABLE_OR_VIEW_NOT_FOUND" | "SCHEMA_NOT_FOUND")
-                ) =>
-            {
-                Ok(())
-            }
+            Err(e) if matches!(e.error_class.as_deref(), Some("TABLE_OR_VIEW_NOT_FOUND" | "SCHEMA_NOT_FOUND")) => Ok(()),
             Err(e) => Err(err("refreshing a table's listing")(e)),
         }
     }
@@ -502,9 +384,7 @@ impl Leases for Spark {
     fn stage(&mut self, name: &str, query: &Sql) -> Result<()> {
         self.unstage(name)?;
         let text = format!("CACHE TABLE {name} AS {}", query.text);
-        self.client
-            .execute(&text, &query.params)
-            .map_err(err(&text))
+        self.client.execute(&text, &query.params).map_err(err(&text))
     }
 
     /// A cached temporary view, materialized by the first query that reads
@@ -512,9 +392,7 @@ impl Leases for Spark {
     fn stage_on_read(&mut self, name: &str, query: &Sql) -> Result<()> {
         self.unstage(name)?;
         let text = format!("CACHE LAZY TABLE {name} AS {}", query.text);
-        self.client
-            .execute(&text, &query.params)
-            .map_err(err(&text))
+        self.client.execute(&text, &query.params).map_err(err(&text))
     }
 
     fn unstage(&mut self, name: &str) -> Result<()> {
@@ -536,34 +414,13 @@ impl Leases for Spark {
     /// reads again.
     fn stage_copy(&mut self, name: &str, query: &Sql) -> Result<()> {
         self.unstage(name)?;
-        let bare: String = name
-            .chars()
-            .filter(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect();
-        let session: String = self
-            .client
-            .session_id()
-            .chars()
-            .filter(char::is_ascii_hexdigit)
-            .take(12)
-            .collect();
-        let table = TableName {
-            schema: fixpoint_core::run::ledger::SCHEMA.into(),
-            table: format!("stage__{session}__{}", bare.trim_start_matches('_')),
-        };
-        let text = format!(
-            "CREATE TABLE {} USING parquet AS {}",
-            table.quoted(),
-            query.text
-        );
-        self.client
-            .execute(&text, &query.params)
-            .map_err(err(&text))?;
+        let bare: String = name.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        let session: String = self.client.session_id().chars().filter(char::is_ascii_hexdigit).take(12).collect();
+        let table = TableName { schema: fixpoint_core::run::ledger::SCHEMA.into(), table: format!("stage__{session}__{}", bare.trim_start_matches('_')) };
+        let text = format!("CREATE TABLE {} USING parquet AS {}", table.quoted(), query.text);
+        self.client.execute(&text, &query.params).map_err(err(&text))?;
         self.copies.insert(name.to_owned(), table.clone());
-        let view = format!(
-            "CREATE TEMPORARY VIEW {name} AS SELECT * FROM {}",
-            table.quoted()
-        );
+        let view = format!("CREATE TEMPORARY VIEW {name} AS SELECT * FROM {}", table.quoted());
         self.client.execute(&view, &[]).map_err(err(&view))
     }
 
@@ -572,13 +429,7 @@ impl Leases for Spark {
     /// (copied first: the statement must not read the table it writes);
     /// those left without rows dropped after. Only a table partitioned by
     /// one column.
-    fn replace_rows(
-        &mut self,
-        table: &TableName,
-        columns: &[String],
-        dropped: &Sql,
-        select: &Sql,
-    ) -> Result<()> {
+    fn replace_rows(&mut self, table: &TableName, columns: &[String], dropped: &Sql, select: &Sql) -> Result<()> {
         const REPLACED: &str = "\"__fixpoint_replaced\"";
         let parts = self.described_partitions(table)?;
         let [p] = parts.as_slice() else {
@@ -588,38 +439,20 @@ impl Leases for Spark {
             });
         };
         let pc = quote_ident(p);
-        let cols = columns
-            .iter()
-            .map(|c| quote_ident(c))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let cols = columns.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
         let mut touched = Sql::new();
-        touched.push(&format!(
-            "SELECT DISTINCT t.{pc} FROM {} AS t WHERE ",
-            table.quoted()
-        ));
+        touched.push(&format!("SELECT DISTINCT t.{pc} FROM {} AS t WHERE ", table.quoted()));
         touched.append(dropped);
         touched.push(&format!(" UNION SELECT s.{pc} FROM ("));
         touched.append(select);
         touched.push(") AS s");
-        let values: Vec<Value> = self
-            .query(&touched)?
-            .rows
-            .into_iter()
-            .map(|mut r| r.remove(0))
-            .collect();
+        let values: Vec<Value> = self.query(&touched)?.rows.into_iter().map(|mut r| r.remove(0)).collect();
         if values.is_empty() {
             return Ok(());
         }
         let mut rows = Sql::new();
-        rows.push(&format!(
-            "SELECT {cols} FROM {} AS t WHERE (false",
-            table.quoted()
-        ));
-        let known: Vec<&Value> = values
-            .iter()
-            .filter(|v| !matches!(v, Value::Null))
-            .collect();
+        rows.push(&format!("SELECT {cols} FROM {} AS t WHERE (false", table.quoted()));
+        let known: Vec<&Value> = values.iter().filter(|v| !matches!(v, Value::Null)).collect();
         if !known.is_empty() {
             rows.push(&format!(" OR t.{pc} IN ("));
             for (i, v) in known.iter().enumerate() {
@@ -640,12 +473,7 @@ impl Leases for Spark {
         rows.push(") AS s");
         let result = (|| {
             self.stage_copy(REPLACED, &rows)?;
-            let left: Vec<Value> = self
-                .query(&Sql::raw(format!("SELECT DISTINCT {pc} FROM {REPLACED}")))?
-                .rows
-                .into_iter()
-                .map(|mut r| r.remove(0))
-                .collect();
+            let left: Vec<Value> = self.query(&Sql::raw(format!("SELECT DISTINCT {pc} FROM {REPLACED}")))?.rows.into_iter().map(|mut r| r.remove(0)).collect();
             if known.len() < values.len() && !left.contains(&Value::Null) {
                 // An overwrite leaves a partition it has no rows for alone,
                 // and the NULL partition cannot be dropped by value.
@@ -654,11 +482,7 @@ impl Leases for Spark {
                     hint: Some(format!("partition {table} by a column that is never NULL, such as a column of the key")),
                 });
             }
-            self.overwrite_partitions(
-                table,
-                columns,
-                &Sql::raw(format!("SELECT {cols} FROM {REPLACED}")),
-            )?;
+            self.overwrite_partitions(table, columns, &Sql::raw(format!("SELECT {cols} FROM {REPLACED}")))?;
             for v in known.iter().filter(|v| !left.contains(**v)) {
                 self.drop_partition_value(table, p, v, "")?;
             }
@@ -668,22 +492,10 @@ impl Leases for Spark {
         result.and(dropped_copy)
     }
 
-    fn create_table(
-        &mut self,
-        table: &TableName,
-        columns: &[Column],
-        partition: Option<&str>,
-    ) -> Result<()> {
-        let cols: Vec<String> = columns
-            .iter()
-            .map(|c| format!("{} {}", quote_ident(&c.name), c.ty))
-            .collect();
+    fn create_table(&mut self, table: &TableName, columns: &[Column], partition: Option<&str>) -> Result<()> {
+        let cols: Vec<String> = columns.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
         self.check_leases(true)?;
-        let mut stmt = format!(
-            "CREATE TABLE {} ({}) USING parquet",
-            table.quoted(),
-            cols.join(", ")
-        );
+        let mut stmt = format!("CREATE TABLE {} ({}) USING parquet", table.quoted(), cols.join(", "));
         if let Some(p) = partition {
             stmt.push_str(&format!(" PARTITIONED BY ({})", quote_ident(p)));
         }
@@ -694,23 +506,11 @@ impl Leases for Spark {
         self.described_partitions(table)
     }
 
-    fn overwrite_partitions(
-        &mut self,
-        table: &TableName,
-        columns: &[String],
-        select: &Sql,
-    ) -> Result<()> {
+    fn overwrite_partitions(&mut self, table: &TableName, columns: &[String], select: &Sql) -> Result<()> {
         let cols: Vec<String> = columns.iter().map(|c| quote_ident(c)).collect();
-        let text = format!(
-            "INSERT OVERWRITE TABLE {} ({}) {}",
-            table.quoted(),
-            cols.join(", "),
-            select.text
-        );
+        let text = format!("INSERT OVERWRITE TABLE {} ({}) {}", table.quoted(), cols.join(", "), select.text);
         self.check_leases(true)?;
-        self.client
-            .execute(&text, &select.params)
-            .map_err(err(&text))?;
+        self.client.execute(&text, &select.params).map_err(err(&text))?;
         self.check_leases(false)
     }
 
@@ -722,22 +522,10 @@ impl Leases for Spark {
         }
     }
 
-    fn drop_partition_value(
-        &mut self,
-        table: &TableName,
-        column: &str,
-        value: &Value,
-        _ty: &str,
-    ) -> Result<()> {
-        let text = format!(
-            "ALTER TABLE {} DROP IF EXISTS PARTITION ({} = $1)",
-            table.quoted(),
-            quote_ident(column)
-        );
+    fn drop_partition_value(&mut self, table: &TableName, column: &str, value: &Value, _ty: &str) -> Result<()> {
+        let text = format!("ALTER TABLE {} DROP IF EXISTS PARTITION ({} = $1)", table.quoted(), quote_ident(column));
         self.check_leases(true)?;
-        self.client
-            .execute(&text, std::slice::from_ref(value))
-            .map_err(err(&text))?;
+        self.client.execute(&text, std::slice::from_ref(value)).map_err(err(&text))?;
         self.check_leases(false)
     }
 }
@@ -747,9 +535,7 @@ impl Leases for Spark {
 /// followed by its NULL flag. As a DECIMAL, so the sum never overflows
 /// (ANSI mode fails on it).
 fn row_hash(exprs: impl Iterator<Item = String>) -> String {
-    let args: Vec<String> = exprs
-        .flat_map(|e| [e.clone(), format!("isnull({e})")])
-        .collect();
+    let args: Vec<String> = exprs.flat_map(|e| [e.clone(), format!("isnull({e})")]).collect();
     format!("CAST(xxhash64({}) AS DECIMAL(20, 0))", args.join(", "))
 }
 
@@ -757,13 +543,7 @@ impl ObservedWrites for Spark {
     /// `insertInto` with overwrite (dynamic partition overwrite, as
     /// [`Leases::overwrite_partitions`]) over a `CollectMetrics` of the
     /// rows, under the same lease checks.
-    fn overwrite_observed(
-        &mut self,
-        table: &TableName,
-        select: &Sql,
-        input: &[Column],
-        output: &[Column],
-    ) -> Result<Observed> {
+    fn overwrite_observed(&mut self, table: &TableName, select: &Sql, input: &[Column], output: &[Column]) -> Result<Observed> {
         let sum = |cols: &[Column], cast: bool| match cols.is_empty() {
             true => "CAST(0 AS DECIMAL(20, 0))".to_owned(),
             false => format!(
@@ -777,52 +557,24 @@ impl ObservedWrites for Spark {
         // The same columns with the same types hash alike before and after
         // the cast: one sum for both.
         let same = input == output;
-        let mut metrics = vec![
-            ("rows".to_owned(), "count(*)".to_owned()),
-            ("input_sum".to_owned(), sum(input, false)),
-        ];
+        let mut metrics = vec![("rows".to_owned(), "count(*)".to_owned()), ("input_sum".to_owned(), sum(input, false))];
         if !same {
             metrics.push(("output_sum".to_owned(), sum(output, true)));
         }
         let name = format!("{}.{}", backquoted(&table.schema), backquoted(&table.table));
         self.check_leases(true)?;
-        let got = self
-            .client
-            .overwrite_observed(&name, &select.text, &select.params, &metrics)
-            .map_err(|e| {
-                database_error(
-                    format!("overwriting {table}'s partitions: {}", select.text),
-                    e,
-                )
-            })?;
+        let got = self.client.overwrite_observed(&name, &select.text, &select.params, &metrics).map_err(|e| database_error(format!("overwriting {table}'s partitions: {}", select.text), e))?;
         self.check_leases(false)?;
         let value = |k: &str| {
-            got.iter()
-                .find(|(n, _)| n == k)
-                .map(|(_, v)| v)
-                .ok_or_else(|| {
-                    Error::Internal(format!("spark: the write into {table} observed no {k}"))
-                })
+            got.iter().find(|(n, _)| n == k).map(|(_, v)| v).ok_or_else(|| Error::Internal(format!("spark: the write into {table} observed no {k}")))
         };
         let rows = match value("rows")? {
             Value::Int(n) if *n >= 0 => *n as u64,
-            other => {
-                return Err(Error::Internal(format!(
-                    "spark: the write into {table} observed {other:?} rows"
-                )))
-            }
+            other => return Err(Error::Internal(format!("spark: the write into {table} observed {other:?} rows"))),
         };
         let input_sum = self.read_sum(value("input_sum")?)?;
-        let output_sum = if same {
-            input_sum
-        } else {
-            self.read_sum(value("output_sum")?)?
-        };
-        Ok(Observed {
-            rows,
-            input_sum,
-            output_sum,
-        })
+        let output_sum = if same { input_sum } else { self.read_sum(value("output_sum")?)? };
+        Ok(Observed { rows, input_sum, output_sum })
     }
 }
 
@@ -851,18 +603,10 @@ pub(crate) fn set_up(client: &mut Client) -> std::result::Result<(), SparkError>
 
 /// Arrow batches as fixpoint rows.
 pub(crate) fn to_rows(batches: &[RecordBatch]) -> Result<Rows> {
-    let mut rows = Rows {
-        columns: Vec::new(),
-        rows: Vec::new(),
-    };
+    let mut rows = Rows { columns: Vec::new(), rows: Vec::new() };
     for b in batches {
         if rows.columns.is_empty() {
-            rows.columns = b
-                .schema()
-                .fields()
-                .iter()
-                .map(|f| f.name().clone())
-                .collect();
+            rows.columns = b.schema().fields().iter().map(|f| f.name().clone()).collect();
         }
         for r in 0..b.num_rows() {
             let mut row = Vec::with_capacity(b.num_columns());
@@ -890,15 +634,11 @@ fn value(a: &dyn Array, r: usize) -> Result<Value> {
         DataType::Float64 => Value::Float(a.as_primitive::<Float64Type>().value(r)),
         DataType::Utf8 => Value::Text(a.as_string::<i32>().value(r).to_owned()),
         DataType::LargeUtf8 => Value::Text(a.as_string::<i64>().value(r).to_owned()),
-        DataType::Date32 => Value::Date(
-            epoch + chrono::Duration::days(a.as_primitive::<Date32Type>().value(r).into()),
-        ),
+        DataType::Date32 => Value::Date(epoch + chrono::Duration::days(a.as_primitive::<Date32Type>().value(r).into())),
         DataType::Timestamp(TimeUnit::Microsecond, _) => {
             let us = a.as_primitive::<TimestampMicrosecondType>().value(r);
             Value::Timestamp(
-                chrono::DateTime::from_timestamp_micros(us)
-                    .ok_or_else(|| Error::Internal(format!("spark: timestamp {us} out of range")))?
-                    .naive_utc(),
+                chrono::DateTime::from_timestamp_micros(us).ok_or_else(|| Error::Internal(format!("spark: timestamp {us} out of range")))?.naive_utc(),
             )
         }
         DataType::Decimal128(_, scale) => {
@@ -919,13 +659,7 @@ fn value(a: &dyn Array, r: usize) -> Result<Value> {
 /// Any other value as text, when Arrow can show it.
 fn arrow_cast_display(a: &dyn Array, r: usize) -> Option<String> {
     match a.data_type() {
-        DataType::Binary => Some(
-            a.as_binary::<i32>()
-                .value(r)
-                .iter()
-                .map(|b| format!("{b:02X}"))
-                .collect(),
-        ),
+        DataType::Binary => Some(a.as_binary::<i32>().value(r).iter().map(|b| format!("{b:02X}")).collect()),
         _ => None,
     }
 }

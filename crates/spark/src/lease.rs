@@ -62,17 +62,11 @@ pub(crate) fn prefix(scope: &str) -> String {
 
 /// The view of generation `generation`.
 pub(crate) fn view(prefix: &str, generation: u64) -> TableName {
-    TableName {
-        schema: database().into(),
-        table: format!("{prefix}{generation}"),
-    }
+    TableName { schema: database().into(), table: format!("{prefix}{generation}") }
 }
 
 pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// A string literal for the few values fixpoint makes itself and Spark's
@@ -87,10 +81,7 @@ fn spark_err(context: &str) -> impl FnOnce(SparkError) -> Error + '_ {
 }
 
 fn not_found(e: &SparkError) -> bool {
-    matches!(
-        e.error_class.as_deref(),
-        Some("TABLE_OR_VIEW_NOT_FOUND" | "SCHEMA_NOT_FOUND")
-    )
+    matches!(e.error_class.as_deref(), Some("TABLE_OR_VIEW_NOT_FOUND" | "SCHEMA_NOT_FOUND"))
 }
 
 /// A generation's state, as its table properties say.
@@ -110,11 +101,7 @@ pub(crate) enum State {
 /// first: one `SHOW TABLE EXTENDED`, which lists the views with their
 /// properties (a listing and a read of each in one statement).
 pub(crate) fn listing(client: &mut Client, prefix: &str) -> Result<Vec<(u64, State)>> {
-    let sql = format!(
-        "SHOW TABLE EXTENDED IN {} LIKE {}",
-        quote_ident(database()),
-        lit(&format!("{prefix}*"))
-    );
+    let sql = format!("SHOW TABLE EXTENDED IN {} LIKE {}", quote_ident(database()), lit(&format!("{prefix}*")));
     let rows = match client.query(&sql, &[]) {
         Ok(b) => to_rows(&b)?,
         Err(e) if not_found(&e) => return Ok(Vec::new()),
@@ -122,10 +109,7 @@ pub(crate) fn listing(client: &mut Client, prefix: &str) -> Result<Vec<(u64, Sta
     };
     let col = |n: &str| rows.columns.iter().position(|c| c == n);
     let (Some(name), Some(information)) = (col("tableName"), col("information")) else {
-        return Err(Error::Internal(format!(
-            "spark: SHOW TABLE EXTENDED answered with the columns {:?}",
-            rows.columns
-        )));
+        return Err(Error::Internal(format!("spark: SHOW TABLE EXTENDED answered with the columns {:?}", rows.columns)));
     };
     let temporary = col("isTemporary");
     let mut out: Vec<(u64, State)> = rows
@@ -133,15 +117,8 @@ pub(crate) fn listing(client: &mut Client, prefix: &str) -> Result<Vec<(u64, Sta
         .iter()
         .filter(|r| temporary.is_none_or(|t| r.get(t) != Some(&Value::Bool(true))))
         .filter_map(|r| {
-            let generation = r
-                .get(name)
-                .and_then(|v| v.as_str())
-                .and_then(|n| n.strip_prefix(prefix))
-                .and_then(|g| g.parse().ok())?;
-            let info = r
-                .get(information)
-                .and_then(|v| v.as_str())
-                .unwrap_or_default();
+            let generation = r.get(name).and_then(|v| v.as_str()).and_then(|n| n.strip_prefix(prefix)).and_then(|g| g.parse().ok())?;
+            let info = r.get(information).and_then(|v| v.as_str()).unwrap_or_default();
             let props = listed_properties(info);
             Some((generation, state_of(|k| props.get(k).cloned())))
         })
@@ -155,18 +132,9 @@ pub(crate) fn listing(client: &mut Client, prefix: &str) -> Result<Vec<(u64, Sta
 /// hold neither `, ` nor `=`; a line that does not parse gives what it
 /// can, and a lease missing its owner or expiry counts as held.
 fn listed_properties(information: &str) -> HashMap<String, String> {
-    let Some(line) = information
-        .lines()
-        .find_map(|l| l.strip_prefix("Table Properties: "))
-    else {
-        return HashMap::new();
-    };
+    let Some(line) = information.lines().find_map(|l| l.strip_prefix("Table Properties: ")) else { return HashMap::new() };
     let inner = line.trim().trim_start_matches('[').trim_end_matches(']');
-    inner
-        .split(", ")
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-        .collect()
+    inner.split(", ").filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned())).collect()
 }
 
 /// What generation `view` says (one `SHOW TBLPROPERTIES`).
@@ -176,13 +144,7 @@ pub(crate) fn state(client: &mut Client, view: &TableName) -> Result<State> {
         Err(e) if not_found(&e) => return Ok(State::Gone),
         Err(e) => return Err(spark_err("reading a lease")(e)),
     };
-    Ok(state_of(|k| {
-        rows.rows
-            .iter()
-            .find(|r| r.first().and_then(|v| v.as_str()) == Some(k))
-            .and_then(|r| r.get(1))
-            .and_then(|v| v.as_str().map(str::to_owned))
-    }))
+    Ok(state_of(|k| rows.rows.iter().find(|r| r.first().and_then(|v| v.as_str()) == Some(k)).and_then(|r| r.get(1)).and_then(|v| v.as_str().map(str::to_owned))))
 }
 
 /// A generation's state from its properties.
@@ -197,23 +159,14 @@ fn state_of(prop: impl Fn(&str) -> Option<String>) -> State {
         (owner, _) => State::Unreadable(format!(
             "owner {}, expiry {}",
             owner.as_deref().unwrap_or("missing"),
-            until.map_or_else(
-                || "missing".to_owned(),
-                |u| format!("{u:?}, not a number of milliseconds")
-            )
+            until.map_or_else(|| "missing".to_owned(), |u| format!("{u:?}, not a number of milliseconds"))
         )),
     }
 }
 
 /// Creates generation `generation`, held by `owner` for `lease`.
 /// `Ok(false)` when it exists already (another run created it first).
-fn create(
-    client: &mut Client,
-    prefix: &str,
-    generation: u64,
-    owner: &str,
-    lease: Duration,
-) -> Result<bool> {
+fn create(client: &mut Client, prefix: &str, generation: u64, owner: &str, lease: Duration) -> Result<bool> {
     let view = view(prefix, generation);
     let expires = now_ms() + lease.as_millis() as u64;
     let sql = format!(
@@ -225,28 +178,17 @@ fn create(
     for _ in 0..2 {
         match client.execute(&sql, &[]) {
             Ok(()) => return Ok(true),
-            Err(e)
-                if e.error_class
-                    .as_deref()
-                    .is_some_and(|c| c.contains("ALREADY_EXISTS")) =>
-            {
-                return Ok(false)
-            }
+            Err(e) if e.error_class.as_deref().is_some_and(|c| c.contains("ALREADY_EXISTS")) => return Ok(false),
             Err(e) if e.error_class.as_deref() == Some("SCHEMA_NOT_FOUND") => {
                 // The first run on this cluster: the lease's database.
                 client
-                    .execute(
-                        &format!("CREATE DATABASE IF NOT EXISTS {}", quote_ident(database())),
-                        &[],
-                    )
+                    .execute(&format!("CREATE DATABASE IF NOT EXISTS {}", quote_ident(database())), &[])
                     .map_err(spark_err("creating the fixpoint database"))?;
             }
             Err(e) => return Err(spark_err("taking a lease")(e)),
         }
     }
-    Err(Error::Internal(
-        "spark: the fixpoint database vanished while a lease was taken".into(),
-    ))
+    Err(Error::Internal("spark: the fixpoint database vanished while a lease was taken".into()))
 }
 
 /// A lease this session holds.
@@ -266,12 +208,7 @@ impl Held {
 /// Takes the lease on `scope`: `Ok(Ok(held))`, or `Ok(Err(holder))` when
 /// another run holds it past `wait` (`holder` says which run, until when,
 /// and which view).
-pub(crate) fn acquire(
-    client: &mut Client,
-    scope: &str,
-    lease: Duration,
-    wait: Option<Duration>,
-) -> Result<std::result::Result<Held, String>> {
+pub(crate) fn acquire(client: &mut Client, scope: &str, lease: Duration, wait: Option<Duration>) -> Result<std::result::Result<Held, String>> {
     let prefix = prefix(scope);
     let owner = format!("{}", uuid::Uuid::new_v4());
     let deadline = wait.map(|w| Instant::now() + w);
@@ -325,22 +262,12 @@ pub(crate) fn acquire(
             // statement on it.
             if listed.len() >= OLD_GENERATIONS_KEPT {
                 for (g, _) in listed {
-                    if let Err(e) = client.execute(
-                        &format!("DROP VIEW IF EXISTS {}", view(&prefix, g).quoted()),
-                        &[],
-                    ) {
-                        eprintln!(
-                            "fixpoint: could not drop an old lease view {}: {e}",
-                            view(&prefix, g)
-                        );
+                    if let Err(e) = client.execute(&format!("DROP VIEW IF EXISTS {}", view(&prefix, g).quoted()), &[]) {
+                        eprintln!("fixpoint: could not drop an old lease view {}: {e}", view(&prefix, g));
                     }
                 }
             }
-            return Ok(Ok(Held {
-                prefix,
-                generation: next,
-                owner,
-            }));
+            return Ok(Ok(Held { prefix, generation: next, owner }));
         }
         // Another run created that generation first: look again.
     }
@@ -348,31 +275,17 @@ pub(crate) fn acquire(
 
 /// Whether `held` is still this run's, with at least `margin` ahead:
 /// `Err(why)` when not.
-pub(crate) fn check(
-    client: &mut Client,
-    held: &Held,
-    margin: Duration,
-) -> Result<std::result::Result<(), String>> {
+pub(crate) fn check(client: &mut Client, held: &Held, margin: Duration) -> Result<std::result::Result<(), String>> {
     let listed = listing(client, &held.prefix)?;
     if let Some((newer, _)) = listed.iter().find(|(g, _)| *g > held.generation) {
-        return Ok(Err(format!(
-            "another run took it over after it expired (lease {})",
-            view(&held.prefix, *newer)
-        )));
+        return Ok(Err(format!("another run took it over after it expired (lease {})", view(&held.prefix, *newer))));
     }
-    let ours = listed
-        .into_iter()
-        .find(|(g, _)| *g == held.generation)
-        .map_or(State::Gone, |(_, s)| s);
+    let ours = listed.into_iter().find(|(g, _)| *g == held.generation).map_or(State::Gone, |(_, s)| s);
     Ok(match ours {
         State::Held { owner, until_ms } if owner == held.owner => {
             let left = until_ms.saturating_sub(now_ms());
             if left < margin.as_millis() as u64 {
-                Err(format!(
-                    "its renewal fell behind: it expires in {} ms (lease {})",
-                    left,
-                    held.view()
-                ))
+                Err(format!("its renewal fell behind: it expires in {} ms (lease {})", left, held.view()))
             } else {
                 Ok(())
             }
@@ -483,11 +396,7 @@ impl Renewer {
     /// lands after the release would write the old properties back.
     pub fn stop_renewing(&self, prefix: &str, wait: Duration) -> bool {
         let (done, confirmed) = mpsc::channel();
-        if self
-            .tx
-            .send(Message::Drop(prefix.to_owned(), done))
-            .is_err()
-        {
+        if self.tx.send(Message::Drop(prefix.to_owned(), done)).is_err() {
             return true;
         }
         confirmed.recv_timeout(wait).is_ok()
@@ -503,14 +412,7 @@ fn renew(client: &mut Client, held: &Held, lease: Duration) -> std::result::Resu
     }
     let expires = now_ms() + lease.as_millis() as u64;
     client
-        .execute(
-            &format!(
-                "ALTER VIEW {} SET TBLPROPERTIES ('fixpoint.expires_ms' = {})",
-                held.view().quoted(),
-                lit(&expires.to_string())
-            ),
-            &[],
-        )
+        .execute(&format!("ALTER VIEW {} SET TBLPROPERTIES ('fixpoint.expires_ms' = {})", held.view().quoted(), lit(&expires.to_string())), &[])
         .map_err(spark_err("renewing a lease"))?;
     Ok(true)
 }

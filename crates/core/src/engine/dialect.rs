@@ -54,8 +54,7 @@ pub trait Dialect {
 
     /// Reads a sum from a query result into an i128.
     fn read_sum(&self, v: &Value) -> Result<i128> {
-        v.as_i128()
-            .ok_or_else(|| Error::Internal(format!("a checksum sum came back as {v:?}")))
+        v.as_i128().ok_or_else(|| Error::Internal(format!("a checksum sum came back as {v:?}")))
     }
 
     /// A pseudo-column naming one row of a table (DuckDB `rowid`, PostgreSQL

@@ -7,64 +7,40 @@ use crate::engine::{Column, Engine, Row};
 use crate::error::{Error, Result};
 use crate::fingerprint::{Fingerprint, Method, PORTABLE_KIND};
 use crate::job::ident::{quote_ident, TableName};
-use crate::job::sql::{RunParams, SourceTemplate, Sql, Value};
+use crate::job::sql::{RunParams, Sql, SourceTemplate, Value};
 
 /// The fingerprint kind of `method` on `engine`.
 pub fn fingerprint_kind(engine: &mut dyn Engine, method: Method) -> Result<String> {
     Ok(match method {
-        Method::Native => format!(
-            "native-v{}/{}",
-            engine.dialect().native_hash_version(),
-            engine.version()?
-        ),
+        Method::Native => format!("native-v{}/{}", engine.dialect().native_hash_version(), engine.version()?),
         Method::Portable => PORTABLE_KIND.to_owned(),
     })
 }
 
 /// An expression hashing one row of `alias` over `columns` to a 64-bit
 /// value, with the fingerprint kind and the column signature.
-pub fn row_hash(
-    engine: &mut dyn Engine,
-    method: Method,
-    alias: &str,
-    columns: &[Column],
-) -> Result<(String, String, Vec<String>)> {
+pub fn row_hash(engine: &mut dyn Engine, method: Method, alias: &str, columns: &[Column]) -> Result<(String, String, Vec<String>)> {
     let kind = fingerprint_kind(engine, method)?;
     let (hash, signature) = match method {
         Method::Native => {
-            let hash = engine
-                .dialect()
-                .native_row_hash(alias, columns)
-                .ok_or_else(|| Error::Unsupported {
-                    engine: engine.name(),
-                    capability: "a native row hash (use --portable)".into(),
-                })?;
-            (
-                hash,
-                columns
-                    .iter()
-                    .map(|c| format!("{} {}", c.name, c.ty))
-                    .collect(),
-            )
+            let hash = engine.dialect().native_row_hash(alias, columns).ok_or_else(|| Error::Unsupported {
+                engine: engine.name(),
+                capability: "a native row hash (use --portable)".into(),
+            })?;
+            (hash, columns.iter().map(|c| format!("{} {}", c.name, c.ty)).collect())
         }
         Method::Portable => {
             let mut parts = Vec::new();
             let mut signature = Vec::new();
             for c in columns {
-                let (text, class) = engine
-                    .dialect()
-                    .portable_value(&format!("{alias}.{}", quote_ident(&c.name)), c);
+                let (text, class) = engine.dialect().portable_value(&format!("{alias}.{}", quote_ident(&c.name)), c);
                 parts.push(portable_field(&text, class));
                 signature.push(format!("{} {class}", c.name));
             }
             let hash = match engine.dialect().portable_row_hash_direct(alias, columns) {
                 Some(direct) if !columns.is_empty() => direct,
                 _ => {
-                    let row = if parts.is_empty() {
-                        "''".to_owned()
-                    } else {
-                        parts.join(" || '|' || ")
-                    };
+                    let row = if parts.is_empty() { "''".to_owned() } else { parts.join(" || '|' || ") };
                     engine.dialect().portable_row_hash(&row)
                 }
             };
@@ -106,10 +82,7 @@ pub struct FingerprintSelect {
 impl FingerprintSelect {
     /// The fingerprint in `row` (which holds the select list's columns).
     pub fn read(&self, row: &Row<'_>, engine: &dyn Engine) -> Result<Fingerprint> {
-        Ok(self.of(
-            row.count(FP_ROWS)?,
-            engine.dialect().read_sum(row.value(FP_SUM)?)?,
-        ))
+        Ok(self.of(row.count(FP_ROWS)?, engine.dialect().read_sum(row.value(FP_SUM)?)?))
     }
 
     /// The fingerprint of `rows` rows whose hashes sum to `sum`.
@@ -120,28 +93,11 @@ impl FingerprintSelect {
 
 /// The select list of a fingerprint over rows of `alias`, with its kind
 /// and signature.
-pub fn fingerprint_select(
-    engine: &mut dyn Engine,
-    method: Method,
-    alias: &str,
-    columns: &[Column],
-) -> Result<FingerprintSelect> {
+pub fn fingerprint_select(engine: &mut dyn Engine, method: Method, alias: &str, columns: &[Column]) -> Result<FingerprintSelect> {
     let (hash, kind, signature) = row_hash(engine, method, alias, columns)?;
-    let sum = if columns.is_empty() {
-        "0".to_owned()
-    } else {
-        format!("sum({hash})")
-    };
-    let select = format!(
-        "count(*) AS {}, {sum} AS {}",
-        quote_ident(FP_ROWS),
-        quote_ident(FP_SUM)
-    );
-    Ok(FingerprintSelect {
-        select,
-        kind,
-        signature,
-    })
+    let sum = if columns.is_empty() { "0".to_owned() } else { format!("sum({hash})") };
+    let select = format!("count(*) AS {}, {sum} AS {}", quote_ident(FP_ROWS), quote_ident(FP_SUM));
+    Ok(FingerprintSelect { select, kind, signature })
 }
 
 /// Rows to fingerprint or scan: a table or the job's source query.
@@ -179,11 +135,7 @@ impl Scope<'_> {
                 match filter {
                     None => {}
                     Some(Filter::DateEquals(col, d)) => {
-                        sql.push(" WHERE ")
-                            .push(alias)
-                            .push(".")
-                            .ident(col)
-                            .push(" = ");
+                        sql.push(" WHERE ").push(alias).push(".").ident(col).push(" = ");
                         sql.typed_param(Value::Date(*d), "DATE");
                     }
                     Some(Filter::Predicate(p)) => {
@@ -201,12 +153,7 @@ impl Scope<'_> {
 }
 
 /// Fingerprints the rows of `scope` over `columns`.
-pub fn fingerprint(
-    engine: &mut dyn Engine,
-    method: Method,
-    scope: &Scope<'_>,
-    columns: &[Column],
-) -> Result<Fingerprint> {
+pub fn fingerprint(engine: &mut dyn Engine, method: Method, scope: &Scope<'_>, columns: &[Column]) -> Result<Fingerprint> {
     let alias = "fp";
     let fp = fingerprint_select(engine, method, alias, columns)?;
     let mut sql = Sql::new();

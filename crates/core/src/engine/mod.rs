@@ -11,22 +11,17 @@ mod traits;
 pub use accel::{Accelerated, DayInsert, MergeRequest, Merged, RunSteps, TappedDay};
 pub use dialect::Dialect;
 pub use rows::{Column, Row, Rows};
-pub use traits::{
-    Accelerator, DayPartition, Engine, FileInput, Leases, Locks, Observed, ObservedWrites,
-    PartitionExchange,
-};
+pub use traits::{Accelerator, DayPartition, Engine, FileInput, Leases, Locks, Observed, ObservedWrites, PartitionExchange};
 
 use crate::error::{Error, Result};
 use crate::job::sql::Sql;
+
 
 /// A short, one-line description of a statement for error context.
 pub fn statement_context(sql: &str) -> String {
     let one_line: String = sql.split_whitespace().collect::<Vec<_>>().join(" ");
     if one_line.chars().count() > 120 {
-        format!(
-            "running `{}…`",
-            one_line.chars().take(120).collect::<String>()
-        )
+        format!("running `{}…`", one_line.chars().take(120).collect::<String>())
     } else {
         format!("running `{one_line}`")
     }
@@ -50,20 +45,12 @@ pub fn lock_scope(engine: &mut dyn Engine, scope: &str, wait: bool) -> Result<bo
 /// The engine's [`FileInput`], or the error naming the missing capability.
 pub fn file_input(engine: &mut dyn Engine) -> Result<&mut dyn FileInput> {
     let name = engine.name();
-    engine.file_input().ok_or_else(|| Error::Unsupported {
-        engine: name,
-        capability: "file sources".into(),
-    })
+    engine.file_input().ok_or_else(|| Error::Unsupported { engine: name, capability: "file sources".into() })
 }
 
 /// The engine's [`PartitionExchange`], or the error naming the missing
 /// capability.
 pub fn partition_exchange(engine: &mut dyn Engine) -> Result<&mut dyn PartitionExchange> {
     let name = engine.name();
-    engine
-        .partition_exchange()
-        .ok_or_else(|| Error::Unsupported {
-            engine: name,
-            capability: "partition exchange".into(),
-        })
+    engine.partition_exchange().ok_or_else(|| Error::Unsupported { engine: name, capability: "partition exchange".into() })
 }

@@ -36,25 +36,14 @@ impl Rows {
     /// `what` names the query in errors.
     pub fn single<'a>(&'a self, what: &'a str) -> Result<Row<'a>> {
         match self.rows.as_slice() {
-            [values] => Ok(Row {
-                columns: &self.columns,
-                values,
-                what,
-            }),
-            rows => Err(Error::Internal(format!(
-                "{what}: expected one row, the database returned {}",
-                rows.len()
-            ))),
+            [values] => Ok(Row { columns: &self.columns, values, what }),
+            rows => Err(Error::Internal(format!("{what}: expected one row, the database returned {}", rows.len()))),
         }
     }
 
     /// Each row, reached by column name; `what` names the query in errors.
     pub fn each<'a>(&'a self, what: &'a str) -> impl Iterator<Item = Row<'a>> + 'a {
-        self.rows.iter().map(move |values| Row {
-            columns: &self.columns,
-            values,
-            what,
-        })
+        self.rows.iter().map(move |values| Row { columns: &self.columns, values, what })
     }
 }
 
@@ -62,24 +51,12 @@ impl<'a> Row<'a> {
     /// The value of `column` (matched without regard to case: PostgreSQL
     /// folds unquoted names); a result without it is an error.
     pub fn value(&self, column: &str) -> Result<&'a Value> {
-        let i = self
-            .columns
-            .iter()
-            .position(|c| c.eq_ignore_ascii_case(column))
-            .ok_or_else(|| {
-                Error::Internal(format!(
-                    "{}: the result has no column {column:?} (it has {})",
-                    self.what,
-                    self.columns.join(", ")
-                ))
-            })?;
-        self.values.get(i).ok_or_else(|| {
-            Error::Internal(format!(
-                "{}: the row has {} value(s), no value for column {column:?}",
-                self.what,
-                self.values.len()
-            ))
-        })
+        let i = self.columns.iter().position(|c| c.eq_ignore_ascii_case(column)).ok_or_else(|| {
+            Error::Internal(format!("{}: the result has no column {column:?} (it has {})", self.what, self.columns.join(", ")))
+        })?;
+        self.values
+            .get(i)
+            .ok_or_else(|| Error::Internal(format!("{}: the row has {} value(s), no value for column {column:?}", self.what, self.values.len())))
     }
 
     /// The count in `column`: missing, NULL, negative or not a number is
@@ -87,15 +64,7 @@ impl<'a> Row<'a> {
     pub fn count(&self, column: &str) -> Result<u64> {
         let v = self.value(column)?;
         // (A NULL is no count: `as_u64` reads it as a sum of no rows, 0.)
-        Some(v)
-            .filter(|v| !matches!(v, Value::Null))
-            .and_then(Value::as_u64)
-            .ok_or_else(|| {
-                Error::Internal(format!(
-                    "{}: expected a count in {column:?}, the database returned {v:?}",
-                    self.what
-                ))
-            })
+        Some(v).filter(|v| !matches!(v, Value::Null)).and_then(Value::as_u64).ok_or_else(|| Error::Internal(format!("{}: expected a count in {column:?}, the database returned {v:?}", self.what)))
     }
 }
 
@@ -104,10 +73,7 @@ mod tests {
     use super::*;
 
     fn rows() -> Rows {
-        Rows {
-            columns: vec!["n_rows".into(), "checksum".into(), "Outside".into()],
-            rows: vec![vec![Value::Int(3), Value::Null, Value::Int(0)]],
-        }
+        Rows { columns: vec!["n_rows".into(), "checksum".into(), "Outside".into()], rows: vec![vec![Value::Int(3), Value::Null, Value::Int(0)]] }
     }
 
     #[test]
@@ -124,42 +90,19 @@ mod tests {
         let r = rows();
         let row = r.single("guard scan").unwrap();
         let e = row.count("ties").unwrap_err().to_string();
-        assert!(
-            e.contains("guard scan")
-                && e.contains("\"ties\"")
-                && e.contains("n_rows, checksum, Outside"),
-            "{e}"
-        );
+        assert!(e.contains("guard scan") && e.contains("\"ties\"") && e.contains("n_rows, checksum, Outside"), "{e}");
         let e = row.count("checksum").unwrap_err().to_string();
         assert!(e.contains("expected a count in \"checksum\""), "{e}");
-        let neg = Rows {
-            columns: vec!["n".into()],
-            rows: vec![vec![Value::Int(-1)]],
-        };
+        let neg = Rows { columns: vec!["n".into()], rows: vec![vec![Value::Int(-1)]] };
         assert!(neg.single("x").unwrap().count("n").is_err());
     }
 
     #[test]
     fn single_wants_exactly_one_row() {
-        let none = Rows {
-            columns: vec!["n".into()],
-            rows: vec![],
-        };
-        assert!(none
-            .single("x")
-            .unwrap_err()
-            .to_string()
-            .contains("expected one row, the database returned 0"));
-        let two = Rows {
-            columns: vec!["n".into()],
-            rows: vec![vec![Value::Int(1)], vec![Value::Int(2)]],
-        };
+        let none = Rows { columns: vec!["n".into()], rows: vec![] };
+        assert!(none.single("x").unwrap_err().to_string().contains("expected one row, the database returned 0"));
+        let two = Rows { columns: vec!["n".into()], rows: vec![vec![Value::Int(1)], vec![Value::Int(2)]] };
         assert!(two.single("x").is_err());
-        assert_eq!(
-            two.each("x")
-                .map(|r| r.count("n").unwrap())
-                .collect::<Vec<_>>(),
-            [1, 2]
-        );
+        assert_eq!(two.each("x").map(|r| r.count("n").unwrap()).collect::<Vec<_>>(), [1, 2]);
     }
 }

@@ -76,16 +76,7 @@ pub trait Engine {
             .param(Value::Text(table.table.clone()))
             .push(" AND column_default IS NOT NULL");
         let rows = self.query(&sql)?;
-        Ok(rows
-            .rows
-            .into_iter()
-            .filter_map(|r| {
-                Some((
-                    r.first()?.as_str()?.to_owned(),
-                    r.get(1)?.as_str()?.to_owned(),
-                ))
-            })
-            .collect())
+        Ok(rows.rows.into_iter().filter_map(|r| Some((r.first()?.as_str()?.to_owned(), r.get(1)?.as_str()?.to_owned()))).collect())
     }
 
     /// Creates a temporary table `name` (already quoted) holding `query`'s
@@ -100,12 +91,7 @@ pub trait Engine {
 
     /// Adds a column to a table, unless it has it.
     fn add_column(&mut self, table: &TableName, column: &Column) -> Result<()> {
-        let sql = format!(
-            "ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}",
-            table.quoted(),
-            quote_ident(&column.name),
-            column.ty
-        );
+        let sql = format!("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}", table.quoted(), quote_ident(&column.name), column.ty);
         self.execute(&Sql::raw(sql)).map(|_| ())
     }
 
@@ -171,35 +157,18 @@ pub trait Locks: Engine {
 pub trait PartitionExchange: Engine {
     /// Whether `table` is partitioned by `column` so that `day`'s rows can be
     /// swapped in whole. Called inside the run's transaction, after its lock.
-    fn day_partition(
-        &mut self,
-        table: &TableName,
-        column: &str,
-        day: NaiveDate,
-    ) -> Result<DayPartition>;
+    fn day_partition(&mut self, table: &TableName, column: &str, day: NaiveDate) -> Result<DayPartition>;
 
     /// Creates an empty standalone table shaped like `table`, to hold `day`'s
     /// new rows before they are swapped in; returns its name.
-    fn create_day_table(
-        &mut self,
-        table: &TableName,
-        column: &str,
-        day: NaiveDate,
-    ) -> Result<TableName>;
+    fn create_day_table(&mut self, table: &TableName, column: &str, day: NaiveDate) -> Result<TableName>;
 
     /// Detaches `partition` from `table` and drops it (the day's old rows).
     fn drop_partition(&mut self, table: &TableName, partition: &TableName) -> Result<()>;
 
     /// Attaches `staged` to `table` as the partition of `day` (by `column`),
     /// renamed to `name`.
-    fn attach_day(
-        &mut self,
-        table: &TableName,
-        staged: &TableName,
-        column: &str,
-        day: NaiveDate,
-        name: &str,
-    ) -> Result<()>;
+    fn attach_day(&mut self, table: &TableName, staged: &TableName, column: &str, day: NaiveDate, name: &str) -> Result<()>;
 }
 
 /// A file source's files made readable by the source query.
@@ -236,13 +205,7 @@ pub trait ObservedWrites {
     /// job, their count and the sums of the native row hash over `input`
     /// (columns of `select`, as they are) and over `output` (columns of
     /// `select`, each cast to its type there: the values as stored).
-    fn overwrite_observed(
-        &mut self,
-        table: &TableName,
-        select: &Sql,
-        input: &[Column],
-        output: &[Column],
-    ) -> Result<Observed>;
+    fn overwrite_observed(&mut self, table: &TableName, select: &Sql, input: &[Column], output: &[Column]) -> Result<Observed>;
 }
 
 /// The plans of engines without multi-statement transactions (Spark on
@@ -255,8 +218,7 @@ pub trait Leases: Engine {
     /// [`Locks::lock_scope`] cannot last). With `wait`, waits while another
     /// run holds it. `Ok(Err(holder))` when another run holds it (`holder`
     /// says which, since when, until when).
-    fn acquire_lease(&mut self, scope: &str, wait: bool)
-        -> Result<std::result::Result<(), String>>;
+    fn acquire_lease(&mut self, scope: &str, wait: bool) -> Result<std::result::Result<(), String>>;
 
     /// Releases a lease taken by [`Leases::acquire_lease`] (nothing when not held).
     fn release_lease(&mut self, scope: &str) -> Result<()> {
@@ -309,30 +271,16 @@ pub trait Leases: Engine {
 
     /// Drops what [`Leases::stage`] made (nothing when it is gone).
     fn unstage(&mut self, name: &str) -> Result<()> {
-        self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {name}")))
-            .map(|_| ())
+        self.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {name}"))).map(|_| ())
     }
 
     /// Creates `table` with `columns`, stored partitioned by `partition`
     /// where the engine partitions tables by value (Spark: `PARTITIONED
     /// BY`); other engines make a plain table.
-    fn create_table(
-        &mut self,
-        table: &TableName,
-        columns: &[Column],
-        partition: Option<&str>,
-    ) -> Result<()> {
+    fn create_table(&mut self, table: &TableName, columns: &[Column], partition: Option<&str>) -> Result<()> {
         let _ = partition;
-        let cols: Vec<String> = columns
-            .iter()
-            .map(|c| format!("{} {}", quote_ident(&c.name), c.ty))
-            .collect();
-        self.execute(&Sql::raw(format!(
-            "CREATE TABLE {} ({})",
-            table.quoted(),
-            cols.join(", ")
-        )))
-        .map(|_| ())
+        let cols: Vec<String> = columns.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
+        self.execute(&Sql::raw(format!("CREATE TABLE {} ({})", table.quoted(), cols.join(", ")))).map(|_| ())
     }
 
     /// The columns `table` is stored partitioned by (Spark's `PARTITIONED
@@ -347,12 +295,7 @@ pub trait Leases: Engine {
     /// partitions it has no row for are left alone (Spark: `INSERT
     /// OVERWRITE` with dynamic partition overwrite). Unpartitioned: the
     /// whole table.
-    fn overwrite_partitions(
-        &mut self,
-        table: &TableName,
-        columns: &[String],
-        select: &Sql,
-    ) -> Result<()>;
+    fn overwrite_partitions(&mut self, table: &TableName, columns: &[String], select: &Sql) -> Result<()>;
 
     /// Writes that observe the rows they write, in the same job (Spark), or
     /// `None`: the plans then read the source before the write and the
@@ -362,13 +305,7 @@ pub trait Leases: Engine {
     }
 
     /// Drops the partition `column = value` of `table` with its rows, if it exists.
-    fn drop_partition_value(
-        &mut self,
-        table: &TableName,
-        column: &str,
-        value: &Value,
-        ty: &str,
-    ) -> Result<()>;
+    fn drop_partition_value(&mut self, table: &TableName, column: &str, value: &Value, ty: &str) -> Result<()>;
 
     /// Whether [`Leases::replace_rows`] works here: an unpartitioned table
     /// can be changed in one atomic step that rewrites only the storage
@@ -394,18 +331,9 @@ pub trait Leases: Engine {
     /// and those left without rows dropped; an unpartitioned table is
     /// refused. `dropped` and `select` must not read relations made by
     /// [`Leases::stage`] from `table` (use [`Leases::stage_copy`]).
-    fn replace_rows(
-        &mut self,
-        table: &TableName,
-        columns: &[String],
-        dropped: &Sql,
-        select: &Sql,
-    ) -> Result<()> {
+    fn replace_rows(&mut self, table: &TableName, columns: &[String], dropped: &Sql, select: &Sql) -> Result<()> {
         let _ = (table, columns, dropped, select);
-        Err(Error::Unsupported {
-            engine: self.name(),
-            capability: "replacing rows of an unpartitioned table in one atomic step".into(),
-        })
+        Err(Error::Unsupported { engine: self.name(), capability: "replacing rows of an unpartitioned table in one atomic step".into() })
     }
 }
 
@@ -420,11 +348,7 @@ pub trait Accelerator: Engine {
     /// `replace_partition`'s insert of the day, its guards (rows outside
     /// the day) and its fingerprint counted as the rows stream in. Declined
     /// before running anything where it cannot.
-    fn insert_day(
-        &mut self,
-        day: &DayInsert<'_>,
-        steps: &mut dyn RunSteps,
-    ) -> Result<Accelerated<TappedDay>> {
+    fn insert_day(&mut self, day: &DayInsert<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<TappedDay>> {
         let _ = (day, steps);
         Ok(Accelerated::Declined("no tapped insert on this engine"))
     }
@@ -433,11 +357,7 @@ pub trait Accelerator: Engine {
     /// write before it declines: the plan then rolls the transaction back
     /// and runs the portable plan, which explains what it declined (a
     /// NULL key, a tie, a key held elsewhere) with the rows involved.
-    fn merge(
-        &mut self,
-        merge: &MergeRequest<'_>,
-        steps: &mut dyn RunSteps,
-    ) -> Result<Accelerated<Merged>> {
+    fn merge(&mut self, merge: &MergeRequest<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<Merged>> {
         let _ = (merge, steps);
         Ok(Accelerated::Declined("no accelerated merge on this engine"))
     }
@@ -464,12 +384,7 @@ pub trait Accelerator: Engine {
     /// a way faster than an `INSERT` statement (DuckDB's appender: nothing
     /// parsed, bound or planned; ~1.2 ms less in a fresh process, 1 % of a
     /// merge). `None`: it has none, and the caller runs the `INSERT`.
-    fn append_row(
-        &mut self,
-        table: &TableName,
-        columns: &[&str],
-        values: &[Value],
-    ) -> Option<Result<()>> {
+    fn append_row(&mut self, table: &TableName, columns: &[&str], values: &[Value]) -> Option<Result<()>> {
         let _ = (table, columns, values);
         None
     }

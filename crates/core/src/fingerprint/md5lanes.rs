@@ -46,23 +46,17 @@ unsafe fn many_avx2(messages: &[&[u8]], out: &mut [u64]) {
 
 /// The 64 additive constants, `floor(abs(sin(i + 1)) * 2^32)`.
 const K: [u32; 64] = [
-    0xd76aa478, 0xe8c7b756, 0x242070db, 0xc1bdceee, 0xf57c0faf, 0x4787c62a, 0xa8304613, 0xfd469501,
-    0x698098d8, 0x8b44f7af, 0xffff5bb1, 0x895cd7be, 0x6b901122, 0xfd987193, 0xa679438e, 0x49b40821,
-    0xf61e2562, 0xc040b340, 0x265e5a51, 0xe9b6c7aa, 0xd62f105d, 0x02441453, 0xd8a1e681, 0xe7d3fbc8,
-    0x21e1cde6, 0xc33707d6, 0xf4d50d87, 0x455a14ed, 0xa9e3e905, 0xfcefa3f8, 0x676f02d9, 0x8d2a4c8a,
-    0xfffa3942, 0x8771f681, 0x6d9d6122, 0xfde5380c, 0xa4beea44, 0x4bdecfa9, 0xf6bb4b60, 0xbebfbc70,
-    0x289b7ec6, 0xeaa127fa, 0xd4ef3085, 0x04881d05, 0xd9d4d039, 0xe6db99e5, 0x1fa27cf8, 0xc4ac5665,
-    0xf4292244, 0x432aff97, 0xab9423a7, 0xfc93a039, 0x655b59c3, 0x8f0ccc92, 0xffeff47d, 0x85845dd1,
-    0x6fa87e4f, 0xfe2ce6e0, 0xa3014314, 0x4e0811a1, 0xf7537e82, 0xbd3af235, 0x2ad7d2bb, 0xeb86d391,
+    0xd76aa478, 0xe8c7b756, 0x242070db, 0xc1bdceee, 0xf57c0faf, 0x4787c62a, 0xa8304613, 0xfd469501, 0x698098d8, 0x8b44f7af,
+    0xffff5bb1, 0x895cd7be, 0x6b901122, 0xfd987193, 0xa679438e, 0x49b40821, 0xf61e2562, 0xc040b340, 0x265e5a51, 0xe9b6c7aa,
+    0xd62f105d, 0x02441453, 0xd8a1e681, 0xe7d3fbc8, 0x21e1cde6, 0xc33707d6, 0xf4d50d87, 0x455a14ed, 0xa9e3e905, 0xfcefa3f8,
+    0x676f02d9, 0x8d2a4c8a, 0xfffa3942, 0x8771f681, 0x6d9d6122, 0xfde5380c, 0xa4beea44, 0x4bdecfa9, 0xf6bb4b60, 0xbebfbc70,
+    0x289b7ec6, 0xeaa127fa, 0xd4ef3085, 0x04881d05, 0xd9d4d039, 0xe6db99e5, 0x1fa27cf8, 0xc4ac5665, 0xf4292244, 0x432aff97,
+    0xab9423a7, 0xfc93a039, 0x655b59c3, 0x8f0ccc92, 0xffeff47d, 0x85845dd1, 0x6fa87e4f, 0xfe2ce6e0, 0xa3014314, 0x4e0811a1,
+    0xf7537e82, 0xbd3af235, 0x2ad7d2bb, 0xeb86d391,
 ];
 
 /// Left-rotation amounts, per round.
-const S: [[u32; 4]; 4] = [
-    [7, 12, 17, 22],
-    [5, 9, 14, 20],
-    [4, 11, 16, 23],
-    [6, 10, 15, 21],
-];
+const S: [[u32; 4]; 4] = [[7, 12, 17, 22], [5, 9, 14, 20], [4, 11, 16, 23], [6, 10, 15, 21]];
 
 /// How many 64-byte blocks a message of `len` bytes takes once padded
 /// (a 0x80 byte, zeros, then the 8-byte bit length).
@@ -129,12 +123,7 @@ fn group_lo64<const L: usize>(messages: &[&[u8]; L]) -> [u64; L] {
         nblocks[l] = blocks(messages[l].len());
     }
     let most = nblocks.iter().copied().max().unwrap_or(1);
-    let mut state = [
-        [0x67452301u32; L],
-        [0xefcdab89; L],
-        [0x98badcfe; L],
-        [0x10325476; L],
-    ];
+    let mut state = [[0x67452301u32; L], [0xefcdab89; L], [0x98badcfe; L], [0x10325476; L]];
     let mut block = [0u8; 64];
     for b in 0..most {
         // The block's 16 words, transposed: w[i][l] is word i of lane l.
@@ -182,13 +171,7 @@ fn round_f<const R: usize, const L: usize>(b: &[u32; L], c: &[u32; L], d: &[u32;
 /// with everything a constant of the step, so it compiles to straight-line
 /// vector code.
 #[inline(always)]
-fn step<const I: usize, const L: usize>(
-    a: &mut [u32; L],
-    b: &[u32; L],
-    c: &[u32; L],
-    d: &[u32; L],
-    w: &[[u32; L]; 16],
-) {
+fn step<const I: usize, const L: usize>(a: &mut [u32; L], b: &[u32; L], c: &[u32; L], d: &[u32; L], w: &[[u32; L]; 16]) {
     const fn g(i: usize) -> usize {
         match i / 16 {
             0 => i,
@@ -206,10 +189,7 @@ fn step<const I: usize, const L: usize>(
     let m = &w[const { g(I) }];
     let s = const { S[I / 16][I % 4] };
     for l in 0..L {
-        let sum = f[l]
-            .wrapping_add(a[l])
-            .wrapping_add(K[I])
-            .wrapping_add(m[l]);
+        let sum = f[l].wrapping_add(a[l]).wrapping_add(K[I]).wrapping_add(m[l]);
         a[l] = b[l].wrapping_add(sum.rotate_left(s));
     }
 }
@@ -251,9 +231,7 @@ mod tests {
     #[test]
     fn equals_the_reference_md5_for_every_length_and_lane_count() {
         // Lengths across the one/two/three-block edges (55, 56, 63, 64, 119, 120).
-        let data: Vec<u8> = (0..300u32)
-            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
-            .collect();
+        let data: Vec<u8> = (0..300u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
         let messages: Vec<&[u8]> = (0..200).map(|n| &data[n % 7..n % 7 + n]).collect();
         let expected: Vec<u64> = messages.iter().map(|m| reference(m)).collect();
         let mut got = vec![0; messages.len()];
@@ -277,14 +255,8 @@ mod tests {
         // RFC 1321's test suite: md5("") = d41d8cd98f00b204e9800998ecf8427e.
         let mut out = [0u64; 2];
         md5_lo64_many(&[b"", b"abc"], &mut out);
-        assert_eq!(
-            out[0],
-            u64::from_le_bytes([0xd4, 0x1d, 0x8c, 0xd9, 0x8f, 0x00, 0xb2, 0x04])
-        );
+        assert_eq!(out[0], u64::from_le_bytes([0xd4, 0x1d, 0x8c, 0xd9, 0x8f, 0x00, 0xb2, 0x04]));
         // md5("abc") = 900150983cd24fb0d6963f7d28e17f72.
-        assert_eq!(
-            out[1],
-            u64::from_le_bytes([0x90, 0x01, 0x50, 0x98, 0x3c, 0xd2, 0x4f, 0xb0])
-        );
+        assert_eq!(out[1], u64::from_le_bytes([0x90, 0x01, 0x50, 0x98, 0x3c, 0xd2, 0x4f, 0xb0]));
     }
 }

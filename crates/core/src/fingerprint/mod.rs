@@ -124,18 +124,8 @@ impl Fingerprint {
     /// `signature` lists the hashed columns as `name type` in order.
     pub fn from_sum(kind: &str, signature: &[String], rows: u64, sum: i128) -> Fingerprint {
         let sig = signature.join(",");
-        let checksum = hash_hex(&[
-            "fixpoint-fp-v1",
-            kind,
-            &sig,
-            &rows.to_string(),
-            &sum.to_string(),
-        ]);
-        Fingerprint {
-            kind: kind.to_owned(),
-            rows,
-            checksum,
-        }
+        let checksum = hash_hex(&["fixpoint-fp-v1", kind, &sig, &rows.to_string(), &sum.to_string()]);
+        Fingerprint { kind: kind.to_owned(), rows, checksum }
     }
 }
 
@@ -187,10 +177,7 @@ mod tests {
         assert_eq!(text(f64::MAX), "9218868437227405311");
         // Neighbours differ; a float widened to a double keeps its value.
         assert_ne!(text(0.1), text(0.1 + f64::EPSILON / 16.0));
-        assert_eq!(
-            text(f64::from(0.1f32)),
-            (f64::from(0.1f32)).to_bits().to_string()
-        );
+        assert_eq!(text(f64::from(0.1f32)), (f64::from(0.1f32)).to_bits().to_string());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Deterministic ids: hashes of inputs, never of the clock or a random source.
 
-use crate::fingerprint::Fingerprint;
 use crate::job::date::RunDate;
+use crate::fingerprint::Fingerprint;
 use crate::job::digest::hash_hex;
 use crate::job::files::InputFiles;
 
@@ -9,25 +9,14 @@ use crate::job::files::InputFiles;
 /// fingerprint. A retry over the same input has the same key; one changed
 /// input row gives another.
 pub fn run_key(job_hash: &str, run_date: RunDate, input: &Fingerprint) -> String {
-    hash_hex(&[
-        "fixpoint-run-v1",
-        job_hash,
-        &run_date.to_string(),
-        &input.kind,
-        &input.rows.to_string(),
-        &input.checksum,
-    ])
+    hash_hex(&["fixpoint-run-v1", job_hash, &run_date.to_string(), &input.kind, &input.rows.to_string(), &input.checksum])
 }
 
 impl InputFiles {
     /// The input fingerprint of a file source: its kind
     /// ([`InputFiles::kind`]), the number of files, the combined hash.
     pub fn fingerprint(&self) -> Fingerprint {
-        Fingerprint {
-            kind: self.kind().into(),
-            rows: self.files.len() as u64,
-            checksum: self.checksum.clone(),
-        }
+        Fingerprint { kind: self.kind().into(), rows: self.files.len() as u64, checksum: self.checksum.clone() }
     }
 }
 
@@ -44,36 +33,12 @@ mod tests {
     #[test]
     fn run_key_depends_on_each_input() {
         let d = RunDate::parse("2026-10-20").unwrap();
-        let fp = Fingerprint {
-            kind: "k".into(),
-            rows: 3,
-            checksum: "c".into(),
-        };
+        let fp = Fingerprint { kind: "k".into(), rows: 3, checksum: "c".into() };
         let k = run_key("job", d, &fp);
         assert_eq!(k, run_key("job", d, &fp.clone()));
         assert_ne!(k, run_key("job2", d, &fp));
         assert_ne!(k, run_key("job", d.next(), &fp));
-        assert_ne!(
-            k,
-            run_key(
-                "job",
-                d,
-                &Fingerprint {
-                    rows: 4,
-                    ..fp.clone()
-                }
-            )
-        );
-        assert_ne!(
-            k,
-            run_key(
-                "job",
-                d,
-                &Fingerprint {
-                    checksum: "d".into(),
-                    ..fp
-                }
-            )
-        );
+        assert_ne!(k, run_key("job", d, &Fingerprint { rows: 4, ..fp.clone() }));
+        assert_ne!(k, run_key("job", d, &Fingerprint { checksum: "d".into(), ..fp }));
     }
 }

@@ -3,8 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::error::AuditResult;
 use crate::job::sql::check_predicate;
+pub use crate::error::AuditResult;
 
 /// How much an audit matters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -98,21 +98,14 @@ pub(crate) struct RawAudit {
 impl RawAudit {
     /// Validates one audit; `merge_key` is the default of `unique`. Errors
     /// are (key, message).
-    pub(crate) fn validate(
-        self,
-        index: usize,
-        merge_key: Option<&[String]>,
-    ) -> std::result::Result<Audit, (String, String)> {
+    pub(crate) fn validate(self, index: usize, merge_key: Option<&[String]>) -> std::result::Result<Audit, (String, String)> {
         let at = |k: &str| format!("audit[{index}].{k}");
         let kind_name = self.kind.clone().ok_or_else(|| {
             (at("kind"), "missing: expected one of not_null, unique, accepted_values, row_count, row_count_change, expression, sql".into())
         })?;
         let need_columns = |c: Option<Vec<String>>| match c {
             Some(c) if !c.is_empty() => Ok(c),
-            _ => Err((
-                at("columns"),
-                "missing: name the columns, e.g. columns = [\"order_id\"]".to_owned(),
-            )),
+            _ => Err((at("columns"), "missing: name the columns, e.g. columns = [\"order_id\"]".to_owned())),
         };
         let kind = match kind_name.as_str() {
             "not_null" => AuditKind::NotNull { columns: need_columns(self.columns)? },
@@ -178,24 +171,13 @@ impl RawAudit {
         let severity = match self.severity.as_deref() {
             None | Some("error") => AuditSeverity::Error,
             Some("warn") => AuditSeverity::Warn,
-            Some(other) => {
-                return Err((
-                    at("severity"),
-                    format!("{other:?}: expected \"error\" or \"warn\""),
-                ))
-            }
+            Some(other) => return Err((at("severity"), format!("{other:?}: expected \"error\" or \"warn\""))),
         };
         let name = self.name.unwrap_or_else(|| match &kind {
-            AuditKind::NotNull { columns } | AuditKind::Unique { columns } => {
-                format!("{kind_name}({})", columns.join(", "))
-            }
+            AuditKind::NotNull { columns } | AuditKind::Unique { columns } => format!("{kind_name}({})", columns.join(", ")),
             AuditKind::AcceptedValues { column, .. } => format!("{kind_name}({column})"),
             _ => kind_name.clone(),
         });
-        Ok(Audit {
-            name,
-            kind,
-            severity,
-        })
+        Ok(Audit { name, kind, severity })
     }
 }

@@ -14,29 +14,13 @@ impl RunDate {
     /// Parses `YYYY-MM-DD` and nothing else (no time, no spaces, no suffix).
     pub fn parse(s: &str) -> Result<RunDate> {
         let well_formed = s.len() == 10
-            && s.bytes().enumerate().all(|(i, b)| {
-                if i == 4 || i == 7 {
-                    b == b'-'
-                } else {
-                    b.is_ascii_digit()
-                }
-            });
-        let date = if well_formed {
-            NaiveDate::parse_from_str(s, "%Y-%m-%d").ok()
-        } else {
-            None
-        };
+            && s.bytes().enumerate().all(|(i, b)| if i == 4 || i == 7 { b == b'-' } else { b.is_ascii_digit() });
+        let date = if well_formed { NaiveDate::parse_from_str(s, "%Y-%m-%d").ok() } else { None };
         match date {
             Some(d) => Ok(RunDate(d)),
             None => Err(Error::Argument {
-                message: format!(
-                    "{:?} is not a date: expected YYYY-MM-DD, e.g. 2026-10-20",
-                    truncate(s, 60)
-                ),
-                hint: Some(
-                    "pass the logical run date the scheduler is processing, e.g. --date 2026-10-20"
-                        .into(),
-                ),
+                message: format!("{:?} is not a date: expected YYYY-MM-DD, e.g. 2026-10-20", truncate(s, 60)),
+                hint: Some("pass the logical run date the scheduler is processing, e.g. --date 2026-10-20".into()),
             }),
         }
     }
@@ -98,10 +82,7 @@ mod tests {
 
     #[test]
     fn parses_plain_dates_only() {
-        assert_eq!(
-            RunDate::parse("2026-10-20").unwrap().to_string(),
-            "2026-10-20"
-        );
+        assert_eq!(RunDate::parse("2026-10-20").unwrap().to_string(), "2026-10-20");
         for bad in [
             "2026-10-20'; DROP TABLE silver.orders; --",
             "2026-10-32",
@@ -123,9 +104,6 @@ mod tests {
         let d = RunDate::parse("2026-12-31").unwrap();
         assert_eq!(d.start().to_string(), "2026-12-31 00:00:00");
         assert_eq!(d.end().to_string(), "2027-01-01 00:00:00");
-        assert_eq!(
-            RunDate::range(d, RunDate::parse("2027-01-02").unwrap()).len(),
-            3
-        );
+        assert_eq!(RunDate::range(d, RunDate::parse("2027-01-02").unwrap()).len(), 3);
     }
 }

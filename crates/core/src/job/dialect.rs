@@ -100,12 +100,7 @@ impl Dialect for SparkSql {
     fn supports_pipe_operator(&self) -> bool {
         SparkSqlDialect.supports_pipe_operator()
     }
-    fn parse_infix(
-        &self,
-        parser: &mut sqlparser::parser::Parser,
-        expr: &sqlparser::ast::Expr,
-        precedence: u8,
-    ) -> Option<std::result::Result<sqlparser::ast::Expr, sqlparser::parser::ParserError>> {
+    fn parse_infix(&self, parser: &mut sqlparser::parser::Parser, expr: &sqlparser::ast::Expr, precedence: u8) -> Option<std::result::Result<sqlparser::ast::Expr, sqlparser::parser::ParserError>> {
         SparkSqlDialect.parse_infix(parser, expr, precedence)
     }
 }

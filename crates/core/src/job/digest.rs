@@ -1,5 +1,6 @@
 //! Deterministic ids: hashes of inputs, never of the clock or a random source.
 
+
 /// The first 128 bits of BLAKE3 over the parts (each length-prefixed, so no
 /// two different part lists hash alike), as 32 hex digits.
 pub fn hash_hex(parts: &[&str]) -> String {

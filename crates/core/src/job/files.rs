@@ -29,8 +29,8 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
 use crate::job::date::RunDate;
+use crate::error::{Error, Result};
 
 /// The fingerprint kind of a file source's input.
 pub const FILES_KIND: &str = "files-blake3-v1";
@@ -65,18 +65,13 @@ impl FileFormat {
 
     /// Parses a name given by [`FileFormat::name`].
     pub fn parse(s: &str) -> Option<FileFormat> {
-        [FileFormat::Parquet, FileFormat::Csv, FileFormat::Json]
-            .into_iter()
-            .find(|f| f.name() == s)
+        [FileFormat::Parquet, FileFormat::Csv, FileFormat::Json].into_iter().find(|f| f.name() == s)
     }
 
     /// The format a file name's extension implies (compressed CSV and JSON too).
     pub fn from_extension(name: &str) -> Option<FileFormat> {
         let lower = name.to_ascii_lowercase();
-        let stem = ["gz", "zst"]
-            .iter()
-            .find_map(|c| lower.strip_suffix(&format!(".{c}")))
-            .unwrap_or(&lower);
+        let stem = ["gz", "zst"].iter().find_map(|c| lower.strip_suffix(&format!(".{c}"))).unwrap_or(&lower);
         let ext = stem.rsplit('.').next()?;
         match ext {
             "parquet" | "pq" => Some(FileFormat::Parquet),
@@ -205,9 +200,7 @@ impl InputFiles {
 
     /// Where the files are, for messages: the folder, or `s3://bucket/prefix`.
     pub fn shown_base(&self) -> String {
-        self.origin
-            .url()
-            .map_or_else(|| self.base.display().to_string(), str::to_owned)
+        self.origin.url().map_or_else(|| self.base.display().to_string(), str::to_owned)
     }
 
     /// Makes the files readable by path: objects on object storage are read
@@ -225,22 +218,11 @@ impl InputFiles {
                 .files
                 .iter()
                 .map(|f| {
-                    let key = if remote.prefix.is_empty() {
-                        f.path.clone()
-                    } else {
-                        format!("{}/{}", remote.prefix, f.path)
-                    };
+                    let key = if remote.prefix.is_empty() { f.path.clone() } else { format!("{}/{}", remote.prefix, f.path) };
                     // The key's whole path below the folder: its `key=value`
                     // folders (hive style) are columns, as for local files.
                     let local = dir.path().join(&key);
-                    (
-                        crate::job::objects::Object {
-                            key,
-                            size: f.size,
-                            etag: f.etag.clone(),
-                        },
-                        local,
-                    )
+                    (crate::job::objects::Object { key, size: f.size, etag: f.etag.clone() }, local)
                 })
                 .collect();
             remote.bucket.download(&objects)?;
@@ -264,32 +246,16 @@ impl InputFiles {
 
     /// The files' full paths as text (UTF-8 is required of file sources).
     pub fn path_strings(&self) -> Vec<String> {
-        self.paths()
-            .iter()
-            .map(|p| p.to_string_lossy().into_owned())
-            .collect()
+        self.paths().iter().map(|p| p.to_string_lossy().into_owned()).collect()
     }
 
     /// The relative path of the file a message names, if any.
     pub fn named_in(&self, message: &str) -> Option<&str> {
         let full = self.path_strings();
-        let by_full = self
-            .files
-            .iter()
-            .zip(&full)
-            .find(|(_, p)| message.contains(p.as_str()));
+        let by_full = self.files.iter().zip(&full).find(|(_, p)| message.contains(p.as_str()));
         // A relative name only as a whole path component, so `11.csv` is not `1.csv`.
-        let by_rel = || {
-            self.files.iter().find(|f| {
-                ["/", "\"", "'"]
-                    .iter()
-                    .any(|b| message.contains(&format!("{b}{}", f.path)))
-            })
-        };
-        by_full
-            .map(|(f, _)| f)
-            .or_else(by_rel)
-            .map(|f| f.path.as_str())
+        let by_rel = || self.files.iter().find(|f| ["/", "\"", "'"].iter().any(|b| message.contains(&format!("{b}{}", f.path))));
+        by_full.map(|(f, _)| f).or_else(by_rel).map(|f| f.path.as_str())
     }
 }
 
@@ -331,10 +297,7 @@ impl FileSource {
             if scheme != "s3" {
                 return Err(err(format!("{pattern:?}: {scheme}:// is not supported; file sources read local paths and s3:// URLs (S3 or an S3-compatible server)")));
             }
-            let bucket = pattern["s3://".len()..]
-                .split('/')
-                .next()
-                .unwrap_or_default();
+            let bucket = pattern["s3://".len()..].split('/').next().unwrap_or_default();
             if bucket.is_empty() || bucket.contains(['{', '*', '?', '[']) {
                 return Err(err(format!("{pattern:?} names no bucket: expected s3://bucket/path, e.g. s3://lake/bronze/orders/dt={{run_date}}/*.parquet")));
             }
@@ -350,10 +313,7 @@ impl FileSource {
             if open > 0 {
                 pieces.push(Piece::Text(rest[..open].to_owned()));
             }
-            let close = rest[open..]
-                .find('}')
-                .map(|c| open + c)
-                .ok_or_else(|| err(format!("{pattern:?}: `{{` without a closing `}}`")))?;
+            let close = rest[open..].find('}').map(|c| open + c).ok_or_else(|| err(format!("{pattern:?}: `{{` without a closing `}}`")))?;
             let inner = &rest[open + 1..close];
             let fmt = match inner.split_once(':') {
                 None if inner == "run_date" => "%Y-%m-%d".to_owned(),
@@ -364,8 +324,7 @@ impl FileSource {
                     )))
                 }
             };
-            let bad = chrono::format::StrftimeItems::new(&fmt)
-                .any(|i| matches!(i, chrono::format::Item::Error));
+            let bad = chrono::format::StrftimeItems::new(&fmt).any(|i| matches!(i, chrono::format::Item::Error));
             if bad {
                 return Err(err(format!("{pattern:?}: {{run_date:{fmt}}} is not a valid date format; use strftime codes such as %Y, %m, %d, %j")));
             }
@@ -376,12 +335,7 @@ impl FileSource {
             pieces.push(Piece::Text(rest.to_owned()));
         }
         let format = match format {
-            Some(f) => FileFormat::parse(f).ok_or_else(|| {
-                (
-                    "source.format".to_owned(),
-                    format!("{f:?}: expected \"parquet\", \"csv\" or \"json\""),
-                )
-            })?,
+            Some(f) => FileFormat::parse(f).ok_or_else(|| ("source.format".to_owned(), format!("{f:?}: expected \"parquet\", \"csv\" or \"json\"")))?,
             None => {
                 let last = pattern.rsplit(['/', '\\']).next().unwrap_or(pattern);
                 FileFormat::from_extension(last).ok_or_else(|| {
@@ -394,25 +348,13 @@ impl FileSource {
         };
         if let Some(m) = &require_marker {
             if m.is_empty() || m.contains(['/', '\\']) || is_wild(m) {
-                return Err((
-                    "source.require_marker".to_owned(),
-                    format!("{m:?}: expected a file name, e.g. \"_SUCCESS\""),
-                ));
+                return Err(("source.require_marker".to_owned(), format!("{m:?}: expected a file name, e.g. \"_SUCCESS\"")));
             }
         }
-        let source = FileSource {
-            pattern: pattern.to_owned(),
-            format,
-            allow_missing,
-            require_marker,
-            pieces,
-            dir,
-            s3_options: Vec::new(),
-        };
+        let source = FileSource { pattern: pattern.to_owned(), format, allow_missing, require_marker, pieces, dir, s3_options: Vec::new() };
         // The pattern must be a valid glob whatever the date.
         let sample = source.expand(RunDate::parse("2026-01-31").expect("a date"));
-        glob::Pattern::new(&sample.to_string_lossy())
-            .map_err(|e| err(format!("{pattern:?} is not a valid glob: {}", e.msg)))?;
+        glob::Pattern::new(&sample.to_string_lossy()).map_err(|e| err(format!("{pattern:?} is not a valid glob: {}", e.msg)))?;
         Ok(source)
     }
 
@@ -471,33 +413,18 @@ impl FileSource {
             base.pop();
         }
         let shown = pattern.to_string_lossy().into_owned();
-        let refuse = |message: String, hint: &str| Error::Files {
-            message,
-            hint: Some(hint.to_owned()),
-        };
-        let options = glob::MatchOptions {
-            case_sensitive: true,
-            require_literal_separator: true,
-            require_literal_leading_dot: true,
-        };
+        let refuse = |message: String, hint: &str| Error::Files { message, hint: Some(hint.to_owned()) };
+        let options = glob::MatchOptions { case_sensitive: true, require_literal_separator: true, require_literal_leading_dot: true };
         // The job's folder is a path, not a pattern: its `[` or `*` match themselves.
         let text = self.expand_text(run_date);
         let glob_text = if Path::new(&text).is_absolute() || self.dir.as_os_str().is_empty() {
             text.clone()
         } else {
             let dir = self.dir.to_string_lossy();
-            format!(
-                "{}{}{text}",
-                glob::Pattern::escape(&dir),
-                std::path::MAIN_SEPARATOR
-            )
+            format!("{}{}{text}", glob::Pattern::escape(&dir), std::path::MAIN_SEPARATOR)
         };
-        let paths = glob::glob_with(&glob_text, options).map_err(|e| {
-            refuse(
-                format!("{shown:?} is not a valid glob: {}", e.msg),
-                "fix `files` under [source]",
-            )
-        })?;
+        let paths = glob::glob_with(&glob_text, options)
+            .map_err(|e| refuse(format!("{shown:?} is not a valid glob: {}", e.msg), "fix `files` under [source]"))?;
         // Names the pattern spells out are loaded even if they start with `_` or `.`.
         let literal: Vec<&str> = text.split(['/', '\\']).filter(|c| !is_wild(c)).collect();
         let mut matched = Vec::new();
@@ -510,10 +437,7 @@ impl FileSource {
                     // A folder that cannot be read because a symlink cycle
                     // made its path too deep: the cycle is what to fix.
                     real.check(e.path())?;
-                    return Err(Error::Io {
-                        path: e.path().to_owned(),
-                        source: std::io::Error::new(e.error().kind(), e.error().to_string()),
-                    });
+                    return Err(Error::Io { path: e.path().to_owned(), source: std::io::Error::new(e.error().kind(), e.error().to_string()) });
                 }
             };
             if !path.is_file() {
@@ -529,9 +453,7 @@ impl FileSource {
             if rel.contains(GLOB_CHARS) {
                 return Err(glob_named(&rel, &base.display().to_string()));
             }
-            let hidden = rel
-                .split('/')
-                .any(|c| (c.starts_with('_') || c.starts_with('.')) && !literal.contains(&c));
+            let hidden = rel.split('/').any(|c| (c.starts_with('_') || c.starts_with('.')) && !literal.contains(&c));
             if hidden {
                 ignored.push(rel);
             } else {
@@ -548,10 +470,7 @@ impl FileSource {
         // Each real file once; a symlink cycle refused.
         let matched = real.files(matched)?;
         if let Some(marker) = &self.require_marker {
-            let mut dirs: Vec<PathBuf> = matched
-                .iter()
-                .filter_map(|(_, p)| p.parent().map(Path::to_path_buf))
-                .collect();
+            let mut dirs: Vec<PathBuf> = matched.iter().filter_map(|(_, p)| p.parent().map(Path::to_path_buf)).collect();
             dirs.sort();
             dirs.dedup();
             for d in dirs {
@@ -567,22 +486,9 @@ impl FileSource {
         let hashed: Vec<Result<(InputFile, Peek)>> = matched
             .par_iter()
             .map(|(rel, path)| {
-                let size = std::fs::metadata(path)
-                    .map_err(|e| Error::Io {
-                        path: path.clone(),
-                        source: e,
-                    })?
-                    .len();
+                let size = std::fs::metadata(path).map_err(|e| Error::Io { path: path.clone(), source: e })?.len();
                 let (blake3, peek) = hash_file_with(path, lone)?;
-                Ok((
-                    InputFile {
-                        path: rel.clone(),
-                        size,
-                        blake3,
-                        etag: None,
-                    },
-                    peek,
-                ))
+                Ok((InputFile { path: rel.clone(), size, blake3, etag: None }, peek))
             })
             .collect();
         // In path order, so that the error named is always the same one.
@@ -593,13 +499,7 @@ impl FileSource {
             refuse_empty(self.format, &file, peek, &shown_base)?;
             files.push(file);
         }
-        Ok(Some(InputFiles {
-            checksum: combine(&files),
-            files,
-            base,
-            format: self.format,
-            origin: Origin::default(),
-        }))
+        Ok(Some(InputFiles { checksum: combine(&files), files, base, format: self.format, origin: Origin::default() }))
     }
 
     /// [`FileSource::resolve`] for `s3://` patterns: the objects below the
@@ -611,8 +511,7 @@ impl FileSource {
     fn resolve_objects(&self, run_date: RunDate) -> Result<Option<InputFiles>> {
         use crate::job::objects::{split_s3_url, Bucket};
         let text = self.expand_text(run_date);
-        let (bucket_name, key_pattern) = split_s3_url(&text)
-            .ok_or_else(|| Error::Internal(format!("{text:?} is not an s3:// URL")))?;
+        let (bucket_name, key_pattern) = split_s3_url(&text).ok_or_else(|| Error::Internal(format!("{text:?} is not an s3:// URL")))?;
         let parts: Vec<&str> = key_pattern.split('/').collect();
         let mut fixed: Vec<&str> = parts.iter().take_while(|c| !is_wild(c)).copied().collect();
         if fixed.len() == parts.len() {
@@ -620,15 +519,9 @@ impl FileSource {
         }
         let prefix = fixed.join("/");
         let base_url = format!("s3://{bucket_name}/{prefix}");
-        let glob = glob::Pattern::new(key_pattern).map_err(|e| Error::Files {
-            message: format!("{text:?} is not a valid glob: {}", e.msg),
-            hint: Some("fix `files` under [source]".into()),
-        })?;
-        let options = glob::MatchOptions {
-            case_sensitive: true,
-            require_literal_separator: true,
-            require_literal_leading_dot: true,
-        };
+        let glob = glob::Pattern::new(key_pattern)
+            .map_err(|e| Error::Files { message: format!("{text:?} is not a valid glob: {}", e.msg), hint: Some("fix `files` under [source]".into()) })?;
+        let options = glob::MatchOptions { case_sensitive: true, require_literal_separator: true, require_literal_leading_dot: true };
         let literal: Vec<&str> = parts.iter().filter(|c| !is_wild(c)).copied().collect();
         let bucket = Bucket::open(bucket_name, &self.s3_options)?;
         let listed = bucket.list(&prefix)?;
@@ -639,27 +532,17 @@ impl FileSource {
             if o.key.ends_with('/') || !glob.matches_with(&o.key, options) {
                 continue;
             }
-            let rel = if prefix.is_empty() {
-                o.key.clone()
-            } else {
-                o.key[prefix.len() + 1..].to_owned()
-            };
+            let rel = if prefix.is_empty() { o.key.clone() } else { o.key[prefix.len() + 1..].to_owned() };
             if rel.contains(GLOB_CHARS) {
                 return Err(glob_named(&rel, &base_url));
             }
-            if o.key
-                .split('/')
-                .any(|c| c.is_empty() || c == "." || c == "..")
-            {
+            if o.key.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
                 return Err(Error::Files {
                     message: format!("s3://{bucket_name}/{} has an empty, `.` or `..` folder in its key, which no local path can mirror; nothing was changed", o.key),
                     hint: Some("rename the object (keys of a day's files are folder/…/file names)".into()),
                 });
             }
-            if rel
-                .split('/')
-                .any(|c| (c.starts_with('_') || c.starts_with('.')) && !literal.contains(&c))
-            {
+            if rel.split('/').any(|c| (c.starts_with('_') || c.starts_with('.')) && !literal.contains(&c)) {
                 ignored.push(rel);
             } else {
                 matched.push((rel, o));
@@ -672,17 +555,10 @@ impl FileSource {
             };
         }
         if let Some(marker) = &self.require_marker {
-            let mut dirs: Vec<&str> = matched
-                .iter()
-                .map(|(_, o)| o.key.rsplit_once('/').map_or("", |(d, _)| d))
-                .collect();
+            let mut dirs: Vec<&str> = matched.iter().map(|(_, o)| o.key.rsplit_once('/').map_or("", |(d, _)| d)).collect();
             dirs.dedup();
             for d in dirs {
-                let want = if d.is_empty() {
-                    marker.clone()
-                } else {
-                    format!("{d}/{marker}")
-                };
+                let want = if d.is_empty() { marker.clone() } else { format!("{d}/{marker}") };
                 if !keys.contains(want.as_str()) {
                     return Err(no_marker(&format!("s3://{bucket_name}/{d}"), marker));
                 }
@@ -694,45 +570,17 @@ impl FileSource {
                 message: format!("the server gives no ETag for s3://{bucket_name}/{}, so fixpoint cannot tell a changed object from the one it loaded; nothing was changed", o.key),
                 hint: Some("use a server that returns ETags (S3 and the S3-compatible servers do), or copy the day's files to a local folder".into()),
             })?;
-            let file = InputFile {
-                path: rel,
-                size: o.size,
-                blake3: String::new(),
-                etag: Some(etag),
-            };
-            refuse_empty(
-                self.format,
-                &file,
-                Peek {
-                    blank_first_line: false,
-                    only_whitespace: false,
-                },
-                &base_url,
-            )?;
+            let file = InputFile { path: rel, size: o.size, blake3: String::new(), etag: Some(etag) };
+            refuse_empty(self.format, &file, Peek { blank_first_line: false, only_whitespace: false }, &base_url)?;
             files.push(file);
         }
-        let origin = Origin {
-            url: Some(base_url),
-            remote: Some(Remote {
-                bucket: std::sync::Arc::new(bucket),
-                prefix,
-                local: None,
-            }),
-        };
-        Ok(Some(InputFiles {
-            checksum: combine(&files),
-            files,
-            base: PathBuf::new(),
-            format: self.format,
-            origin,
-        }))
+        let origin = Origin { url: Some(base_url), remote: Some(Remote { bucket: std::sync::Arc::new(bucket), prefix, local: None }) };
+        Ok(Some(InputFiles { checksum: combine(&files), files, base: PathBuf::new(), format: self.format, origin }))
     }
 
     #[cfg(not(feature = "s3"))]
     fn resolve_objects(&self, _run_date: RunDate) -> Result<Option<InputFiles>> {
-        Err(Error::Internal(
-            "s3:// file sources need the `s3` feature (refused when the job was read)".into(),
-        ))
+        Err(Error::Internal("s3:// file sources need the `s3` feature (refused when the job was read)".into()))
     }
 }
 
@@ -742,11 +590,7 @@ const GLOB_CHARS: [char; 6] = ['*', '?', '[', ']', '{', '}'];
 /// `scheme` of a `scheme://…` pattern.
 fn url_scheme(pattern: &str) -> Option<&str> {
     let (scheme, _) = pattern.split_once("://")?;
-    let ok = scheme.len() > 1
-        && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
-        && scheme
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+    let ok = scheme.len() > 1 && scheme.starts_with(|c: char| c.is_ascii_alphabetic()) && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
     ok.then_some(scheme)
 }
 
@@ -834,18 +678,11 @@ struct RealDirs {
 
 impl RealDirs {
     fn new(base: &Path) -> RealDirs {
-        RealDirs {
-            base: base.to_owned(),
-            real_base: None,
-            real: HashMap::new(),
-        }
+        RealDirs { base: base.to_owned(), real_base: None, real: HashMap::new() }
     }
 
     fn canonical(path: &Path) -> Result<PathBuf> {
-        std::fs::canonicalize(path).map_err(|e| Error::Io {
-            path: path.to_owned(),
-            source: e,
-        })
+        std::fs::canonicalize(path).map_err(|e| Error::Io { path: path.to_owned(), source: e })
     }
 
     /// Refuses `dir` (a folder below the fixed part) when one of the
@@ -858,20 +695,14 @@ impl RealDirs {
         let above = match &self.real_base {
             Some(a) => a.clone(),
             None => {
-                let a: Vec<PathBuf> = Self::canonical(&self.base)?
-                    .ancestors()
-                    .map(Path::to_path_buf)
-                    .collect();
+                let a: Vec<PathBuf> = Self::canonical(&self.base)?.ancestors().map(Path::to_path_buf).collect();
                 self.real_base = Some(a.clone());
                 a
             }
         };
         let mut on_the_way = above;
         let mut at = self.base.clone();
-        for c in relative(dir, &self.base)
-            .split('/')
-            .filter(|c| !c.is_empty())
-        {
+        for c in relative(dir, &self.base).split('/').filter(|c| !c.is_empty()) {
             at.push(c);
             let real = match self.real.get(&at) {
                 Some(r) => r.clone(),
@@ -926,10 +757,7 @@ struct Peek {
 impl Peek {
     /// What nothing read yet says.
     fn new() -> Peek {
-        Peek {
-            blank_first_line: true,
-            only_whitespace: true,
-        }
+        Peek { blank_first_line: true, only_whitespace: true }
     }
 
     /// Takes in a block of the file (`first`: its first block).
@@ -937,9 +765,7 @@ impl Peek {
         let block = if first { without_bom(block) } else { block };
         if first {
             let first_line = block.split(|b| *b == b'\n').next().unwrap_or_default();
-            self.blank_first_line = first_line
-                .iter()
-                .all(|&b| matches!(b, b' ' | b'\t' | b'\r' | b',' | b'"'));
+            self.blank_first_line = first_line.iter().all(|&b| matches!(b, b' ' | b'\t' | b'\r' | b',' | b'"'));
         }
         if self.only_whitespace {
             self.only_whitespace = block.iter().all(|b| b.is_ascii_whitespace());
@@ -951,10 +777,7 @@ impl Peek {
 /// block, then blocks until one holds more than whitespace.
 #[cfg_attr(not(feature = "s3"), allow(dead_code))]
 fn peek_file(path: &Path) -> Result<Peek> {
-    let io = |e: std::io::Error| Error::Io {
-        path: path.to_owned(),
-        source: e,
-    };
+    let io = |e: std::io::Error| Error::Io { path: path.to_owned(), source: e };
     let mut file = std::fs::File::open(path).map_err(io)?;
     let mut buf = vec![0u8; 64 << 10];
     let mut peek = Peek::new();
@@ -1003,10 +826,7 @@ pub fn hash_file(path: &Path) -> Result<String> {
 /// hash each block on every core (for a lone file; many files are hashed
 /// one per core instead).
 fn hash_file_with(path: &Path, inner_parallel: bool) -> Result<(String, Peek)> {
-    let io = |e: std::io::Error| Error::Io {
-        path: path.to_owned(),
-        source: e,
-    };
+    let io = |e: std::io::Error| Error::Io { path: path.to_owned(), source: e };
     let mut file = std::fs::File::open(path).map_err(io)?;
     let before = file.metadata().map_err(io)?.len();
     let mut h = blake3::Hasher::new();
@@ -1081,56 +901,28 @@ mod tests {
     #[test]
     fn patterns_fill_in_the_run_date() {
         let s = src("bronze/dt={run_date}/*.parquet", Path::new("/jobs"));
-        assert_eq!(
-            s.expand(d("2026-10-20")),
-            PathBuf::from("/jobs/bronze/dt=2026-10-20/*.parquet")
-        );
-        let s = src(
-            "/data/{run_date:%Y/%m/%d}/part-*.csv.gz",
-            Path::new("/jobs"),
-        );
-        assert_eq!(
-            s.expand(d("2026-01-05")),
-            PathBuf::from("/data/2026/01/05/part-*.csv.gz")
-        );
+        assert_eq!(s.expand(d("2026-10-20")), PathBuf::from("/jobs/bronze/dt=2026-10-20/*.parquet"));
+        let s = src("/data/{run_date:%Y/%m/%d}/part-*.csv.gz", Path::new("/jobs"));
+        assert_eq!(s.expand(d("2026-01-05")), PathBuf::from("/data/2026/01/05/part-*.csv.gz"));
         assert_eq!(s.format, FileFormat::Csv);
         assert_eq!(src("x/*.jsonl", Path::new(".")).format, FileFormat::Json);
     }
 
     #[test]
     fn urls_are_s3_or_refused_naming_what_is_supported() {
-        let refused =
-            |p: &str| FileSource::parse(p, None, false, None, PathBuf::from("/jobs")).unwrap_err();
+        let refused = |p: &str| FileSource::parse(p, None, false, None, PathBuf::from("/jobs")).unwrap_err();
         let (key, message) = refused("gs://lake/b/{run_date}/*.parquet");
         assert_eq!(key, "source.files");
-        assert!(
-            message.contains("gs:// is not supported") && message.contains("s3:// URLs"),
-            "{message}"
-        );
-        assert!(refused("s3:///b/{run_date}/*.parquet")
-            .1
-            .contains("names no bucket"));
-        assert!(refused("s3://{run_date}/x.parquet")
-            .1
-            .contains("names no bucket"));
+        assert!(message.contains("gs:// is not supported") && message.contains("s3:// URLs"), "{message}");
+        assert!(refused("s3:///b/{run_date}/*.parquet").1.contains("names no bucket"));
+        assert!(refused("s3://{run_date}/x.parquet").1.contains("names no bucket"));
         if cfg!(feature = "s3") {
-            let s = src(
-                "s3://lake/bronze/dt={run_date}/*.parquet",
-                Path::new("/jobs"),
-            );
+            let s = src("s3://lake/bronze/dt={run_date}/*.parquet", Path::new("/jobs"));
             assert!(s.is_remote());
-            assert_eq!(
-                s.expand(d("2026-10-20")),
-                PathBuf::from("s3://lake/bronze/dt=2026-10-20/*.parquet"),
-                "a URL is not joined to the job's folder"
-            );
+            assert_eq!(s.expand(d("2026-10-20")), PathBuf::from("s3://lake/bronze/dt=2026-10-20/*.parquet"), "a URL is not joined to the job's folder");
         } else {
             let (_, message) = refused("s3://lake/bronze/dt={run_date}/*.parquet");
-            assert!(
-                message.contains("the `s3` feature")
-                    && message.contains("--features fixpoint-cli/s3"),
-                "{message}"
-            );
+            assert!(message.contains("the `s3` feature") && message.contains("--features fixpoint-cli/s3"), "{message}");
         }
         // A local path holding `://` further on is a path.
         assert!(!src("b/x:/{run_date}/*.parquet", Path::new("/jobs")).is_remote());
@@ -1138,19 +930,9 @@ mod tests {
 
     #[test]
     fn objects_hash_their_etags_and_local_files_hash_as_before() {
-        let file = |etag: Option<&str>| InputFile {
-            path: "a.parquet".into(),
-            size: 3,
-            blake3: String::new(),
-            etag: etag.map(str::to_owned),
-        };
+        let file = |etag: Option<&str>| InputFile { path: "a.parquet".into(), size: 3, blake3: String::new(), etag: etag.map(str::to_owned) };
         // Pinned: the combined hash of local files does not change with objects' support.
-        let local = InputFile {
-            path: "a.parquet".into(),
-            size: 3,
-            blake3: "ab".into(),
-            etag: None,
-        };
+        let local = InputFile { path: "a.parquet".into(), size: 3, blake3: "ab".into(), etag: None };
         let mut h = blake3::Hasher::new();
         h.update(b"fixpoint-files-v1");
         h.update(&9u64.to_le_bytes());
@@ -1158,77 +940,28 @@ mod tests {
         h.update(&3u64.to_le_bytes());
         h.update(b"ab");
         assert_eq!(combine(&[local]), h.finalize().to_hex()[..32].to_owned());
-        assert_ne!(
-            combine(&[file(Some("\"1\""))]),
-            combine(&[file(Some("\"2\""))])
-        );
+        assert_ne!(combine(&[file(Some("\"1\""))]), combine(&[file(Some("\"2\""))]));
         assert_ne!(combine(&[file(Some("\"1\""))]), combine(&[file(None)]));
-        let files = |etag| InputFiles {
-            checksum: String::new(),
-            files: vec![file(etag)],
-            base: PathBuf::new(),
-            format: FileFormat::Parquet,
-            origin: Origin::default(),
-        };
-        assert_eq!(
-            (files(Some("\"1\"")).kind(), files(None).kind()),
-            (OBJECTS_KIND, FILES_KIND)
-        );
+        let files = |etag| InputFiles { checksum: String::new(), files: vec![file(etag)], base: PathBuf::new(), format: FileFormat::Parquet, origin: Origin::default() };
+        assert_eq!((files(Some("\"1\"")).kind(), files(None).kind()), (OBJECTS_KIND, FILES_KIND));
     }
 
     #[test]
     fn bad_patterns_are_refused_with_the_key() {
         let cases = [
-            (
-                "b/{date}/*.parquet",
-                None,
-                "source.files",
-                "unknown placeholder {date}",
-            ),
-            (
-                "b/{run_date/*.parquet",
-                None,
-                "source.files",
-                "without a closing",
-            ),
-            (
-                "b/{run_date:%Q}/*.parquet",
-                None,
-                "source.files",
-                "not a valid date format",
-            ),
-            (
-                "b/{run_date}/*",
-                None,
-                "source.format",
-                "no extension that names one",
-            ),
-            (
-                "b/{run_date}/*.parquet",
-                Some("avro"),
-                "source.format",
-                "\"avro\": expected",
-            ),
-            (
-                "b/[{run_date}/*.parquet",
-                None,
-                "source.files",
-                "not a valid glob",
-            ),
+            ("b/{date}/*.parquet", None, "source.files", "unknown placeholder {date}"),
+            ("b/{run_date/*.parquet", None, "source.files", "without a closing"),
+            ("b/{run_date:%Q}/*.parquet", None, "source.files", "not a valid date format"),
+            ("b/{run_date}/*", None, "source.format", "no extension that names one"),
+            ("b/{run_date}/*.parquet", Some("avro"), "source.format", "\"avro\": expected"),
+            ("b/[{run_date}/*.parquet", None, "source.files", "not a valid glob"),
         ];
         for (p, f, key, msg) in cases {
             let (k, m) = FileSource::parse(p, f, false, None, PathBuf::from(".")).unwrap_err();
             assert_eq!(k, key, "{p}");
             assert!(m.contains(msg), "{p}: {m}");
         }
-        let (k, _) = FileSource::parse(
-            "a/*.csv",
-            None,
-            false,
-            Some("a/_SUCCESS".into()),
-            PathBuf::from("."),
-        )
-        .unwrap_err();
+        let (k, _) = FileSource::parse("a/*.csv", None, false, Some("a/_SUCCESS".into()), PathBuf::from(".")).unwrap_err();
         assert_eq!(k, "source.require_marker");
     }
 
@@ -1246,10 +979,7 @@ mod tests {
         let names: Vec<&str> = got.files.iter().map(|f| f.path.as_str()).collect();
         assert_eq!(names, ["a.csv", "b.csv"]);
         assert_eq!(got.files[0].size, 5);
-        assert_eq!(
-            got.files[0].blake3,
-            blake3::hash(b"id\n1\n").to_hex().to_string()
-        );
+        assert_eq!(got.files[0].blake3, blake3::hash(b"id\n1\n").to_hex().to_string());
         let fp = got.fingerprint();
         assert_eq!((fp.kind.as_str(), fp.rows), (FILES_KIND, 2));
 
@@ -1259,32 +989,20 @@ mod tests {
         std::fs::create_dir_all(&day2).unwrap();
         std::fs::copy(day.join("a.csv"), day2.join("a.csv")).unwrap();
         std::fs::copy(day.join("b.csv"), day2.join("b.csv")).unwrap();
-        let moved = src("x/dt={run_date}/*.csv", other.path())
-            .resolve(d("2026-10-20"))
-            .unwrap()
-            .unwrap();
+        let moved = src("x/dt={run_date}/*.csv", other.path()).resolve(d("2026-10-20")).unwrap().unwrap();
         assert_eq!(moved.checksum, got.checksum);
 
         // One changed byte, an added file, a renamed file: another fingerprint.
         std::fs::write(day2.join("b.csv"), "id\n3\n").unwrap();
-        let changed = src("x/dt={run_date}/*.csv", other.path())
-            .resolve(d("2026-10-20"))
-            .unwrap()
-            .unwrap();
+        let changed = src("x/dt={run_date}/*.csv", other.path()).resolve(d("2026-10-20")).unwrap().unwrap();
         assert_ne!(changed.checksum, got.checksum);
         std::fs::copy(day.join("b.csv"), day2.join("b.csv")).unwrap();
         std::fs::write(day2.join("c.csv"), "id\n").unwrap();
-        let added = src("x/dt={run_date}/*.csv", other.path())
-            .resolve(d("2026-10-20"))
-            .unwrap()
-            .unwrap();
+        let added = src("x/dt={run_date}/*.csv", other.path()).resolve(d("2026-10-20")).unwrap().unwrap();
         assert_ne!(added.checksum, got.checksum);
         std::fs::remove_file(day2.join("c.csv")).unwrap();
         std::fs::rename(day2.join("b.csv"), day2.join("b2.csv")).unwrap();
-        let renamed = src("x/dt={run_date}/*.csv", other.path())
-            .resolve(d("2026-10-20"))
-            .unwrap()
-            .unwrap();
+        let renamed = src("x/dt={run_date}/*.csv", other.path()).resolve(d("2026-10-20")).unwrap().unwrap();
         assert_ne!(renamed.checksum, got.checksum);
 
         // A missing day.
@@ -1292,10 +1010,7 @@ mod tests {
         assert!(e.to_string().contains("no file matches"), "{e}");
         assert!(e.to_string().contains("dt=2026-10-21"), "{e}");
         assert!(e.hint().unwrap().contains("allow_missing = true"));
-        let lenient = FileSource {
-            allow_missing: true,
-            ..s.clone()
-        };
+        let lenient = FileSource { allow_missing: true, ..s.clone() };
         assert!(lenient.resolve(d("2026-10-21")).unwrap().is_none());
 
         // Only hidden files: said so.
@@ -1303,23 +1018,14 @@ mod tests {
         std::fs::create_dir_all(&day3).unwrap();
         std::fs::write(day3.join("_a.csv"), "id\n").unwrap();
         let e = s.resolve(d("2026-10-22")).unwrap_err().to_string();
-        assert!(
-            e.contains("only _a.csv whose name starts with `_` or `.`"),
-            "{e}"
-        );
+        assert!(e.contains("only _a.csv whose name starts with `_` or `.`"), "{e}");
 
         // A marker required and absent, then present.
-        let marked = FileSource {
-            require_marker: Some("_SUCCESS".into()),
-            ..s.clone()
-        };
+        let marked = FileSource { require_marker: Some("_SUCCESS".into()), ..s.clone() };
         let e = marked.resolve(d("2026-10-20")).unwrap_err().to_string();
         assert!(e.contains("has no _SUCCESS marker"), "{e}");
         std::fs::write(day.join("_SUCCESS"), "").unwrap();
-        assert_eq!(
-            marked.resolve(d("2026-10-20")).unwrap().unwrap().checksum,
-            got.checksum
-        );
+        assert_eq!(marked.resolve(d("2026-10-20")).unwrap().unwrap().checksum, got.checksum);
     }
 
     #[test]
@@ -1330,21 +1036,12 @@ mod tests {
         std::fs::create_dir_all(jobs.join("exports")).unwrap();
         std::fs::write(jobs.join("exports/_orders_2026-10-20.csv"), "id\n1\n").unwrap();
         // A fixed name starting with `_` is the user's choice: loaded.
-        let got = src("exports/_orders_{run_date}.csv", &jobs)
-            .resolve(d("2026-10-20"))
-            .unwrap()
-            .unwrap();
+        let got = src("exports/_orders_{run_date}.csv", &jobs).resolve(d("2026-10-20")).unwrap().unwrap();
         assert_eq!(got.files[0].path, "_orders_2026-10-20.csv");
         // A file whose name a reader would take for a pattern: refused.
         std::fs::write(jobs.join("exports/part[1].csv"), "id\n1\n").unwrap();
-        let e = src("exports/*.csv", &jobs)
-            .resolve(d("2026-10-20"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("part[1].csv") && e.contains("glob character"),
-            "{e}"
-        );
+        let e = src("exports/*.csv", &jobs).resolve(d("2026-10-20")).unwrap_err().to_string();
+        assert!(e.contains("part[1].csv") && e.contains("glob character"), "{e}");
     }
 
     #[test]
@@ -1357,54 +1054,28 @@ mod tests {
         let s = src("d/*.csv", dir.path());
         let e = s.resolve(d("2026-10-20")).unwrap_err();
         assert!(matches!(e, Error::Files { .. }), "{e}");
-        assert!(
-            e.to_string().starts_with("b.csv (in ") && e.to_string().contains("is empty (0 bytes)"),
-            "{e}"
-        );
+        assert!(e.to_string().starts_with("b.csv (in ") && e.to_string().contains("is empty (0 bytes)"), "{e}");
         assert!(e.hint().unwrap().contains("header line and no row"), "{e}");
         // A first line that names no column (a byte order mark, blanks, delimiters).
         std::fs::write(day.join("b.csv"), "\u{feff} ,\"\"\r\n1,2\n").unwrap();
         let e = s.resolve(d("2026-10-20")).unwrap_err();
         assert!(matches!(e, Error::Files { .. }), "{e}");
-        assert!(
-            e.to_string().starts_with("b.csv (in ") && e.to_string().contains("has no header line"),
-            "{e}"
-        );
+        assert!(e.to_string().starts_with("b.csv (in ") && e.to_string().contains("has no header line"), "{e}");
         // A header and no row: a day without rows (min_rows decides), read.
         std::fs::write(day.join("b.csv"), "id\n").unwrap();
         assert_eq!(s.resolve(d("2026-10-20")).unwrap().unwrap().files.len(), 2);
         // JSON: nothing but whitespace; 0 bytes of Parquet.
         std::fs::write(day.join("c.jsonl"), " \n\n").unwrap();
-        let e = src("d/*.jsonl", dir.path())
-            .resolve(d("2026-10-20"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.starts_with("c.jsonl (in ") && e.contains("holds no JSON value"),
-            "{e}"
-        );
+        let e = src("d/*.jsonl", dir.path()).resolve(d("2026-10-20")).unwrap_err().to_string();
+        assert!(e.starts_with("c.jsonl (in ") && e.contains("holds no JSON value"), "{e}");
         std::fs::write(day.join("p.parquet"), "").unwrap();
-        let e = src("d/*.parquet", dir.path())
-            .resolve(d("2026-10-20"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.starts_with("p.parquet (in ") && e.contains("is empty (0 bytes)"),
-            "{e}"
-        );
+        let e = src("d/*.parquet", dir.path()).resolve(d("2026-10-20")).unwrap_err().to_string();
+        assert!(e.starts_with("p.parquet (in ") && e.contains("is empty (0 bytes)"), "{e}");
         // Compressed content is the reader's to check; 0 bytes is refused here.
         std::fs::write(day.join("z.csv.gz"), "").unwrap();
-        let e = src("d/*.csv.gz", dir.path())
-            .resolve(d("2026-10-20"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.starts_with("z.csv.gz (in ") && e.contains("is empty (0 bytes)"),
-            "{e}"
-        );
-        assert!(
-            is_compressed("z.CSV.GZ") && is_compressed("a.jsonl.zst") && !is_compressed("a.csv")
-        );
+        let e = src("d/*.csv.gz", dir.path()).resolve(d("2026-10-20")).unwrap_err().to_string();
+        assert!(e.starts_with("z.csv.gz (in ") && e.contains("is empty (0 bytes)"), "{e}");
+        assert!(is_compressed("z.CSV.GZ") && is_compressed("a.jsonl.zst") && !is_compressed("a.csv"));
     }
 
     #[cfg(unix)]
@@ -1421,21 +1092,13 @@ mod tests {
         let s = src("dt={run_date}/**/*.csv", dir.path());
         let got = s.resolve(d("2026-10-20")).unwrap().unwrap();
         let names: Vec<&str> = got.files.iter().map(|f| f.path.as_str()).collect();
-        assert_eq!(
-            names,
-            ["a.csv", "side/c.csv"],
-            "each real file once, under its first name"
-        );
+        assert_eq!(names, ["a.csv", "side/c.csv"], "each real file once, under its first name");
         // A link back to the day's own folder: refused, naming it.
         std::os::unix::fs::symlink(".", day.join("loop")).unwrap();
         let e = s.resolve(d("2026-10-20")).unwrap_err();
         assert!(matches!(e, Error::Files { .. }), "{e}");
         let m = e.to_string();
-        assert!(
-            m.starts_with(&format!("{} leads back to ", day.join("loop").display()))
-                && m.contains("symbolic link cycle"),
-            "{m}"
-        );
+        assert!(m.starts_with(&format!("{} leads back to ", day.join("loop").display())) && m.contains("symbolic link cycle"), "{m}");
         // Two links that lead to each other's folders.
         std::fs::remove_file(day.join("loop")).unwrap();
         std::fs::create_dir_all(day.join("x")).unwrap();
@@ -1449,10 +1112,7 @@ mod tests {
     fn a_single_file_pattern_is_relative_to_its_folder() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("orders_2026-10-20.json"), "{}\n").unwrap();
-        let got = src("orders_{run_date}.json", dir.path())
-            .resolve(d("2026-10-20"))
-            .unwrap()
-            .unwrap();
+        let got = src("orders_{run_date}.json", dir.path()).resolve(d("2026-10-20")).unwrap().unwrap();
         assert_eq!(got.files[0].path, "orders_2026-10-20.json");
         assert_eq!(got.paths()[0], dir.path().join("orders_2026-10-20.json"));
     }

@@ -49,10 +49,7 @@ impl TableName {
                 Some("use two plain identifiers (letters, digits and _) joined by one dot"),
             ));
         }
-        Ok(TableName {
-            schema: parts[0].to_owned(),
-            table: parts[1].to_owned(),
-        })
+        Ok(TableName { schema: parts[0].to_owned(), table: parts[1].to_owned() })
     }
 
     /// The quoted `"schema"."table"`.
@@ -91,21 +88,8 @@ mod tests {
     fn table_names() {
         let t = TableName::parse("silver.orders").unwrap();
         assert_eq!(t.quoted(), "\"silver\".\"orders\"");
-        for bad in [
-            "orders",
-            "a.b.c",
-            "silver.",
-            "silver.orders; drop",
-            "1x.y",
-            "s.\"t\"",
-        ] {
-            assert!(
-                TableName::parse(bad)
-                    .unwrap_err()
-                    .to_string()
-                    .contains("not a table name"),
-                "{bad}"
-            );
+        for bad in ["orders", "a.b.c", "silver.", "silver.orders; drop", "1x.y", "s.\"t\""] {
+            assert!(TableName::parse(bad).unwrap_err().to_string().contains("not a table name"), "{bad}");
         }
     }
 }

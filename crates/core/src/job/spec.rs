@@ -148,35 +148,21 @@ pub fn reads_only_input(template: &SourceTemplate) -> bool {
         type Break = ();
         fn pre_visit_query(&mut self, q: &Query) -> ControlFlow<()> {
             if let Some(with) = &q.with {
-                self.ctes.extend(
-                    with.cte_tables
-                        .iter()
-                        .map(|c| c.alias.name.value.to_ascii_lowercase()),
-                );
+                self.ctes.extend(with.cte_tables.iter().map(|c| c.alias.name.value.to_ascii_lowercase()));
             }
             ControlFlow::Continue(())
         }
         fn pre_visit_relation(&mut self, r: &sqlparser::ast::ObjectName) -> ControlFlow<()> {
-            self.relations
-                .push(r.to_string().to_ascii_lowercase().replace('"', ""));
+            self.relations.push(r.to_string().to_ascii_lowercase().replace('"', ""));
             ControlFlow::Continue(())
         }
     }
-    let Ok(statements) = sqlparser::parser::Parser::parse_sql(
-        &sqlparser::dialect::GenericDialect {},
-        &template.text_for_parsing(),
-    ) else {
+    let Ok(statements) = sqlparser::parser::Parser::parse_sql(&sqlparser::dialect::GenericDialect {}, &template.text_for_parsing()) else {
         return false;
     };
-    let mut names = Names {
-        relations: Vec::new(),
-        ctes: Vec::new(),
-    };
+    let mut names = Names { relations: Vec::new(), ctes: Vec::new() };
     let _ = statements.visit(&mut names);
-    names
-        .relations
-        .iter()
-        .all(|r| r == "input" || names.ctes.contains(r))
+    names.relations.iter().all(|r| r == "input" || names.ctes.contains(r))
 }
 
 impl Source {
@@ -192,24 +178,13 @@ impl Source {
     /// Whether this is a file source whose query is the files' rows as
     /// they are (`SELECT * FROM input`, written or left out).
     pub fn reads_files_as_they_are(&self) -> bool {
-        self.files.is_some()
-            && self
-                .sql
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .join(" ")
-                .eq_ignore_ascii_case("SELECT * FROM input")
+        self.files.is_some() && self.sql.split_whitespace().collect::<Vec<_>>().join(" ").eq_ignore_ascii_case("SELECT * FROM input")
     }
 
     /// The same source with other SQL text (e.g. tables renamed into a sandbox).
     pub fn with_sql(&self, sql: String) -> crate::error::Result<Source> {
         let template = SourceTemplate::parse("source.sql", &sql)?;
-        Ok(Source {
-            sql,
-            template,
-            position: self.position,
-            files: self.files.clone(),
-        })
+        Ok(Source { sql, template, position: self.position, files: self.files.clone() })
     }
 
     /// The query with its run parameters located.
@@ -327,53 +302,26 @@ impl Job {
             hint: hint.map(str::to_owned),
         };
         let raw: RawJob = toml::from_str(text).map_err(|e| {
-            let key = e
-                .span()
-                .map(|s| key_at(text, s.start))
-                .unwrap_or_else(|| "(file)".into());
+            let key = e.span().map(|s| key_at(text, s.start)).unwrap_or_else(|| "(file)".into());
             let line = e.span().map(|s| text[..s.start].matches('\n').count() + 1);
             let message = match line {
                 Some(l) => format!("{} (line {l})", e.message().trim()),
                 None => e.message().trim().to_owned(),
             };
-            spec_err(
-                &key,
-                message,
-                Some("see docs/jobs.md (\"Every key\") for every key and its type"),
-            )
+            spec_err(&key, message, Some("see docs/jobs.md (\"Every key\") for every key and its type"))
         })?;
         let _ = raw.description;
 
-        let name = raw.name.ok_or_else(|| {
-            spec_err(
-                "name",
-                "missing: expected the job's name, e.g. name = \"silver_orders\"".into(),
-                None,
-            )
-        })?;
-        if name.is_empty()
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
-        {
-            return Err(spec_err(
-                "name",
-                format!("{name:?}: expected letters, digits, '_', '-' or '.'"),
-                None,
-            ));
+        let name = raw.name.ok_or_else(|| spec_err("name", "missing: expected the job's name, e.g. name = \"silver_orders\"".into(), None))?;
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)) {
+            return Err(spec_err("name", format!("{name:?}: expected letters, digits, '_', '-' or '.'"), None));
         }
         let target_text = raw
             .target
             .ok_or_else(|| spec_err("target", "missing: expected the target table as schema.table, e.g. target = \"silver.orders\"".into(), None))?;
-        let target =
-            TableName::parse(&target_text).map_err(|e| spec_err("target", e.to_string(), None))?;
+        let target = TableName::parse(&target_text).map_err(|e| spec_err("target", e.to_string(), None))?;
         if let Some((message, hint)) = reserved_target(&target, true) {
-            return Err(Error::Spec {
-                file: path.to_owned(),
-                key: "target".into(),
-                message,
-                hint: Some(hint),
-            });
+            return Err(Error::Spec { file: path.to_owned(), key: "target".into(), message, hint: Some(hint) });
         }
         let strategy = match raw.strategy.as_deref() {
             Some("replace_partition") => Strategy::ReplacePartition,
@@ -407,63 +355,33 @@ impl Job {
             if is_plain_ident(v) {
                 Ok(v.to_owned())
             } else {
-                Err(spec_err(
-                    key,
-                    format!("{v:?}: expected a column name (letters, digits and _)"),
-                    None,
-                ))
+                Err(spec_err(key, format!("{v:?}: expected a column name (letters, digits and _)"), None))
             }
         };
-        let partition = raw
-            .partition
-            .as_deref()
-            .map(|p| column("partition", p))
-            .transpose()?;
+        let partition = raw.partition.as_deref().map(|p| column("partition", p)).transpose()?;
         let raw_source = raw.source.ok_or_else(|| {
             spec_err("source", "missing: expected a [source] section with the query (sql = \"SELECT … WHERE dt = :run_date\") or the day's files (files = \"bronze/orders/dt={run_date}/*.parquet\")".into(), None)
         })?;
-        let files_position = raw_source
-            .files
-            .as_ref()
-            .map(|f| source_position(text, f.span()));
+        let files_position = raw_source.files.as_ref().map(|f| source_position(text, f.span()));
         let files = match raw_source.files.as_ref().map(|f| f.get_ref()) {
             Some(pattern) => {
                 let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
                 Some(
-                    crate::job::files::FileSource::parse(
-                        pattern,
-                        raw_source.format.as_deref(),
-                        raw_source.allow_missing.unwrap_or(false),
-                        raw_source.require_marker.clone(),
-                        dir,
-                    )
-                    .map_err(|(key, message)| {
-                        spec_err(&key, message, Some("see docs/jobs.md (\"File sources\")"))
-                    })?,
+                    crate::job::files::FileSource::parse(pattern, raw_source.format.as_deref(), raw_source.allow_missing.unwrap_or(false), raw_source.require_marker.clone(), dir)
+                        .map_err(|(key, message)| spec_err(&key, message, Some("see docs/jobs.md (\"File sources\")")))?,
                 )
             }
             None => {
-                for (key, present) in [
-                    ("format", raw_source.format.is_some()),
-                    ("allow_missing", raw_source.allow_missing.is_some()),
-                    ("require_marker", raw_source.require_marker.is_some()),
-                ] {
+                for (key, present) in [("format", raw_source.format.is_some()), ("allow_missing", raw_source.allow_missing.is_some()), ("require_marker", raw_source.require_marker.is_some())] {
                     if present {
-                        return Err(spec_err(
-                            &format!("source.{key}"),
-                            "only applies to a file source (files = …)".into(),
-                            None,
-                        ));
+                        return Err(spec_err(&format!("source.{key}"), "only applies to a file source (files = …)".into(), None));
                     }
                 }
                 None
             }
         };
         let spanned = raw_source.sql;
-        let sql_position = spanned
-            .as_ref()
-            .map(|s| source_position(text, s.span()))
-            .or(files_position);
+        let sql_position = spanned.as_ref().map(|s| source_position(text, s.span())).or(files_position);
         let sql = match (spanned, &files) {
             (Some(s), _) => s.into_inner(),
             (None, Some(_)) => "SELECT * FROM input".to_owned(),
@@ -476,40 +394,18 @@ impl Job {
             }
         };
         let template = SourceTemplate::parse("source.sql", &sql).map_err(|e| match e {
-            Error::Sql { message, hint, .. } => Error::Spec {
-                file: path.to_owned(),
-                key: "source.sql".into(),
-                message,
-                hint,
-            },
+            Error::Sql { message, hint, .. } => Error::Spec { file: path.to_owned(), key: "source.sql".into(), message, hint },
             other => other,
         })?;
-        if let Some((message, hint)) =
-            reads_own_target(&target, strategy, &template, files.is_some())
-        {
-            return Err(Error::Spec {
-                file: path.to_owned(),
-                key: "source.sql".into(),
-                message,
-                hint: Some(hint),
-            });
+        if let Some((message, hint)) = reads_own_target(&target, strategy, &template, files.is_some()) {
+            return Err(Error::Spec { file: path.to_owned(), key: "source.sql".into(), message, hint: Some(hint) });
         }
-        let metadata = raw
-            .metadata
-            .unwrap_or_default()
-            .iter()
-            .map(|m| column("metadata", m))
-            .collect::<Result<Vec<_>>>()?;
+        let metadata =
+            raw.metadata.unwrap_or_default().iter().map(|m| column("metadata", m)).collect::<Result<Vec<_>>>()?;
         let min_rows = match raw.min_rows {
             None => None,
             Some(n) if n >= 0 => Some(n as u64),
-            Some(n) => {
-                return Err(spec_err(
-                    "min_rows",
-                    format!("{n}: expected a whole number ≥ 0"),
-                    None,
-                ))
-            }
+            Some(n) => return Err(spec_err("min_rows", format!("{n}: expected a whole number ≥ 0"), None)),
         };
 
         let snapshot_history = strategy == Strategy::History && raw.version.is_none();
@@ -523,24 +419,11 @@ impl Job {
                     ));
                 };
                 if metadata.contains(p) {
-                    return Err(spec_err(
-                        "metadata",
-                        format!("{p:?} is the partition column; it cannot be metadata"),
-                        None,
-                    ));
+                    return Err(spec_err("metadata", format!("{p:?} is the partition column; it cannot be metadata"), None));
                 }
-                for (k, present) in [
-                    ("key", raw.key.is_some()),
-                    ("version", raw.version.is_some()),
-                    ("deleted", raw.deleted.is_some()),
-                    ("on_tie", raw.on_tie.is_some()),
-                ] {
+                for (k, present) in [("key", raw.key.is_some()), ("version", raw.version.is_some()), ("deleted", raw.deleted.is_some()), ("on_tie", raw.on_tie.is_some())] {
                     if present {
-                        return Err(spec_err(
-                            k,
-                            "only applies to strategy = \"merge\" or \"history\"".into(),
-                            None,
-                        ));
+                        return Err(spec_err(k, "only applies to strategy = \"merge\" or \"history\"".into(), None));
                     }
                 }
                 None
@@ -548,17 +431,9 @@ impl Job {
             Strategy::Merge | Strategy::History => {
                 let key = raw.key.unwrap_or_default();
                 if key.is_empty() {
-                    return Err(spec_err(
-                        "key",
-                        "missing: merge needs the natural business key, e.g. key = [\"order_id\"]"
-                            .into(),
-                        None,
-                    ));
+                    return Err(spec_err("key", "missing: merge needs the natural business key, e.g. key = [\"order_id\"]".into(), None));
                 }
-                let key = key
-                    .iter()
-                    .map(|k| column("key", k))
-                    .collect::<Result<Vec<_>>>()?;
+                let key = key.iter().map(|k| column("key", k)).collect::<Result<Vec<_>>>()?;
                 // A history without a version is a snapshot history: its
                 // version is the run date, kept in valid_from.
                 let version = match (raw.version, strategy) {
@@ -572,62 +447,26 @@ impl Job {
                 let on_tie = match raw.on_tie.as_deref() {
                     None | Some("error") => OnTie::Error,
                     Some("deterministic") => OnTie::Deterministic,
-                    Some(o) => {
-                        return Err(spec_err(
-                            "on_tie",
-                            format!("{o:?}: expected \"error\" or \"deterministic\""),
-                            None,
-                        ))
-                    }
+                    Some(o) => return Err(spec_err("on_tie", format!("{o:?}: expected \"error\" or \"deterministic\""), None)),
                 };
                 if let Some(pred) = &raw.deleted {
-                    crate::job::sql::check_predicate("deleted", pred).map_err(|e| {
-                        spec_err(
-                            "deleted",
-                            match e {
-                                Error::Sql { message, .. } => message,
-                                other => other.to_string(),
-                            },
-                            Some("a SQL condition on source rows, e.g. deleted = \"op = 'D'\""),
-                        )
-                    })?;
+                    crate::job::sql::check_predicate("deleted", pred).map_err(|e| spec_err("deleted", match e { Error::Sql { message, .. } => message, other => other.to_string() }, Some("a SQL condition on source rows, e.g. deleted = \"op = 'D'\"")))?;
                 }
                 if key.contains(&version) {
-                    return Err(spec_err(
-                        "version",
-                        format!(
-                            "{version:?} is part of the key; the version must be another column"
-                        ),
-                        None,
-                    ));
+                    return Err(spec_err("version", format!("{version:?} is part of the key; the version must be another column"), None));
                 }
-                Some(MergeSpec {
-                    key,
-                    version,
-                    deleted: raw.deleted,
-                    on_tie,
-                })
+                Some(MergeSpec { key, version, deleted: raw.deleted, on_tie })
             }
         };
         let history = match strategy {
             Strategy::History => {
                 let m = merge.as_ref().expect("history has keys");
-                let valid_from = column(
-                    "valid_from",
-                    raw.valid_from.as_deref().unwrap_or("valid_from"),
-                )?;
+                let valid_from = column("valid_from", raw.valid_from.as_deref().unwrap_or("valid_from"))?;
                 let valid_to = column("valid_to", raw.valid_to.as_deref().unwrap_or("valid_to"))?;
                 if valid_from == valid_to {
-                    return Err(spec_err(
-                        "valid_to",
-                        format!("{valid_to:?} is also valid_from: the interval needs two columns"),
-                        None,
-                    ));
+                    return Err(spec_err("valid_to", format!("{valid_to:?} is also valid_from: the interval needs two columns"), None));
                 }
-                if let Some(p) = partition
-                    .as_ref()
-                    .filter(|p| **p == valid_from || **p == valid_to)
-                {
+                if let Some(p) = partition.as_ref().filter(|p| **p == valid_from || **p == valid_to) {
                     return Err(spec_err(
                         "partition",
                         format!("{p:?} is an interval column: a history table is stored partitioned by a column of its source (on Spark), and an interval column would move rows between partitions at every change"),
@@ -656,12 +495,7 @@ impl Job {
                         ));
                     }
                 }
-                let track = raw
-                    .track
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|c| column("track", c))
-                    .collect::<Result<Vec<_>>>()?;
+                let track = raw.track.unwrap_or_default().iter().map(|c| column("track", c)).collect::<Result<Vec<_>>>()?;
                 for c in &track {
                     if m.key.contains(c) || &m.version == c || metadata.contains(c) {
                         return Err(spec_err(
@@ -671,27 +505,12 @@ impl Job {
                         ));
                     }
                 }
-                Some(HistorySpec {
-                    track,
-                    valid_from,
-                    valid_to,
-                    snapshot,
-                    absent_deletes,
-                })
+                Some(HistorySpec { track, valid_from, valid_to, snapshot, absent_deletes })
             }
             _ => {
-                for (k, present) in [
-                    ("track", raw.track.is_some()),
-                    ("deletes", raw.deletes.is_some()),
-                    ("valid_from", raw.valid_from.is_some()),
-                    ("valid_to", raw.valid_to.is_some()),
-                ] {
+                for (k, present) in [("track", raw.track.is_some()), ("deletes", raw.deletes.is_some()), ("valid_from", raw.valid_from.is_some()), ("valid_to", raw.valid_to.is_some())] {
                     if present {
-                        return Err(spec_err(
-                            k,
-                            "only applies to strategy = \"history\"".into(),
-                            None,
-                        ));
+                        return Err(spec_err(k, "only applies to strategy = \"history\"".into(), None));
                     }
                 }
                 None
@@ -701,20 +520,10 @@ impl Job {
         let lookback = match raw.lookback {
             None => 0,
             Some(_) if strategy != Strategy::ReplacePartition => {
-                return Err(spec_err(
-                    "lookback",
-                    "only applies to strategy = \"replace_partition\"".into(),
-                    Some("a merge replays safely: send the late rows in a batch"),
-                ))
+                return Err(spec_err("lookback", "only applies to strategy = \"replace_partition\"".into(), Some("a merge replays safely: send the late rows in a batch")))
             }
             Some(n) if (0..=366).contains(&n) => n as u32,
-            Some(n) => {
-                return Err(spec_err(
-                    "lookback",
-                    format!("{n}: expected a number of days from 0 to 366"),
-                    None,
-                ))
-            }
+            Some(n) => return Err(spec_err("lookback", format!("{n}: expected a number of days from 0 to 366"), None)),
         };
         let start = match raw.start {
             None => None,
@@ -725,22 +534,14 @@ impl Job {
                     other => other.to_string(),
                 };
                 Some(crate::job::date::RunDate::parse(&text).map_err(|_| {
-                    spec_err(
-                        "start",
-                        format!("{text}: expected a date, e.g. start = 2026-10-01"),
-                        None,
-                    )
+                    spec_err("start", format!("{text}: expected a date, e.g. start = 2026-10-01"), None)
                 })?)
             }
         };
         let on_schema_change = match raw.on_schema_change.as_deref() {
             None => crate::job::spec::OnSchemaChange::default(),
             Some(v) => crate::job::spec::OnSchemaChange::parse(v).ok_or_else(|| {
-                spec_err(
-                    "on_schema_change",
-                    format!("{v:?}: expected \"fail\" or \"append_new_columns\""),
-                    None,
-                )
+                spec_err("on_schema_change", format!("{v:?}: expected \"fail\" or \"append_new_columns\""), None)
             })?,
         };
         let swap = match raw.swap.as_deref() {
@@ -757,27 +558,12 @@ impl Job {
             })?,
         };
         // `unique` defaults to the key (a history's key and valid_from).
-        let unique_default: Option<Vec<String>> = merge.as_ref().map(|m| {
-            m.key
-                .iter()
-                .cloned()
-                .chain(history.as_ref().map(|h| h.valid_from.clone()))
-                .collect()
-        });
+        let unique_default: Option<Vec<String>> = merge.as_ref().map(|m| m.key.iter().cloned().chain(history.as_ref().map(|h| h.valid_from.clone())).collect());
         let mut audits = Vec::new();
         for (i, a) in raw.audit.unwrap_or_default().into_iter().enumerate() {
-            let audit = a
-                .validate(i, unique_default.as_deref())
-                .map_err(|(key, message)| spec_err(&key, message, None))?;
-            if audits
-                .iter()
-                .any(|x: &crate::job::audit::Audit| x.name == audit.name)
-            {
-                return Err(spec_err(
-                    &format!("audit[{i}].name"),
-                    format!("{:?} is the name of another audit", audit.name),
-                    Some("give each audit its own name"),
-                ));
+            let audit = a.validate(i, unique_default.as_deref()).map_err(|(key, message)| spec_err(&key, message, None))?;
+            if audits.iter().any(|x: &crate::job::audit::Audit| x.name == audit.name) {
+                return Err(spec_err(&format!("audit[{i}].name"), format!("{:?} is the name of another audit", audit.name), Some("give each audit its own name")));
             }
             audits.push(audit);
         }
@@ -787,12 +573,7 @@ impl Job {
             target,
             strategy,
             partition,
-            source: Source {
-                sql,
-                template,
-                position: sql_position.unwrap_or((1, 0)),
-                files,
-            },
+            source: Source { sql, template, position: sql_position.unwrap_or((1, 0)), files },
             metadata,
             min_rows,
             merge,
@@ -811,33 +592,14 @@ impl Job {
     /// when the job file is read; checked again at the start of every run,
     /// for a job changed since). Nothing is read from the database.
     pub fn check_target(&self) -> Result<()> {
-        let file = || {
-            self.path
-                .clone()
-                .unwrap_or_else(|| PathBuf::from(format!("job {}", self.name)))
-        };
+        let file = || self.path.clone().unwrap_or_else(|| PathBuf::from(format!("job {}", self.name)));
         // prove's sandbox runs a copy of the job whose target is in the
         // sandbox: at run time only fixpoint's own schema is refused.
         if let Some((message, hint)) = reserved_target(&self.target, false) {
-            return Err(Error::Spec {
-                file: file(),
-                key: "target".into(),
-                message,
-                hint: Some(hint),
-            });
+            return Err(Error::Spec { file: file(), key: "target".into(), message, hint: Some(hint) });
         }
-        if let Some((message, hint)) = reads_own_target(
-            &self.target,
-            self.strategy,
-            &self.source.template,
-            self.source.files.is_some(),
-        ) {
-            return Err(Error::Spec {
-                file: file(),
-                key: "source.sql".into(),
-                message,
-                hint: Some(hint),
-            });
+        if let Some((message, hint)) = reads_own_target(&self.target, self.strategy, &self.source.template, self.source.files.is_some()) {
+            return Err(Error::Spec { file: file(), key: "source.sql".into(), message, hint: Some(hint) });
         }
         Ok(())
     }
@@ -847,10 +609,7 @@ impl Job {
     /// how to fix it.
     pub(crate) fn spec_error(&self, key: &str, message: String, hint: String) -> Error {
         Error::Spec {
-            file: self
-                .path
-                .clone()
-                .unwrap_or_else(|| PathBuf::from(format!("job {}", self.name))),
+            file: self.path.clone().unwrap_or_else(|| PathBuf::from(format!("job {}", self.name))),
             key: key.to_owned(),
             message,
             hint: Some(hint),
@@ -883,14 +642,8 @@ fn reserved_schema(schema: &str, sandboxes: bool) -> Option<&'static str> {
 fn reserved_target(target: &TableName, sandboxes: bool) -> Option<(String, String)> {
     let what = reserved_schema(&target.schema, sandboxes)?;
     Some((
-        format!(
-            "{target} is in the schema {}, which is reserved for {what}",
-            target.schema
-        ),
-        format!(
-            "choose a target in a schema of your own, e.g. target = \"silver.{}\"",
-            target.table
-        ),
+        format!("{target} is in the schema {}, which is reserved for {what}", target.schema),
+        format!("choose a target in a schema of your own, e.g. target = \"silver.{}\"", target.table),
     ))
 }
 
@@ -900,20 +653,13 @@ fn reserved_target(target: &TableName, sandboxes: bool) -> Option<(String, Strin
 /// reads its source again after its MERGE, and adds new columns before
 /// reading it). `None` when it does not read it, and when the SQL cannot be
 /// parsed (the lint gate refuses that).
-fn reads_own_target(
-    target: &TableName,
-    strategy: Strategy,
-    template: &SourceTemplate,
-    file_source: bool,
-) -> Option<(String, String)> {
+fn reads_own_target(target: &TableName, strategy: Strategy, template: &SourceTemplate, file_source: bool) -> Option<(String, String)> {
     if !crate::job::sqlrefs::reads_table(&template.text_for_parsing(), target, file_source)? {
         return None;
     }
     let why = match strategy {
         Strategy::ReplacePartition => "a run deletes the rows it would read",
-        Strategy::Merge | Strategy::History => {
-            "a run rewrites the rows it reads, and reads them again after writing"
-        }
+        Strategy::Merge | Strategy::History => "a run rewrites the rows it reads, and reads them again after writing",
     };
     Some((
         format!("the source reads the job's own target {target}: {why}"),
@@ -946,10 +692,7 @@ fn source_position(text: &str, span: std::ops::Range<usize>) -> (usize, usize) {
 fn key_at(text: &str, pos: usize) -> String {
     let before = &text[..pos.min(text.len())];
     let line_start = before.rfind('\n').map(|i| i + 1).unwrap_or(0);
-    let line_end = text[line_start..]
-        .find('\n')
-        .map(|i| line_start + i)
-        .unwrap_or(text.len());
+    let line_end = text[line_start..].find('\n').map(|i| line_start + i).unwrap_or(text.len());
     let line = &text[line_start..line_end];
     let section = before[..line_start]
         .lines()
@@ -957,13 +700,7 @@ fn key_at(text: &str, pos: usize) -> String {
         .map(str::trim)
         .find(|l| l.starts_with('[') && l.ends_with(']'))
         .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_owned());
-    let key = line
-        .split('=')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .trim_matches('"')
-        .to_owned();
+    let key = line.split('=').next().unwrap_or("").trim().trim_matches('"').to_owned();
     match (section, key.is_empty() || key.starts_with('[')) {
         (_, true) => format!("line {}", before.matches('\n').count() + 1),
         (Some(s), false) => format!("{s}.{key}"),
@@ -997,46 +734,25 @@ sql = "SELECT *, now() AS loaded_at FROM bronze.orders WHERE dt = :run_date"
         assert_eq!(job.target.to_string(), "silver.orders");
         assert_eq!(job.partition.as_deref(), Some("dt"));
         assert_eq!(job.min_rows, Some(1));
-        assert_eq!(
-            job.definition_hash(),
-            parse(GOOD).unwrap().definition_hash()
-        );
+        assert_eq!(job.definition_hash(), parse(GOOD).unwrap().definition_hash());
         let changed = parse(&GOOD.replace("min_rows = 1", "min_rows = 2")).unwrap();
         assert_ne!(job.definition_hash(), changed.definition_hash());
     }
 
     #[test]
     fn swap_is_read_checked_and_left_out_of_the_hash() {
-        let with = |value: &str| {
-            GOOD.replacen("min_rows = 1", &format!("min_rows = 1\nswap = {value}"), 1)
-        };
+        let with = |value: &str| GOOD.replacen("min_rows = 1", &format!("min_rows = 1\nswap = {value}"), 1);
         assert_eq!(parse(GOOD).unwrap().swap, Swap::Exchange);
         assert_eq!(parse(&with("\"exchange\"")).unwrap().swap, Swap::Exchange);
         let di = parse(&with("\"delete_insert\"")).unwrap();
         assert_eq!(di.swap, Swap::DeleteInsert);
-        assert_eq!(
-            di.definition_hash(),
-            parse(GOOD).unwrap().definition_hash(),
-            "the same rows are written either way"
-        );
+        assert_eq!(di.definition_hash(), parse(GOOD).unwrap().definition_hash(), "the same rows are written either way");
         let e = parse(&with("\"truncate\"")).unwrap_err();
-        assert!(
-            matches!(&e, Error::Spec { key, hint: Some(_), .. } if key == "swap"),
-            "{e:?}"
-        );
-        assert_eq!(
-            e.to_string(),
-            "jobs/x.toml: swap: \"truncate\": expected \"exchange\" or \"delete_insert\""
-        );
-        assert!(parse(&with("true"))
-            .unwrap_err()
-            .to_string()
-            .starts_with("jobs/x.toml: swap: invalid type"));
+        assert!(matches!(&e, Error::Spec { key, hint: Some(_), .. } if key == "swap"), "{e:?}");
+        assert_eq!(e.to_string(), "jobs/x.toml: swap: \"truncate\": expected \"exchange\" or \"delete_insert\"");
+        assert!(parse(&with("true")).unwrap_err().to_string().starts_with("jobs/x.toml: swap: invalid type"));
         let merge = "name = \"m\"\ntarget = \"main.orders\"\nstrategy = \"merge\"\nkey = [\"id\"]\nversion = \"v\"\nswap = \"delete_insert\"\n[source]\nsql = \"SELECT * FROM bronze.orders\"\n";
-        assert!(parse(merge)
-            .unwrap_err()
-            .to_string()
-            .starts_with("jobs/x.toml: swap: only applies to strategy = \"replace_partition\""));
+        assert!(parse(merge).unwrap_err().to_string().starts_with("jobs/x.toml: swap: only applies to strategy = \"replace_partition\""));
     }
 
     #[test]
@@ -1062,17 +778,9 @@ sql = "SELECT *, now() AS loaded_at FROM bronze.orders WHERE dt = :run_date"
 
     #[test]
     fn fixpoint_schemas_are_not_targets() {
-        for target in [
-            "fixpoint.runs",
-            "FIXPOINT.runs",
-            "Fixpoint.tombstones__silver__orders",
-            "fixpoint_sandbox_1a2b3c4d.silver__orders",
-        ] {
+        for target in ["fixpoint.runs", "FIXPOINT.runs", "Fixpoint.tombstones__silver__orders", "fixpoint_sandbox_1a2b3c4d.silver__orders"] {
             let e = parse(&GOOD.replace("silver.orders", target)).unwrap_err();
-            assert!(
-                matches!(&e, Error::Spec { key, hint: Some(_), .. } if key == "target"),
-                "{target}: {e:?}"
-            );
+            assert!(matches!(&e, Error::Spec { key, hint: Some(_), .. } if key == "target"), "{target}: {e:?}");
             assert!(e.to_string().contains("is reserved for"), "{e}");
         }
         parse(&GOOD.replace("silver.orders", "fixpoint_x.orders")).unwrap();
@@ -1083,28 +791,15 @@ sql = "SELECT *, now() AS loaded_at FROM bronze.orders WHERE dt = :run_date"
     fn a_source_reading_the_target_is_refused() {
         let own = GOOD.replace("FROM bronze.orders", "FROM silver.orders");
         let e = parse(&own).unwrap_err();
-        assert!(
-            matches!(&e, Error::Spec { key, hint: Some(_), .. } if key == "source.sql"),
-            "{e:?}"
-        );
+        assert!(matches!(&e, Error::Spec { key, hint: Some(_), .. } if key == "source.sql"), "{e:?}");
         assert_eq!(e.to_string(), "jobs/x.toml: source.sql: the source reads the job's own target silver.orders: a run deletes the rows it would read");
         let merge = "name = \"m\"\ntarget = \"main.orders\"\nstrategy = \"merge\"\nkey = [\"id\"]\nversion = \"v\"\n[source]\nsql = \"SELECT * FROM Orders WHERE dt = :run_date\"\n";
-        assert!(parse(merge)
-            .unwrap_err()
-            .to_string()
-            .contains("the source reads the job's own target main.orders"));
+        assert!(parse(merge).unwrap_err().to_string().contains("the source reads the job's own target main.orders"));
         // Loaded, then changed: refused at the start of the run.
         let mut job = parse(GOOD).unwrap();
         job.check_target().unwrap();
-        job.source = job
-            .source
-            .with_sql("SELECT * FROM silver.orders WHERE dt = :run_date".into())
-            .unwrap();
-        assert!(job
-            .check_target()
-            .unwrap_err()
-            .to_string()
-            .starts_with("job silver_orders: source.sql: the source reads the job's own target"));
+        job.source = job.source.with_sql("SELECT * FROM silver.orders WHERE dt = :run_date".into()).unwrap();
+        assert!(job.check_target().unwrap_err().to_string().starts_with("job silver_orders: source.sql: the source reads the job's own target"));
     }
 }
 

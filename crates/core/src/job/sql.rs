@@ -52,11 +52,7 @@ impl Value {
     /// (a bug: the query fixpoint wrote returns one), never a 0 that would
     /// pass a guard. `what` names the count in the error.
     pub fn count(&self, what: &str) -> crate::error::Result<u64> {
-        self.as_u64().ok_or_else(|| {
-            crate::error::Error::Internal(format!(
-                "{what}: expected a count, the database returned {self:?}"
-            ))
-        })
+        self.as_u64().ok_or_else(|| crate::error::Error::Internal(format!("{what}: expected a count, the database returned {self:?}")))
     }
 
     /// The value as text, if it is text.
@@ -99,10 +95,7 @@ impl Sql {
 
     /// A statement without parameters.
     pub fn raw(text: impl Into<String>) -> Sql {
-        Sql {
-            text: text.into(),
-            params: Vec::new(),
-        }
+        Sql { text: text.into(), params: Vec::new() }
     }
 
     /// Appends SQL text written by fixpoint (never user values).
@@ -172,12 +165,7 @@ pub enum RunParam {
 }
 
 impl RunParam {
-    const ALL: [RunParam; 4] = [
-        RunParam::RunDate,
-        RunParam::RunStart,
-        RunParam::RunEnd,
-        RunParam::RunKey,
-    ];
+    const ALL: [RunParam; 4] = [RunParam::RunDate, RunParam::RunStart, RunParam::RunEnd, RunParam::RunKey];
 
     /// The name after the colon.
     pub fn name(self) -> &'static str {
@@ -213,11 +201,7 @@ pub struct RunParams {
 impl RunParams {
     /// The parameters of a run for `run_date`, before its key is known.
     pub fn new(run_date: NaiveDate) -> RunParams {
-        RunParams {
-            run_date,
-            run_key: String::new(),
-            input: None,
-        }
+        RunParams { run_date, run_key: String::new(), input: None }
     }
 
     fn value(&self, p: RunParam) -> Value {
@@ -256,40 +240,22 @@ impl SourceTemplate {
         let dialect = GenericDialect {};
         let tokens = Tokenizer::new(&dialect, sql)
             .tokenize_with_location()
-            .map_err(|e| {
-                err(
-                    format!(
-                        "{} at line {}, column {}",
-                        e.message, e.location.line, e.location.column
-                    ),
-                    None,
-                )
-            })?;
+            .map_err(|e| err(format!("{} at line {}, column {}", e.message, e.location.line, e.location.column), None))?;
         let offsets = LineIndex::new(sql);
 
-        let significant: Vec<usize> = (0..tokens.len())
-            .filter(|&i| !matches!(tokens[i].token, Token::Whitespace(_) | Token::EOF))
-            .collect();
+        let significant: Vec<usize> =
+            (0..tokens.len()).filter(|&i| !matches!(tokens[i].token, Token::Whitespace(_) | Token::EOF)).collect();
         if significant.is_empty() {
-            return Err(err(
-                "is empty".into(),
-                Some("write the query that produces the run's rows"),
-            ));
+            return Err(err("is empty".into(), Some("write the query that produces the run's rows")));
         }
         // One statement: a `;` may only end the text.
         let mut end_byte = sql.len();
         for (n, &i) in significant.iter().enumerate() {
             if tokens[i].token == Token::SemiColon {
                 let loc = tokens[i].span.start;
-                if significant[n + 1..]
-                    .iter()
-                    .any(|&j| tokens[j].token != Token::SemiColon)
-                {
+                if significant[n + 1..].iter().any(|&j| tokens[j].token != Token::SemiColon) {
                     return Err(err(
-                        format!(
-                            "holds more than one statement (`;` at line {}, column {})",
-                            loc.line, loc.column
-                        ),
+                        format!("holds more than one statement (`;` at line {}, column {})", loc.line, loc.column),
                         Some("give one query; fixpoint writes the target itself"),
                     ));
                 }
@@ -300,10 +266,7 @@ impl SourceTemplate {
         let is_query = match first {
             Token::LParen => true,
             Token::Word(w) => {
-                matches!(
-                    w.value.to_ascii_uppercase().as_str(),
-                    "SELECT" | "WITH" | "VALUES" | "FROM" | "TABLE"
-                )
+                matches!(w.value.to_ascii_uppercase().as_str(), "SELECT" | "WITH" | "VALUES" | "FROM" | "TABLE")
             }
             _ => false,
         };
@@ -328,24 +291,17 @@ impl SourceTemplate {
                             "uses the positional parameter `{p}` at line {}, column {}",
                             tok.span.start.line, tok.span.start.column
                         ),
-                        Some(
-                            "use the named parameters :run_date, :run_start, :run_end or :run_key",
-                        ),
+                        Some("use the named parameters :run_date, :run_start, :run_end or :run_key"),
                     ))
                 }
                 Token::Colon if bracket_depth == 0 => {
-                    let Some(&next) = significant.get(n + 1) else {
-                        continue;
-                    };
-                    let Token::Word(w) = &tokens[next].token else {
-                        continue;
-                    };
+                    let Some(&next) = significant.get(n + 1) else { continue };
+                    let Token::Word(w) = &tokens[next].token else { continue };
                     let adjacent = next == i + 1 && w.quote_style.is_none();
                     if !adjacent {
                         continue;
                     }
-                    let Some(param) = RunParam::ALL.into_iter().find(|p| p.name() == w.value)
-                    else {
+                    let Some(param) = RunParam::ALL.into_iter().find(|p| p.name() == w.value) else {
                         return Err(err(
                             format!(
                                 "uses the unknown parameter `:{}` at line {}, column {}",
@@ -355,9 +311,7 @@ impl SourceTemplate {
                         ));
                     };
                     let start = offsets.byte(tok.span.start.line, tok.span.start.column);
-                    let end = offsets
-                        .byte(tokens[next].span.start.line, tokens[next].span.start.column)
-                        + w.value.len();
+                    let end = offsets.byte(tokens[next].span.start.line, tokens[next].span.start.column) + w.value.len();
                     if start > copied {
                         segments.push(Segment::Text(sql[copied..start].to_owned()));
                     }
@@ -375,9 +329,7 @@ impl SourceTemplate {
 
     /// Whether the query uses any of `params`.
     pub fn uses_any(&self, params: &[RunParam]) -> bool {
-        self.segments
-            .iter()
-            .any(|s| matches!(s, Segment::Param(p) if params.contains(p)))
+        self.segments.iter().any(|s| matches!(s, Segment::Param(p) if params.contains(p)))
     }
 
     /// Appends the query to `out`, binding each parameter it uses once
@@ -447,9 +399,7 @@ pub fn check_predicate(what: &str, text: &str) -> Result<()> {
         message,
         hint: Some("give one SQL condition, e.g. \"dt = DATE '2026-10-20'\"".into()),
     };
-    let mut parser = Parser::new(&dialect)
-        .try_with_sql(text)
-        .map_err(|e| err(e.to_string()))?;
+    let mut parser = Parser::new(&dialect).try_with_sql(text).map_err(|e| err(e.to_string()))?;
     parser.parse_expr().map_err(|e| err(e.to_string()))?;
     let rest = parser.peek_token();
     if rest.token != Token::EOF {
@@ -477,11 +427,7 @@ impl<'a> LineIndex<'a> {
     pub(crate) fn byte(&self, line: u64, column: u64) -> usize {
         let start = self.starts[(line as usize).saturating_sub(1).min(self.starts.len() - 1)];
         let skip = (column as usize).saturating_sub(1);
-        self.text[start..]
-            .char_indices()
-            .nth(skip)
-            .map(|(i, _)| start + i)
-            .unwrap_or(self.text.len())
+        self.text[start..].char_indices().nth(skip).map(|(i, _)| start + i).unwrap_or(self.text.len())
     }
 }
 
@@ -490,10 +436,7 @@ mod tests {
     use super::*;
 
     fn params() -> RunParams {
-        RunParams {
-            run_key: "k".into(),
-            ..RunParams::new(NaiveDate::from_ymd_opt(2026, 10, 20).unwrap())
-        }
+        RunParams { run_key: "k".into(), ..RunParams::new(NaiveDate::from_ymd_opt(2026, 10, 20).unwrap()) }
     }
 
     #[test]
@@ -509,10 +452,7 @@ mod tests {
             "SELECT ':run_date' AS s, \"a:run_key\", x::date -- :run_end\nFROM t WHERE dt = CAST($1 AS DATE) AND ts >= CAST($2 AS TIMESTAMP) AND ts < CAST($3 AS TIMESTAMP) AND d = CAST($1 AS DATE)"
         );
         assert_eq!(sql.params.len(), 3);
-        assert_eq!(
-            sql.params[0],
-            Value::Date(NaiveDate::from_ymd_opt(2026, 10, 20).unwrap())
-        );
+        assert_eq!(sql.params[0], Value::Date(NaiveDate::from_ymd_opt(2026, 10, 20).unwrap()));
         assert_eq!(sql.params[2].display(), "2026-10-21 00:00:00");
     }
 
@@ -520,36 +460,20 @@ mod tests {
     fn numbering_continues_after_existing_parameters() {
         let t = SourceTemplate::parse("source.sql", "SELECT :run_key AS load_id").unwrap();
         let mut sql = Sql::new();
-        sql.push("SELECT * FROM (")
-            .param(Value::Int(1))
-            .push(") x, (");
+        sql.push("SELECT * FROM (").param(Value::Int(1)).push(") x, (");
         t.render_into(&mut sql, &params());
         sql.push(")");
-        assert_eq!(
-            sql.text,
-            "SELECT * FROM ($1) x, (SELECT CAST($2 AS VARCHAR) AS load_id)"
-        );
+        assert_eq!(sql.text, "SELECT * FROM ($1) x, (SELECT CAST($2 AS VARCHAR) AS load_id)");
     }
 
     #[test]
     fn a_file_input_is_named_input_and_numbered_first() {
-        let t =
-            SourceTemplate::parse("source.sql", "SELECT id, :run_date AS dt FROM input").unwrap();
+        let t = SourceTemplate::parse("source.sql", "SELECT id, :run_date AS dt FROM input").unwrap();
         let mut rel = Sql::new();
-        rel.push("read_csv([")
-            .param(Value::Text("a.csv".into()))
-            .push(", ")
-            .param(Value::Text("b.csv".into()))
-            .push("])");
+        rel.push("read_csv([").param(Value::Text("a.csv".into())).push(", ").param(Value::Text("b.csv".into())).push("])");
         let mut sql = Sql::new();
         sql.param(Value::Int(7)).push(" ");
-        t.render_into(
-            &mut sql,
-            &RunParams {
-                input: Some(rel),
-                ..params()
-            },
-        );
+        t.render_into(&mut sql, &RunParams { input: Some(rel), ..params() });
         assert_eq!(
             sql.text,
             "$1 WITH \"input\" AS (SELECT * FROM read_csv([$2, $3])) SELECT * FROM (\nSELECT id, CAST($4 AS DATE) AS dt FROM input\n) AS \"fixpoint_source\""
@@ -560,24 +484,14 @@ mod tests {
 
     #[test]
     fn keeps_quotes_in_string_literals() {
-        let t = SourceTemplate::parse(
-            "source.sql",
-            "SELECT 'it''s :run_date' AS s, :run_date AS d",
-        )
-        .unwrap();
-        assert_eq!(
-            t.render(&params()).text,
-            "SELECT 'it''s :run_date' AS s, CAST($1 AS DATE) AS d"
-        );
+        let t = SourceTemplate::parse("source.sql", "SELECT 'it''s :run_date' AS s, :run_date AS d").unwrap();
+        assert_eq!(t.render(&params()).text, "SELECT 'it''s :run_date' AS s, CAST($1 AS DATE) AS d");
     }
 
     #[test]
     fn refuses_what_cannot_be_a_source() {
         let cases = [
-            (
-                "SELECT 1; DROP TABLE silver.orders",
-                "more than one statement",
-            ),
+            ("SELECT 1; DROP TABLE silver.orders", "more than one statement"),
             ("SELECT :run_day", "unknown parameter `:run_day`"),
             ("SELECT $1", "positional parameter `$1`"),
             ("SELECT ?", "positional parameter `?`"),
@@ -586,9 +500,7 @@ mod tests {
             ("SELECT 'unterminated", "line 1"),
         ];
         for (sql, expected) in cases {
-            let e = SourceTemplate::parse("source.sql", sql)
-                .unwrap_err()
-                .to_string();
+            let e = SourceTemplate::parse("source.sql", sql).unwrap_err().to_string();
             assert!(e.contains(expected), "{sql}: {e}");
             assert!(e.starts_with("source.sql: "), "{e}");
         }
@@ -599,9 +511,7 @@ mod tests {
     #[test]
     fn predicates_are_single_expressions() {
         assert!(check_predicate("--where", "dt = DATE '2026-10-20' AND x IS NOT NULL").is_ok());
-        let e = check_predicate("--where", "1=1; DROP TABLE t")
-            .unwrap_err()
-            .to_string();
+        let e = check_predicate("--where", "1=1; DROP TABLE t").unwrap_err().to_string();
         assert!(e.contains("not a single condition"), "{e}");
         assert!(check_predicate("--where", "").is_err());
     }

@@ -44,34 +44,19 @@ impl Visitor for Refs {
         let ptr = q as *const Query;
         if let Some(frame) = self.frames.last_mut() {
             if let Some(i) = frame.bodies.iter().position(|b| *b == ptr) {
-                frame.visible = if frame.recursive {
-                    frame.names.len()
-                } else {
-                    i
-                };
+                frame.visible = if frame.recursive { frame.names.len() } else { i };
             }
         }
         let (names, bodies, recursive) = match &q.with {
             Some(with) => (
-                with.cte_tables
-                    .iter()
-                    .map(|c| c.alias.name.value.to_ascii_lowercase())
-                    .collect::<Vec<_>>(),
-                with.cte_tables
-                    .iter()
-                    .map(|c| &*c.query as *const Query)
-                    .collect::<Vec<_>>(),
+                with.cte_tables.iter().map(|c| c.alias.name.value.to_ascii_lowercase()).collect::<Vec<_>>(),
+                with.cte_tables.iter().map(|c| &*c.query as *const Query).collect::<Vec<_>>(),
                 with.recursive,
             ),
             None => (Vec::new(), Vec::new(), false),
         };
         let visible = names.len();
-        self.frames.push(Frame {
-            names,
-            bodies,
-            recursive,
-            visible,
-        });
+        self.frames.push(Frame { names, bodies, recursive, visible });
         ControlFlow::Continue(())
     }
 
@@ -87,12 +72,7 @@ impl Visitor for Refs {
     }
 
     fn pre_visit_table_factor(&mut self, t: &TableFactor) -> ControlFlow<()> {
-        if let TableFactor::Table {
-            name,
-            args: Some(_),
-            ..
-        } = t
-        {
+        if let TableFactor::Table { name, args: Some(_), .. } = t {
             self.functions.push(name as *const ObjectName);
         }
         ControlFlow::Continue(())
@@ -111,10 +91,7 @@ impl Visitor for Refs {
             }
         }
         if let [only] = parts.as_slice() {
-            let is_cte = self
-                .frames
-                .iter()
-                .any(|f| f.names[..f.visible].contains(only));
+            let is_cte = self.frames.iter().any(|f| f.names[..f.visible].contains(only));
             if is_cte {
                 return ControlFlow::Continue(());
             }
@@ -132,20 +109,9 @@ impl Visitor for Refs {
 /// `text` is the query with its run parameters made placeholders
 /// ([`crate::job::sql::SourceTemplate::text_for_parsing`]).
 pub fn relations(text: &str) -> Option<Vec<Vec<String>>> {
-    let dialects: [&dyn Dialect; 4] = [
-        &DuckDbDialect {},
-        &PostgreSqlDialect {},
-        &crate::job::dialect::SparkSql,
-        &GenericDialect {},
-    ];
-    let statements = dialects
-        .iter()
-        .find_map(|d| Parser::parse_sql(*d, text).ok())?;
-    let mut refs = Refs {
-        frames: Vec::new(),
-        functions: Vec::new(),
-        found: Vec::new(),
-    };
+    let dialects: [&dyn Dialect; 4] = [&DuckDbDialect {}, &PostgreSqlDialect {}, &crate::job::dialect::SparkSql, &GenericDialect {}];
+    let statements = dialects.iter().find_map(|d| Parser::parse_sql(*d, text).ok())?;
+    let mut refs = Refs { frames: Vec::new(), functions: Vec::new(), found: Vec::new() };
     let _ = statements.visit(&mut refs);
     Some(refs.found)
 }
@@ -169,11 +135,7 @@ pub fn names_table(parts: &[String], target: &TableName, file_source: bool) -> b
 /// Whether the query `text` reads `target`: `None` when it cannot be
 /// parsed (the lint gate answers for that).
 pub fn reads_table(text: &str, target: &TableName, file_source: bool) -> Option<bool> {
-    Some(
-        relations(text)?
-            .iter()
-            .any(|parts| names_table(parts, target, file_source)),
-    )
+    Some(relations(text)?.iter().any(|parts| names_table(parts, target, file_source)))
 }
 
 #[cfg(test)]
@@ -213,77 +175,32 @@ mod tests {
         assert_eq!(reads("SELECT * FROM orders", "public.orders"), Some(true));
         assert_eq!(reads("SELECT * FROM ORDERS", "Main.Orders"), Some(true));
         assert_eq!(reads("SELECT * FROM orders", "silver.orders"), Some(false));
-        assert_eq!(
-            reads("SELECT * FROM main.orders", "public.orders"),
-            Some(false)
-        );
+        assert_eq!(reads("SELECT * FROM main.orders", "public.orders"), Some(false));
     }
 
     #[test]
     fn ctes_shadow_tables_in_their_scope_only() {
         // The CTE named like the target, read unqualified: not the target.
-        assert_eq!(
-            reads(
-                "WITH orders AS (SELECT * FROM bronze.orders) SELECT * FROM orders",
-                "main.orders"
-            ),
-            Some(false)
-        );
+        assert_eq!(reads("WITH orders AS (SELECT * FROM bronze.orders) SELECT * FROM orders", "main.orders"), Some(false));
         // A non-recursive CTE's body reads the table of its own name.
-        assert_eq!(
-            reads(
-                "WITH orders AS (SELECT * FROM orders) SELECT * FROM orders",
-                "main.orders"
-            ),
-            Some(true)
-        );
+        assert_eq!(reads("WITH orders AS (SELECT * FROM orders) SELECT * FROM orders", "main.orders"), Some(true));
         // A later CTE sees an earlier one.
         assert_eq!(reads("WITH orders AS (SELECT * FROM bronze.orders), b AS (SELECT * FROM orders) SELECT * FROM b", "main.orders"), Some(false));
         // An earlier CTE does not see a later one.
         assert_eq!(reads("WITH a AS (SELECT * FROM orders), orders AS (SELECT 1 AS x) SELECT * FROM a, orders", "main.orders"), Some(true));
         // A CTE of a subquery does not shadow outside it.
-        assert_eq!(
-            reads(
-                "SELECT * FROM orders, (WITH orders AS (SELECT 1 AS x) SELECT * FROM orders) AS s",
-                "main.orders"
-            ),
-            Some(true)
-        );
+        assert_eq!(reads("SELECT * FROM orders, (WITH orders AS (SELECT 1 AS x) SELECT * FROM orders) AS s", "main.orders"), Some(true));
         // A qualified name is never a CTE.
-        assert_eq!(
-            reads(
-                "WITH orders AS (SELECT 1 AS x) SELECT * FROM main.orders",
-                "main.orders"
-            ),
-            Some(true)
-        );
+        assert_eq!(reads("WITH orders AS (SELECT 1 AS x) SELECT * FROM main.orders", "main.orders"), Some(true));
     }
 
     #[test]
     fn other_tables_functions_and_unreadable_sql() {
-        assert_eq!(
-            reads("SELECT * FROM bronze.orders WHERE dt = $1", "silver.orders"),
-            Some(false)
-        );
-        assert_eq!(
-            reads("SELECT * FROM silver.orders_archive", "silver.orders"),
-            Some(false)
-        );
-        assert_eq!(
-            reads(
-                "SELECT * FROM read_parquet('orders.parquet')",
-                "main.read_parquet"
-            ),
-            Some(false)
-        );
+        assert_eq!(reads("SELECT * FROM bronze.orders WHERE dt = $1", "silver.orders"), Some(false));
+        assert_eq!(reads("SELECT * FROM silver.orders_archive", "silver.orders"), Some(false));
+        assert_eq!(reads("SELECT * FROM read_parquet('orders.parquet')", "main.read_parquet"), Some(false));
         assert_eq!(reads("SELEC * FROM silver.orders", "silver.orders"), None);
-        assert_eq!(
-            reads_table("SELECT * FROM input", &t("main.input"), true),
-            Some(false)
-        );
-        assert_eq!(
-            reads_table("SELECT * FROM input", &t("main.input"), false),
-            Some(true)
-        );
+        assert_eq!(reads_table("SELECT * FROM input", &t("main.input"), true), Some(false));
+        assert_eq!(reads_table("SELECT * FROM input", &t("main.input"), false), Some(true));
     }
 }

@@ -33,31 +33,20 @@
 //! winners per key among the batch and those partitions' rows are
 //! materialized, then written over those partitions in one statement.
 
+
 use crate::engine::Leases;
 use crate::error::{Error, Result};
+use crate::run::protocol::RunOptions;
 use crate::job::ident::TableName;
 use crate::job::spec::Job;
-use crate::run::protocol::RunOptions;
 
 /// Runs `body` holding the lease of `scope` of `job`, released afterwards
 /// whatever happens (a crash leaves it to expire); the run's tables (`also`
 /// beside the target and the ledger) refreshed first.
-pub(crate) fn leased<T>(
-    engine: &mut dyn Leases,
-    job: &Job,
-    scope: &str,
-    opts: &RunOptions,
-    also: &[TableName],
-    body: impl FnOnce(&mut dyn Leases) -> Result<T>,
-) -> Result<T> {
+pub(crate) fn leased<T>(engine: &mut dyn Leases, job: &Job, scope: &str, opts: &RunOptions, also: &[TableName], body: impl FnOnce(&mut dyn Leases) -> Result<T>) -> Result<T> {
     let key = format!("fixpoint:{}:{}:{scope}", job.name, job.target);
     if let Err(holder) = engine.acquire_lease(&key, !opts.no_wait)? {
-        return Err(Error::Busy {
-            message: format!(
-                "another run of job {} holds the lease on {} ({scope}): {holder}",
-                job.name, job.target
-            ),
-        });
+        return Err(Error::Busy { message: format!("another run of job {} holds the lease on {} ({scope}): {holder}", job.name, job.target) });
     }
     // What this session read of the run's tables before the lease (the
     // check for a skip, an earlier run in the same session) may be stale:
@@ -65,13 +54,11 @@ pub(crate) fn leased<T>(
     let result = refresh_tables(engine, job, also).and_then(|()| body(engine));
     if let Err(e) = engine.release_lease(&key) {
         // The run's outcome stands; the lease expires on its own.
-        eprintln!(
-            "fixpoint: {}: could not release the lease on {} ({scope}): {e}; it expires on its own",
-            job.name, job.target
-        );
+        eprintln!("fixpoint: {}: could not release the lease on {} ({scope}): {e}; it expires on its own", job.name, job.target);
     }
     result
 }
+
 
 /// The tables a run of `job` reads and writes under its lease, refreshed
 /// ([`Leases::refresh`]): the target, the ledger, and `also` (a merge's

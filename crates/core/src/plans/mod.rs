@@ -23,30 +23,18 @@ impl Job {
     }
 
     /// [`Job::load`] with options.
-    pub fn load_with(
-        &self,
-        run_date: RunDate,
-        engine: &mut dyn Engine,
-        opts: &RunOptions,
-    ) -> Result<RunReport> {
+    pub fn load_with(&self, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
         let Some(observer) = &opts.observer else {
             return self.load_retrying(run_date, engine, opts);
         };
         observer.0.started(self, run_date);
         let result = self.load_retrying(run_date, engine, opts);
-        observer
-            .0
-            .finished(self, run_date, result.as_ref(), Some(engine));
+        observer.0.finished(self, run_date, result.as_ref(), Some(engine));
         result
     }
 
     /// [`Job::load_with`] without the observer's calls around it.
-    fn load_retrying(
-        &self,
-        run_date: RunDate,
-        engine: &mut dyn Engine,
-        opts: &RunOptions,
-    ) -> Result<RunReport> {
+    fn load_retrying(&self, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
         // Before anything is read or written: a target in fixpoint's own
         // schema, a source that reads the target (also refused at load).
         self.check_target()?;
@@ -66,11 +54,7 @@ impl Job {
                 Err(Error::Transient { message, .. }) if attempt < 3 => {
                     attempt += 1;
                     let wait = std::time::Duration::from_millis(100 * 4u64.pow(attempt - 1));
-                    eprintln!(
-                        "fixpoint: {} {run_date}: {message}; rolled back, retrying in {} ms",
-                        self.name,
-                        wait.as_millis()
-                    );
+                    eprintln!("fixpoint: {} {run_date}: {message}; rolled back, retrying in {} ms", self.name, wait.as_millis());
                     std::thread::sleep(wait);
                 }
                 other => return other,
@@ -78,12 +62,7 @@ impl Job {
         }
     }
 
-    fn load_once(
-        &self,
-        run_date: RunDate,
-        engine: &mut dyn Engine,
-        opts: &RunOptions,
-    ) -> Result<RunReport> {
+    fn load_once(&self, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
         // Checked on every attempt: a run retried after a catalog race
         // sees what the other session created.
         check_target_relation(self, engine)?;
@@ -100,9 +79,7 @@ impl Job {
 /// merged into; on PostgreSQL a run would also try to create the table
 /// beside it), a materialized view, a foreign table.
 fn check_target_relation(job: &Job, engine: &mut dyn Engine) -> Result<()> {
-    let Some(kind) = engine.relation_kind(&job.target)? else {
-        return Ok(());
-    };
+    let Some(kind) = engine.relation_kind(&job.target)? else { return Ok(()) };
     Err(job.spec_error(
         "target",
         format!(

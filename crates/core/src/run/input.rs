@@ -1,6 +1,7 @@
 //! A run's input: the run parameters, a file source's files made readable,
 //! the source query described.
 
+
 use crate::engine::{Column, Engine};
 use crate::error::{Error, Result};
 use crate::fingerprint::runkey::run_key;
@@ -24,10 +25,7 @@ impl RunInput {
     /// is read. `None` for a SQL source, and for a file source whose query
     /// also reads tables (its key comes from the query's rows).
     pub(crate) fn file_key(&self, job_hash: &str, run_date: RunDate) -> Option<String> {
-        self.files
-            .as_ref()
-            .filter(|_| self.key_from_files)
-            .map(|f| run_key(job_hash, run_date, &f.fingerprint()))
+        self.files.as_ref().filter(|_| self.key_from_files).map(|f| run_key(job_hash, run_date, &f.fingerprint()))
     }
 }
 
@@ -43,29 +41,15 @@ pub(crate) fn with_input<T>(
 ) -> Result<Option<T>> {
     let mut params = RunParams::new(run_date.date());
     let Some(source) = &job.source.files else {
-        return body(
-            engine,
-            &RunInput {
-                params,
-                files: None,
-                key_from_files: false,
-            },
-        )
-        .map(Some);
+        return body(engine, &RunInput { params, files: None, key_from_files: false }).map(Some);
     };
-    let Some(mut files) = source.resolve(run_date)? else {
-        return Ok(None);
-    };
+    let Some(mut files) = source.resolve(run_date)? else { return Ok(None) };
     files.fetch()?;
     let staged = crate::engine::file_input(engine).and_then(|f| f.stage_files(&files));
     let result = match staged {
         Ok(relation) => {
             params.input = Some(relation);
-            let input = RunInput {
-                params,
-                files: Some(files.clone()),
-                key_from_files: job.source.key_from_files(),
-            };
+            let input = RunInput { params, files: Some(files.clone()), key_from_files: job.source.key_from_files() };
             let r = body(engine, &input);
             // Once the run committed, a failed cleanup (the connection gone:
             // the staged table goes with it) does not make it a failed run.
@@ -79,34 +63,18 @@ pub(crate) fn with_input<T>(
             Err(e)
         }
     };
-    result
-        .map(Some)
-        .map_err(|e| file_error(e, &files, job, run_date))
+    result.map(Some).map_err(|e| file_error(e, &files, job, run_date))
 }
 
 /// A database error that names one of the run's files, as an error about the file.
-fn file_error(
-    e: Error,
-    files: &crate::job::files::InputFiles,
-    job: &Job,
-    run_date: RunDate,
-) -> Error {
-    let Error::Database { message, .. } = &e else {
-        return e;
-    };
+fn file_error(e: Error, files: &crate::job::files::InputFiles, job: &Job, run_date: RunDate) -> Error {
+    let Error::Database { message, .. } = &e else { return e };
     let message = message.clone();
-    let Some(file) = files.named_in(&message) else {
-        return e;
-    };
+    let Some(file) = files.named_in(&message) else { return e };
     // The reader's first line says what is wrong (and where, when it knows);
     // the rest is about its own options and the query fixpoint wrote.
     let mut reason: Vec<&str> = message.lines().take(1).collect();
-    reason.extend(
-        message
-            .lines()
-            .skip(1)
-            .filter(|l| l.starts_with("CSV Error on Line") || l.starts_with("Original Line")),
-    );
+    reason.extend(message.lines().skip(1).filter(|l| l.starts_with("CSV Error on Line") || l.starts_with("Original Line")));
     Error::Files {
         message: format!("cannot read {file} ({} file of job {} for {run_date}): {}; nothing was changed", files.format.name(), job.name, reason.join(" ").trim()),
         hint: Some("replace the file with a complete, valid one (or remove it) and run again; the target keeps its previous contents".into()),
@@ -114,11 +82,7 @@ fn file_error(
 }
 
 /// Source columns, described with the run key left empty.
-pub(crate) fn describe_source(
-    job: &Job,
-    engine: &mut dyn Engine,
-    params: &RunParams,
-) -> Result<Vec<Column>> {
+pub(crate) fn describe_source(job: &Job, engine: &mut dyn Engine, params: &RunParams) -> Result<Vec<Column>> {
     let sql = job.source.template().render(params);
     engine.describe(&sql).map_err(|e| match e {
         // The query's own fault (an unknown table or column, a syntax or

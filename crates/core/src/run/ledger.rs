@@ -5,9 +5,9 @@
 use chrono::NaiveDateTime;
 use serde::Serialize;
 
+use crate::job::date::RunDate;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::job::date::RunDate;
 use crate::job::sql::{Sql, Value};
 
 /// The ledger's schema.
@@ -97,19 +97,12 @@ fn ser_ts<S: serde::Serializer>(t: &NaiveDateTime, s: S) -> std::result::Result<
 }
 
 fn table() -> String {
-    format!(
-        "{}.{}",
-        crate::job::ident::quote_ident(SCHEMA),
-        crate::job::ident::quote_ident(TABLE)
-    )
+    format!("{}.{}", crate::job::ident::quote_ident(SCHEMA), crate::job::ident::quote_ident(TABLE))
 }
 
 /// The ledger's name, and its columns' names.
 pub(crate) fn ledger_table() -> crate::job::ident::TableName {
-    crate::job::ident::TableName {
-        schema: SCHEMA.into(),
-        table: TABLE.into(),
-    }
+    crate::job::ident::TableName { schema: SCHEMA.into(), table: TABLE.into() }
 }
 
 fn column_names() -> Vec<&'static str> {
@@ -119,32 +112,19 @@ fn column_names() -> Vec<&'static str> {
 /// Creates the ledger if it is missing (inside the caller's transaction).
 pub fn ensure(engine: &mut dyn Engine) -> Result<()> {
     let t = ledger_table();
-    if engine
-        .accelerator()
-        .and_then(|a| a.table_has_columns(&t, &column_names()))
-        == Some(true)
-    {
+    if engine.accelerator().and_then(|a| a.table_has_columns(&t, &column_names())) == Some(true) {
         return Ok(());
     }
     if let Some(cols) = engine.table_columns(&t)? {
         // A ledger written by an older fixpoint: add the columns it lacks
         // (one run at a time, like the creation below).
-        let missing: Vec<&(&str, &str)> = COLUMNS
-            .iter()
-            .filter(|(n, _)| !cols.iter().any(|c| c.name == *n))
-            .collect();
+        let missing: Vec<&(&str, &str)> = COLUMNS.iter().filter(|(n, _)| !cols.iter().any(|c| c.name == *n)).collect();
         if !missing.is_empty() {
             crate::engine::lock_scope(engine, "fixpoint:ledger:create", true)?;
             for (name, ty) in missing {
                 // Added columns are nullable: old rows have no value.
                 let ty = ty.trim_end_matches(" NOT NULL").to_owned();
-                engine.add_column(
-                    &t,
-                    &crate::engine::Column {
-                        name: (*name).to_owned(),
-                        ty,
-                    },
-                )?;
+                engine.add_column(&t, &crate::engine::Column { name: (*name).to_owned(), ty })?;
             }
         }
         return Ok(());
@@ -153,19 +133,9 @@ pub fn ensure(engine: &mut dyn Engine) -> Result<()> {
     // race on CREATE … IF NOT EXISTS, which is not atomic on PostgreSQL:
     // the first creates the ledger, the others wait for it.
     crate::engine::lock_scope(engine, "fixpoint:ledger:create", true)?;
-    engine.execute(&Sql::raw(format!(
-        "CREATE SCHEMA IF NOT EXISTS {}",
-        crate::job::ident::quote_ident(SCHEMA)
-    )))?;
-    let cols: Vec<String> = COLUMNS
-        .iter()
-        .map(|(n, t)| format!("{} {t}", crate::job::ident::quote_ident(n)))
-        .collect();
-    engine.execute(&Sql::raw(format!(
-        "CREATE TABLE IF NOT EXISTS {} ({})",
-        table(),
-        cols.join(", ")
-    )))?;
+    engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", crate::job::ident::quote_ident(SCHEMA))))?;
+    let cols: Vec<String> = COLUMNS.iter().map(|(n, t)| format!("{} {t}", crate::job::ident::quote_ident(n))).collect();
+    engine.execute(&Sql::raw(format!("CREATE TABLE IF NOT EXISTS {} ({})", table(), cols.join(", "))))?;
     Ok(())
 }
 
@@ -199,38 +169,19 @@ pub fn record(engine: &mut dyn Engine, e: &Entry) -> Result<()> {
         (Value::Timestamp(e.started_at), "TIMESTAMP"),
         (Value::Timestamp(e.finished_at), "TIMESTAMP"),
         (text(&e.fixpoint_version), "VARCHAR"),
-        (
-            if e.audits.is_empty() {
-                Value::Null
-            } else {
-                text(&serde_json::to_string(&e.audits).expect("audits serialize"))
-            },
-            "VARCHAR",
-        ),
-        (
-            match &e.input_files {
-                None => Value::Null,
-                Some(f) => text(&serde_json::to_string(f).expect("files serialize")),
-            },
-            "VARCHAR",
-        ),
+        (if e.audits.is_empty() { Value::Null } else { text(&serde_json::to_string(&e.audits).expect("audits serialize")) }, "VARCHAR"),
+        (match &e.input_files {
+            None => Value::Null,
+            Some(f) => text(&serde_json::to_string(f).expect("files serialize")),
+        }, "VARCHAR"),
     ];
     let (values, types): (Vec<Value>, Vec<&str>) = values.into_iter().unzip();
-    if let Some(appended) = engine
-        .accelerator()
-        .and_then(|a| a.append_row(&ledger_table(), &column_names(), &values))
-    {
+    if let Some(appended) = engine.accelerator().and_then(|a| a.append_row(&ledger_table(), &column_names(), &values)) {
         return appended;
     }
     let mut sql = Sql::new();
     sql.push("INSERT INTO ").push(&table()).push(" (");
-    sql.push(
-        &COLUMNS
-            .iter()
-            .map(|(n, _)| crate::job::ident::quote_ident(n))
-            .collect::<Vec<_>>()
-            .join(", "),
-    );
+    sql.push(&COLUMNS.iter().map(|(n, _)| crate::job::ident::quote_ident(n)).collect::<Vec<_>>().join(", "));
     sql.push(") VALUES (");
     for (i, (v, ty)) in values.into_iter().zip(types).enumerate() {
         if i > 0 {
@@ -244,12 +195,7 @@ pub fn record(engine: &mut dyn Engine, e: &Entry) -> Result<()> {
 }
 
 /// Ledger entries, newest first, optionally for one job and one date.
-pub fn entries(
-    engine: &mut dyn Engine,
-    job: Option<&str>,
-    run_date: Option<RunDate>,
-    limit: Option<u64>,
-) -> Result<Vec<Entry>> {
+pub fn entries(engine: &mut dyn Engine, job: Option<&str>, run_date: Option<RunDate>, limit: Option<u64>) -> Result<Vec<Entry>> {
     if !exists(engine)? {
         return Ok(Vec::new());
     }
@@ -263,29 +209,16 @@ pub fn jobs(engine: &mut dyn Engine) -> Result<Vec<String>> {
     if !exists(engine)? {
         return Ok(Vec::new());
     }
-    let rows = engine.query(&Sql::raw(format!(
-        "SELECT DISTINCT \"job\" FROM {} ORDER BY \"job\"",
-        table()
-    )))?;
+    let rows = engine.query(&Sql::raw(format!("SELECT DISTINCT \"job\" FROM {} ORDER BY \"job\"", table())))?;
     rows.rows
         .iter()
-        .map(|r| {
-            r.first()
-                .and_then(|v| v.as_str())
-                .map(str::to_owned)
-                .ok_or_else(|| Error::Internal(format!("ledger column job holds {r:?}")))
-        })
+        .map(|r| r.first().and_then(|v| v.as_str()).map(str::to_owned).ok_or_else(|| Error::Internal(format!("ledger column job holds {r:?}"))))
         .collect()
 }
 
 /// The newest entry of `job` for each date from `from` to `to` (one query),
 /// by date.
-pub fn latest_per_date(
-    engine: &mut dyn Engine,
-    job: &str,
-    from: RunDate,
-    to: RunDate,
-) -> Result<std::collections::HashMap<String, Entry>> {
+pub fn latest_per_date(engine: &mut dyn Engine, job: &str, from: RunDate, to: RunDate) -> Result<std::collections::HashMap<String, Entry>> {
     let mut out = std::collections::HashMap::new();
     if !exists(engine)? {
         return Ok(out);
@@ -300,48 +233,25 @@ pub fn latest_per_date(
 
 /// The first date after `after` with a committed run of `job` (the ledger
 /// known to exist).
-pub fn next_committed_date(
-    engine: &mut dyn Engine,
-    job: &str,
-    after: RunDate,
-) -> Result<Option<RunDate>> {
+pub fn next_committed_date(engine: &mut dyn Engine, job: &str, after: RunDate) -> Result<Option<RunDate>> {
     let mut sql = Sql::new();
-    sql.push(&format!(
-        "SELECT CAST(min(\"run_date\") AS VARCHAR) AS \"d\" FROM {} WHERE \"job\" = ",
-        table()
-    ));
-    sql.typed_param(Value::Text(job.to_owned()), "VARCHAR")
-        .push(" AND \"outcome\" = 'committed' AND \"run_date\" > ");
+    sql.push(&format!("SELECT CAST(min(\"run_date\") AS VARCHAR) AS \"d\" FROM {} WHERE \"job\" = ", table()));
+    sql.typed_param(Value::Text(job.to_owned()), "VARCHAR").push(" AND \"outcome\" = 'committed' AND \"run_date\" > ");
     sql.typed_param(Value::Date(after.date()), "DATE");
     let rows = engine.query(&sql)?;
     let row = rows.single("the next committed date")?;
     match row.value("d")? {
         Value::Null => Ok(None),
-        v => v
-            .as_str()
-            .map(RunDate::parse)
-            .transpose()?
-            .map(Some)
-            .ok_or_else(|| Error::Internal(format!("the next committed date came back as {v:?}"))),
+        v => v.as_str().map(RunDate::parse).transpose()?.map(Some).ok_or_else(|| Error::Internal(format!("the next committed date came back as {v:?}"))),
     }
 }
 
 /// [`entries`] when the ledger is known to exist (after [`ensure`]).
-pub fn entries_of_existing(
-    engine: &mut dyn Engine,
-    job: Option<&str>,
-    run_date: Option<RunDate>,
-    limit: Option<u64>,
-) -> Result<Vec<Entry>> {
+pub fn entries_of_existing(engine: &mut dyn Engine, job: Option<&str>, run_date: Option<RunDate>, limit: Option<u64>) -> Result<Vec<Entry>> {
     entries_where(engine, job, run_date.map(|d| (d, d)), limit)
 }
 
-fn entries_where(
-    engine: &mut dyn Engine,
-    job: Option<&str>,
-    dates: Option<(RunDate, RunDate)>,
-    limit: Option<u64>,
-) -> Result<Vec<Entry>> {
+fn entries_where(engine: &mut dyn Engine, job: Option<&str>, dates: Option<(RunDate, RunDate)>, limit: Option<u64>) -> Result<Vec<Entry>> {
     let mut sql = Sql::new();
     sql.push("SELECT ");
     sql.push(
@@ -357,33 +267,28 @@ fn entries_where(
     );
     sql.push(" FROM ").push(&table()).push(" WHERE 1 = 1");
     if let Some(j) = job {
-        sql.push(" AND \"job\" = ")
-            .typed_param(Value::Text(j.to_owned()), "VARCHAR");
+        sql.push(" AND \"job\" = ").typed_param(Value::Text(j.to_owned()), "VARCHAR");
     }
     match dates {
         Some((a, b)) if a == b => {
-            sql.push(" AND \"run_date\" = ")
-                .typed_param(Value::Date(a.date()), "DATE");
+            sql.push(" AND \"run_date\" = ").typed_param(Value::Date(a.date()), "DATE");
         }
         Some((a, b)) => {
-            sql.push(" AND \"run_date\" BETWEEN ")
-                .typed_param(Value::Date(a.date()), "DATE");
+            sql.push(" AND \"run_date\" BETWEEN ").typed_param(Value::Date(a.date()), "DATE");
             sql.push(" AND ").typed_param(Value::Date(b.date()), "DATE");
         }
         None => {}
     }
     sql.push(" ORDER BY \"finished_at\" DESC, \"started_at\" DESC, \"run_key\" DESC");
     if let Some(n) = limit {
-        sql.push(" LIMIT ")
-            .typed_param(Value::Int(n.min(i32::MAX as u64) as i64), "INTEGER");
+        sql.push(" LIMIT ").typed_param(Value::Int(n.min(i32::MAX as u64) as i64), "INTEGER");
     }
     let rows = engine.query(&sql)?;
     rows.rows.iter().map(|r| entry_from_row(r)).collect()
 }
 
 fn entry_from_row(r: &[Value]) -> Result<Entry> {
-    let bad =
-        |i: usize| Error::Internal(format!("ledger column {} holds {:?}", COLUMNS[i].0, r[i]));
+    let bad = |i: usize| Error::Internal(format!("ledger column {} holds {:?}", COLUMNS[i].0, r[i]));
     let s = |i: usize| -> Result<String> { r[i].as_str().map(str::to_owned).ok_or_else(|| bad(i)) };
     let n = |i: usize| -> Result<u64> { r[i].as_u64().ok_or_else(|| bad(i)) };
     let ts = |i: usize| -> Result<NaiveDateTime> {
@@ -414,15 +319,11 @@ fn entry_from_row(r: &[Value]) -> Result<Entry> {
         finished_at: ts(18)?,
         fixpoint_version: s(19)?,
         audits: match &r[20] {
-            Value::Text(j) => serde_json::from_str(j)
-                .map_err(|e| Error::Internal(format!("ledger column audits: {e}")))?,
+            Value::Text(j) => serde_json::from_str(j).map_err(|e| Error::Internal(format!("ledger column audits: {e}")))?,
             _ => Vec::new(),
         },
         input_files: match &r[21] {
-            Value::Text(j) => Some(
-                serde_json::from_str(j)
-                    .map_err(|e| Error::Internal(format!("ledger column input_files: {e}")))?,
-            ),
+            Value::Text(j) => Some(serde_json::from_str(j).map_err(|e| Error::Internal(format!("ledger column input_files: {e}")))?),
             _ => None,
         },
     })

@@ -51,13 +51,7 @@ pub trait RunObserver: Send + Sync {
     /// back (`Err`). `engine` is the run's connection, outside any
     /// transaction, to read what the run left (the target's columns); none
     /// when the run failed before it had one.
-    fn finished(
-        &self,
-        job: &Job,
-        run_date: RunDate,
-        result: std::result::Result<&RunReport, &Error>,
-        engine: Option<&mut dyn Engine>,
-    );
+    fn finished(&self, job: &Job, run_date: RunDate, result: std::result::Result<&RunReport, &Error>, engine: Option<&mut dyn Engine>);
 }
 
 /// A shared [`RunObserver`].
@@ -71,22 +65,12 @@ impl std::fmt::Debug for Observer {
 }
 
 /// Takes the run's lock (inside its transaction): one job, one scope at a time.
-pub(crate) fn fence(
-    engine: &mut dyn Engine,
-    job: &Job,
-    scope: &str,
-    opts: &RunOptions,
-) -> Result<()> {
+pub(crate) fn fence(engine: &mut dyn Engine, job: &Job, scope: &str, opts: &RunOptions) -> Result<()> {
     let key = format!("fixpoint:{}:{}:{scope}", job.name, job.target);
     if crate::engine::lock_scope(engine, &key, !opts.no_wait)? {
         Ok(())
     } else {
-        Err(Error::Busy {
-            message: format!(
-                "another run of job {} holds the lock on {} ({scope}); --no-wait was given",
-                job.name, job.target
-            ),
-        })
+        Err(Error::Busy { message: format!("another run of job {} holds the lock on {} ({scope}); --no-wait was given", job.name, job.target) })
     }
 }
 
@@ -101,13 +85,7 @@ impl RunOptions {
     /// Tells the observer, if any, of a run that was found done without
     /// running it (a backfill's date whose target already holds its
     /// output): it started and ended, skipped, with `report`.
-    pub(crate) fn observe_done(
-        &self,
-        job: &Job,
-        run_date: RunDate,
-        report: &RunReport,
-        engine: Option<&mut dyn Engine>,
-    ) {
+    pub(crate) fn observe_done(&self, job: &Job, run_date: RunDate, report: &RunReport, engine: Option<&mut dyn Engine>) {
         if let Some(o) = &self.observer {
             o.0.started(job, run_date);
             o.0.finished(job, run_date, Ok(report), engine);
@@ -119,10 +97,7 @@ impl RunOptions {
             Some((p, FaultAction::Error)) if p == at => Err(Error::Injected(at)),
             Some((p, FaultAction::Abort)) if p == at => std::process::abort(),
             Some((p, FaultAction::Pause(ms))) if p == at => {
-                eprintln!(
-                    "fixpoint: pausing {ms} ms at fail point {} (test mode)",
-                    at.name()
-                );
+                eprintln!("fixpoint: pausing {ms} ms at fail point {} (test mode)", at.name());
                 std::thread::sleep(std::time::Duration::from_millis(ms));
                 Ok(())
             }
@@ -147,6 +122,7 @@ impl RunSteps for Steps<'_> {
     }
 }
 
+
 /// Step timings on stderr when `FIXPOINT_TRACE` is set (for profiling),
 /// with the process's minor page faults (first touches of memory) of each
 /// step where the system tells them (Linux).
@@ -164,10 +140,7 @@ pub fn trace_statement(started: Instant, text: &str) {
     if *ON.get_or_init(|| std::env::var("FIXPOINT_TRACE").is_ok_and(|v| v == "sql")) {
         let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
         let shown: String = flat.chars().take(240).collect();
-        eprintln!(
-            "fixpoint: sql {:>8.1} ms  {shown}",
-            started.elapsed().as_secs_f64() * 1000.0
-        );
+        eprintln!("fixpoint: sql {:>8.1} ms  {shown}", started.elapsed().as_secs_f64() * 1000.0);
     }
 }
 
@@ -176,31 +149,20 @@ pub fn trace_statement(started: Instant, text: &str) {
 pub fn minor_faults() -> u64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     // The command name (field 2) may hold spaces: count after its ')'.
-    stat.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(7))
-        .and_then(|f| f.parse().ok())
-        .unwrap_or(0)
+    stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(7)).and_then(|f| f.parse().ok()).unwrap_or(0)
 }
 
 impl Trace {
     pub(crate) fn new() -> Trace {
         let on = std::env::var_os("FIXPOINT_TRACE").is_some();
-        Trace {
-            on,
-            last: Instant::now(),
-            faults: if on { minor_faults() } else { 0 },
-        }
+        Trace { on, last: Instant::now(), faults: if on { minor_faults() } else { 0 } }
     }
 
     pub(crate) fn step(&mut self, what: &str) {
         if self.on {
             let now = Instant::now();
             let faults = minor_faults();
-            eprintln!(
-                "fixpoint: {what:<24} {:>8.1} ms {:>7} faults",
-                (now - self.last).as_secs_f64() * 1000.0,
-                faults.saturating_sub(self.faults)
-            );
+            eprintln!("fixpoint: {what:<24} {:>8.1} ms {:>7} faults", (now - self.last).as_secs_f64() * 1000.0, faults.saturating_sub(self.faults));
             self.last = now;
             self.faults = faults;
         }
@@ -208,10 +170,7 @@ impl Trace {
 }
 
 /// Runs `body` inside a transaction: commit on success, roll back on error.
-pub(crate) fn in_transaction<T>(
-    engine: &mut dyn Engine,
-    body: impl FnOnce(&mut dyn Engine) -> Result<T>,
-) -> Result<T> {
+pub(crate) fn in_transaction<T>(engine: &mut dyn Engine, body: impl FnOnce(&mut dyn Engine) -> Result<T>) -> Result<T> {
     engine.begin()?;
     match body(engine) {
         Ok(v) => {

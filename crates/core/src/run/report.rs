@@ -5,10 +5,10 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::fingerprint::Fingerprint;
 use crate::job::date::RunDate;
-use crate::job::spec::Job;
+use crate::fingerprint::Fingerprint;
 use crate::run::ledger;
+use crate::job::spec::Job;
 
 /// What a run did, with the evidence.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -68,14 +68,7 @@ pub struct RunReport {
 
 impl RunReport {
     /// A report with every count at zero.
-    pub(crate) fn new(
-        job: &Job,
-        run_date: RunDate,
-        run_key: String,
-        outcome: &str,
-        input: &Fingerprint,
-        output: &Fingerprint,
-    ) -> RunReport {
+    pub(crate) fn new(job: &Job, run_date: RunDate, run_key: String, outcome: &str, input: &Fingerprint, output: &Fingerprint) -> RunReport {
         RunReport {
             job: job.name.clone(),
             target: job.target.to_string(),
@@ -105,28 +98,15 @@ impl RunReport {
 
     /// The output fingerprint.
     pub fn output(&self) -> Fingerprint {
-        Fingerprint {
-            kind: self.fingerprint_kind.clone(),
-            rows: self.output_rows,
-            checksum: self.output_checksum.clone(),
-        }
+        Fingerprint { kind: self.fingerprint_kind.clone(), rows: self.output_rows, checksum: self.output_checksum.clone() }
     }
 }
 
 /// The report of a run whose day has no files, with `allow_missing = true`.
 pub(crate) fn no_files_report(job: &Job, run_date: RunDate, started: Instant) -> RunReport {
-    let empty = Fingerprint {
-        kind: crate::job::files::FILES_KIND.into(),
-        rows: 0,
-        checksum: String::new(),
-    };
+    let empty = Fingerprint { kind: crate::job::files::FILES_KIND.into(), rows: 0, checksum: String::new() };
     let mut report = RunReport::new(job, run_date, String::new(), "skipped", &empty, &empty);
-    let pattern = job
-        .source
-        .files
-        .as_ref()
-        .map(|f| f.expand(run_date).display().to_string())
-        .unwrap_or_default();
+    let pattern = job.source.files.as_ref().map(|f| f.expand(run_date).display().to_string()).unwrap_or_default();
     report.skip_reason = Some(format!("no file matches {pattern} and the job has allow_missing = true: the target is left as it is"));
     report.method = "none".into();
     report.elapsed_ms = elapsed_ms(started);
@@ -135,14 +115,7 @@ pub(crate) fn no_files_report(job: &Job, run_date: RunDate, started: Instant) ->
 
 /// The report of a retry that found its output in place. Nothing changed,
 /// so nothing is recorded.
-pub(crate) fn skipped(
-    job: &Job,
-    run_date: RunDate,
-    key: &str,
-    input: &Fingerprint,
-    now: &Fingerprint,
-    started: Instant,
-) -> RunReport {
+pub(crate) fn skipped(job: &Job, run_date: RunDate, key: &str, input: &Fingerprint, now: &Fingerprint, started: Instant) -> RunReport {
     let mut report = RunReport::new(job, run_date, key.to_owned(), "skipped", input, now);
     report.skip_reason = Some("the partition already holds this run's output (same run key, same output fingerprint); use --force to rewrite it".into());
     report.rows_unchanged = now.rows;
@@ -151,12 +124,7 @@ pub(crate) fn skipped(
     report
 }
 
-pub(crate) fn entry(
-    job: &Job,
-    job_hash: &str,
-    r: &RunReport,
-    started_at: chrono::NaiveDateTime,
-) -> ledger::Entry {
+pub(crate) fn entry(job: &Job, job_hash: &str, r: &RunReport, started_at: chrono::NaiveDateTime) -> ledger::Entry {
     ledger::Entry {
         run_key: r.run_key.clone(),
         job: job.name.clone(),

@@ -15,40 +15,28 @@
 //!   (widths, precisions) the engine's own assignment cast applies, and a
 //!   value that does not fit fails the run with the target unchanged.
 
+use crate::job::spec::OnSchemaChange;
 use crate::engine::{Column, Engine};
 use crate::error::{Error, Result};
 use crate::job::ident::TableName;
-use crate::job::spec::OnSchemaChange;
 use crate::job::sql::{Sql, Value};
 
 /// The family a column type belongs to: types within one family convert by
 /// assignment without changing what a value means.
 pub fn type_family(ty: &str) -> String {
     let t = ty.trim().to_ascii_lowercase();
-    if t.ends_with("[]")
-        || t.contains('<')
-        || t.starts_with("struct")
-        || t.starts_with("map")
-        || t.starts_with("union")
-    {
+    if t.ends_with("[]") || t.contains('<') || t.starts_with("struct") || t.starts_with("map") || t.starts_with("union") {
         return t;
     }
     let base = t.split('(').next().unwrap_or("").trim();
     let family = match base {
-        "tinyint" | "smallint" | "integer" | "int" | "int1" | "int2" | "int4" | "int8"
-        | "bigint" | "hugeint" | "utinyint" | "usmallint" | "uinteger" | "ubigint" | "uhugeint"
-        | "smallserial" | "serial" | "bigserial" => "integer",
+        "tinyint" | "smallint" | "integer" | "int" | "int1" | "int2" | "int4" | "int8" | "bigint" | "hugeint" | "utinyint" | "usmallint"
+        | "uinteger" | "ubigint" | "uhugeint" | "smallserial" | "serial" | "bigserial" => "integer",
         "decimal" | "numeric" => "decimal",
         "real" | "float" | "float4" | "float8" | "double" | "double precision" => "float",
-        "varchar" | "text" | "character varying" | "character" | "char" | "bpchar" | "string"
-        | "name" => "text",
+        "varchar" | "text" | "character varying" | "character" | "char" | "bpchar" | "string" | "name" => "text",
         "boolean" | "bool" => "boolean",
-        "timestamp"
-        | "timestamp without time zone"
-        | "timestamp_s"
-        | "timestamp_ms"
-        | "timestamp_ns"
-        | "datetime" => "timestamp",
+        "timestamp" | "timestamp without time zone" | "timestamp_s" | "timestamp_ms" | "timestamp_ns" | "datetime" => "timestamp",
         "timestamptz" | "timestamp with time zone" => "timestamptz",
         "time" | "time without time zone" => "time",
         "timetz" | "time with time zone" => "timetz",
@@ -79,20 +67,13 @@ pub struct Drift {
 }
 
 fn names(cols: &[Column]) -> String {
-    cols.iter()
-        .map(|c| format!("{} {}", c.name, c.ty))
-        .collect::<Vec<_>>()
-        .join(", ")
+    cols.iter().map(|c| format!("{} {}", c.name, c.ty)).collect::<Vec<_>>().join(", ")
 }
 
 /// Columns of `table` that have a default (or identity / generated value):
 /// a source that does not return them is not a drift.
 fn defaulted(engine: &mut dyn Engine, table: &TableName) -> Result<Vec<String>> {
-    let mut out: Vec<String> = engine
-        .column_defaults(table)?
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect();
+    let mut out: Vec<String> = engine.column_defaults(table)?.into_iter().map(|(name, _)| name).collect();
     if engine.name() == "postgres" {
         let mut sql = Sql::new();
         sql.push("SELECT column_name FROM information_schema.columns WHERE table_schema = ")
@@ -100,24 +81,13 @@ fn defaulted(engine: &mut dyn Engine, table: &TableName) -> Result<Vec<String>> 
             .push(" AND table_name = ")
             .param(Value::Text(table.table.clone()))
             .push(" AND (is_identity = 'YES' OR is_generated = 'ALWAYS')");
-        out.extend(
-            engine
-                .query(&sql)?
-                .rows
-                .iter()
-                .filter_map(|r| r[0].as_str().map(str::to_owned)),
-        );
+        out.extend(engine.query(&sql)?.rows.iter().filter_map(|r| r[0].as_str().map(str::to_owned)));
     }
     Ok(out)
 }
 
 /// Compares the source's columns with the existing target's.
-pub fn drift(
-    engine: &mut dyn Engine,
-    target: &TableName,
-    source: &[Column],
-    existing: &[Column],
-) -> Result<Drift> {
+pub fn drift(engine: &mut dyn Engine, target: &TableName, source: &[Column], existing: &[Column]) -> Result<Drift> {
     let mut d = Drift::default();
     for s in source {
         match existing.iter().find(|t| t.name == s.name) {
@@ -126,17 +96,10 @@ pub fn drift(
             Some(_) => {}
         }
     }
-    let missing: Vec<&Column> = existing
-        .iter()
-        .filter(|t| !source.iter().any(|s| s.name == t.name))
-        .collect();
+    let missing: Vec<&Column> = existing.iter().filter(|t| !source.iter().any(|s| s.name == t.name)).collect();
     if !missing.is_empty() {
         let defaults = defaulted(engine, target)?;
-        d.dropped = missing
-            .into_iter()
-            .filter(|c| !defaults.contains(&c.name))
-            .cloned()
-            .collect();
+        d.dropped = missing.into_iter().filter(|c| !defaults.contains(&c.name)).cloned().collect();
     }
     Ok(d)
 }
@@ -144,28 +107,11 @@ pub fn drift(
 /// Checks the drift against the job's setting: the columns to add to the
 /// target (in the run's transaction, by [`append`]), or the error naming
 /// what changed.
-pub fn reconcile(
-    engine: &mut dyn Engine,
-    job: &crate::job::spec::Job,
-    source: &[Column],
-    existing: Option<&[Column]>,
-) -> Result<Vec<Column>> {
-    let Some(existing) = existing else {
-        return Ok(Vec::new());
-    };
+pub fn reconcile(engine: &mut dyn Engine, job: &crate::job::spec::Job, source: &[Column], existing: Option<&[Column]>) -> Result<Vec<Column>> {
+    let Some(existing) = existing else { return Ok(Vec::new()) };
     let d = drift(engine, &job.target, source, existing)?;
     if !d.changed.is_empty() {
-        let list = d
-            .changed
-            .iter()
-            .map(|(t, s)| {
-                format!(
-                    "{} ({} in the target, {} in the source)",
-                    t.name, t.ty, s.ty
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
+        let list = d.changed.iter().map(|(t, s)| format!("{} ({} in the target, {} in the source)", t.name, t.ty, s.ty)).collect::<Vec<_>>().join(", ");
         return Err(Error::Schema {
             message: format!("schema change in job {}: the type of column(s) {list} changed", job.name),
             hint: Some(format!(
@@ -176,11 +122,7 @@ pub fn reconcile(
     }
     // A column the job matches, orders or partitions on cannot be added
     // (under either setting): the target's rows would read NULL there.
-    if let Some((c, role, why)) = d
-        .added
-        .iter()
-        .find_map(|c| role_of(job, &c.name).map(|(role, why)| (c, role, why)))
-    {
+    if let Some((c, role, why)) = d.added.iter().find_map(|c| role_of(job, &c.name).map(|(role, why)| (c, role, why))) {
         return Err(Error::Schema {
             message: format!(
                 "schema change in job {}: the target {} has no column {} ({}), the job's {role}: it cannot be appended, {why}",
@@ -196,18 +138,10 @@ pub fn reconcile(
         OnSchemaChange::Fail => {
             let mut parts = Vec::new();
             if !d.added.is_empty() {
-                parts.push(format!(
-                    "the source returns new column(s) {} that the target {} lacks",
-                    names(&d.added),
-                    job.target
-                ));
+                parts.push(format!("the source returns new column(s) {} that the target {} lacks", names(&d.added), job.target));
             }
             if !d.dropped.is_empty() {
-                parts.push(format!(
-                    "the source no longer returns column(s) {} of the target {}",
-                    names(&d.dropped),
-                    job.target
-                ));
+                parts.push(format!("the source no longer returns column(s) {} of the target {}", names(&d.dropped), job.target));
             }
             if parts.is_empty() {
                 return Ok(Vec::new());
@@ -233,10 +167,7 @@ fn role_of(job: &crate::job::spec::Job, column: &str) -> Option<(&'static str, &
             return Some(("merge key", "since the existing rows would read NULL in it: no batch row would match them and every key would be inserted a second time"));
         }
         if m.version == column {
-            return Some((
-                "version",
-                "since the existing rows would read NULL versions, which a merge cannot order",
-            ));
+            return Some(("version", "since the existing rows would read NULL versions, which a merge cannot order"));
         }
     }
     if job.partition.as_deref() == Some(column) {
@@ -258,17 +189,7 @@ pub fn orders_as_version(ty: &str) -> bool {
     let family = family.trim_matches('"');
     matches!(
         family,
-        "integer"
-            | "decimal"
-            | "float"
-            | "date"
-            | "timestamp"
-            | "timestamptz"
-            | "time"
-            | "timetz"
-            | "timestamp_ntz"
-            | "timestamp_ltz"
-            | "null"
+        "integer" | "decimal" | "float" | "date" | "timestamp" | "timestamptz" | "time" | "timetz" | "timestamp_ntz" | "timestamp_ltz" | "null"
     )
 }
 
@@ -302,45 +223,15 @@ mod tests {
     #[test]
     fn version_types() {
         for ty in [
-            "BIGINT",
-            "INTEGER",
-            "HUGEINT",
-            "UBIGINT",
-            "DECIMAL(18,3)",
-            "numeric(12,2)",
-            "DOUBLE",
-            "double precision",
-            "real",
-            "DATE",
-            "TIMESTAMP",
-            "TIMESTAMP WITH TIME ZONE",
-            "timestamp without time zone",
-            "timestamp(3) without time zone",
-            "TIMESTAMP_NS",
-            "timestamptz",
-            "TIME",
-            "int",
-            "timestamp_ntz",
-            "\"NULL\"",
+            "BIGINT", "INTEGER", "HUGEINT", "UBIGINT", "DECIMAL(18,3)", "numeric(12,2)", "DOUBLE", "double precision", "real", "DATE",
+            "TIMESTAMP", "TIMESTAMP WITH TIME ZONE", "timestamp without time zone", "timestamp(3) without time zone", "TIMESTAMP_NS",
+            "timestamptz", "TIME", "int", "timestamp_ntz", "\"NULL\"",
         ] {
             assert!(orders_as_version(ty), "{ty}");
         }
         for ty in [
-            "VARCHAR",
-            "text",
-            "character varying(20)",
-            "BOOLEAN",
-            "BLOB",
-            "bytea",
-            "UUID",
-            "JSON",
-            "jsonb",
-            "INTERVAL",
-            "INTEGER[]",
-            "STRUCT(a INTEGER)",
-            "MAP(VARCHAR, INTEGER)",
-            "ENUM('a', 'b')",
-            "string",
+            "VARCHAR", "text", "character varying(20)", "BOOLEAN", "BLOB", "bytea", "UUID", "JSON", "jsonb", "INTERVAL", "INTEGER[]",
+            "STRUCT(a INTEGER)", "MAP(VARCHAR, INTEGER)", "ENUM('a', 'b')", "string",
         ] {
             assert!(!orders_as_version(ty), "{ty}");
         }

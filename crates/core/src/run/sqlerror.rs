@@ -1,6 +1,7 @@
 //! Database errors read as the user's: a fragment of the job file that
 //! does not bind, a sample row for a refusal.
 
+
 use crate::engine::Engine;
 use crate::error::{DbFailure, Error, Result, SampleRow};
 use crate::job::spec::Job;
@@ -13,28 +14,12 @@ use crate::job::sql::{Sql, Value};
 /// The caller's transaction rolls back: nothing was changed.
 pub(crate) fn fragment_error(job: &Job, key: &str, what: &str, hint: String, e: Error) -> Error {
     match e {
-        Error::Database {
-            engine,
-            message,
-            failure: DbFailure::Binding,
-            ..
-        } => {
+        Error::Database { engine, message, failure: DbFailure::Binding, .. } => {
             // DuckDB quotes the statement around the error (`LINE 1: …`):
             // fixpoint's SQL, not the user's; the rest names what is wrong.
-            let own = message
-                .find("\nLINE ")
-                .map_or(message.as_str(), |i| &message[..i]);
-            let own = own
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .collect::<Vec<_>>()
-                .join(" ");
-            job.spec_error(
-                key,
-                format!("{what} does not run on {engine}: {own}; nothing was changed"),
-                hint,
-            )
+            let own = message.find("\nLINE ").map_or(message.as_str(), |i| &message[..i]);
+            let own = own.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" ");
+            job.spec_error(key, format!("{what} does not run on {engine}: {own}; nothing was changed"), hint)
         }
         other => other,
     }
@@ -48,10 +33,5 @@ pub fn first_row(engine: &mut dyn Engine, sql: &Sql) -> Result<SampleRow> {
 /// The first of `rows`, for error samples.
 pub fn first_row_of(rows: crate::engine::Rows) -> Result<SampleRow> {
     let values = rows.rows.into_iter().next().unwrap_or_default();
-    Ok(SampleRow(
-        rows.columns
-            .into_iter()
-            .zip(values.iter().map(Value::display))
-            .collect(),
-    ))
+    Ok(SampleRow(rows.columns.into_iter().zip(values.iter().map(Value::display)).collect()))
 }

@@ -3,19 +3,19 @@
 
 use serde::Serialize;
 
+use crate::job::date::RunDate;
 use crate::engine::measure::{fingerprint, Filter, Scope};
 use crate::engine::{Column, Engine};
 use crate::error::{Error, Result};
-use crate::fingerprint::runkey::run_key;
-use crate::fingerprint::{Fingerprint, Method};
-use crate::job::date::RunDate;
 use crate::job::files::InputFiles;
-use crate::job::spec::{Job, Strategy};
-use crate::job::sql::RunParams;
-use crate::run::input::describe_source;
+use crate::fingerprint::{Fingerprint, Method};
 use crate::run::ledger::{self, Entry};
+use crate::run::input::describe_source;
 use crate::run::protocol::RunOptions;
 use crate::run::report::RunReport;
+use crate::fingerprint::runkey::run_key;
+use crate::job::spec::{Job, Strategy};
+use crate::job::sql::RunParams;
 
 /// What happened to one date of a backfill.
 #[derive(Debug)]
@@ -53,11 +53,7 @@ pub struct BackfillOptions {
 /// for a date whose input cannot be read now: its run reports why) the map
 /// has no entry and the date simply runs, where the run makes the same
 /// decision inside its own transaction. Nothing is written.
-pub fn done_dates(
-    job: &Job,
-    dates: &[RunDate],
-    engine: &mut dyn Engine,
-) -> Result<std::collections::HashMap<RunDate, RunReport>> {
+pub fn done_dates(job: &Job, dates: &[RunDate], engine: &mut dyn Engine) -> Result<std::collections::HashMap<RunDate, RunReport>> {
     let started = std::time::Instant::now();
     let mut out = std::collections::HashMap::new();
     if job.strategy != Strategy::ReplacePartition {
@@ -65,26 +61,15 @@ pub fn done_dates(
     }
     let mut source_cols = None;
     for (d, last, current) in look(job, dates, engine)? {
-        let (Some(last), Some(here)) = (last, current) else {
-            continue;
-        };
+        let (Some(last), Some(here)) = (last, current) else { continue };
         if !holds(&here, &last) {
             continue;
         }
-        let Ok(now) = input_now(job, d, engine, &mut source_cols) else {
-            continue;
-        };
+        let Ok(now) = input_now(job, d, engine, &mut source_cols) else { continue };
         // A file source keyed on its files: the input is the one recorded.
-        let input = now.input.unwrap_or_else(|| Fingerprint {
-            kind: last.fingerprint_kind.clone(),
-            rows: last.input_rows,
-            checksum: last.input_checksum.clone(),
-        });
+        let input = now.input.unwrap_or_else(|| Fingerprint { kind: last.fingerprint_kind.clone(), rows: last.input_rows, checksum: last.input_checksum.clone() });
         if !now.key.is_empty() && now.key == last.run_key && input.kind == last.fingerprint_kind {
-            out.insert(
-                d,
-                crate::run::report::skipped(job, d, &now.key, &input, &here, started),
-            );
+            out.insert(d, crate::run::report::skipped(job, d, &now.key, &input, &here, started));
         }
     }
     Ok(out)
@@ -94,43 +79,21 @@ pub fn done_dates(
 /// when the target exists) the partition's native fingerprint now. One
 /// ledger query; one grouped scan of the range's partitions when the
 /// partition column is a `DATE` (else one scan per date).
-fn look(
-    job: &Job,
-    dates: &[RunDate],
-    engine: &mut dyn Engine,
-) -> Result<Vec<(RunDate, Option<Entry>, Option<Fingerprint>)>> {
-    let (Some(&from), Some(&to)) = (dates.iter().min(), dates.iter().max()) else {
-        return Ok(Vec::new());
-    };
+fn look(job: &Job, dates: &[RunDate], engine: &mut dyn Engine) -> Result<Vec<(RunDate, Option<Entry>, Option<Fingerprint>)>> {
+    let (Some(&from), Some(&to)) = (dates.iter().min(), dates.iter().max()) else { return Ok(Vec::new()) };
     let mut ledger = ledger::latest_per_date(engine, &job.name, from, to)?;
-    let mut current: std::collections::HashMap<RunDate, Fingerprint> =
-        std::collections::HashMap::new();
+    let mut current: std::collections::HashMap<RunDate, Fingerprint> = std::collections::HashMap::new();
     let target_cols = match (job.strategy, &job.partition) {
         (Strategy::ReplacePartition, Some(_)) => engine.table_columns(&job.target)?,
         _ => None,
     };
     if let (Some(cols), Some(partition)) = (&target_cols, job.partition.as_deref()) {
         let output_cols = fingerprinted(cols, &job.metadata);
-        if cols
-            .iter()
-            .any(|c| c.name == partition && c.ty.eq_ignore_ascii_case("date"))
-        {
-            let fp = crate::engine::measure::fingerprint_select(
-                engine,
-                Method::Native,
-                "t",
-                &output_cols,
-            )?;
+        if cols.iter().any(|c| c.name == partition && c.ty.eq_ignore_ascii_case("date")) {
+            let fp = crate::engine::measure::fingerprint_select(engine, Method::Native, "t", &output_cols)?;
             let mut sql = crate::job::sql::Sql::new();
-            sql.push("SELECT CAST(t.")
-                .ident(partition)
-                .push(" AS VARCHAR) AS \"day\", ")
-                .push(&fp.select);
-            sql.push(" FROM ")
-                .push(&job.target.quoted())
-                .push(" AS t WHERE t.")
-                .ident(partition)
-                .push(" >= ");
+            sql.push("SELECT CAST(t.").ident(partition).push(" AS VARCHAR) AS \"day\", ").push(&fp.select);
+            sql.push(" FROM ").push(&job.target.quoted()).push(" AS t WHERE t.").ident(partition).push(" >= ");
             sql.typed_param(crate::job::sql::Value::Date(from.date()), "DATE");
             sql.push(" AND t.").ident(partition).push(" <= ");
             sql.typed_param(crate::job::sql::Value::Date(to.date()), "DATE");
@@ -140,9 +103,7 @@ fn look(
             for row in grouped.each("the days' fingerprints") {
                 let day = row.value("day")?;
                 let Some(day) = day.as_str().and_then(|d| RunDate::parse(d).ok()) else {
-                    return Err(Error::Internal(format!(
-                        "the days' fingerprints: a day came back as {day:?}"
-                    )));
+                    return Err(Error::Internal(format!("the days' fingerprints: a day came back as {day:?}")));
                 };
                 found.insert(day, fp.read(&row, engine)?);
             }
@@ -152,21 +113,12 @@ fn look(
             }
         } else {
             for &d in dates {
-                let scope = Scope::Table {
-                    table: &job.target,
-                    filter: Some(Filter::DateEquals(partition, d.date())),
-                };
-                current.insert(
-                    d,
-                    fingerprint(engine, Method::Native, &scope, &output_cols)?,
-                );
+                let scope = Scope::Table { table: &job.target, filter: Some(Filter::DateEquals(partition, d.date())) };
+                current.insert(d, fingerprint(engine, Method::Native, &scope, &output_cols)?);
             }
         }
     }
-    Ok(dates
-        .iter()
-        .map(|&d| (d, ledger.remove(&d.to_string()), current.remove(&d)))
-        .collect())
+    Ok(dates.iter().map(|&d| (d, ledger.remove(&d.to_string()), current.remove(&d))).collect())
 }
 
 /// What a run for a date would start from now.
@@ -188,30 +140,17 @@ struct Now {
 /// hashed once, and read only when its query also reads tables. A day
 /// without files under `allow_missing` has the empty key (which no run
 /// has); missing or unreadable files otherwise are an error, as in a run.
-fn input_now(
-    job: &Job,
-    run_date: RunDate,
-    engine: &mut dyn Engine,
-    source_cols: &mut Option<Vec<Column>>,
-) -> Result<Now> {
+fn input_now(job: &Job, run_date: RunDate, engine: &mut dyn Engine, source_cols: &mut Option<Vec<Column>>) -> Result<Now> {
     let job_hash = job.definition_hash();
     let no_files = |source: &crate::job::files::FileSource| Now {
         key: String::new(),
         input: None,
         files: None,
-        note: Some(format!(
-            "no file matches {} (allow_missing = true: a run leaves the date as it is)",
-            source.expand(run_date).display()
-        )),
+        note: Some(format!("no file matches {} (allow_missing = true: a run leaves the date as it is)", source.expand(run_date).display())),
     };
     if let (Some(source), true) = (&job.source.files, job.source.key_from_files()) {
         return Ok(match source.resolve(run_date)? {
-            Some(files) => Now {
-                key: run_key(&job_hash, run_date, &files.fingerprint()),
-                input: None,
-                files: Some(files),
-                note: None,
-            },
+            Some(files) => Now { key: run_key(&job_hash, run_date, &files.fingerprint()), input: None, files: Some(files), note: None },
             None => no_files(source),
         });
     }
@@ -223,27 +162,14 @@ fn input_now(
             _ => describe_source(job, engine, params)?,
         };
         let input_cols = fingerprinted(&cols, &job.metadata);
-        let fp = fingerprint(
-            engine,
-            Method::Native,
-            &Scope::Source {
-                template: job.source.template(),
-                params,
-            },
-            &input_cols,
-        )?;
+        let fp = fingerprint(engine, Method::Native, &Scope::Source { template: job.source.template(), params }, &input_cols)?;
         if fixed {
             *source_cols = Some(cols);
         }
         Ok((fp, input.files.clone()))
     })?;
     Ok(match (read, &job.source.files) {
-        (Some((fp, files)), _) => Now {
-            key: run_key(&job_hash, run_date, &fp),
-            input: Some(fp),
-            files,
-            note: None,
-        },
+        (Some((fp, files)), _) => Now { key: run_key(&job_hash, run_date, &fp), input: Some(fp), files, note: None },
         (None, Some(source)) => no_files(source),
         (None, None) => return Err(Error::Internal("a SQL source without input".into())),
     })
@@ -251,12 +177,7 @@ fn input_now(
 
 /// Whether `fp` is the output `entry` recorded (same kind, rows and checksum).
 fn holds(fp: &Fingerprint, entry: &Entry) -> bool {
-    (fp.kind.as_str(), fp.rows, fp.checksum.as_str())
-        == (
-            entry.fingerprint_kind.as_str(),
-            entry.output_rows,
-            entry.output_checksum.as_str(),
-        )
+    (fp.kind.as_str(), fp.rows, fp.checksum.as_str()) == (entry.fingerprint_kind.as_str(), entry.output_rows, entry.output_checksum.as_str())
 }
 
 /// Runs `job` for every date of `dates`, in order. Each date is its own
@@ -350,9 +271,7 @@ pub fn backfill_parallel(
                     if stopped.load(Ordering::SeqCst) {
                         return;
                     }
-                    let Some(&i) = todo.get(next.fetch_add(1, Ordering::SeqCst)) else {
-                        return;
-                    };
+                    let Some(&i) = todo.get(next.fetch_add(1, Ordering::SeqCst)) else { return };
                     let d = dates[i];
                     let mut run = opts.run.clone();
                     if opts.fault_date.is_some_and(|f| f != d) {
@@ -392,20 +311,12 @@ pub fn backfill_parallel(
             out[i] = Some(outcome);
         }
     });
-    out.into_iter()
-        .zip(dates)
-        .map(|(o, &d)| o.unwrap_or(DateOutcome::NotRun(d)))
-        .collect()
+    out.into_iter().zip(dates).map(|(o, &d)| o.unwrap_or(DateOutcome::NotRun(d))).collect()
 }
 
 /// [`done_dates`] for a backfill: none with `--force`; none either when the
 /// probe itself fails (every date then runs, and its run reports the error).
-fn probe(
-    job: &Job,
-    dates: &[RunDate],
-    engine: &mut dyn Engine,
-    opts: &BackfillOptions,
-) -> std::collections::HashMap<RunDate, RunReport> {
+fn probe(job: &Job, dates: &[RunDate], engine: &mut dyn Engine, opts: &BackfillOptions) -> std::collections::HashMap<RunDate, RunReport> {
     if opts.run.force {
         return std::collections::HashMap::new();
     }
@@ -440,10 +351,7 @@ impl DateState {
         match self {
             DateState::Ok => false,
             DateState::NoInput => !allow_missing,
-            DateState::Missing
-            | DateState::Drift
-            | DateState::SourceChanged
-            | DateState::JobChanged => true,
+            DateState::Missing | DateState::Drift | DateState::SourceChanged | DateState::JobChanged => true,
         }
     }
 }
@@ -452,9 +360,7 @@ impl DateState {
 /// the job's `allow_missing`).
 pub fn needing_attention(job: &Job, rows: &[DateStatus]) -> usize {
     let allow_missing = job.source.files.as_ref().is_some_and(|f| f.allow_missing);
-    rows.iter()
-        .filter(|r| r.state.needs_attention(allow_missing))
-        .count()
+    rows.iter().filter(|r| r.state.needs_attention(allow_missing)).count()
 }
 
 /// What fixpoint knows about one date.
@@ -489,21 +395,14 @@ pub struct DateStatus {
 }
 
 fn fingerprinted(cols: &[Column], metadata: &[String]) -> Vec<Column> {
-    cols.iter()
-        .filter(|c| !metadata.contains(&c.name))
-        .cloned()
-        .collect()
+    cols.iter().filter(|c| !metadata.contains(&c.name)).cloned().collect()
 }
 
 /// The run key a run for `run_date` would have now, and the source's rows
 /// (`None` for a file source, whose key comes from its files' hashes alone,
 /// without reading a row). Nothing is written. A file source's day without
 /// files (with `allow_missing`) has the empty key, which no run has.
-pub fn run_key_now(
-    job: &Job,
-    run_date: RunDate,
-    engine: &mut dyn Engine,
-) -> Result<(String, Option<u64>)> {
+pub fn run_key_now(job: &Job, run_date: RunDate, engine: &mut dyn Engine) -> Result<(String, Option<u64>)> {
     let now = input_now(job, run_date, engine, &mut None)?;
     Ok((now.key, now.input.map(|fp| fp.rows)))
 }
@@ -515,9 +414,7 @@ pub fn files_changed(before: &InputFiles, now: &InputFiles) -> Vec<String> {
     for f in &now.files {
         match before.files.iter().find(|b| b.path == f.path) {
             None => out.push(format!("added {}", f.path)),
-            Some(b) if (b.size, &b.blake3, &b.etag) != (f.size, &f.blake3, &f.etag) => {
-                out.push(format!("changed {}", f.path))
-            }
+            Some(b) if (b.size, &b.blake3, &b.etag) != (f.size, &f.blake3, &f.etag) => out.push(format!("changed {}", f.path)),
             Some(_) => {}
         }
     }
@@ -526,11 +423,7 @@ pub fn files_changed(before: &InputFiles, now: &InputFiles) -> Vec<String> {
             out.push(format!("removed {}", b.path));
         }
     }
-    out.sort_by(|a, b| {
-        a.split_once(' ')
-            .map(|x| x.1)
-            .cmp(&b.split_once(' ').map(|x| x.1))
-    });
+    out.sort_by(|a, b| a.split_once(' ').map(|x| x.1).cmp(&b.split_once(' ').map(|x| x.1)));
     out
 }
 
@@ -539,49 +432,30 @@ pub fn files_changed(before: &InputFiles, now: &InputFiles) -> Vec<String> {
 /// the ledger's last entry, and the target's fingerprint now.
 pub fn status(job: &Job, run_date: RunDate, engine: &mut dyn Engine) -> Result<DateStatus> {
     let mut all = status_range(job, &[run_date], engine)?;
-    all.pop()
-        .ok_or_else(|| Error::Internal("status of one date returned none".into()))
+    all.pop().ok_or_else(|| Error::Internal("status of one date returned none".into()))
 }
 
 /// [`status`] of every date of `dates`, in their order, with one ledger
 /// query and one grouped scan of the target's partitions (not one per date).
-pub fn status_range(
-    job: &Job,
-    dates: &[RunDate],
-    engine: &mut dyn Engine,
-) -> Result<Vec<DateStatus>> {
+pub fn status_range(job: &Job, dates: &[RunDate], engine: &mut dyn Engine) -> Result<Vec<DateStatus>> {
     let job_hash = job.definition_hash();
     let mut source_cols = None;
     let mut out = Vec::with_capacity(dates.len());
     for (run_date, last, current) in look(job, dates, engine)? {
         // Missing or unreadable files are this date's state, not the command's failure.
         let now = match input_now(job, run_date, engine, &mut source_cols) {
-            Err(e @ Error::Files { .. }) => Now {
-                key: String::new(),
-                input: None,
-                files: None,
-                note: Some(e.to_string()),
-            },
+            Err(e @ Error::Files { .. }) => Now { key: String::new(), input: None, files: None, note: Some(e.to_string()) },
             other => other?,
         };
         let key = now.key;
-        let files_changed = match (
-            &now.files,
-            last.as_ref().and_then(|l| l.input_files.as_ref()),
-        ) {
+        let files_changed = match (&now.files, last.as_ref().and_then(|l| l.input_files.as_ref())) {
             (Some(now), Some(before)) => files_changed(before, now),
             _ => Vec::new(),
         };
         let state = match &last {
             None if job.source.files.is_some() && key.is_empty() => DateState::NoInput,
             None => DateState::Missing,
-            Some(l)
-                if current
-                    .as_ref()
-                    .is_some_and(|c| c.kind == l.fingerprint_kind && !holds(c, l)) =>
-            {
-                DateState::Drift
-            }
+            Some(l) if current.as_ref().is_some_and(|c| c.kind == l.fingerprint_kind && !holds(c, l)) => DateState::Drift,
             Some(l) if l.job_hash != job_hash => DateState::JobChanged,
             Some(_) if key.is_empty() => DateState::NoInput,
             Some(l) if l.run_key != key => DateState::SourceChanged,

@@ -169,17 +169,13 @@ struct Side<'t> {
 impl Side<'_> {
     /// `FROM <table> AS t WHERE <predicate>` and, when given, the segment filter.
     fn from(&self, sql: &mut Sql, predicate: Option<&str>, segments: Option<(u32, &[u64])>) {
-        sql.push(" FROM ")
-            .push(&self.table.quoted())
-            .push(" AS t WHERE ");
+        sql.push(" FROM ").push(&self.table.quoted()).push(" AS t WHERE ");
         match predicate {
             Some(p) => sql.push("(").push(p).push(")"),
             None => sql.push("TRUE"),
         };
         if let Some((bits, ids)) = segments {
-            sql.push(" AND ")
-                .push(&segment_of(&self.key_hash, bits))
-                .push(" IN (");
+            sql.push(" AND ").push(&segment_of(&self.key_hash, bits)).push(" IN (");
             for (i, id) in ids.iter().enumerate() {
                 if i > 0 {
                     sql.push(", ");
@@ -200,33 +196,17 @@ fn segment_of(hash: &str, bits: u32) -> String {
 
 type Segments = BTreeMap<u64, (u64, i128)>;
 
-fn segment_sums(
-    engine: &mut dyn Engine,
-    side: &Side<'_>,
-    predicate: Option<&str>,
-    bits: u32,
-    within: Option<(u32, &[u64])>,
-) -> Result<Segments> {
+fn segment_sums(engine: &mut dyn Engine, side: &Side<'_>, predicate: Option<&str>, bits: u32, within: Option<(u32, &[u64])>) -> Result<Segments> {
     let mut sql = Sql::new();
-    sql.push("SELECT seg, count(*) AS \"n\", sum(h) AS \"s\" FROM (SELECT ")
-        .push(&segment_of(&side.key_hash, bits))
-        .push(" AS seg, ")
-        .push(&side.row_hash)
-        .push(" AS h");
+    sql.push("SELECT seg, count(*) AS \"n\", sum(h) AS \"s\" FROM (SELECT ").push(&segment_of(&side.key_hash, bits)).push(" AS seg, ").push(&side.row_hash).push(" AS h");
     side.from(&mut sql, predicate, within);
     sql.push(") AS s GROUP BY seg");
     let rows = engine.query(&sql)?;
     let mut out = Segments::new();
     for r in rows.each("a diff's segment sums") {
         let seg = r.value("seg")?;
-        let seg = seg
-            .as_i128()
-            .ok_or_else(|| Error::Internal(format!("a diff's segment sums: bad segment {seg:?}")))?
-            as u64;
-        out.insert(
-            seg,
-            (r.count("n")?, engine.dialect().read_sum(r.value("s")?)?),
-        );
+        let seg = seg.as_i128().ok_or_else(|| Error::Internal(format!("a diff's segment sums: bad segment {seg:?}")))? as u64;
+        out.insert(seg, (r.count("n")?, engine.dialect().read_sum(r.value("s")?)?));
     }
     Ok(out)
 }
@@ -261,9 +241,7 @@ fn segment_rows(
             .iter()
             .chain(cols)
             .map(|c| {
-                let (text, class) = engine
-                    .dialect()
-                    .portable_value(&format!("t.{}", quote_ident(&c.name)), c);
+                let (text, class) = engine.dialect().portable_value(&format!("t.{}", quote_ident(&c.name)), c);
                 floats.push(class == "float");
                 format!("CAST({text} AS {})", engine.dialect().text_type())
             })
@@ -298,31 +276,15 @@ fn columns_of(engine: &mut dyn Engine, table: &TableName, side: &str) -> Result<
 }
 
 /// Compares table `a` with table `b`.
-pub fn diff(
-    sides: &mut Sides<'_>,
-    a: &TableName,
-    b: &TableName,
-    opts: &DiffOptions,
-) -> Result<DiffReport> {
+pub fn diff(sides: &mut Sides<'_>, a: &TableName, b: &TableName, opts: &DiffOptions) -> Result<DiffReport> {
     if opts.key.is_empty() {
-        return Err(Error::argument(
-            "diff needs a key: --key COLUMN[,COLUMN…]",
-            Some("name the columns that identify a row"),
-        ));
+        return Err(Error::argument("diff needs a key: --key COLUMN[,COLUMN…]", Some("name the columns that identify a row")));
     }
     if let Some(p) = &opts.predicate {
         check_predicate("--where", p)?;
     }
-    let segment_rows_max = if opts.segment_rows == 0 {
-        2000
-    } else {
-        opts.segment_rows
-    };
-    let max_listed = if opts.max_listed == 0 {
-        100
-    } else {
-        opts.max_listed
-    };
+    let segment_rows_max = if opts.segment_rows == 0 { 2000 } else { opts.segment_rows };
+    let max_listed = if opts.max_listed == 0 { 100 } else { opts.max_listed };
     let cols_a = columns_of(sides.get(false), a, "A")?;
     let cols_b = columns_of(sides.get(true), b, "B")?;
     for k in opts.key.iter().chain(&opts.exclude) {
@@ -330,24 +292,13 @@ pub fn diff(
             if !cols.iter().any(|c| &c.name == k) {
                 return Err(Error::argument(
                     format!("{t} has no column {k:?}"),
-                    Some(&format!(
-                        "its columns are {}",
-                        cols.iter()
-                            .map(|c| c.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )),
+                    Some(&format!("its columns are {}", cols.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", "))),
                 ));
             }
         }
     }
     let keep = |c: &Column| !opts.exclude.contains(&c.name);
-    let names = |cols: &[Column]| {
-        cols.iter()
-            .filter(|c| keep(c))
-            .map(|c| c.name.clone())
-            .collect::<Vec<_>>()
-    };
+    let names = |cols: &[Column]| cols.iter().filter(|c| keep(c)).map(|c| c.name.clone()).collect::<Vec<_>>();
     let (mut na, mut nb) = (names(&cols_a), names(&cols_b));
     na.sort();
     nb.sort();
@@ -355,27 +306,15 @@ pub fn diff(
         let only_a: Vec<_> = na.iter().filter(|n| !nb.contains(n)).cloned().collect();
         let only_b: Vec<_> = nb.iter().filter(|n| !na.contains(n)).cloned().collect();
         return Err(Error::argument(
-            format!(
-                "the tables have different columns: only in {a}: [{}]; only in {b}: [{}]",
-                only_a.join(", "),
-                only_b.join(", ")
-            ),
+            format!("the tables have different columns: only in {a}: [{}]; only in {b}: [{}]", only_a.join(", "), only_b.join(", ")),
             Some("leave the extra columns out with --exclude"),
         ));
     }
     // Compare in A's column order; B's columns by name.
     let value_cols = |cols: &[Column]| -> Vec<Column> {
-        na_order(&cols_a, &opts.key, &opts.exclude)
-            .iter()
-            .map(|n| cols.iter().find(|c| &c.name == n).expect("checked").clone())
-            .collect()
+        na_order(&cols_a, &opts.key, &opts.exclude).iter().map(|n| cols.iter().find(|c| &c.name == n).expect("checked").clone()).collect()
     };
-    let key_cols = |cols: &[Column]| -> Vec<Column> {
-        opts.key
-            .iter()
-            .map(|k| cols.iter().find(|c| &c.name == k).expect("checked").clone())
-            .collect()
-    };
+    let key_cols = |cols: &[Column]| -> Vec<Column> { opts.key.iter().map(|k| cols.iter().find(|c| &c.name == k).expect("checked").clone()).collect() };
     let (va, vb) = (value_cols(&cols_a), value_cols(&cols_b));
     let (ka, kb) = (key_cols(&cols_a), key_cols(&cols_b));
     let all_a: Vec<Column> = ka.iter().chain(&va).cloned().collect();
@@ -383,23 +322,13 @@ pub fn diff(
     check_type_families(sides, a, b, &all_a, &all_b)?;
     // Each compared column's type class (one family on both sides: checked
     // above), to show and sort the values read.
-    let key_classes: Vec<&'static str> = ka
-        .iter()
-        .map(|c| sides.get(false).dialect().portable_value("t.x", c).1)
-        .collect();
-    let value_classes: Vec<&'static str> = va
-        .iter()
-        .map(|c| sides.get(false).dialect().portable_value("t.x", c).1)
-        .collect();
+    let key_classes: Vec<&'static str> = ka.iter().map(|c| sides.get(false).dialect().portable_value("t.x", c).1).collect();
+    let value_classes: Vec<&'static str> = va.iter().map(|c| sides.get(false).dialect().portable_value("t.x", c).1).collect();
 
     // Native hashes when both sides are one engine of one version and the
     // column types match; the portable encoding otherwise.
     let (ea, eb) = (sides.get(false).version()?, sides.get(true).version()?);
-    let method = if ea == eb && all_a == all_b {
-        Method::Native
-    } else {
-        Method::Portable
-    };
+    let method = if ea == eb && all_a == all_b { Method::Native } else { Method::Portable };
     let side_a = make_side(sides.get(false), method, a, &ka, &all_a)?;
     let side_b = make_side(sides.get(true), method, b, &kb, &all_b)?;
     let pred = opts.predicate.as_deref();
@@ -409,10 +338,7 @@ pub fn diff(
     let seg_a = segment_sums(sides.get(false), &side_a, pred, bits, None)?;
     let seg_b = segment_sums(sides.get(true), &side_b, pred, bits, None)?;
     queries += 1;
-    let total = |s: &Segments| {
-        s.values()
-            .fold((0u64, 0i128), |(n, h), (c, x)| (n + c, h.wrapping_add(*x)))
-    };
+    let total = |s: &Segments| s.values().fold((0u64, 0i128), |(n, h), (c, x)| (n + c, h.wrapping_add(*x)));
     let (ta, tb) = (total(&seg_a), total(&seg_b));
     let fingerprint_a = Fingerprint::from_sum(&side_a.kind, &side_a.signature, ta.0, ta.1);
     let fingerprint_b = Fingerprint::from_sum(&side_b.kind, &side_b.signature, tb.0, tb.1);
@@ -443,9 +369,7 @@ pub fn diff(
     let mut differing = differing_segments(&seg_a, &seg_b);
     let mut to_read: Vec<(u32, u64)> = Vec::new();
     loop {
-        let (small, big): (Vec<_>, Vec<_>) = differing
-            .iter()
-            .partition(|(_, n)| *n <= segment_rows_max || bits >= MAX_BITS);
+        let (small, big): (Vec<_>, Vec<_>) = differing.iter().partition(|(_, n)| *n <= segment_rows_max || bits >= MAX_BITS);
         to_read.extend(small.iter().map(|(id, _)| (bits, *id)));
         if big.is_empty() {
             break;
@@ -454,20 +378,8 @@ pub fn diff(
         let child_bits = bits + FANOUT_BITS;
         let mut next = Vec::new();
         for chunk in parents.chunks(500) {
-            let ca = segment_sums(
-                sides.get(false),
-                &side_a,
-                pred,
-                child_bits,
-                Some((bits, chunk)),
-            )?;
-            let cb = segment_sums(
-                sides.get(true),
-                &side_b,
-                pred,
-                child_bits,
-                Some((bits, chunk)),
-            )?;
+            let ca = segment_sums(sides.get(false), &side_a, pred, child_bits, Some((bits, chunk)))?;
+            let cb = segment_sums(sides.get(true), &side_b, pred, child_bits, Some((bits, chunk)))?;
             queries += 1;
             next.extend(differing_segments(&ca, &cb));
         }
@@ -486,14 +398,7 @@ pub fn diff(
         let rows_a = segment_rows(sides.get(false), &side_a, pred, &ka, &va, level, &ids)?;
         let rows_b = segment_rows(sides.get(true), &side_b, pred, &kb, &vb, level, &ids)?;
         report.rows_transferred += (rows_a.len() + rows_b.len()) as u64;
-        compare(
-            &mut report,
-            &mut found,
-            rows_a,
-            rows_b,
-            &key_classes,
-            max_listed,
-        );
+        compare(&mut report, &mut found, rows_a, rows_b, &key_classes, max_listed);
     }
     found.list(&mut report, &ka, &va, &key_classes, &value_classes);
     let rows_differ = report.only_in_a + report.only_in_b + report.changed > 0;
@@ -526,23 +431,14 @@ fn verdict(a: &Fingerprint, b: &Fingerprint, rows_differ: bool) -> (bool, Option
 /// engine's type class: int, decimal, float, text, date, timestamp, …): a
 /// DECIMAL and a VARCHAR holding `1.50` read alike as text but are not the
 /// same data. Lists every such column with both types.
-fn check_type_families(
-    sides: &mut Sides<'_>,
-    a: &TableName,
-    b: &TableName,
-    all_a: &[Column],
-    all_b: &[Column],
-) -> Result<()> {
+fn check_type_families(sides: &mut Sides<'_>, a: &TableName, b: &TableName, all_a: &[Column], all_b: &[Column]) -> Result<()> {
     let mut mismatched = Vec::new();
     let mut names = Vec::new();
     for (ca, cb) in all_a.iter().zip(all_b) {
         let class_a = sides.get(false).dialect().portable_value("t.x", ca).1;
         let class_b = sides.get(true).dialect().portable_value("t.x", cb).1;
         if class_a != class_b {
-            mismatched.push(format!(
-                "{} is {} ({class_a}) in {a} but {} ({class_b}) in {b}",
-                ca.name, ca.ty, cb.ty
-            ));
+            mismatched.push(format!("{} is {} ({class_a}) in {a} but {} ({class_b}) in {b}", ca.name, ca.ty, cb.ty));
             names.push(ca.name.as_str());
         }
     }
@@ -558,41 +454,22 @@ fn check_type_families(
     })
 }
 
-fn make_side<'t>(
-    engine: &mut dyn Engine,
-    method: Method,
-    table: &'t TableName,
-    key: &[Column],
-    all: &[Column],
-) -> Result<Side<'t>> {
+fn make_side<'t>(engine: &mut dyn Engine, method: Method, table: &'t TableName, key: &[Column], all: &[Column]) -> Result<Side<'t>> {
     let (key_hash, _, _) = row_hash(engine, method, "t", key)?;
     let (row_hash, kind, signature) = row_hash(engine, method, "t", all)?;
-    Ok(Side {
-        table,
-        key_hash,
-        row_hash,
-        kind,
-        signature,
-    })
+    Ok(Side { table, key_hash, row_hash, kind, signature })
 }
 
 /// Column names in A's order, without the key and the excluded ones.
 fn na_order(cols_a: &[Column], key: &[String], exclude: &[String]) -> Vec<String> {
-    cols_a
-        .iter()
-        .filter(|c| !key.contains(&c.name) && !exclude.contains(&c.name))
-        .map(|c| c.name.clone())
-        .collect()
+    cols_a.iter().filter(|c| !key.contains(&c.name) && !exclude.contains(&c.name)).map(|c| c.name.clone()).collect()
 }
 
 /// Segments whose (count, sum) differ, with the larger side's row count.
 fn differing_segments(a: &Segments, b: &Segments) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     for id in a.keys().chain(b.keys().filter(|k| !a.contains_key(k))) {
-        let (x, y) = (
-            a.get(id).copied().unwrap_or((0, 0)),
-            b.get(id).copied().unwrap_or((0, 0)),
-        );
+        let (x, y) = (a.get(id).copied().unwrap_or((0, 0)), b.get(id).copied().unwrap_or((0, 0)));
         if x != y {
             out.push((*id, x.0.max(y.0)));
         }
@@ -602,10 +479,7 @@ fn differing_segments(a: &Segments, b: &Segments) -> Vec<(u64, u64)> {
 }
 
 fn pairs(cols: &[Column], values: &[Option<String>]) -> Vec<String> {
-    cols.iter()
-        .zip(values)
-        .map(|(c, v)| format!("{}={}", c.name, show(v)))
-        .collect()
+    cols.iter().zip(values).map(|(c, v)| format!("{}={}", c.name, show(v))).collect()
 }
 
 type Values = Vec<Option<String>>;
@@ -622,54 +496,25 @@ struct Found {
 impl Found {
     /// Sorts the listed rows by key (numbers as numbers, NULLs first) and
     /// writes them into the report, as texts and typed.
-    fn list(
-        mut self,
-        report: &mut DiffReport,
-        key: &[Column],
-        cols: &[Column],
-        key_classes: &[&str],
-        classes: &[&str],
-    ) {
-        self.only_a
-            .sort_by(|x, y| cmp_values(key_classes, &x.0, &y.0));
-        self.only_b
-            .sort_by(|x, y| cmp_values(key_classes, &x.0, &y.0));
-        self.changed
-            .sort_by(|x, y| cmp_values(key_classes, &x.0, &y.0));
+    fn list(mut self, report: &mut DiffReport, key: &[Column], cols: &[Column], key_classes: &[&str], classes: &[&str]) {
+        self.only_a.sort_by(|x, y| cmp_values(key_classes, &x.0, &y.0));
+        self.only_b.sort_by(|x, y| cmp_values(key_classes, &x.0, &y.0));
+        self.changed.sort_by(|x, y| cmp_values(key_classes, &x.0, &y.0));
         let sides = [
-            (
-                &self.only_a,
-                &mut report.only_in_a_rows,
-                &mut report.listed_only_in_a,
-            ),
-            (
-                &self.only_b,
-                &mut report.only_in_b_rows,
-                &mut report.listed_only_in_b,
-            ),
+            (&self.only_a, &mut report.only_in_a_rows, &mut report.listed_only_in_a),
+            (&self.only_b, &mut report.only_in_b_rows, &mut report.listed_only_in_b),
         ];
         for (rows, texts, listed) in sides {
             for (k, v) in rows {
                 texts.push([pairs(key, k), pairs(cols, v)].concat());
-                listed.push(Row([
-                    typed_row(key, key_classes, k),
-                    typed_row(cols, classes, v),
-                ]
-                .concat()));
+                listed.push(Row([typed_row(key, key_classes, k), typed_row(cols, classes, v)].concat()));
             }
         }
         for (k, x, y) in &self.changed {
             let differ: Vec<usize> = (0..cols.len()).filter(|&i| x.get(i) != y.get(i)).collect();
             report.changed_rows.push(ChangedRow {
                 key: pairs(key, k),
-                changes: differ
-                    .iter()
-                    .map(|&i| ColumnChange {
-                        column: cols[i].name.clone(),
-                        a: show(&x[i]),
-                        b: show(&y[i]),
-                    })
-                    .collect(),
+                changes: differ.iter().map(|&i| ColumnChange { column: cols[i].name.clone(), a: show(&x[i]), b: show(&y[i]) }).collect(),
             });
             report.listed_changed.push(ChangedValues {
                 key: Row(typed_row(key, key_classes, k)),
@@ -688,22 +533,10 @@ impl Found {
 
 /// Columns' canonical texts as typed values, named.
 fn typed_row(names: &[Column], classes: &[&str], values: &[Option<String>]) -> Vec<(String, Cell)> {
-    names
-        .iter()
-        .zip(classes)
-        .zip(values)
-        .map(|((c, class), v)| (c.name.clone(), Cell::from_canonical(v.as_deref(), class)))
-        .collect()
+    names.iter().zip(classes).zip(values).map(|((c, class), v)| (c.name.clone(), Cell::from_canonical(v.as_deref(), class))).collect()
 }
 
-fn compare(
-    report: &mut DiffReport,
-    found: &mut Found,
-    a: Vec<Read>,
-    b: Vec<Read>,
-    key_classes: &[&str],
-    max: usize,
-) {
+fn compare(report: &mut DiffReport, found: &mut Found, a: Vec<Read>, b: Vec<Read>, key_classes: &[&str], max: usize) {
     let mut left: BTreeMap<Values, Vec<Values>> = BTreeMap::new();
     for (k, v) in a {
         left.entry(k).or_default().push(v);
@@ -712,11 +545,7 @@ fn compare(
     for (k, v) in b {
         right.entry(k).or_default().push(v);
     }
-    let mut keys: Vec<Values> = left
-        .keys()
-        .chain(right.keys().filter(|k| !left.contains_key(*k)))
-        .cloned()
-        .collect();
+    let mut keys: Vec<Values> = left.keys().chain(right.keys().filter(|k| !left.contains_key(*k))).cloned().collect();
     keys.sort_by(|x, y| cmp_values(key_classes, x, y));
     for k in keys {
         let mut xs = left.remove(&k).unwrap_or_default();
@@ -778,14 +607,12 @@ fn cmp_values(classes: &[&str], a: &[Option<String>], b: &[Option<String>]) -> O
 /// (exactly, for integers and decimals), then as text.
 fn cmp_text(class: &str, a: &str, b: &str) -> Ordering {
     let by_value = match class {
-        "int" | "decimal" | "timestamp" | "timestamptz" => {
-            match (decimal_parts(a), decimal_parts(b)) {
-                (Some(x), Some(y)) => cmp_decimal(x, y),
-                (Some(_), None) => Ordering::Less,
-                (None, Some(_)) => Ordering::Greater,
-                (None, None) => Ordering::Equal,
-            }
-        }
+        "int" | "decimal" | "timestamp" | "timestamptz" => match (decimal_parts(a), decimal_parts(b)) {
+            (Some(x), Some(y)) => cmp_decimal(x, y),
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (None, None) => Ordering::Equal,
+        },
         "float" => match (a.parse::<f64>(), b.parse::<f64>()) {
             (Ok(x), Ok(y)) => x.total_cmp(&y),
             (Ok(_), Err(_)) => Ordering::Less,
@@ -806,10 +633,7 @@ fn decimal_parts(t: &str) -> Option<(bool, &str, &str)> {
         None => (false, t.strip_prefix('+').unwrap_or(t)),
     };
     let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
-    if (int.is_empty() && frac.is_empty())
-        || !int.bytes().all(|b| b.is_ascii_digit())
-        || !frac.bytes().all(|b| b.is_ascii_digit())
-    {
+    if (int.is_empty() && frac.is_empty()) || !int.bytes().all(|b| b.is_ascii_digit()) || !frac.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     let (int, frac) = (int.trim_start_matches('0'), frac.trim_end_matches('0'));
@@ -818,11 +642,7 @@ fn decimal_parts(t: &str) -> Option<(bool, &str, &str)> {
 
 /// Compares two numbers read by [`decimal_parts`] by value.
 fn cmp_decimal(a: (bool, &str, &str), b: (bool, &str, &str)) -> Ordering {
-    let magnitude =
-        a.1.len()
-            .cmp(&b.1.len())
-            .then_with(|| a.1.cmp(b.1))
-            .then_with(|| a.2.cmp(b.2));
+    let magnitude = a.1.len().cmp(&b.1.len()).then_with(|| a.1.cmp(b.1)).then_with(|| a.2.cmp(b.2));
     match (a.0, b.0) {
         (false, false) => magnitude,
         (true, true) => magnitude.reverse(),
@@ -881,11 +701,7 @@ impl Cell {
             "text" => Cell::Text(t.to_owned()),
             "date" => Cell::Date(t.to_owned()),
             // Microseconds since 1970-01-01 00:00 (UTC for timestamptz).
-            "timestamp" | "timestamptz" => match t
-                .parse::<i64>()
-                .ok()
-                .and_then(chrono::DateTime::<chrono::Utc>::from_timestamp_micros)
-            {
+            "timestamp" | "timestamptz" => match t.parse::<i64>().ok().and_then(chrono::DateTime::<chrono::Utc>::from_timestamp_micros) {
                 Some(ts) => Cell::Timestamp(iso_timestamp(ts.naive_utc(), class == "timestamptz")),
                 None => Cell::Other(t.to_owned()),
             },
@@ -943,11 +759,7 @@ impl Cell {
 /// A timestamp in ISO 8601, with the fraction of a second when not whole,
 /// and `Z` when it is in UTC (a timestamp with time zone).
 fn iso_timestamp(t: chrono::NaiveDateTime, utc: bool) -> String {
-    format!(
-        "{}{}",
-        t.format("%Y-%m-%dT%H:%M:%S%.f"),
-        if utc { "Z" } else { "" }
-    )
+    format!("{}{}", t.format("%Y-%m-%dT%H:%M:%S%.f"), if utc { "Z" } else { "" })
 }
 
 /// The text inside a string written with Rust's `{:?}` (without its
@@ -1001,12 +813,7 @@ impl Serialize for Cell {
                 Ok(f) if f.is_finite() => s.serialize_f64(f),
                 _ => s.serialize_str(t),
             },
-            Cell::Decimal(t)
-            | Cell::Text(t)
-            | Cell::Date(t)
-            | Cell::Timestamp(t)
-            | Cell::Bytes(t)
-            | Cell::Other(t) => s.serialize_str(t),
+            Cell::Decimal(t) | Cell::Text(t) | Cell::Date(t) | Cell::Timestamp(t) | Cell::Bytes(t) | Cell::Other(t) => s.serialize_str(t),
         }
     }
 }
@@ -1016,11 +823,7 @@ impl std::fmt::Display for Cell {
         match self {
             Cell::Null => f.write_str("NULL"),
             Cell::Bool(b) => write!(f, "{b}"),
-            Cell::Int(t)
-            | Cell::Decimal(t)
-            | Cell::Float(t)
-            | Cell::Date(t)
-            | Cell::Timestamp(t) => f.write_str(t),
+            Cell::Int(t) | Cell::Decimal(t) | Cell::Float(t) | Cell::Date(t) | Cell::Timestamp(t) => f.write_str(t),
             Cell::Bytes(t) => write!(f, "x'{t}'"),
             Cell::Text(t) | Cell::Other(t) => write!(f, "'{}'", t.replace('\'', "''")),
         }
@@ -1036,10 +839,7 @@ impl Row {
     /// A row of `(column, value)` pairs whose values [`Cell::from_display`] reads
     /// ([`crate::error::SampleRow`]).
     pub fn from_pairs(pairs: &[(String, String)]) -> Row {
-        Row(pairs
-            .iter()
-            .map(|(k, v)| (k.clone(), Cell::from_display(v)))
-            .collect())
+        Row(pairs.iter().map(|(k, v)| (k.clone(), Cell::from_display(v))).collect())
     }
 
     /// A row written `{a: 1, b: "x"}` (the display of a sample row: an
@@ -1065,14 +865,7 @@ impl Row {
     /// A row written as `column=value` items (prove's mutated input row);
     /// `None` when an item is not one.
     pub fn parse_assignments(items: &[String]) -> Option<Row> {
-        items
-            .iter()
-            .map(|i| {
-                i.split_once('=')
-                    .map(|(k, v)| (k.to_owned(), Cell::from_display(v)))
-            })
-            .collect::<Option<Vec<_>>>()
-            .map(Row)
+        items.iter().map(|i| i.split_once('=').map(|(k, v)| (k.to_owned(), Cell::from_display(v)))).collect::<Option<Vec<_>>>().map(Row)
     }
 
     /// A sample written `label: {a: 1, …}` (prove's samples): the label and
@@ -1146,118 +939,50 @@ mod tests {
     use crate::fingerprint::Fingerprint;
 
     fn fp(rows: u64, checksum: &str) -> Fingerprint {
-        Fingerprint {
-            kind: "portable-v3".into(),
-            rows,
-            checksum: checksum.into(),
-        }
+        Fingerprint { kind: "portable-v3".into(), rows, checksum: checksum.into() }
     }
 
     #[test]
     fn identical_only_with_equal_fingerprints_and_no_differing_row() {
         assert_eq!(verdict(&fp(3, "aa"), &fp(3, "aa"), false), (true, None));
-        assert_eq!(
-            verdict(&fp(3, "aa"), &fp(3, "aa"), true).0,
-            false,
-            "a differing row is a difference"
-        );
+        assert_eq!(verdict(&fp(3, "aa"), &fp(3, "aa"), true).0, false, "a differing row is a difference");
         assert_eq!(verdict(&fp(3, "aa"), &fp(3, "bb"), true), (false, None));
         // Fail closed: the checksums differ but the rows read compare equal.
         let (identical, note) = verdict(&fp(3, "aa"), &fp(3, "bb"), false);
-        assert!(
-            !identical,
-            "two different checksums are never \"identical\""
-        );
+        assert!(!identical, "two different checksums are never \"identical\"");
         let note = note.expect("the difference is explained");
-        assert!(
-            note.starts_with(
-                "the fingerprints differ (A: 3 rows, checksum aa; B: 3 rows, checksum bb)"
-            ),
-            "{note}"
-        );
+        assert!(note.starts_with("the fingerprints differ (A: 3 rows, checksum aa; B: 3 rows, checksum bb)"), "{note}");
         let (identical, note) = verdict(&fp(3, "aa"), &fp(4, "aa"), false);
-        assert!(
-            !identical && note.is_some(),
-            "different row counts are never identical"
-        );
-        let other_kind = Fingerprint {
-            kind: "native-v1/duckdb v1".into(),
-            ..fp(3, "aa")
-        };
-        assert!(
-            !verdict(&fp(3, "aa"), &other_kind, false).0,
-            "fingerprints of different kinds are not equal"
-        );
+        assert!(!identical && note.is_some(), "different row counts are never identical");
+        let other_kind = Fingerprint { kind: "native-v1/duckdb v1".into(), ..fp(3, "aa") };
+        assert!(!verdict(&fp(3, "aa"), &other_kind, false).0, "fingerprints of different kinds are not equal");
     }
 
     #[test]
     fn keys_sort_as_numbers_with_nulls_first() {
         use super::cmp_values;
         let key = |v: &[Option<&str>]| v.iter().map(|x| x.map(str::to_owned)).collect::<Vec<_>>();
-        let mut keys = vec![
-            key(&[Some("10")]),
-            key(&[Some("9")]),
-            key(&[None]),
-            key(&[Some("-2")]),
-            key(&[Some("100")]),
-        ];
+        let mut keys = vec![key(&[Some("10")]), key(&[Some("9")]), key(&[None]), key(&[Some("-2")]), key(&[Some("100")])];
         keys.sort_by(|a, b| cmp_values(&["int"], a, b));
-        assert_eq!(
-            keys,
-            vec![
-                key(&[None]),
-                key(&[Some("-2")]),
-                key(&[Some("9")]),
-                key(&[Some("10")]),
-                key(&[Some("100")])
-            ]
-        );
-        let mut decimals = vec![
-            key(&[Some("10.5")]),
-            key(&[Some("9.75")]),
-            key(&[Some("-0.5")]),
-            key(&[Some("9.8")]),
-            key(&[Some("-10.00")]),
-        ];
+        assert_eq!(keys, vec![key(&[None]), key(&[Some("-2")]), key(&[Some("9")]), key(&[Some("10")]), key(&[Some("100")])]);
+        let mut decimals = vec![key(&[Some("10.5")]), key(&[Some("9.75")]), key(&[Some("-0.5")]), key(&[Some("9.8")]), key(&[Some("-10.00")])];
         decimals.sort_by(|a, b| cmp_values(&["decimal"], a, b));
-        assert_eq!(
-            decimals,
-            vec![
-                key(&[Some("-10.00")]),
-                key(&[Some("-0.5")]),
-                key(&[Some("9.75")]),
-                key(&[Some("9.8")]),
-                key(&[Some("10.5")])
-            ]
-        );
+        assert_eq!(decimals, vec![key(&[Some("-10.00")]), key(&[Some("-0.5")]), key(&[Some("9.75")]), key(&[Some("9.8")]), key(&[Some("10.5")])]);
         let mut texts = vec![key(&[Some("b")]), key(&[Some("10")]), key(&[Some("9")])];
         texts.sort_by(|a, b| cmp_values(&["text"], a, b));
-        assert_eq!(
-            texts,
-            vec![key(&[Some("10")]), key(&[Some("9")]), key(&[Some("b")])],
-            "text sorts as text"
-        );
+        assert_eq!(texts, vec![key(&[Some("10")]), key(&[Some("9")]), key(&[Some("b")])], "text sorts as text");
     }
 
     #[test]
     fn values_read_for_diff_are_typed() {
         use super::Cell;
-        assert_eq!(
-            Cell::from_canonical(Some("1792656000000000"), "timestamp"),
-            Cell::Timestamp("2026-10-22T08:00:00".into())
-        );
-        assert_eq!(
-            Cell::from_canonical(Some("1792656000500000"), "timestamptz"),
-            Cell::Timestamp("2026-10-22T08:00:00.500Z".into())
-        );
+        assert_eq!(Cell::from_canonical(Some("1792656000000000"), "timestamp"), Cell::Timestamp("2026-10-22T08:00:00".into()));
+        assert_eq!(Cell::from_canonical(Some("1792656000500000"), "timestamptz"), Cell::Timestamp("2026-10-22T08:00:00.500Z".into()));
         assert_eq!(Cell::from_canonical(Some("t"), "bool"), Cell::Bool(true));
         assert_eq!(Cell::from_canonical(None, "int"), Cell::Null);
         let json = |c: Cell| serde_json::to_value(c).unwrap();
         assert_eq!(json(Cell::Int("12".into())), serde_json::json!(12));
-        assert_eq!(
-            json(Cell::Decimal("45.00".into())),
-            serde_json::json!("45.00")
-        );
+        assert_eq!(json(Cell::Decimal("45.00".into())), serde_json::json!("45.00"));
         assert_eq!(json(Cell::Float("0.1".into())), serde_json::json!(0.1));
         assert_eq!(json(Cell::Float("nan".into())), serde_json::json!("nan"));
         assert_eq!(json(Cell::Null), serde_json::Value::Null);
@@ -1276,10 +1001,7 @@ mod tests {
                 ("order_total".to_owned(), Cell::Text("1.50".into())),
                 ("note".to_owned(), Cell::Text("a, \"b\": c".into())),
                 ("dt".to_owned(), Cell::Date("2026-10-19".into())),
-                (
-                    "at".to_owned(),
-                    Cell::Timestamp("2026-10-19T08:00:00.500".into())
-                ),
+                ("at".to_owned(), Cell::Timestamp("2026-10-19T08:00:00.500".into())),
                 ("gone".to_owned(), Cell::Null),
                 ("ok".to_owned(), Cell::Bool(true)),
             ]
@@ -1287,20 +1009,10 @@ mod tests {
         assert_eq!(Row::parse_display("{}"), Some(Row(Vec::new())));
         assert_eq!(Row::parse_display("not a row"), None);
         let (label, row) = Row::parse_labeled("only after this run: {id: 3, name: \"x\"}").unwrap();
-        assert_eq!(
-            (label, row.get("id")),
-            ("only after this run", Some(&Cell::Int("3".into())))
-        );
-        let row =
-            Row::parse_assignments(&["order_id=3".to_owned(), "note=\"a=b\"".to_owned()]).unwrap();
+        assert_eq!((label, row.get("id")), ("only after this run", Some(&Cell::Int("3".into()))));
+        let row = Row::parse_assignments(&["order_id=3".to_owned(), "note=\"a=b\"".to_owned()]).unwrap();
         assert_eq!(row.get("note"), Some(&Cell::Text("a=b".into())));
-        assert_eq!(
-            Cell::from_display("\"tab\\there \\u{1b}\""),
-            Cell::Text("tab\there \u{1b}".into())
-        );
-        assert_eq!(
-            serde_json::to_value(&row).unwrap(),
-            serde_json::json!({"order_id": 3, "note": "a=b"})
-        );
+        assert_eq!(Cell::from_display("\"tab\\there \\u{1b}\""), Cell::Text("tab\there \u{1b}".into()));
+        assert_eq!(serde_json::to_value(&row).unwrap(), serde_json::json!({"order_id": 3, "note": "a=b"}));
     }
 }

@@ -6,16 +6,16 @@ use std::ops::ControlFlow;
 
 use serde::Serialize;
 use sqlparser::ast::{
-    Distinct, Expr, Function, FunctionArgumentClause, FunctionArguments, Query, SelectItem,
-    SetExpr, Spanned, Statement, TableFactor, TableSampleKind, Visit, Visitor, WindowType,
+    Distinct, Expr, Function, FunctionArgumentClause, FunctionArguments, Query, SelectItem, SetExpr, Spanned, Statement,
+    TableFactor, TableSampleKind, Visit, Visitor, WindowType,
 };
 use sqlparser::dialect::{Dialect, DuckDbDialect, PostgreSqlDialect};
 use sqlparser::parser::Parser;
 use sqlparser::tokenizer::Span;
 
-use crate::error::{Error, Result};
 use crate::job::dialect::SparkSql;
 pub use crate::job::dialect::SqlDialect;
+use crate::error::{Error, Result};
 use crate::job::spec::{Job, Strategy};
 use crate::job::sql::RunParam;
 
@@ -51,74 +51,21 @@ pub struct Finding {
 }
 
 const CLOCK: &[&str] = &[
-    "now",
-    "current_date",
-    "current_timestamp",
-    "current_time",
-    "localtime",
-    "localtimestamp",
-    "transaction_timestamp",
-    "statement_timestamp",
-    "clock_timestamp",
-    "getdate",
-    "sysdate",
-    "today",
-    "get_current_timestamp",
-    "get_current_time",
-    "current_localtimestamp",
-    "unix_timestamp",
-    "timeofday",
-    "utc_timestamp",
-    "sysdatetime",
+    "now", "current_date", "current_timestamp", "current_time", "localtime", "localtimestamp", "transaction_timestamp",
+    "statement_timestamp", "clock_timestamp", "getdate", "sysdate", "today", "get_current_timestamp", "get_current_time",
+    "current_localtimestamp", "unix_timestamp", "timeofday", "utc_timestamp", "sysdatetime",
 ];
 const RANDOM: &[&str] = &[
-    "random",
-    "rand",
-    "uuid",
-    "gen_random_uuid",
-    "uuid_generate_v1",
-    "uuid_generate_v4",
-    "uuidv4",
-    "uuidv7",
-    "newid",
-    "setseed",
-    "random_uuid",
-    "gen_random_bytes",
+    "random", "rand", "uuid", "gen_random_uuid", "uuid_generate_v1", "uuid_generate_v4", "uuidv4", "uuidv7", "newid",
+    "setseed", "random_uuid", "gen_random_bytes",
 ];
-const ORDERED_WINDOW: &[&str] = &[
-    "row_number",
-    "rank",
-    "dense_rank",
-    "first_value",
-    "last_value",
-    "nth_value",
-    "lag",
-    "lead",
-    "ntile",
-    "percent_rank",
-    "cume_dist",
-];
-const ORDERED_AGG: &[&str] = &[
-    "string_agg",
-    "array_agg",
-    "list",
-    "group_concat",
-    "listagg",
-    "json_group_array",
-    "json_agg",
-    "jsonb_agg",
-    "first",
-    "last",
-    "any_value",
-    "arbitrary",
-];
+const ORDERED_WINDOW: &[&str] =
+    &["row_number", "rank", "dense_rank", "first_value", "last_value", "nth_value", "lag", "lead", "ntile", "percent_rank", "cume_dist"];
+const ORDERED_AGG: &[&str] =
+    &["string_agg", "array_agg", "list", "group_concat", "listagg", "json_group_array", "json_agg", "jsonb_agg", "first", "last", "any_value", "arbitrary"];
 
 fn lower_name(f: &Function) -> String {
-    f.name
-        .0
-        .last()
-        .map(|p| p.to_string().trim_matches('"').to_ascii_lowercase())
-        .unwrap_or_default()
+    f.name.0.last().map(|p| p.to_string().trim_matches('"').to_ascii_lowercase()).unwrap_or_default()
 }
 
 fn within(inner: Span, outer: Span) -> bool {
@@ -134,16 +81,8 @@ struct Linter<'a> {
 }
 
 impl Linter<'_> {
-    fn add(
-        &mut self,
-        span: Span,
-        rule: &'static str,
-        severity: Severity,
-        message: String,
-        hint: &str,
-    ) {
-        self.found
-            .push((span, rule, severity, message, hint.to_owned()));
+    fn add(&mut self, span: Span, rule: &'static str, severity: Severity, message: String, hint: &str) {
+        self.found.push((span, rule, severity, message, hint.to_owned()));
     }
 
     fn function(&mut self, expr: &Expr, f: &Function) {
@@ -168,14 +107,9 @@ impl Linter<'_> {
                     self.add(span, "order", Severity::Error, format!("{name}() OVER (…) without ORDER BY: which row comes first is up to the engine"), "order the window by columns that identify each row");
                 } else if name == "row_number" && w.order_by.len() == 1 {
                     let only = w.order_by[0].expr.to_string().to_ascii_lowercase();
-                    let part: Vec<String> = w
-                        .partition_by
-                        .iter()
-                        .map(|e| e.to_string().to_ascii_lowercase())
-                        .collect();
+                    let part: Vec<String> = w.partition_by.iter().map(|e| e.to_string().to_ascii_lowercase()).collect();
                     let key_dedup = self.job.merge.as_ref().is_some_and(|m| {
-                        m.key.iter().all(|k| part.contains(&k.to_ascii_lowercase()))
-                            && only == m.version.to_ascii_lowercase()
+                        m.key.iter().all(|k| part.contains(&k.to_ascii_lowercase())) && only == m.version.to_ascii_lowercase()
                     });
                     let message = if key_dedup {
                         format!("row_number() orders the key's versions by {only} alone: two rows with one version tie, and the engine picks either")
@@ -187,22 +121,11 @@ impl Linter<'_> {
             }
         } else if ORDERED_AGG.contains(&name.as_str()) {
             let ordered_args = match &f.args {
-                FunctionArguments::List(l) => l
-                    .clauses
-                    .iter()
-                    .any(|c| matches!(c, FunctionArgumentClause::OrderBy(o) if !o.is_empty())),
+                FunctionArguments::List(l) => l.clauses.iter().any(|c| matches!(c, FunctionArgumentClause::OrderBy(o) if !o.is_empty())),
                 _ => false,
             };
             if !ordered_args && f.within_group.is_empty() && f.over.is_none() {
-                self.add(
-                    span,
-                    "order",
-                    Severity::Error,
-                    format!(
-                        "{name}() without ORDER BY: the order of its result is up to the engine"
-                    ),
-                    "add ORDER BY inside the call, e.g. string_agg(x, ',' ORDER BY x)",
-                );
+                self.add(span, "order", Severity::Error, format!("{name}() without ORDER BY: the order of its result is up to the engine"), "add ORDER BY inside the call, e.g. string_agg(x, ',' ORDER BY x)");
             }
         }
     }
@@ -213,13 +136,7 @@ impl Visitor for Linter<'_> {
 
     fn pre_visit_query(&mut self, q: &Query) -> ControlFlow<()> {
         if q.limit_clause.is_some() && q.order_by.is_none() {
-            self.add(
-                q.span(),
-                "order",
-                Severity::Error,
-                "LIMIT/OFFSET without ORDER BY: which rows are kept is up to the engine".into(),
-                "add an ORDER BY that identifies each row",
-            );
+            self.add(q.span(), "order", Severity::Error, "LIMIT/OFFSET without ORDER BY: which rows are kept is up to the engine".into(), "add an ORDER BY that identifies each row");
         }
         if let SetExpr::Select(s) = q.body.as_ref() {
             if matches!(s.distinct, Some(Distinct::On(_))) && q.order_by.is_none() {
@@ -233,21 +150,12 @@ impl Visitor for Linter<'_> {
     }
 
     fn pre_visit_table_factor(&mut self, t: &TableFactor) -> ControlFlow<()> {
-        if let TableFactor::Table {
-            sample: Some(kind), ..
-        } = t
-        {
+        if let TableFactor::Table { sample: Some(kind), .. } = t {
             let sample = match kind {
                 TableSampleKind::BeforeTableAlias(s) | TableSampleKind::AfterTableAlias(s) => s,
             };
             if sample.seed.is_none() {
-                self.add(
-                    t.span(),
-                    "random",
-                    Severity::Error,
-                    "TABLESAMPLE without a seed: every run reads other rows".into(),
-                    "add REPEATABLE (seed), or do not sample in a load job",
-                );
+                self.add(t.span(), "random", Severity::Error, "TABLESAMPLE without a seed: every run reads other rows".into(), "add REPEATABLE (seed), or do not sample in a load job");
             }
         }
         ControlFlow::Continue(())
@@ -294,12 +202,8 @@ fn contains_any(expr: &Expr, names: &[&str]) -> bool {
 fn using_samples(text: &str) -> (String, Vec<(Span, bool)>) {
     use sqlparser::tokenizer::{Token, Tokenizer};
     let dialect = DuckDbDialect {};
-    let Ok(tokens) = Tokenizer::new(&dialect, text).tokenize_with_location() else {
-        return (text.to_owned(), Vec::new());
-    };
-    let sig: Vec<usize> = (0..tokens.len())
-        .filter(|&i| !matches!(tokens[i].token, Token::Whitespace(_)))
-        .collect();
+    let Ok(tokens) = Tokenizer::new(&dialect, text).tokenize_with_location() else { return (text.to_owned(), Vec::new()) };
+    let sig: Vec<usize> = (0..tokens.len()).filter(|&i| !matches!(tokens[i].token, Token::Whitespace(_))).collect();
     let word = |i: usize, w: &str| matches!(&tokens[i].token, Token::Word(x) if x.quote_style.is_none() && x.value.eq_ignore_ascii_case(w));
     let index = crate::job::sql::LineIndex::new(text);
     let mut out = text.to_owned();
@@ -316,26 +220,9 @@ fn using_samples(text: &str) -> (String, Vec<(Span, bool)>) {
             let t = &tokens[sig[m]].token;
             let stop = depth == 0
                 && (matches!(t, Token::RParen | Token::SemiColon | Token::EOF)
-                    || [
-                        "WHERE",
-                        "GROUP",
-                        "ORDER",
-                        "LIMIT",
-                        "HAVING",
-                        "QUALIFY",
-                        "WINDOW",
-                        "UNION",
-                        "EXCEPT",
-                        "INTERSECT",
-                        "JOIN",
-                        "LEFT",
-                        "RIGHT",
-                        "INNER",
-                        "FULL",
-                        "CROSS",
-                    ]
-                    .iter()
-                    .any(|w| word(sig[m], w)));
+                    || ["WHERE", "GROUP", "ORDER", "LIMIT", "HAVING", "QUALIFY", "WINDOW", "UNION", "EXCEPT", "INTERSECT", "JOIN", "LEFT", "RIGHT", "INNER", "FULL", "CROSS"]
+                        .iter()
+                        .any(|w| word(sig[m], w)));
             if stop {
                 break;
             }
@@ -348,21 +235,9 @@ fn using_samples(text: &str) -> (String, Vec<(Span, bool)>) {
             }
             m += 1;
         }
-        let end = if m < sig.len() {
-            tokens[sig[m]].span.start
-        } else {
-            tokens[tokens.len() - 1].span.end
-        };
-        let (a, b) = (
-            index.byte(start.line, start.column),
-            index
-                .byte(end.line, end.column)
-                .max(index.byte(start.line, start.column)),
-        );
-        let blank: String = out[a..b]
-            .chars()
-            .map(|c| if c == '\n' { '\n' } else { ' ' })
-            .collect();
+        let end = if m < sig.len() { tokens[sig[m]].span.start } else { tokens[tokens.len() - 1].span.end };
+        let (a, b) = (index.byte(start.line, start.column), index.byte(end.line, end.column).max(index.byte(start.line, start.column)));
+        let blank: String = out[a..b].chars().map(|c| if c == '\n' { '\n' } else { ' ' }).collect();
         out.replace_range(a..b, &blank);
         found.push((Span::new(start, end), seeded));
         n = m;
@@ -375,9 +250,7 @@ fn using_samples(text: &str) -> (String, Vec<(Span, bool)>) {
 pub fn lint(job: &Job, dialect: SqlDialect) -> Result<Vec<Finding>> {
     let (text, samples) = match dialect {
         SqlDialect::DuckDb => using_samples(&job.source.template().text_for_parsing()),
-        SqlDialect::Postgres | SqlDialect::Spark => {
-            (job.source.template().text_for_parsing(), Vec::new())
-        }
+        SqlDialect::Postgres | SqlDialect::Spark => (job.source.template().text_for_parsing(), Vec::new()),
     };
     let d: Box<dyn Dialect> = match dialect {
         SqlDialect::DuckDb => Box::new(DuckDbDialect {}),
@@ -390,23 +263,10 @@ pub fn lint(job: &Job, dialect: SqlDialect) -> Result<Vec<Finding>> {
         hint: Some("fix the syntax, or pass --allow-nondeterministic to run it unchecked".into()),
     })?;
     let Some(Statement::Query(query)) = statements.first() else {
-        return Err(Error::Sql {
-            what: "source.sql".into(),
-            message: "is not a query".into(),
-            hint: None,
-        });
+        return Err(Error::Sql { what: "source.sql".into(), message: "is not a query".into(), hint: None });
     };
-    let metadata: HashSet<String> = job
-        .metadata
-        .iter()
-        .map(|m| m.to_ascii_lowercase())
-        .collect();
-    let mut linter = Linter {
-        job,
-        exempt: Vec::new(),
-        filters: Vec::new(),
-        found: Vec::new(),
-    };
+    let metadata: HashSet<String> = job.metadata.iter().map(|m| m.to_ascii_lowercase()).collect();
+    let mut linter = Linter { job, exempt: Vec::new(), filters: Vec::new(), found: Vec::new() };
     let selects = top_selects(&query.body);
     for s in &selects {
         for item in &s.projection {
@@ -416,12 +276,7 @@ pub fn lint(job: &Job, dialect: SqlDialect) -> Result<Vec<Finding>> {
                     linter.exempt.push(expr.span());
                 }
                 if let Some(m) = &job.merge {
-                    if m.key.iter().any(|k| k.eq_ignore_ascii_case(&name))
-                        && contains_any(
-                            expr,
-                            &[RANDOM, &["row_number", "nextval", "rank", "dense_rank"]].concat(),
-                        )
-                    {
+                    if m.key.iter().any(|k| k.eq_ignore_ascii_case(&name)) && contains_any(expr, &[RANDOM, &["row_number", "nextval", "rank", "dense_rank"]].concat()) {
                         linter.add(expr.span(), "keys", Severity::Error, format!("the merge key {name} is generated ({expr}): every rerun makes new keys and inserts the rows again"), "merge on the natural business key from the source system");
                     }
                 }
@@ -431,44 +286,22 @@ pub fn lint(job: &Job, dialect: SqlDialect) -> Result<Vec<Finding>> {
     let _ = statements.visit(&mut linter);
     for (span, seeded) in samples {
         if !seeded {
-            linter.add(
-                span,
-                "random",
-                Severity::Error,
-                "USING SAMPLE without a seed: every run reads other rows".into(),
-                "add a seed, e.g. USING SAMPLE 10% (bernoulli, 42), or do not sample in a load job",
-            );
+            linter.add(span, "random", Severity::Error, "USING SAMPLE without a seed: every run reads other rows".into(), "add a seed, e.g. USING SAMPLE 10% (bernoulli, 42), or do not sample in a load job");
         }
     }
     if let Some(files) = &job.source.files {
         if !files.uses_run_date() {
             linter.add(Span::empty(), "scope", Severity::Error, format!("the files pattern {:?} has no {{run_date}}, so every run reads the same files", files.pattern), "put the run's date in the pattern, e.g. files = \"bronze/orders/dt={run_date}/*.parquet\"");
         }
-    } else if job.strategy == Strategy::ReplacePartition
-        && !job.source.template().uses_any(&[
-            RunParam::RunDate,
-            RunParam::RunStart,
-            RunParam::RunEnd,
-        ])
-    {
-        linter.add(
-            Span::empty(),
-            "scope",
-            Severity::Error,
-            "the source never uses :run_date, :run_start or :run_end, so every run reads every day"
-                .into(),
-            "filter the source to the run's day, e.g. WHERE dt = :run_date",
-        );
+    } else if job.strategy == Strategy::ReplacePartition && !job.source.template().uses_any(&[RunParam::RunDate, RunParam::RunStart, RunParam::RunEnd]) {
+        linter.add(Span::empty(), "scope", Severity::Error, "the source never uses :run_date, :run_start or :run_end, so every run reads every day".into(), "filter the source to the run's day, e.g. WHERE dt = :run_date");
     }
     let (file_line, first_col) = job.source.position;
     let mut out: Vec<Finding> = linter
         .found
         .into_iter()
         .map(|(span, rule, severity, message, hint)| {
-            let (l, c) = (
-                span.start.line.max(1) as usize,
-                span.start.column.max(1) as usize,
-            );
+            let (l, c) = (span.start.line.max(1) as usize, span.start.column.max(1) as usize);
             Finding {
                 rule,
                 severity,
@@ -490,9 +323,7 @@ pub fn lint(job: &Job, dialect: SqlDialect) -> Result<Vec<Finding>> {
 /// serial or uuid default): a surrogate key makes every rerun insert new
 /// rows. Needs the database; findings have no SQL position (line 0).
 pub fn lint_target(job: &Job, engine: &mut dyn crate::engine::Engine) -> Result<Vec<Finding>> {
-    let Some(m) = &job.merge else {
-        return Ok(Vec::new());
-    };
+    let Some(m) = &job.merge else { return Ok(Vec::new()) };
     if engine.table_columns(&job.target)?.is_none() {
         return Ok(Vec::new());
     }
@@ -500,9 +331,7 @@ pub fn lint_target(job: &Job, engine: &mut dyn crate::engine::Engine) -> Result<
     for (name, default) in engine.column_defaults(&job.target)? {
         let (name, default) = (name.as_str(), default.as_str());
         let d = default.to_ascii_lowercase();
-        let generated = ["nextval", "uuid", "random", "identity", "gen_random"]
-            .iter()
-            .any(|g| d.contains(g));
+        let generated = ["nextval", "uuid", "random", "identity", "gen_random"].iter().any(|g| d.contains(g));
         if generated && m.key.iter().any(|k| k.eq_ignore_ascii_case(name)) {
             out.push(Finding {
                 rule: "keys",

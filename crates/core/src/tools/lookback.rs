@@ -7,13 +7,13 @@
 
 use serde::Serialize;
 
+use crate::job::date::RunDate;
 use crate::engine::Engine;
 use crate::error::{Error, ErrorClass};
-use crate::job::date::RunDate;
-use crate::job::spec::Job;
 use crate::run::ledger;
 use crate::run::protocol::RunOptions;
 use crate::run::report::RunReport;
+use crate::job::spec::Job;
 
 /// What happened to one day of the window.
 #[derive(Debug, Clone, Serialize)]
@@ -44,10 +44,7 @@ pub struct DayError {
 
 impl DayError {
     fn of(e: &Error) -> DayError {
-        DayError {
-            class: e.class(),
-            hint: e.hint(),
-        }
+        DayError { class: e.class(), hint: e.hint() }
     }
 }
 
@@ -74,13 +71,7 @@ pub struct WindowReport {
 /// and the first failure (the other days still ran: each is atomic, and a
 /// retry with the same date finishes the job). `fault_date` limits
 /// `opts.fault` to one day (tests).
-pub fn run_window(
-    job: &Job,
-    run_date: RunDate,
-    engine: &mut dyn Engine,
-    opts: &RunOptions,
-    fault_date: Option<RunDate>,
-) -> (WindowReport, Option<Error>) {
+pub fn run_window(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions, fault_date: Option<RunDate>) -> (WindowReport, Option<Error>) {
     let first = RunDate::from_naive(run_date.date() - chrono::Duration::days(job.lookback.into()));
     let mut days = Vec::new();
     let mut first_error = None;
@@ -101,20 +92,12 @@ pub fn run_window(
         }
         let looked_up = match latest.as_mut() {
             Some(m) => Ok(m.remove(&day.to_string())),
-            None => {
-                ledger::entries(engine, Some(&job.name), Some(day), Some(1)).map(|mut e| e.pop())
-            }
+            None => ledger::entries(engine, Some(&job.name), Some(day), Some(1)).map(|mut e| e.pop()),
         };
         let last = match looked_up {
             Ok(l) => l,
             Err(e) => {
-                days.push(WindowDay {
-                    run_date: day.to_string(),
-                    action: "failed".into(),
-                    reason: e.to_string(),
-                    report: None,
-                    error: Some(DayError::of(&e)),
-                });
+                days.push(WindowDay { run_date: day.to_string(), action: "failed".into(), reason: e.to_string(), report: None, error: Some(DayError::of(&e)) });
                 first_error.get_or_insert(e);
                 continue;
             }
@@ -137,13 +120,7 @@ pub fn run_window(
                     }
                     Ok(_) => {}
                     Err(e) => {
-                        days.push(WindowDay {
-                            run_date: day.to_string(),
-                            action: "failed".into(),
-                            reason: e.to_string(),
-                            report: None,
-                            error: Some(DayError::of(&e)),
-                        });
+                        days.push(WindowDay { run_date: day.to_string(), action: "failed".into(), reason: e.to_string(), report: None, error: Some(DayError::of(&e)) });
                         first_error.get_or_insert(e);
                         continue;
                     }
@@ -155,18 +132,8 @@ pub fn run_window(
             run.fault = None;
         }
         let (action, reason, report, error) = match job.load_with(day, engine, &run) {
-            Ok(r) if r.outcome == "skipped" && r.run_key.is_empty() => (
-                "skipped",
-                r.skip_reason.clone().unwrap_or_default(),
-                Some(r),
-                None,
-            ),
-            Ok(r) if r.outcome == "skipped" => (
-                "skipped",
-                "unchanged since its last load (same input, the partition as recorded)".to_owned(),
-                Some(r),
-                None,
-            ),
+            Ok(r) if r.outcome == "skipped" && r.run_key.is_empty() => ("skipped", r.skip_reason.clone().unwrap_or_default(), Some(r), None),
+            Ok(r) if r.outcome == "skipped" => ("skipped", "unchanged since its last load (same input, the partition as recorded)".to_owned(), Some(r), None),
             Ok(r) => {
                 let (action, reason) = match &last {
                     None => ("loaded", "never loaded".to_owned()),
@@ -187,19 +154,9 @@ pub fn run_window(
                 ("failed", reason, None, Some(error))
             }
         };
-        days.push(WindowDay {
-            run_date: day.to_string(),
-            action: action.into(),
-            reason,
-            report,
-            error,
-        });
+        days.push(WindowDay { run_date: day.to_string(), action: action.into(), reason, report, error });
     }
-    let count = |a: &[&str]| {
-        days.iter()
-            .filter(|d| a.contains(&d.action.as_str()))
-            .count()
-    };
+    let count = |a: &[&str]| days.iter().filter(|d| a.contains(&d.action.as_str())).count();
     let report = WindowReport {
         job: job.name.clone(),
         run_date: run_date.to_string(),

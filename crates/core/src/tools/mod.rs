@@ -28,8 +28,6 @@ pub(crate) fn snapshot(engine: &mut dyn Engine, name: &str, query: &Sql) -> Resu
 pub(crate) fn drop_snapshot(engine: &mut dyn Engine, name: &str) -> Result<()> {
     match engine.leases() {
         Some(leases) => leases.unstage(name),
-        None => engine
-            .execute(&Sql::raw(format!("DROP TABLE IF EXISTS {name}")))
-            .map(|_| ()),
+        None => engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {name}"))).map(|_| ()),
     }
 }

@@ -14,15 +14,15 @@ use serde::Serialize;
 use sqlparser::dialect::GenericDialect;
 use sqlparser::tokenizer::{Token, Tokenizer};
 
-use crate::engine::measure::{Filter, Scope};
-use crate::engine::{Column, Engine};
-use crate::error::{Error, Result};
 use crate::job::date::RunDate;
+use crate::engine::{Column, Engine};
+use crate::engine::measure::{Filter, Scope};
+use crate::error::{Error, Result};
 use crate::job::ident::{quote_ident, TableName};
-use crate::job::spec::{Job, Strategy};
-use crate::job::sql::{LineIndex, Sql, Value};
 use crate::run::ledger;
 use crate::run::protocol::RunOptions;
+use crate::job::spec::{Job, Strategy};
+use crate::job::sql::{LineIndex, Sql, Value};
 
 /// The start of the scratch schema's name: each check creates its own,
 /// `fixpoint_sandbox_<8 hex digits>`, a name no schema had before (it is
@@ -49,10 +49,7 @@ struct Sandbox {
 impl Sandbox {
     /// The sandbox copy of `t`.
     fn table(&self, t: &TableName) -> TableName {
-        TableName {
-            schema: self.schema.clone(),
-            table: format!("{}__{}", t.schema, t.table),
-        }
+        TableName { schema: self.schema.clone(), table: format!("{}__{}", t.schema, t.table) }
     }
 }
 
@@ -67,14 +64,8 @@ pub(crate) fn unique_suffix(job: &str, run_date: RunDate) -> String {
     job.hash(&mut h);
     run_date.to_string().hash(&mut h);
     std::process::id().hash(&mut h);
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
-        .hash(&mut h);
-    COUNTER
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        .hash(&mut h);
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0).hash(&mut h);
+    COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed).hash(&mut h);
     format!("{:08x}", h.finish() & 0xffff_ffff)
 }
 
@@ -82,8 +73,7 @@ pub(crate) fn unique_suffix(job: &str, run_date: RunDate) -> String {
 /// (no `information_schema`): `CREATE SCHEMA` then decides.
 fn schema_exists(engine: &mut dyn Engine, name: &str) -> Option<bool> {
     let mut sql = Sql::new();
-    sql.push("SELECT count(*) AS \"n\" FROM information_schema.schemata WHERE schema_name = ")
-        .typed_param(Value::Text(name.to_owned()), "VARCHAR");
+    sql.push("SELECT count(*) AS \"n\" FROM information_schema.schemata WHERE schema_name = ").typed_param(Value::Text(name.to_owned()), "VARCHAR");
     let n = crate::engine::query_count(engine, &sql, "n", "the sandbox schema's lookup").ok()?;
     Some(n > 0)
 }
@@ -117,24 +107,16 @@ fn create_sandbox(engine: &mut dyn Engine, job: &Job, run_date: RunDate) -> Resu
             Err(e) => return Err(e),
         }
     }
-    Err(Error::Internal(format!(
-        "found no free name for the mutation check's sandbox schema ({SANDBOX_PREFIX}…) in 8 tries"
-    )))
+    Err(Error::Internal(format!("found no free name for the mutation check's sandbox schema ({SANDBOX_PREFIX}…) in 8 tries")))
 }
 
 /// The input table the mutation check changes a row of (as
 /// [`sandbox_checks`] picks it: the day's files, else the first existing
 /// table the source reads other than the target) and its columns; `None`
 /// when there is none (the check is then inconclusive).
-fn mutated_table(
-    job: &Job,
-    run_date: RunDate,
-    engine: &mut dyn Engine,
-) -> Result<Option<(String, Vec<Column>)>> {
+fn mutated_table(job: &Job, run_date: RunDate, engine: &mut dyn Engine) -> Result<Option<(String, Vec<Column>)>> {
     if let Some(source) = &job.source.files {
-        let Some(mut files) = source.resolve(run_date)? else {
-            return Ok(None);
-        };
+        let Some(mut files) = source.resolve(run_date)? else { return Ok(None) };
         files.fetch()?;
         let relation = crate::engine::file_input(engine).and_then(|f| f.stage_files(&files));
         let described = relation.and_then(|relation| {
@@ -164,15 +146,8 @@ fn mutated_table(
 /// Checks `--mutate-key` before anything is run: every column it names must
 /// be a column of the input table the mutation check changes a row of. Only
 /// reads (the catalog; for a file source, the files' columns).
-pub fn validate_mutate_key(
-    job: &Job,
-    run_date: RunDate,
-    engine: &mut dyn Engine,
-    mutate_key: &[(String, String)],
-) -> Result<()> {
-    let Some((k, v)) = mutate_key.first() else {
-        return Ok(());
-    };
+pub fn validate_mutate_key(job: &Job, run_date: RunDate, engine: &mut dyn Engine, mutate_key: &[(String, String)]) -> Result<()> {
+    let Some((k, v)) = mutate_key.first() else { return Ok(()) };
     let Some((table, cols)) = mutated_table(job, run_date, engine)? else {
         if job.source.files.is_some() {
             // No file for the day (allow_missing): the check is inconclusive anyway.
@@ -187,13 +162,7 @@ pub fn validate_mutate_key(
         if !cols.iter().any(|c| &c.name == k) {
             return Err(Error::argument(
                 format!("--mutate-key {k}={v}: {table} has no column {k:?}"),
-                Some(&format!(
-                    "its columns are {}",
-                    cols.iter()
-                        .map(|c| c.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )),
+                Some(&format!("its columns are {}", cols.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", "))),
             ));
         }
     }
@@ -257,21 +226,11 @@ pub struct SandboxEvidence {
 pub fn table_refs(sql: &str) -> Result<Vec<(TableName, usize, usize)>> {
     let tokens = Tokenizer::new(&GenericDialect {}, sql)
         .tokenize_with_location()
-        .map_err(|e| Error::Sql {
-            what: "source.sql".into(),
-            message: e.message,
-            hint: None,
-        })?;
+        .map_err(|e| Error::Sql { what: "source.sql".into(), message: e.message, hint: None })?;
     let lines = LineIndex::new(sql);
-    let sig: Vec<usize> = (0..tokens.len())
-        .filter(|&i| !matches!(tokens[i].token, Token::Whitespace(_) | Token::EOF))
-        .collect();
+    let sig: Vec<usize> = (0..tokens.len()).filter(|&i| !matches!(tokens[i].token, Token::Whitespace(_) | Token::EOF)).collect();
     let word = |i: usize| match &tokens[i].token {
-        Token::Word(w) => Some(if w.quote_style.is_some() {
-            w.value.clone()
-        } else {
-            w.value.to_lowercase()
-        }),
+        Token::Word(w) => Some(if w.quote_style.is_some() { w.value.clone() } else { w.value.to_lowercase() }),
         _ => None,
     };
     let mut out = Vec::new();
@@ -281,9 +240,7 @@ pub fn table_refs(sql: &str) -> Result<Vec<(TableName, usize, usize)>> {
             continue;
         }
         let before = n > 0 && tokens[sig[n - 1]].token == Token::Period;
-        let after = sig
-            .get(n + 3)
-            .is_some_and(|&i| tokens[i].token == Token::Period);
+        let after = sig.get(n + 3).is_some_and(|&i| tokens[i].token == Token::Period);
         if let (Some(schema), Some(table), false, false) = (word(a), word(b), before, after) {
             let start = lines.byte(tokens[a].span.start.line, tokens[a].span.start.column);
             let end = lines.byte(tokens[b].span.end.line, tokens[b].span.end.column);
@@ -310,12 +267,7 @@ fn text(v: &Value) -> String {
 /// creates under a fresh name. The sandbox (that schema, the baseline, the
 /// sandbox target's tombstones, the sandbox job's ledger rows) is removed
 /// afterwards, whatever happens; nothing else is dropped.
-pub fn sandbox_checks(
-    job: &Job,
-    run_date: RunDate,
-    engine: &mut dyn Engine,
-    mutate_key: &[(String, String)],
-) -> Result<SandboxEvidence> {
+pub fn sandbox_checks(job: &Job, run_date: RunDate, engine: &mut dyn Engine, mutate_key: &[(String, String)]) -> Result<SandboxEvidence> {
     let sb = create_sandbox(engine, job, run_date)?;
     let result = check(job, run_date, engine, mutate_key, &sb);
     let cleaned = cleanup(engine, &sb);
@@ -335,39 +287,18 @@ fn rewrites_tables(engine: &mut dyn Engine) -> bool {
 /// a table cannot change rows in place (Spark's parquet tables) the copy
 /// is written again with the change and swapped in (it is the sandbox's
 /// own: nothing else reads or writes it).
-fn set_where(
-    engine: &mut dyn Engine,
-    table: &TableName,
-    columns: &[Column],
-    column: &str,
-    value: &Sql,
-    cond: &Sql,
-) -> Result<()> {
+fn set_where(engine: &mut dyn Engine, table: &TableName, columns: &[Column], column: &str, value: &Sql, cond: &Sql) -> Result<()> {
     let mut sql = Sql::new();
     if !rewrites_tables(engine) {
-        sql.push(&format!(
-            "UPDATE {} SET {} = ",
-            table.quoted(),
-            quote_ident(column)
-        ))
-        .append(value)
-        .push(" WHERE ")
-        .append(cond);
+        sql.push(&format!("UPDATE {} SET {} = ", table.quoted(), quote_ident(column))).append(value).push(" WHERE ").append(cond);
         return engine.execute(&sql).map(|_| ());
     }
-    let new = TableName {
-        schema: table.schema.clone(),
-        table: format!("{}__mutated", table.table),
-    };
+    let new = TableName { schema: table.schema.clone(), table: format!("{}__mutated", table.table) };
     sql.push(&format!("CREATE TABLE {} AS SELECT ", new.quoted()));
     for (i, c) in columns.iter().enumerate() {
         sql.push(if i > 0 { ", " } else { "" });
         if c.name == column {
-            sql.push("CASE WHEN ")
-                .append(cond)
-                .push(" THEN ")
-                .append(value)
-                .push(&format!(" ELSE {0} END AS {0}", quote_ident(column)));
+            sql.push("CASE WHEN ").append(cond).push(" THEN ").append(value).push(&format!(" ELSE {0} END AS {0}", quote_ident(column)));
         } else {
             sql.push(&quote_ident(&c.name));
         }
@@ -375,13 +306,7 @@ fn set_where(
     sql.push(&format!(" FROM {}", table.quoted()));
     engine.execute(&sql)?;
     engine.execute(&Sql::raw(format!("DROP TABLE {}", table.quoted())))?;
-    engine
-        .execute(&Sql::raw(format!(
-            "ALTER TABLE {} RENAME TO {}",
-            new.quoted(),
-            quote_ident(&table.table)
-        )))
-        .map(|_| ())
+    engine.execute(&Sql::raw(format!("ALTER TABLE {} RENAME TO {}", new.quoted(), quote_ident(&table.table)))).map(|_| ())
 }
 
 /// `to` made empty with `from`'s columns, and where a table is rewritten
@@ -389,30 +314,16 @@ fn set_where(
 /// refuse an unpartitioned target.
 fn create_empty_like(engine: &mut dyn Engine, from: &TableName, to: &TableName) -> Result<()> {
     if !rewrites_tables(engine) {
-        return engine
-            .execute(&Sql::raw(format!(
-                "CREATE TABLE {} AS SELECT * FROM {} WHERE 1 = 0",
-                to.quoted(),
-                from.quoted()
-            )))
-            .map(|_| ());
+        return engine.execute(&Sql::raw(format!("CREATE TABLE {} AS SELECT * FROM {} WHERE 1 = 0", to.quoted(), from.quoted()))).map(|_| ());
     }
     if let Some(leases) = engine.leases() {
         let parts = leases.partition_columns(from)?;
         if let [p] = parts.as_slice() {
-            let columns = leases.table_columns(from)?.ok_or_else(|| {
-                Error::Internal(format!("{from} vanished while the sandbox was made"))
-            })?;
+            let columns = leases.table_columns(from)?.ok_or_else(|| Error::Internal(format!("{from} vanished while the sandbox was made")))?;
             return leases.create_table(to, &columns, Some(p));
         }
     }
-    engine
-        .execute(&Sql::raw(format!(
-            "CREATE TABLE {} AS SELECT * FROM {} WHERE 1 = 0",
-            to.quoted(),
-            from.quoted()
-        )))
-        .map(|_| ())
+    engine.execute(&Sql::raw(format!("CREATE TABLE {} AS SELECT * FROM {} WHERE 1 = 0", to.quoted(), from.quoted()))).map(|_| ())
 }
 
 /// Drops what this check created (each step tried; the first error returned).
@@ -421,24 +332,14 @@ fn cleanup(engine: &mut dyn Engine, sb: &Sandbox) -> Result<()> {
     let mut tombstones = Ok(());
     for side in [&sb.tombstones, &sb.history_log] {
         let dropped = match engine.table_columns(side) {
-            Ok(Some(_)) => engine
-                .execute(&Sql::raw(format!("DROP TABLE {}", side.quoted())))
-                .map(|_| ()),
+            Ok(Some(_)) => engine.execute(&Sql::raw(format!("DROP TABLE {}", side.quoted()))).map(|_| ()),
             Ok(None) => Ok(()),
             Err(e) => Err(e),
         };
         tombstones = tombstones.and(dropped);
     }
-    let schema = engine
-        .execute(&Sql::raw(format!(
-            "DROP SCHEMA IF EXISTS {} CASCADE",
-            quote_ident(&sb.schema)
-        )))
-        .map(|_| ());
-    let ledger_table = TableName {
-        schema: ledger::SCHEMA.into(),
-        table: ledger::TABLE.into(),
-    };
+    let schema = engine.execute(&Sql::raw(format!("DROP SCHEMA IF EXISTS {} CASCADE", quote_ident(&sb.schema)))).map(|_| ());
+    let ledger_table = TableName { schema: ledger::SCHEMA.into(), table: ledger::TABLE.into() };
     // Spark's ledger is a plain parquet table: removing rows would rewrite
     // it, racing the rows concurrent runs append. The sandbox's rows stay
     // there, under `<job>~mutation~<hex>`, a name no job can have.
@@ -447,10 +348,7 @@ fn cleanup(engine: &mut dyn Engine, sb: &Sandbox) -> Result<()> {
         Ok(Some(_)) if keeps_rows => Ok(()),
         Ok(Some(_)) => {
             let mut sql = Sql::new();
-            sql.push("DELETE FROM ")
-                .push(&ledger_table.quoted())
-                .push(" WHERE job = ")
-                .typed_param(Value::Text(sb.job_name.clone()), "VARCHAR");
+            sql.push("DELETE FROM ").push(&ledger_table.quoted()).push(" WHERE job = ").typed_param(Value::Text(sb.job_name.clone()), "VARCHAR");
             engine.execute(&sql).map(|_| ())
         }
         Ok(None) => Ok(()),
@@ -461,12 +359,7 @@ fn cleanup(engine: &mut dyn Engine, sb: &Sandbox) -> Result<()> {
 
 /// Copies each table into the sandbox in row-hash order, ascending or
 /// descending: the same rows, stored in opposite orders.
-fn copy_sources(
-    engine: &mut dyn Engine,
-    sb: &Sandbox,
-    tables: &[TableName],
-    descending: bool,
-) -> Result<()> {
+fn copy_sources(engine: &mut dyn Engine, sb: &Sandbox, tables: &[TableName], descending: bool) -> Result<()> {
     for t in tables {
         let copy = sb.table(t);
         let cols = engine.table_columns(t)?.unwrap_or_default();
@@ -475,11 +368,7 @@ fn copy_sources(
             None => String::new(),
         };
         engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {}", copy.quoted())))?;
-        engine.execute(&Sql::raw(format!(
-            "CREATE TABLE {} AS SELECT * FROM {} AS t{order}",
-            copy.quoted(),
-            t.quoted()
-        )))?;
+        engine.execute(&Sql::raw(format!("CREATE TABLE {} AS SELECT * FROM {} AS t{order}", copy.quoted(), t.quoted())))?;
     }
     Ok(())
 }
@@ -512,29 +401,16 @@ fn check(
     //    the query reads as `input`.
     let mut tables: Vec<TableName> = Vec::new();
     let mut renames: Vec<(usize, usize, String)> = Vec::new();
-    let files_table = TableName {
-        schema: sb.schema.clone(),
-        table: "input".into(),
-    };
+    let files_table = TableName { schema: sb.schema.clone(), table: "input".into() };
     if let Some(source) = &job.source.files {
         let Some(mut files) = source.resolve(run_date)? else {
-            return Ok((
-                None,
-                inconclusive(format!(
-                    "no file matches {} (allow_missing = true), so there is no input row to change",
-                    source.expand(run_date).display()
-                )),
-            ));
+            return Ok((None, inconclusive(format!("no file matches {} (allow_missing = true), so there is no input row to change", source.expand(run_date).display()))));
         };
         files.fetch()?;
         let relation = crate::engine::file_input(engine).and_then(|f| f.stage_files(&files));
         let loaded = relation.and_then(|relation| {
             let mut sql = Sql::new();
-            sql.push(&format!(
-                "CREATE TABLE {} AS SELECT * FROM ",
-                files_table.quoted()
-            ))
-            .append(&relation);
+            sql.push(&format!("CREATE TABLE {} AS SELECT * FROM ", files_table.quoted())).append(&relation);
             engine.execute(&sql)
         });
         let released = crate::run::input::release_files(engine);
@@ -550,23 +426,14 @@ fn check(
             }
         }
     }
-    let Some(main) = tables
-        .iter()
-        .find(|t| **t != job.target)
-        .or(tables.first())
-        .cloned()
-    else {
-        return Ok((
-            None,
-            inconclusive("the source reads no table, so there is no input row to change".into()),
-        ));
+    let Some(main) = tables.iter().find(|t| **t != job.target).or(tables.first()).cloned() else {
+        return Ok((None, inconclusive("the source reads no table, so there is no input row to change".into())));
     };
     copy_sources(engine, sb, &tables, false)?;
     // The target starts empty (its columns and types only): each sandbox
     // run starts from the same state, so a merge's output is the batch's own.
     let target = sb.table(&job.target);
-    let reset_target =
-        !tables.contains(&job.target) && engine.table_columns(&job.target)?.is_some();
+    let reset_target = !tables.contains(&job.target) && engine.table_columns(&job.target)?.is_some();
     if reset_target {
         create_empty_like(engine, &job.target, &target)?;
     }
@@ -576,20 +443,14 @@ fn check(
         sql.replace_range(start..end, &name);
     }
     if job.source.files.is_some() {
-        sql = format!(
-            "WITH \"input\" AS (SELECT * FROM {}) SELECT * FROM (\n{sql}\n) AS \"fixpoint_source\"",
-            sb.table(&files_table).quoted()
-        );
+        sql = format!("WITH \"input\" AS (SELECT * FROM {}) SELECT * FROM (\n{sql}\n) AS \"fixpoint_source\"", sb.table(&files_table).quoted());
     }
     let mut sandbox = job.clone();
     sandbox.name = sb.job_name.clone();
     sandbox.target = target.clone();
     sandbox.source = job.source.with_sql(sql)?;
     sandbox.source.files = None;
-    let force = RunOptions {
-        force: true,
-        ..Default::default()
-    };
+    let force = RunOptions { force: true, ..Default::default() };
 
     // Where a table cannot lose rows in place (Spark's parquet tables),
     // the sandbox's tables are emptied by making them again.
@@ -600,9 +461,7 @@ fn check(
                 engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {}", t.quoted())))?;
                 like.map_or(Ok(()), |like| create_empty_like(engine, like, t))
             }
-            (false, _) => engine
-                .execute(&Sql::raw(format!("DELETE FROM {}", t.quoted())))
-                .map(|_| ()),
+            (false, _) => engine.execute(&Sql::raw(format!("DELETE FROM {}", t.quoted()))).map(|_| ()),
         }
     };
     let run = |engine: &mut dyn Engine| -> Result<()> {
@@ -626,31 +485,15 @@ fn check(
 
     // 2. The baseline: one run in the sandbox.
     run(engine)?;
-    let cols: Vec<Column> = engine
-        .table_columns(&target)?
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|c| !job.metadata.contains(&c.name))
-        .collect();
+    let cols: Vec<Column> =
+        engine.table_columns(&target)?.unwrap_or_default().into_iter().filter(|c| !job.metadata.contains(&c.name)).collect();
     let scope_rows = |sql: &mut Sql| {
-        sql.push("SELECT ")
-            .push(
-                &cols
-                    .iter()
-                    .map(|c| format!("s.{}", quote_ident(&c.name)))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            )
-            .push(" FROM ");
+        sql.push("SELECT ").push(&cols.iter().map(|c| format!("s.{}", quote_ident(&c.name))).collect::<Vec<_>>().join(", ")).push(" FROM ");
         let filter = match (job.strategy, job.partition.as_deref()) {
             (Strategy::ReplacePartition, Some(p)) => Some(Filter::DateEquals(p, run_date.date())),
             _ => None,
         };
-        Scope::Table {
-            table: &target,
-            filter,
-        }
-        .write_from(sql, "s");
+        Scope::Table { table: &target, filter }.write_from(sql, "s");
     };
     let mut baseline = Sql::new();
     scope_rows(&mut baseline);
@@ -679,12 +522,7 @@ fn check(
                 sql.push(" LIMIT 5");
                 let rows = engine.query(&sql)?;
                 for r in rows.rows {
-                    let pairs: Vec<String> = rows
-                        .columns
-                        .iter()
-                        .zip(&r)
-                        .map(|(c, v)| format!("{c}: {}", v.display()))
-                        .collect();
+                    let pairs: Vec<String> = rows.columns.iter().zip(&r).map(|(c, v)| format!("{c}: {}", v.display())).collect();
                     sample.push(format!("{label}: {{{}}}", pairs.join(", ")));
                 }
             }
@@ -696,13 +534,7 @@ fn check(
     //    must give the same output (a ROW_NUMBER over ties, a LIMIT or a
     //    first_value without a full ORDER BY follow the storage order).
     let order = if tables.contains(&job.target) {
-        OrderEvidence {
-            outcome: "skipped".into(),
-            output_rows_removed: 0,
-            output_rows_added: 0,
-            sample: Vec::new(),
-            message: "the source reads the target".into(),
-        }
+        OrderEvidence { outcome: "skipped".into(), output_rows_removed: 0, output_rows_added: 0, sample: Vec::new(), message: "the source reads the target".into() }
     } else {
         copy_sources(engine, sb, &tables, true)?;
         run(engine)?;
@@ -718,13 +550,7 @@ fn check(
                 removed.max(added)
             )
         };
-        OrderEvidence {
-            outcome: if passed { "passed" } else { "failed" }.into(),
-            output_rows_removed: removed,
-            output_rows_added: added,
-            sample,
-            message,
-        }
+        OrderEvidence { outcome: if passed { "passed" } else { "failed" }.into(), output_rows_removed: removed, output_rows_added: added, sample, message }
     };
 
     // 3. The column to change: not the partition, key, version or metadata;
@@ -732,11 +558,7 @@ fn check(
     //    that does not look like an identifier, else text (|| '~'), else a
     //    boolean, else any integer.
     let main_copy = sb.table(&main);
-    let main_name = if main == files_table {
-        "input (the day's files)".to_owned()
-    } else {
-        main.to_string()
-    };
+    let main_name = if main == files_table { "input (the day's files)".to_owned() } else { main.to_string() };
     let main_cols = engine.table_columns(&main_copy)?.unwrap_or_default();
     let mut fixed: Vec<&str> = job.metadata.iter().map(String::as_str).collect();
     fixed.extend(job.partition.as_deref());
@@ -748,48 +570,19 @@ fn check(
         let n = c.name.to_ascii_lowercase();
         n == "id" || n.ends_with("_id")
     };
-    let classes: Vec<(Column, &'static str)> = main_cols
-        .iter()
-        .map(|c| (c.clone(), engine.dialect().portable_value("x", c).1))
-        .collect();
+    let classes: Vec<(Column, &'static str)> = main_cols.iter().map(|c| (c.clone(), engine.dialect().portable_value("x", c).1)).collect();
     let pick = |want: &[&str], ids: Option<bool>| {
-        classes
-            .iter()
-            .find(|(c, class)| {
-                !fixed.contains(&c.name.as_str())
-                    && want.contains(class)
-                    && ids.map_or(true, |i| id_like(c) == i)
-            })
-            .map(|(c, _)| c.clone())
+        classes.iter().find(|(c, class)| !fixed.contains(&c.name.as_str()) && want.contains(class) && ids.map_or(true, |i| id_like(c) == i)).map(|(c, _)| c.clone())
     };
     let plus = |c: Column| {
-        let (sql, text) = (
-            format!("{} + 1", quote_ident(&c.name)),
-            format!("{} + 1", c.name),
-        );
+        let (sql, text) = (format!("{} + 1", quote_ident(&c.name)), format!("{} + 1", c.name));
         (c, sql, text)
     };
     let Some((column, change, change_text)) = pick(&["decimal", "float"], None)
         .map(plus)
         .or_else(|| pick(&["int"], Some(false)).map(plus))
-        .or_else(|| {
-            pick(&["text"], None).map(|c| {
-                (
-                    c.clone(),
-                    format!("{} || '~'", quote_ident(&c.name)),
-                    format!("{} || '~'", c.name),
-                )
-            })
-        })
-        .or_else(|| {
-            pick(&["bool"], None).map(|c| {
-                (
-                    c.clone(),
-                    format!("NOT {}", quote_ident(&c.name)),
-                    format!("NOT {}", c.name),
-                )
-            })
-        })
+        .or_else(|| pick(&["text"], None).map(|c| (c.clone(), format!("{} || '~'", quote_ident(&c.name)), format!("{} || '~'", c.name))))
+        .or_else(|| pick(&["bool"], None).map(|c| (c.clone(), format!("NOT {}", quote_ident(&c.name)), format!("NOT {}", c.name))))
         .or_else(|| pick(&["int"], None).map(plus))
     else {
         return Ok((Some(order), inconclusive(format!("{main} has no number, text or boolean column outside the key, version, partition and metadata to change"))));
@@ -800,61 +593,35 @@ fn check(
     // Delta table's rows live in files) by the text of its values.
     let row_id = engine.dialect().row_id();
     let Some(row_hash) = engine.dialect().native_row_hash("t", &main_cols) else {
-        return Ok((
-            Some(order),
-            inconclusive(format!("{} cannot order the rows of {main}", engine.name())),
-        ));
+        return Ok((Some(order), inconclusive(format!("{} cannot order the rows of {main}", engine.name()))));
     };
     let id_expr = match row_id {
         Some((rid, _, _)) => format!("CAST(t.{rid} AS VARCHAR)"),
         None => format!("CAST({row_hash} AS VARCHAR)"),
     };
     let mut cand = Sql::new();
-    cand.push(&format!(
-        "SELECT {id_expr}, CAST(t.{} AS VARCHAR) FROM {} AS t WHERE t.{} IS NOT NULL",
-        quote_ident(&column.name),
-        main_copy.quoted(),
-        quote_ident(&column.name)
-    ));
+    cand.push(&format!("SELECT {id_expr}, CAST(t.{} AS VARCHAR) FROM {} AS t WHERE t.{} IS NOT NULL", quote_ident(&column.name), main_copy.quoted(), quote_ident(&column.name)));
     if let (Strategy::ReplacePartition, Some(p)) = (job.strategy, job.partition.as_deref()) {
         if main_cols.iter().any(|c| c.name == p) {
-            cand.push(" AND t.")
-                .ident(p)
-                .push(" = ")
-                .typed_param(Value::Date(run_date.date()), "DATE");
+            cand.push(" AND t.").ident(p).push(" = ").typed_param(Value::Date(run_date.date()), "DATE");
         }
     }
     for (k, v) in mutate_key {
         if !main_cols.iter().any(|c| &c.name == k) {
             return Err(Error::argument(
                 format!("--mutate-key {k}={v}: {main} has no column {k:?}"),
-                Some(&format!(
-                    "its columns are {}",
-                    main_cols
-                        .iter()
-                        .map(|c| c.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )),
+                Some(&format!("its columns are {}", main_cols.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", "))),
             ));
         }
-        cand.push(" AND CAST(t.")
-            .ident(k)
-            .push(" AS VARCHAR) = ")
-            .typed_param(Value::Text(v.clone()), "VARCHAR");
+        cand.push(" AND CAST(t.").ident(k).push(" AS VARCHAR) = ").typed_param(Value::Text(v.clone()), "VARCHAR");
     }
-    cand.push(&format!(
-        " ORDER BY {row_hash}, {id_expr} LIMIT {CANDIDATES}"
-    ));
+    cand.push(&format!(" ORDER BY {row_hash}, {id_expr} LIMIT {CANDIDATES}"));
     let candidates = engine.query(&cand)?.rows;
     if candidates.is_empty() {
         return Ok((
             Some(order),
             inconclusive(if mutate_key.is_empty() {
-                format!(
-                    "{main} has no row for {run_date} with a value in {} to change",
-                    column.name
-                )
+                format!("{main} has no row for {run_date} with a value in {} to change", column.name)
             } else {
                 format!("no row of {main} matches --mutate-key")
             }),
@@ -865,12 +632,7 @@ fn check(
     for (tried, c) in candidates.iter().enumerate() {
         let (id, original) = (text(&c[0]), c[1].clone());
         let mut row_sql = Sql::new();
-        row_sql
-            .push(&format!(
-                "SELECT * FROM {} AS t WHERE {id_expr} = ",
-                main_copy.quoted()
-            ))
-            .typed_param(Value::Text(id.clone()), "VARCHAR");
+        row_sql.push(&format!("SELECT * FROM {} AS t WHERE {id_expr} = ", main_copy.quoted())).typed_param(Value::Text(id.clone()), "VARCHAR");
         let row_rows = engine.query(&row_sql)?;
         let row: Vec<String> = row_rows
             .columns
@@ -883,21 +645,14 @@ fn check(
         let (removed, added, sample) = match row_id {
             Some((rid, rid_type, rid_stable)) => {
                 let mut update = Sql::new();
-                update.push(&format!(
-                    "UPDATE {table} SET {col} = {change} WHERE {rid} = "
-                ));
+                update.push(&format!("UPDATE {table} SET {col} = {change} WHERE {rid} = "));
                 update.typed_param(Value::Text(id.clone()), rid_type);
                 let new_id = if rid_stable {
                     engine.execute(&update)?;
                     id.clone()
                 } else {
                     update.push(&format!(" RETURNING CAST({rid} AS VARCHAR)"));
-                    engine
-                        .query(&update)?
-                        .rows
-                        .first()
-                        .map(|r| text(&r[0]))
-                        .ok_or_else(|| Error::Internal("the mutated row vanished".into()))?
+                    engine.query(&update)?.rows.first().map(|r| text(&r[0])).ok_or_else(|| Error::Internal("the mutated row vanished".into()))?
                 };
                 run(engine)?;
                 let (removed, added, sample) = compare(engine)?;
@@ -905,10 +660,7 @@ fn check(
                     // This row does not feed the output: put it back, try the next.
                     let mut revert = Sql::new();
                     revert.push(&format!("UPDATE {table} SET {col} = "));
-                    revert
-                        .typed_param(original, &column.ty)
-                        .push(&format!(" WHERE {rid} = "))
-                        .typed_param(Value::Text(new_id), rid_type);
+                    revert.typed_param(original, &column.ty).push(&format!(" WHERE {rid} = ")).typed_param(Value::Text(new_id), rid_type);
                     engine.execute(&revert)?;
                     continue;
                 }
@@ -920,66 +672,30 @@ fn check(
                 let mut values = Sql::new();
                 values.push("SELECT ");
                 for (i, c) in main_cols.iter().enumerate() {
-                    values
-                        .push(if i > 0 { ", " } else { "" })
-                        .push(&format!("CAST(t.{} AS VARCHAR)", quote_ident(&c.name)));
+                    values.push(if i > 0 { ", " } else { "" }).push(&format!("CAST(t.{} AS VARCHAR)", quote_ident(&c.name)));
                 }
-                values
-                    .push(&format!(" FROM {table} AS t WHERE {id_expr} = "))
-                    .typed_param(Value::Text(id.clone()), "VARCHAR");
-                let texts: Vec<Value> = engine
-                    .query(&values)?
-                    .rows
-                    .into_iter()
-                    .next()
-                    .ok_or_else(|| Error::Internal("the picked row vanished".into()))?;
+                values.push(&format!(" FROM {table} AS t WHERE {id_expr} = ")).typed_param(Value::Text(id.clone()), "VARCHAR");
+                let texts: Vec<Value> = engine.query(&values)?.rows.into_iter().next().ok_or_else(|| Error::Internal("the picked row vanished".into()))?;
                 let matching = |sql: &mut Sql, texts: &[Value]| {
                     for (i, (c, v)) in main_cols.iter().zip(texts).enumerate() {
-                        sql.push(if i > 0 { " AND " } else { "" }).push(&format!(
-                            "CAST({} AS VARCHAR) IS NOT DISTINCT FROM ",
-                            quote_ident(&c.name)
-                        ));
+                        sql.push(if i > 0 { " AND " } else { "" }).push(&format!("CAST({} AS VARCHAR) IS NOT DISTINCT FROM ", quote_ident(&c.name)));
                         sql.typed_param(v.clone(), "VARCHAR");
                     }
                 };
                 let mut cond = Sql::new();
                 matching(&mut cond, &texts);
-                set_where(
-                    engine,
-                    &main_copy,
-                    &main_cols,
-                    &column.name,
-                    &Sql::raw(change.clone()),
-                    &cond,
-                )?;
+                set_where(engine, &main_copy, &main_cols, &column.name, &Sql::raw(change.clone()), &cond)?;
                 run(engine)?;
                 let (removed, added, sample) = compare(engine)?;
                 if removed + added == 0 {
                     // Put it back: the rows as changed, matched by their new value.
-                    let at = main_cols
-                        .iter()
-                        .position(|c| c.name == column.name)
-                        .expect("a column of the table");
+                    let at = main_cols.iter().position(|c| c.name == column.name).expect("a column of the table");
                     let mut changed = Sql::new();
-                    changed
-                        .push(&format!(
-                            "SELECT CAST({change} AS VARCHAR) FROM (SELECT CAST("
-                        ))
-                        .typed_param(texts[at].clone(), "VARCHAR")
-                        .push(&format!(" AS {}) AS {col}) AS x", column.ty));
+                    changed.push(&format!("SELECT CAST({change} AS VARCHAR) FROM (SELECT CAST(")).typed_param(texts[at].clone(), "VARCHAR").push(&format!(" AS {}) AS {col}) AS x", column.ty));
                     let mut now = texts.clone();
-                    now[at] = engine
-                        .query(&changed)?
-                        .rows
-                        .into_iter()
-                        .next()
-                        .and_then(|r| r.into_iter().next())
-                        .unwrap_or(Value::Null);
+                    now[at] = engine.query(&changed)?.rows.into_iter().next().and_then(|r| r.into_iter().next()).unwrap_or(Value::Null);
                     let mut value = Sql::new();
-                    value
-                        .push("CAST(")
-                        .typed_param(texts[at].clone(), "VARCHAR")
-                        .push(&format!(" AS {})", column.ty));
+                    value.push("CAST(").typed_param(texts[at].clone(), "VARCHAR").push(&format!(" AS {})", column.ty));
                     let mut cond = Sql::new();
                     matching(&mut cond, &now);
                     set_where(engine, &main_copy, &main_cols, &column.name, &value, &cond)?;
@@ -990,15 +706,9 @@ fn check(
         };
         let keys_changed = match &key_cols {
             Some(keys) => {
-                let list = keys
-                    .iter()
-                    .map(|k| quote_ident(k))
-                    .collect::<Vec<_>>()
-                    .join(", ");
+                let list = keys.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
                 let mut sql = Sql::new();
-                sql.push(&format!(
-                    "SELECT count(*) AS \"n\" FROM (SELECT DISTINCT {list} FROM ("
-                ));
+                sql.push(&format!("SELECT count(*) AS \"n\" FROM (SELECT DISTINCT {list} FROM ("));
                 let (a, b) = (diff(true, "*"), diff(false, "*"));
                 sql.text.push_str(&a.text);
                 sql.params.extend(a.params);
@@ -1032,22 +742,19 @@ fn check(
                 },
             ),
         };
-        return Ok((
-            Some(order),
-            MutationEvidence {
-                outcome: if passed { "passed" } else { "failed" }.into(),
-                table: main_name.clone(),
-                column: column.name.clone(),
-                row,
-                change: change_text.clone(),
-                candidates_tried: tried + 1,
-                output_rows_removed: removed,
-                output_rows_added: added,
-                output_keys_changed: keys_changed,
-                sample,
-                message,
-            },
-        ));
+        return Ok((Some(order), MutationEvidence {
+            outcome: if passed { "passed" } else { "failed" }.into(),
+            table: main_name.clone(),
+            column: column.name.clone(),
+            row,
+            change: change_text.clone(),
+            candidates_tried: tried + 1,
+            output_rows_removed: removed,
+            output_rows_added: added,
+            output_keys_changed: keys_changed,
+            sample,
+            message,
+        }));
     }
     let mut ev = inconclusive(format!(
         "changing {} of any of the first {} candidate rows of {main} left the output unchanged",
@@ -1071,10 +778,7 @@ fn renumber(text: &str, offset: usize) -> String {
                 n.push(*d);
                 chars.next();
             }
-            out.push_str(&format!(
-                "${}",
-                n.parse::<usize>().expect("digits") + offset
-            ));
+            out.push_str(&format!("${}", n.parse::<usize>().expect("digits") + offset));
         } else {
             out.push(c);
         }
@@ -1090,10 +794,7 @@ mod tests {
     fn finds_schema_qualified_tables_with_their_spans() {
         let sql = "SELECT o.x, b.\"Orders\".y FROM bronze.Orders AS o JOIN \"Bronze\".\"Orders\" AS q ON o.c = q.c -- other.t\nJOIN a.b.c ON true WHERE o.dt = :run_date";
         let refs = table_refs(sql).unwrap();
-        let names: Vec<(String, &str)> = refs
-            .iter()
-            .map(|(t, s, e)| (t.to_string(), &sql[*s..*e]))
-            .collect();
+        let names: Vec<(String, &str)> = refs.iter().map(|(t, s, e)| (t.to_string(), &sql[*s..*e])).collect();
         assert_eq!(
             names,
             vec![
@@ -1110,9 +811,6 @@ mod tests {
 
     #[test]
     fn renumbers_placeholders() {
-        assert_eq!(
-            renumber("a = $1 AND b = $12 AND c = '$'", 3),
-            "a = $4 AND b = $15 AND c = '$'"
-        );
+        assert_eq!(renumber("a = $1 AND b = $12 AND c = '$'", 3), "a = $4 AND b = $15 AND c = '$'");
     }
 }

@@ -4,17 +4,17 @@
 
 use serde::Serialize;
 
+use crate::job::date::RunDate;
+use crate::tools::diff::Row;
 use crate::engine::measure::{fingerprint, Filter, Scope};
 use crate::engine::{Column, Engine};
 use crate::error::{Error, FailPoint, Result};
 use crate::fingerprint::{Fingerprint, Method};
-use crate::job::date::RunDate;
 use crate::job::ident::quote_ident;
-use crate::job::spec::{Job, Strategy};
-use crate::job::sql::Sql;
 use crate::run::ledger;
 use crate::run::protocol::{FaultAction, RunOptions};
-use crate::tools::diff::Row;
+use crate::job::spec::{Job, Strategy};
+use crate::job::sql::Sql;
 
 /// What to prove.
 #[derive(Debug, Clone)]
@@ -56,14 +56,7 @@ impl Serialize for RunEvidence {
         let mut st = s.serialize_struct("RunEvidence", 4)?;
         st.serialize_field("run", &self.run)?;
         st.serialize_field("run_key", &self.run_key)?;
-        st.serialize_field(
-            "output",
-            &Fingerprint {
-                kind: self.kind.clone(),
-                rows: self.rows,
-                checksum: self.checksum.clone(),
-            },
-        )?;
+        st.serialize_field("output", &Fingerprint { kind: self.kind.clone(), rows: self.rows, checksum: self.checksum.clone() })?;
         st.serialize_field("differs_from_first", &samples(&self.differs_from_first))?;
         st.end()
     }
@@ -83,18 +76,8 @@ fn samples(texts: &[String]) -> Vec<SampleJson<'static>> {
     texts
         .iter()
         .map(|t| match Row::parse_labeled(t) {
-            Some((label, row)) => SampleJson {
-                side: side(label),
-                row,
-            },
-            None => SampleJson {
-                side: if t.starts_with("before") || t.starts_with("only after run 1") {
-                    "before"
-                } else {
-                    "after"
-                },
-                row: Row::unread(t),
-            },
+            Some((label, row)) => SampleJson { side: side(label), row },
+            None => SampleJson { side: if t.starts_with("before") || t.starts_with("only after run 1") { "before" } else { "after" }, row: Row::unread(t) },
         })
         .collect()
 }
@@ -163,20 +146,11 @@ impl Serialize for Proof {
         st.serialize_field("run_date", &self.run_date)?;
         st.serialize_field("strategy", &self.strategy)?;
         st.serialize_field("scope", &self.scope)?;
-        st.serialize_field(
-            "before",
-            &(self.before.kind != NO_TABLE).then_some(&self.before),
-        )?;
+        st.serialize_field("before", &(self.before.kind != NO_TABLE).then_some(&self.before))?;
         st.serialize_field("runs", &self.runs)?;
         st.serialize_field("crash", &(!self.crash.is_empty()).then_some(&self.crash))?;
         st.serialize_field("order", &self.order.as_ref().map(order_json))?;
-        st.serialize_field(
-            "mutation",
-            &self
-                .mutation
-                .as_ref()
-                .map(|m| mutation_json(m, self.strategy == "merge")),
-        )?;
+        st.serialize_field("mutation", &self.mutation.as_ref().map(|m| mutation_json(m, self.strategy == "merge")))?;
         st.serialize_field("proved", &self.proved)?;
         st.serialize_field("failures", &self.failures)?;
         st.serialize_field("verdict", &self.verdict)?;
@@ -233,9 +207,7 @@ fn mutation_json(m: &crate::tools::mutate::MutationEvidence, merge: bool) -> Mut
         outcome: &m.outcome,
         table: non_empty(&m.table),
         column: non_empty(&m.column),
-        row: (!m.row.is_empty()).then(|| {
-            Row::parse_assignments(&m.row).unwrap_or_else(|| Row::unread(&m.row.join(", ")))
-        }),
+        row: (!m.row.is_empty()).then(|| Row::parse_assignments(&m.row).unwrap_or_else(|| Row::unread(&m.row.join(", ")))),
         change: non_empty(&m.change),
         candidates_tried: m.candidates_tried,
         output_rows_removed: m.output_rows_removed,
@@ -249,66 +221,33 @@ fn mutation_json(m: &crate::tools::mutate::MutationEvidence, merge: bool) -> Mut
 fn scope_of<'a>(job: &'a Job, run_date: RunDate) -> (Scope<'a>, String) {
     match (job.strategy, job.partition.as_deref()) {
         (Strategy::ReplacePartition, Some(p)) => (
-            Scope::Table {
-                table: &job.target,
-                filter: Some(Filter::DateEquals(p, run_date.date())),
-            },
+            Scope::Table { table: &job.target, filter: Some(Filter::DateEquals(p, run_date.date())) },
             format!("{} where {p} = {run_date}", job.target),
         ),
-        _ => (
-            Scope::Table {
-                table: &job.target,
-                filter: None,
-            },
-            format!("all of {}", job.target),
-        ),
+        _ => (Scope::Table { table: &job.target, filter: None }, format!("all of {}", job.target)),
     }
 }
 
 fn scope_rows_sql(job: &Job, run_date: RunDate, cols: &[Column]) -> Sql {
     let (scope, _) = scope_of(job, run_date);
     let mut sql = Sql::new();
-    sql.push("SELECT ")
-        .push(
-            &cols
-                .iter()
-                .map(|c| format!("s.{}", quote_ident(&c.name)))
-                .collect::<Vec<_>>()
-                .join(", "),
-        )
-        .push(" FROM ");
+    sql.push("SELECT ").push(&cols.iter().map(|c| format!("s.{}", quote_ident(&c.name))).collect::<Vec<_>>().join(", ")).push(" FROM ");
     scope.write_from(&mut sql, "s");
     sql
 }
 
-fn scope_fp(
-    job: &Job,
-    run_date: RunDate,
-    engine: &mut dyn Engine,
-    cols: &[Column],
-) -> Result<Fingerprint> {
+fn scope_fp(job: &Job, run_date: RunDate, engine: &mut dyn Engine, cols: &[Column]) -> Result<Fingerprint> {
     let (scope, _) = scope_of(job, run_date);
     fingerprint(engine, Method::Native, &scope, cols)
 }
 
 fn compared_cols(job: &Job, engine: &mut dyn Engine) -> Result<Vec<Column>> {
-    Ok(engine
-        .table_columns(&job.target)?
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|c| !job.metadata.contains(&c.name))
-        .collect())
+    Ok(engine.table_columns(&job.target)?.unwrap_or_default().into_iter().filter(|c| !job.metadata.contains(&c.name)).collect())
 }
 
 /// Rows of the scope now that are not in the snapshot, and the other way
 /// round (at most 5 of each), as display strings.
-fn differences(
-    job: &Job,
-    run_date: RunDate,
-    engine: &mut dyn Engine,
-    cols: &[Column],
-    snapshot: &str,
-) -> Result<Vec<String>> {
+fn differences(job: &Job, run_date: RunDate, engine: &mut dyn Engine, cols: &[Column], snapshot: &str) -> Result<Vec<String>> {
     let mut out = Vec::new();
     for (label, first_is_now) in [("only after this run", true), ("only after run 1", false)] {
         let now = scope_rows_sql(job, run_date, cols);
@@ -317,25 +256,16 @@ fn differences(
             sql.push("SELECT * FROM (");
             sql.text.push_str(&now.text);
             sql.params.extend(now.params);
-            sql.push(&format!(
-                " EXCEPT ALL SELECT * FROM {snapshot}) AS d LIMIT 5"
-            ));
+            sql.push(&format!(" EXCEPT ALL SELECT * FROM {snapshot}) AS d LIMIT 5"));
         } else {
-            sql.push(&format!(
-                "SELECT * FROM (SELECT * FROM {snapshot} EXCEPT ALL "
-            ));
+            sql.push(&format!("SELECT * FROM (SELECT * FROM {snapshot} EXCEPT ALL "));
             sql.text.push_str(&now.text);
             sql.params.extend(now.params);
             sql.push(") AS d LIMIT 5");
         }
         let rows = engine.query(&sql)?;
         for r in rows.rows {
-            let row: Vec<String> = rows
-                .columns
-                .iter()
-                .zip(&r)
-                .map(|(c, v)| format!("{c}: {}", v.display()))
-                .collect();
+            let row: Vec<String> = rows.columns.iter().zip(&r).map(|(c, v)| format!("{c}: {}", v.display())).collect();
             out.push(format!("{label}: {{{}}}", row.join(", ")));
         }
     }
@@ -346,23 +276,12 @@ fn differences(
 /// rewrite), compares the scope's fingerprint after each, and with `crash`
 /// fails it at every step boundary. Every option is checked before the
 /// first run: a refused proof has changed nothing (no run, no ledger row).
-pub fn prove(
-    job: &Job,
-    run_date: RunDate,
-    engine: &mut dyn Engine,
-    opts: &ProveOptions,
-) -> Result<Proof> {
+pub fn prove(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &ProveOptions) -> Result<Proof> {
     if opts.runs < 2 {
-        return Err(Error::argument(
-            format!("--runs {}: a proof needs at least 2 runs", opts.runs),
-            Some("the default is 2"),
-        ));
+        return Err(Error::argument(format!("--runs {}: a proof needs at least 2 runs", opts.runs), Some("the default is 2")));
     }
     if !opts.mutate && !opts.mutate_key.is_empty() {
-        return Err(Error::argument(
-            "--mutate-key with --no-mutate: the mutation check is off",
-            Some("drop one of them"),
-        ));
+        return Err(Error::argument("--mutate-key with --no-mutate: the mutation check is off", Some("drop one of them")));
     }
     if opts.mutate {
         crate::tools::mutate::validate_mutate_key(job, run_date, engine, &opts.mutate_key)?;
@@ -370,27 +289,15 @@ pub fn prove(
     // The first run's rows, for showing what a later run changed: a
     // temporary table under a name of this proof's own (never one that
     // might be the user's).
-    let snapshot = quote_ident(&format!(
-        "__fixpoint_prove_first_{}",
-        crate::tools::mutate::unique_suffix(&job.name, run_date)
-    ));
+    let snapshot = quote_ident(&format!("__fixpoint_prove_first_{}", crate::tools::mutate::unique_suffix(&job.name, run_date)));
     let (_, scope_text) = scope_of(job, run_date);
     let cols = compared_cols(job, engine)?;
     let before = if cols.is_empty() {
-        Fingerprint {
-            kind: NO_TABLE.into(),
-            rows: 0,
-            checksum: "(no table yet)".into(),
-        }
+        Fingerprint { kind: NO_TABLE.into(), rows: 0, checksum: "(no table yet)".into() }
     } else {
         scope_fp(job, run_date, engine, &cols)?
     };
-    let force = RunOptions {
-        force: true,
-        fault: None,
-        no_wait: false,
-        ..RunOptions::default()
-    };
+    let force = RunOptions { force: true, fault: None, no_wait: false, ..RunOptions::default() };
     // The runs, with the snapshot dropped whatever their outcome: on Spark
     // it is a table of its own, which outlives the session.
     let checked = (|| -> Result<_> {
@@ -417,14 +324,7 @@ pub fn prove(
                 }
                 Some(_) => {}
             }
-            runs.push(RunEvidence {
-                run: i,
-                run_key: report.run_key,
-                rows: fp.rows,
-                checksum: fp.checksum,
-                kind: fp.kind,
-                differs_from_first: differs,
-            });
+            runs.push(RunEvidence { run: i, run_key: report.run_key, rows: fp.rows, checksum: fp.checksum, kind: fp.kind, differs_from_first: differs });
         }
         let clean = first.expect("runs >= 2");
 
@@ -433,20 +333,11 @@ pub fn prove(
             let cols = compared_cols(job, engine)?;
             for point in FailPoint::ALL {
                 let previous = scope_fp(job, run_date, engine, &cols)?;
-                let ledger_before =
-                    ledger::entries(engine, Some(&job.name), Some(run_date), None)?.len();
-                let faulty = RunOptions {
-                    force: true,
-                    fault: Some((point, FaultAction::Error)),
-                    no_wait: false,
-                    ..RunOptions::default()
-                };
+                let ledger_before = ledger::entries(engine, Some(&job.name), Some(run_date), None)?.len();
+                let faulty = RunOptions { force: true, fault: Some((point, FaultAction::Error)), no_wait: false, ..RunOptions::default() };
                 let failed_as_injected = matches!(job.load_with(run_date, engine, &faulty), Err(Error::Injected(p)) if p == point);
-                let previous_kept =
-                    failed_as_injected && scope_fp(job, run_date, engine, &cols)? == previous;
-                let ledger_clean = ledger::entries(engine, Some(&job.name), Some(run_date), None)?
-                    .len()
-                    == ledger_before;
+                let previous_kept = failed_as_injected && scope_fp(job, run_date, engine, &cols)? == previous;
+                let ledger_clean = ledger::entries(engine, Some(&job.name), Some(run_date), None)?.len() == ledger_before;
                 job.load_with(run_date, engine, &force)?;
                 let converged = scope_fp(job, run_date, engine, &cols)? == clean;
                 if !(previous_kept && ledger_clean && converged) {
@@ -461,12 +352,7 @@ pub fn prove(
                         }
                     ));
                 }
-                crash.push(CrashEvidence {
-                    point,
-                    previous_kept,
-                    ledger_clean,
-                    converged,
-                });
+                crash.push(CrashEvidence { point, previous_kept, ledger_clean, converged });
             }
         }
         Ok((runs, failures, clean, crash))
@@ -491,11 +377,7 @@ pub fn prove(
         format!(
             "{} runs{} left the same {} rows with checksum {}: the diff is empty.{}",
             opts.runs,
-            if opts.crash {
-                format!(" and {} injected failures", crash.len())
-            } else {
-                String::new()
-            },
+            if opts.crash { format!(" and {} injected failures", crash.len()) } else { String::new() },
             clean.rows,
             clean.checksum,
             {

@@ -15,9 +15,7 @@
 mod one_statement;
 mod two_statements;
 
-use fixpoint_core::engine::{
-    Accelerated, Accelerator, Column, DayInsert, Dialect, MergeRequest, Merged, RunSteps, TappedDay,
-};
+use fixpoint_core::engine::{Accelerated, Accelerator, Column, DayInsert, Dialect, MergeRequest, Merged, RunSteps, TappedDay};
 use fixpoint_core::job::ident::TableName;
 use fixpoint_core::job::sql::{Sql, Value};
 use fixpoint_core::{Error, Result};
@@ -32,8 +30,7 @@ fn no_hash() -> Error {
 
 /// A token bound as a parameter.
 fn push_token(sql: &mut Sql, function: &str, token: u64) {
-    sql.push(&format!("{function}("))
-        .typed_param(Value::Int(token as i64), "UBIGINT");
+    sql.push(&format!("{function}(")).typed_param(Value::Int(token as i64), "UBIGINT");
 }
 
 /// The taps a plan opens on the connection, written into its SQL.
@@ -41,13 +38,7 @@ impl DuckDb {
     /// A partition tap: the expression to select as the partition column in
     /// place of `value`, passing it through and counting the rows, those not
     /// on `day`, and the sum of their hashes over `hashed` (of `alias`).
-    fn tap_partition(
-        &self,
-        value: &str,
-        alias: &str,
-        hashed: &[Column],
-        day: chrono::NaiveDate,
-    ) -> Option<(Sql, u64)> {
+    fn tap_partition(&self, value: &str, alias: &str, hashed: &[Column], day: chrono::NaiveDate) -> Option<(Sql, u64)> {
         let hash = self.native_row_hash(alias, hashed)?;
         let days = (day - chrono::NaiveDate::from_ymd_opt(1970, 1, 1).expect("a date")).num_days();
         let token = self.taps.open_partition(i32::try_from(days).ok()?);
@@ -83,9 +74,7 @@ impl DuckDb {
         let token = self.taps.open_dedup();
         let mut sql = Sql::new();
         push_token(&mut sql, tap::DEDUP_FUNCTION, token);
-        sql.push(&format!(
-            ", CAST({hash} AS UBIGINT), CAST({pair} AS UBIGINT), CAST({row} AS UBIGINT))"
-        ));
+        sql.push(&format!(", CAST({hash} AS UBIGINT), CAST({pair} AS UBIGINT), CAST({row} AS UBIGINT))"));
         (sql, token)
     }
 
@@ -112,21 +101,14 @@ impl DuckDb {
 }
 
 impl Accelerator for DuckDb {
-    fn insert_day(
-        &mut self,
-        day: &DayInsert<'_>,
-        steps: &mut dyn RunSteps,
-    ) -> Result<Accelerated<TappedDay>> {
+    fn insert_day(&mut self, day: &DayInsert<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<TappedDay>> {
         if !self.tap_registered || day.hashed.is_empty() {
             return Ok(Accelerated::Declined("no tap on this connection"));
         }
         if !self.tapped_day_insert {
-            return Ok(Accelerated::Declined(
-                "the tapped day insert is switched off",
-            ));
+            return Ok(Accelerated::Declined("the tapped day insert is switched off"));
         }
-        let Some((tap, token)) = self.tap_partition(&day.partition, day.alias, day.hashed, day.day)
-        else {
+        let Some((tap, token)) = self.tap_partition(&day.partition, day.alias, day.hashed, day.day) else {
             return Ok(Accelerated::Declined("the day is out of the tap's range"));
         };
         let inserted = fixpoint_core::Engine::execute(self, &(day.insert)(&tap));
@@ -136,24 +118,13 @@ impl Accelerator for DuckDb {
         if seen > inserted {
             // The tap must see each inserted row once: its fingerprint
             // would be wrong.
-            return Err(Error::Internal(format!(
-                "the insert's tap saw {seen} rows but {inserted} were inserted; rolled back"
-            )));
+            return Err(Error::Internal(format!("the insert's tap saw {seen} rows but {inserted} were inserted; rolled back")));
         }
         // A NULL partition is not seen by the tap: outside too.
-        Ok(Accelerated::Done(TappedDay {
-            inserted,
-            outside: outside + (inserted - seen),
-            sum,
-            method: "delete+insert",
-        }))
+        Ok(Accelerated::Done(TappedDay { inserted, outside: outside + (inserted - seen), sum, method: "delete+insert" }))
     }
 
-    fn merge(
-        &mut self,
-        merge: &MergeRequest<'_>,
-        steps: &mut dyn RunSteps,
-    ) -> Result<Accelerated<Merged>> {
+    fn merge(&mut self, merge: &MergeRequest<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<Merged>> {
         self.pending_ties = None;
         self.batch_made = false;
         if !self.tap_registered {
@@ -175,50 +146,26 @@ impl Accelerator for DuckDb {
             }
         }
         if std::mem::take(&mut self.batch_made) {
-            fixpoint_core::Engine::execute(
-                self,
-                &Sql::raw(format!(
-                    "DROP TABLE IF EXISTS {}",
-                    fixpoint_core::plans::merge::steps::BATCH
-                )),
-            )?;
+            fixpoint_core::Engine::execute(self, &Sql::raw(format!("DROP TABLE IF EXISTS {}", fixpoint_core::plans::merge::steps::BATCH)))?;
         }
         Ok(Accelerated::Done(()))
     }
 
     fn table_has_columns(&mut self, table: &TableName, columns: &[&str]) -> Option<bool> {
         if let Some(d) = self.described.get_mut().get(&table.quoted()) {
-            return Some(
-                columns
-                    .iter()
-                    .all(|c| d.columns.iter().any(|k| k.name == *c)),
-            );
+            return Some(columns.iter().all(|c| d.columns.iter().any(|k| k.name == *c)));
         }
         // The appender's lookup runs no statement: a missing table or
         // column is an error of the C API, which aborts no transaction.
-        self.conn
-            .appender_with_columns_to_db(&table.table, &table.schema, columns)
-            .ok()
-            .map(|_| true)
+        self.conn.appender_with_columns_to_db(&table.table, &table.schema, columns).ok().map(|_| true)
     }
 
-    fn append_row(
-        &mut self,
-        table: &TableName,
-        columns: &[&str],
-        values: &[Value],
-    ) -> Option<Result<()>> {
+    fn append_row(&mut self, table: &TableName, columns: &[&str], values: &[Value]) -> Option<Result<()>> {
         let context = format!("appending a row to {}", table.quoted());
         let err = |e: duckdb::Error| crate::database_error(context.clone(), e);
         let appended = (|| {
-            let mut app = self
-                .conn
-                .appender_with_columns_to_db(&table.table, &table.schema, columns)
-                .map_err(err)?;
-            app.append_row(duckdb::appender_params_from_iter(
-                values.iter().map(to_duck),
-            ))
-            .map_err(err)?;
+            let mut app = self.conn.appender_with_columns_to_db(&table.table, &table.schema, columns).map_err(err)?;
+            app.append_row(duckdb::appender_params_from_iter(values.iter().map(to_duck))).map_err(err)?;
             // Flushed here, into the transaction: dropped unflushed, an
             // appender's error would have nowhere to go.
             app.flush().map_err(err)

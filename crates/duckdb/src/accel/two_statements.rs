@@ -22,9 +22,7 @@ use fixpoint_core::job::spec::OnTie;
 use fixpoint_core::job::sql::Sql;
 use fixpoint_core::plans::merge::refusals::{deleted_error, duplicate_keys_error};
 use fixpoint_core::plans::merge::sql::{keys_match, merge_actions, q, rows_differ, DELETED};
-use fixpoint_core::plans::merge::steps::{
-    drop_beaten, remember_tombstones, rows_before, touched_partitions, Conditions, BATCH,
-};
+use fixpoint_core::plans::merge::steps::{drop_beaten, remember_tombstones, rows_before, touched_partitions, Conditions, BATCH};
 use fixpoint_core::{Error, FailPoint, Result};
 
 use super::no_hash;
@@ -52,17 +50,8 @@ struct Written {
 }
 
 /// The plan, step by step.
-pub(super) fn merge(
-    db: &mut DuckDb,
-    m: &MergeRequest<'_>,
-    steps: &mut dyn RunSteps,
-) -> Result<Accelerated<Merged>> {
-    let output_cols: Vec<Column> = m
-        .target_cols
-        .iter()
-        .filter(|c| !m.job.metadata.contains(&c.name))
-        .cloned()
-        .collect();
+pub(super) fn merge(db: &mut DuckDb, m: &MergeRequest<'_>, steps: &mut dyn RunSteps) -> Result<Accelerated<Merged>> {
+    let output_cols: Vec<Column> = m.target_cols.iter().filter(|c| !m.job.metadata.contains(&c.name)).cloned().collect();
     let batch = match dedup(db, m, &output_cols)? {
         Accelerated::Done(batch) => batch,
         Accelerated::Declined(why) => return Ok(Accelerated::Declined(why)),
@@ -89,12 +78,7 @@ pub(super) fn merge(
         Accelerated::Declined(why) => return Ok(Accelerated::Declined(why)),
     };
     steps.step("output fp");
-    let Written {
-        inserts,
-        updates,
-        deletes,
-        ..
-    } = written;
+    let Written { inserts, updates, deletes, .. } = written;
     Ok(Accelerated::Done(Merged {
         input: batch.input,
         output,
@@ -117,47 +101,24 @@ pub(super) fn merge(
 ///    wrong. Without a tie, the rows of a key's newest version are copies,
 ///    so the window's order (version, tombstone first, the metadata
 ///    columns) picks the row the portable plan's total order picks.
-fn dedup(
-    db: &mut DuckDb,
-    m: &MergeRequest<'_>,
-    output_cols: &[Column],
-) -> Result<Accelerated<Batch>> {
+fn dedup(db: &mut DuckDb, m: &MergeRequest<'_>, output_cols: &[Column]) -> Result<Accelerated<Batch>> {
     let (spec, names) = (m.spec, m.names);
     db.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {BATCH}")))?;
     let (input_hash, kind, signature) = row_hash(db, Method::Native, "x", m.input_cols)?;
-    let described = |c: &String| {
-        m.source_cols
-            .iter()
-            .find(|s| &s.name == c)
-            .expect("described")
-            .clone()
-    };
+    let described = |c: &String| m.source_cols.iter().find(|s| &s.name == c).expect("described").clone();
     // Tombstones get pairs of their own (the flag is hashed with key and
     // version) and row hash 0: they never tie. (No argument may be a
     // constant NULL, which DuckDB folds the whole call into, as it can in
     // one branch of a UNION ALL source.)
     let del = quote_ident(DELETED);
-    let flag = Column {
-        name: DELETED.into(),
-        ty: "BOOLEAN".into(),
-    };
-    let pair_cols: Vec<Column> = spec
-        .key
-        .iter()
-        .chain([&spec.version])
-        .map(described)
-        .chain([flag])
-        .collect();
+    let flag = Column { name: DELETED.into(), ty: "BOOLEAN".into() };
+    let pair_cols: Vec<Column> = spec.key.iter().chain([&spec.version]).map(described).chain([flag]).collect();
     let compared_cols: Vec<Column> = m.compared.iter().map(described).collect();
     let pair_hash = db.native_row_hash("x", &pair_cols).ok_or_else(no_hash)?;
     let row_hash = if compared_cols.is_empty() {
         "0".to_owned()
     } else {
-        format!(
-            "CASE WHEN x.{del} THEN 0 ELSE {} END",
-            db.native_row_hash("x", &compared_cols)
-                .ok_or_else(no_hash)?
-        )
+        format!("CASE WHEN x.{del} THEN 0 ELSE {} END", db.native_row_hash("x", &compared_cols).ok_or_else(no_hash)?)
     };
     let (seen, seen_token) = db.tap_dedup(&input_hash, &pair_hash, &row_hash);
     // The kept upserts as the target's columns will hold them, hashed by a
@@ -165,14 +126,7 @@ fn dedup(
     // the MERGE writes every key (checked after it).
     let from_batch = !output_cols.is_empty() && output_cols.iter().all(|c| names.contains(&c.name));
     let out_tap = if from_batch {
-        let renamed: Vec<Column> = output_cols
-            .iter()
-            .enumerate()
-            .map(|(i, c)| Column {
-                name: cast_name(i),
-                ty: c.ty.clone(),
-            })
-            .collect();
+        let renamed: Vec<Column> = output_cols.iter().enumerate().map(|(i, c)| Column { name: cast_name(i), ty: c.ty.clone() }).collect();
         let hash = db.native_row_hash("o", &renamed).ok_or_else(no_hash)?;
         Some(db.tap_rows(&Sql::raw(format!("CASE WHEN NOT o.{del} THEN {hash} END"))))
     } else {
@@ -181,26 +135,10 @@ fn dedup(
     // What the portable plan refuses (a NULL key's rows share a window, a
     // NULL version sorts first: either way a kept row shows it) and the
     // tombstones, counted on the way in too.
-    let null_key = spec
-        .key
-        .iter()
-        .chain([&spec.version])
-        .map(|k| format!("o.{} IS NULL", quote_ident(k)))
-        .collect::<Vec<_>>()
-        .join(" OR ");
+    let null_key = spec.key.iter().chain([&spec.version]).map(|k| format!("o.{} IS NULL", quote_ident(k))).collect::<Vec<_>>().join(" OR ");
     let (null_tap, null_token) = db.tap_rows(&Sql::raw(format!("CASE WHEN {null_key} THEN 0 END")));
-    let tomb_tap = spec
-        .deleted
-        .as_ref()
-        .map(|_| db.tap_rows(&Sql::raw(format!("CASE WHEN o.{del} THEN 0 END"))));
-    let sql = dedup_sql(
-        m,
-        output_cols,
-        &seen,
-        &null_tap,
-        out_tap.as_ref().map(|(t, _)| t),
-        tomb_tap.as_ref().map(|(t, _)| t),
-    );
+    let tomb_tap = spec.deleted.as_ref().map(|_| db.tap_rows(&Sql::raw(format!("CASE WHEN o.{del} THEN 0 END"))));
+    let sql = dedup_sql(m, output_cols, &seen, &null_tap, out_tap.as_ref().map(|(t, _)| t), tomb_tap.as_ref().map(|(t, _)| t));
     let made = db.execute(&sql);
     db.batch_made = true;
     let seen = db.taps.close_dedup(seen_token);
@@ -209,25 +147,13 @@ fn dedup(
     let tombstones = tomb_tap.map_or(0, |(_, token)| db.tap_close(token).0);
     let rows = made.map_err(|e| deleted_error(m.job, spec, m.source_cols, e))?;
     if seen.ties > 0 || nulls > 0 {
-        return Ok(Accelerated::Declined(
-            "a NULL key or version, or a tie, in the batch",
-        ));
+        return Ok(Accelerated::Declined("a NULL key or version, or a tie, in the batch"));
     }
-    let duplicates_collapsed = seen.rows.checked_sub(rows).ok_or_else(|| {
-        Error::Internal(format!(
-            "the batch has {rows} keys but the tap saw {} rows",
-            seen.rows
-        ))
-    })?;
+    let duplicates_collapsed =
+        seen.rows.checked_sub(rows).ok_or_else(|| Error::Internal(format!("the batch has {rows} keys but the tap saw {} rows", seen.rows)))?;
     let input = Fingerprint::from_sum(&kind, &signature, seen.rows, seen.sum);
     let kept_upserts = kept_upserts.map(|(rows, _, sum)| (rows, sum));
-    Ok(Accelerated::Done(Batch {
-        input,
-        rows,
-        duplicates_collapsed,
-        kept_upserts,
-        tombstones,
-    }))
+    Ok(Accelerated::Done(Batch { input, rows, duplicates_collapsed, kept_upserts, tombstones }))
 }
 
 /// The name of the `i`-th output column cast to the target's type.
@@ -238,59 +164,26 @@ fn cast_name(i: usize) -> String {
 /// `CREATE TEMPORARY TABLE` of the batch: the window over the flagged
 /// source, the dedup tap in the projection it orders by, the other taps in
 /// the projection of the kept rows.
-fn dedup_sql(
-    m: &MergeRequest<'_>,
-    output_cols: &[Column],
-    seen: &Sql,
-    null_tap: &Sql,
-    out_tap: Option<&Sql>,
-    tomb_tap: Option<&Sql>,
-) -> Sql {
+fn dedup_sql(m: &MergeRequest<'_>, output_cols: &[Column], seen: &Sql, null_tap: &Sql, out_tap: Option<&Sql>, tomb_tap: Option<&Sql>) -> Sql {
     let (spec, version, del) = (m.spec, quote_ident(&m.spec.version), quote_ident(DELETED));
-    let key_list = spec
-        .key
-        .iter()
-        .map(|k| quote_ident(k))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
     let order = std::iter::once(format!("{version} DESC NULLS FIRST"))
         .chain(spec.deleted.as_ref().map(|_| format!("{del} DESC")))
-        .chain(
-            m.meta_cols
-                .iter()
-                .map(|c| format!("{} ASC NULLS FIRST", quote_ident(c))),
-        )
+        .chain(m.meta_cols.iter().map(|c| format!("{} ASC NULLS FIRST", quote_ident(c))))
         .chain(["\"__fixpoint_seen\"".to_owned()])
         .collect::<Vec<_>>()
         .join(", ");
-    let all = m
-        .names
-        .iter()
-        .map(|c| quote_ident(c))
-        .chain([del.clone()])
-        .collect::<Vec<_>>()
-        .join(", ");
+    let all = m.names.iter().map(|c| quote_ident(c)).chain([del.clone()]).collect::<Vec<_>>().join(", ");
     let mut sql = Sql::new();
     sql.push(&format!("CREATE TEMPORARY TABLE {BATCH} AS SELECT {all}, "));
     sql.append(null_tap).push(" AS \"__fixpoint_null\"");
-    for (tap, name) in out_tap
-        .iter()
-        .map(|t| (t, "out"))
-        .chain(tomb_tap.iter().map(|t| (t, "tomb")))
-    {
-        sql.push(", ")
-            .append(tap)
-            .push(&format!(" AS \"__fixpoint_{name}\""));
+    for (tap, name) in out_tap.iter().map(|t| (t, "out")).chain(tomb_tap.iter().map(|t| (t, "tomb"))) {
+        sql.push(", ").append(tap).push(&format!(" AS \"__fixpoint_{name}\""));
     }
     sql.push(" FROM (SELECT r.*");
     if out_tap.is_some() {
         for (i, c) in output_cols.iter().enumerate() {
-            sql.push(&format!(
-                ", CAST({} AS {}) AS {}",
-                q("r", &c.name),
-                c.ty,
-                quote_ident(&cast_name(i))
-            ));
+            sql.push(&format!(", CAST({} AS {}) AS {}", q("r", &c.name), c.ty, quote_ident(&cast_name(i))));
         }
     }
     sql.push(&format!(" FROM (SELECT *, row_number() OVER (PARTITION BY {key_list} ORDER BY {order}) AS \"__fixpoint_rank\" FROM (SELECT x.*, "));
@@ -301,11 +194,7 @@ fn dedup_sql(
         None => sql.push("false"),
     };
     sql.push(&format!(" AS {del} FROM "));
-    Scope::Source {
-        template: m.job.source.template(),
-        params: m.params,
-    }
-    .write_from(&mut sql, "s");
+    Scope::Source { template: m.job.source.template(), params: m.params }.write_from(&mut sql, "s");
     sql.push(") AS x) AS x) AS r WHERE \"__fixpoint_rank\" = 1) AS o");
     sql
 }
@@ -315,16 +204,9 @@ fn dedup_sql(
 ///    then the touched partitions, bound as values). `None` unpruned.
 fn held_here(db: &mut DuckDb, m: &MergeRequest<'_>) -> Result<Option<Sql>> {
     let Some(p) = m.prune else { return Ok(None) };
-    let ty = &m
-        .target_cols
-        .iter()
-        .find(|c| c.name == p)
-        .expect("checked")
-        .ty;
+    let ty = &m.target_cols.iter().find(|c| c.name == p).expect("checked").ty;
     let mut held = Sql::new();
-    held.push(&format!("({} = {} OR coalesce(", q("t", p), q("b", p)))
-        .append(&touched_partitions(db, p, ty)?)
-        .push(", false))");
+    held.push(&format!("({} = {} OR coalesce(", q("t", p), q("b", p))).append(&touched_partitions(db, p, ty)?).push(", false))");
     Ok(Some(held))
 }
 
@@ -339,66 +221,40 @@ fn held_here(db: &mut DuckDb, m: &MergeRequest<'_>) -> Result<Option<Sql>> {
 ///    besides. (A target row that differs at the same version is left
 ///    alone by the version guard; it is looked for with the rows left
 ///    alone.)
-fn write(
-    db: &mut DuckDb,
-    m: &MergeRequest<'_>,
-    held_here: &Option<Sql>,
-    batch: &Batch,
-) -> Result<Accelerated<Written>> {
+fn write(db: &mut DuckDb, m: &MergeRequest<'_>, held_here: &Option<Sql>, batch: &Batch) -> Result<Accelerated<Written>> {
     let (spec, version, del) = (m.spec, quote_ident(&m.spec.version), quote_ident(DELETED));
     let newer = Conditions::of(spec, m.compared).newer;
     let (set, col_list, values) = merge_actions(spec, m.names, None);
     let (refuse, refuse_token) = db.tap_refuse();
     let mut sql = Sql::new();
-    sql.push(&format!(
-        "MERGE INTO {} AS t USING {BATCH} AS b ON ({}) ",
-        m.job.target.quoted(),
-        keys_match("t", "b", &spec.key)
-    ));
+    sql.push(&format!("MERGE INTO {} AS t USING {BATCH} AS b ON ({}) ", m.job.target.quoted(), keys_match("t", "b", &spec.key)));
     let mut delete_token = None;
     if batch.tombstones > 0 {
         let mut counted = Sql::new();
-        counted.push(&format!(
-            "CASE WHEN b.{del} AND b.{version} >= t.{version} THEN "
-        ));
+        counted.push(&format!("CASE WHEN b.{del} AND b.{version} >= t.{version} THEN "));
         match held_here {
-            Some(held) => counted
-                .push("CASE WHEN ")
-                .append(held)
-                .push(" THEN 0 ELSE CAST(")
-                .append(&refuse)
-                .push(" AS UBIGINT) END"),
+            Some(held) => counted.push("CASE WHEN ").append(held).push(" THEN 0 ELSE CAST(").append(&refuse).push(" AS UBIGINT) END"),
             None => counted.push("0"),
         };
         counted.push(" END");
         let (tap, token) = db.tap_rows(&counted);
         delete_token = Some(token);
-        sql.push("WHEN MATCHED AND ")
-            .append(&tap)
-            .push(" THEN DELETE ");
+        sql.push("WHEN MATCHED AND ").append(&tap).push(" THEN DELETE ");
     }
     if !set.is_empty() {
         sql.push(&format!("WHEN MATCHED AND NOT b.{del} AND {newer} "));
         if let Some(held) = held_here {
-            sql.push("AND CASE WHEN ")
-                .append(held)
-                .push(" THEN true ELSE ")
-                .append(&refuse)
-                .push(" END ");
+            sql.push("AND CASE WHEN ").append(held).push(" THEN true ELSE ").append(&refuse).push(" END ");
         }
         sql.push(&format!("THEN UPDATE SET {set} "));
     }
     let (tap, insert_token) = db.tap_rows(&Sql::raw(format!("CASE WHEN NOT b.{del} THEN 0 END")));
-    sql.push("WHEN NOT MATCHED AND ")
-        .append(&tap)
-        .push(&format!(" THEN INSERT ({col_list}) VALUES ({values})"));
+    sql.push("WHEN NOT MATCHED AND ").append(&tap).push(&format!(" THEN INSERT ({col_list}) VALUES ({values})"));
     let changed = db.execute(&sql);
     let (inserts, _, _) = db.tap_close(insert_token);
     let deletes = delete_token.map_or(0, |t| db.tap_close(t).0);
     if DuckDb::any_refused(&db.taps, &[refuse_token]) {
-        return Ok(Accelerated::Declined(
-            "a key held in a partition the batch does not touch",
-        ));
+        return Ok(Accelerated::Declined("a key held in a partition the batch does not touch"));
     }
     let changed = changed?;
     if changed > batch.rows {
@@ -407,12 +263,7 @@ fn write(
     let updates = changed.checked_sub(inserts + deletes).ok_or_else(|| {
         Error::Internal(format!("the merge changed {changed} rows but its taps counted {inserts} inserts and {deletes} deletes; rolled back"))
     })?;
-    Ok(Accelerated::Done(Written {
-        changed,
-        inserts,
-        updates,
-        deletes,
-    }))
+    Ok(Accelerated::Done(Written { changed, inserts, updates, deletes }))
 }
 
 /// 4. The output: the batch's keys as the target now holds them. When
@@ -421,29 +272,14 @@ fn write(
 ///    keys left alone are read, and it declines when one differs from the
 ///    batch at the same version (`on_tie = "error"`) or is held in a
 ///    partition the batch does not touch.
-fn output(
-    db: &mut DuckDb,
-    m: &MergeRequest<'_>,
-    output_cols: &[Column],
-    batch: &Batch,
-    w: &Written,
-    beaten: u64,
-    held_here: &Option<Sql>,
-) -> Result<Accelerated<Fingerprint>> {
+fn output(db: &mut DuckDb, m: &MergeRequest<'_>, output_cols: &[Column], batch: &Batch, w: &Written, beaten: u64, held_here: &Option<Sql>) -> Result<Accelerated<Fingerprint>> {
     let (spec, version, del) = (m.spec, quote_ident(&m.spec.version), quote_ident(DELETED));
     let fp = fingerprint_select(db, Method::Native, "t", output_cols)?;
-    let left_alone = (batch.rows - beaten)
-        .checked_sub(w.changed)
-        .ok_or_else(|| {
-            Error::Internal("the merge changed more rows than the batch holds".into())
-        })?;
+    let left_alone = (batch.rows - beaten).checked_sub(w.changed).ok_or_else(|| Error::Internal("the merge changed more rows than the batch holds".into()))?;
     if let (0, 0, Some((rows, sum))) = (left_alone, beaten, batch.kept_upserts) {
         let fp = fp.of(rows, sum);
         if fp.rows != w.inserts + w.updates {
-            return Err(Error::Internal(format!(
-                "{} upserts in the batch, but the merge wrote {} and updated {}; rolled back",
-                fp.rows, w.inserts, w.updates
-            )));
+            return Err(Error::Internal(format!("{} upserts in the batch, but the merge wrote {} and updated {}; rolled back", fp.rows, w.inserts, w.updates)));
         }
         return Ok(Accelerated::Done(fp));
     }
@@ -456,23 +292,14 @@ fn output(
     let mut sql = Sql::new();
     sql.push(&format!("SELECT {}{ties}, ", fp.select));
     match held_here {
-        Some(held) => sql
-            .push("count(*) FILTER (WHERE NOT coalesce(")
-            .append(held)
-            .push(", false))"),
+        Some(held) => sql.push("count(*) FILTER (WHERE NOT coalesce(").append(held).push(", false))"),
         None => sql.push("0"),
     };
-    sql.push(&format!(
-        " AS \"elsewhere\" FROM {} AS t JOIN {BATCH} AS b ON {}",
-        m.job.target.quoted(),
-        keys_match("t", "b", &spec.key)
-    ));
+    sql.push(&format!(" AS \"elsewhere\" FROM {} AS t JOIN {BATCH} AS b ON {}", m.job.target.quoted(), keys_match("t", "b", &spec.key)));
     let rows = db.query(&sql)?;
     let row = rows.single("the output scan")?;
     if row.count("ties")? > 0 || row.count("elsewhere")? > 0 {
-        return Ok(Accelerated::Declined(
-            "a tie with the target, or a key held elsewhere, among the keys left alone",
-        ));
+        return Ok(Accelerated::Declined("a tie with the target, or a key held elsewhere, among the keys left alone"));
     }
     Ok(Accelerated::Done(fp.read(&row, db)?))
 }

@@ -35,29 +35,12 @@ use crate::run::report::RunReport;
 /// run's transaction, or under a lease where the engine replaces a table's
 /// rows in one atomic step at the run's end (Delta: one commit) or
 /// rewrites the partitions holding them (Spark).
-pub(crate) fn history(
-    job: &Job,
-    run_date: RunDate,
-    engine: &mut dyn Engine,
-    opts: &RunOptions,
-) -> Result<RunReport> {
+pub(crate) fn history(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
     let started = Instant::now();
-    let report =
-        crate::run::input::with_input(job, run_date, engine, |engine, input| {
-            match engine.leases() {
-                Some(leases) => crate::plans::lease::leased(
-                    leases,
-                    job,
-                    "all",
-                    opts,
-                    &[sql::log_table(&job.target)],
-                    |leases| {
-                        transactional::history_with(job, run_date, leases, opts, input, started)
-                    },
-                ),
-                None => transactional::history_with(job, run_date, engine, opts, input, started),
-            }
-        })?;
+    let report = crate::run::input::with_input(job, run_date, engine, |engine, input| match engine.leases() {
+        Some(leases) => crate::plans::lease::leased(leases, job, "all", opts, &[sql::log_table(&job.target)], |leases| transactional::history_with(job, run_date, leases, opts, input, started)),
+        None => transactional::history_with(job, run_date, engine, opts, input, started),
+    })?;
     Ok(report.unwrap_or_else(|| crate::run::report::no_files_report(job, run_date, started)))
 }
 

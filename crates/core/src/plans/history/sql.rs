@@ -1,11 +1,11 @@
 //! The SQL of the history plan, over the job's columns.
 
-use crate::engine::measure::{FP_ROWS, FP_SUM};
 use crate::engine::Column;
 use crate::job::ident::{quote_ident, TableName};
 use crate::job::spec::{HistorySpec, MergeSpec};
 use crate::job::sql::{Sql, Value};
 use crate::plans::merge::sql::{keys_match, q, rows_differ, DELETED};
+use crate::engine::measure::{FP_ROWS, FP_SUM};
 use crate::run::ledger;
 
 /// The staged source, with its tombstone flag.
@@ -75,10 +75,7 @@ pub(super) const TO: &str = "__fixpoint_to";
 /// are kept: upserts that started no row (same tracked values as the entry
 /// before them), and tombstones.
 pub fn log_table(target: &TableName) -> TableName {
-    TableName {
-        schema: ledger::SCHEMA.into(),
-        table: format!("history__{}__{}", target.schema, target.table),
-    }
+    TableName { schema: ledger::SCHEMA.into(), table: format!("history__{}__{}", target.schema, target.table) }
 }
 
 /// The job's columns and the parts they play.
@@ -106,11 +103,7 @@ pub(super) struct Cols<'a> {
 
 impl Cols<'_> {
     fn list(&self, alias: Option<&str>) -> String {
-        self.names
-            .iter()
-            .map(|c| alias.map_or_else(|| quote_ident(c), |a| q(a, c)))
-            .collect::<Vec<_>>()
-            .join(", ")
+        self.names.iter().map(|c| alias.map_or_else(|| quote_ident(c), |a| q(a, c))).collect::<Vec<_>>().join(", ")
     }
 
     /// `"a", "b"` of the source's columns.
@@ -119,12 +112,7 @@ impl Cols<'_> {
     }
 
     fn key_list(&self, alias: Option<&str>) -> String {
-        self.spec
-            .key
-            .iter()
-            .map(|c| alias.map_or_else(|| quote_ident(c), |a| q(a, c)))
-            .collect::<Vec<_>>()
-            .join(", ")
+        self.spec.key.iter().map(|c| alias.map_or_else(|| quote_ident(c), |a| q(a, c))).collect::<Vec<_>>().join(", ")
     }
 
     fn version(&self) -> String {
@@ -137,23 +125,10 @@ impl Cols<'_> {
     /// first), so the same entries give the same pick in any order.
     pub fn first_per_version(&self, from: &str, extra: &[&str]) -> String {
         let order = std::iter::once(format!("{} DESC", quote_ident(DELETED)))
-            .chain(
-                self.compared
-                    .iter()
-                    .chain(&self.meta)
-                    .map(|c| format!("{} ASC NULLS FIRST", quote_ident(c))),
-            )
+            .chain(self.compared.iter().chain(&self.meta).map(|c| format!("{} ASC NULLS FIRST", quote_ident(c))))
             .collect::<Vec<_>>()
             .join(", ");
-        let cols = self
-            .names
-            .iter()
-            .map(String::as_str)
-            .chain([DELETED])
-            .chain(extra.iter().copied())
-            .map(quote_ident)
-            .collect::<Vec<_>>()
-            .join(", ");
+        let cols = self.names.iter().map(String::as_str).chain([DELETED]).chain(extra.iter().copied()).map(quote_ident).collect::<Vec<_>>().join(", ");
         format!(
             "SELECT {cols} FROM (SELECT *, row_number() OVER (PARTITION BY {}, {} ORDER BY {order}) AS \"__fixpoint_rank\" FROM {from}) AS r WHERE \"__fixpoint_rank\" = 1",
             self.key_list(None),
@@ -174,11 +149,7 @@ impl Cols<'_> {
     /// Two upserts `a` and `b` of one key at one version that differ.
     pub fn tie(&self, a: &str, b: &str) -> String {
         let (v, del) = (self.version(), quote_ident(DELETED));
-        format!(
-            "{} AND {a}.{v} = {b}.{v} AND NOT {a}.{del} AND NOT {b}.{del} AND ({})",
-            keys_match(a, b, &self.spec.key),
-            rows_differ(a, b, &self.compared)
-        )
+        format!("{} AND {a}.{v} = {b}.{v} AND NOT {a}.{del} AND NOT {b}.{del} AND ({})", keys_match(a, b, &self.spec.key), rows_differ(a, b, &self.compared))
     }
 
     /// [`CUT`]: per key of the batch, its oldest version, and the first
@@ -187,11 +158,7 @@ impl Cols<'_> {
     /// the entry there changes), else the version itself.
     pub fn cut(&self, rows: &str) -> String {
         let batch = self.batch;
-        let (v, vf, vt) = (
-            self.version(),
-            quote_ident(&self.h.valid_from),
-            quote_ident(&self.h.valid_to),
-        );
+        let (v, vf, vt) = (self.version(), quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to));
         let keys = self.key_list(Some("c"));
         format!(
             "SELECT {keys}, c.\"{CUT_AT}\", CASE WHEN min(t.{vf}) < c.\"{CUT_AT}\" THEN min(t.{vf}) ELSE c.\"{CUT_AT}\" END AS \"{FROM}\" \
@@ -207,11 +174,7 @@ impl Cols<'_> {
     /// `FROM <table> AS alias JOIN CUT AS c …`: `table`'s entries of the
     /// touched keys at or after where the run recomputes (by `column`).
     pub fn window_from(&self, table: &str, alias: &str, column: &str) -> String {
-        format!(
-            "{table} AS {alias} JOIN {CUT} AS c ON {} WHERE {alias}.{} >= c.\"{FROM}\"",
-            keys_match(alias, "c", &self.spec.key),
-            quote_ident(column)
-        )
+        format!("{table} AS {alias} JOIN {CUT} AS c ON {} WHERE {alias}.{} >= c.\"{FROM}\"", keys_match(alias, "c", &self.spec.key), quote_ident(column))
     }
 
     /// [`KEYS`] of a run with a version column: the batch's.
@@ -223,10 +186,7 @@ impl Cols<'_> {
     /// `FROM <target> AS t JOIN KEYS AS k ON …`: every row of the touched
     /// keys (what the output fingerprint covers).
     pub fn touched_from(&self, target: &str) -> String {
-        format!(
-            "{target} AS t JOIN {KEYS} AS k ON {}",
-            keys_match("t", "k", &self.spec.key)
-        )
+        format!("{target} AS t JOIN {KEYS} AS k ON {}", keys_match("t", "k", &self.spec.key))
     }
 
     /// [`TAIL`]: per key of the batch, the rows holding or ending at the
@@ -238,11 +198,7 @@ impl Cols<'_> {
     /// select list over alias `t`.
     pub fn tail(&self, target: &str, columns: &[String], fp: &str) -> Sql {
         let batch = self.batch;
-        let (v, vf, vt) = (
-            self.version(),
-            quote_ident(&self.h.valid_from),
-            quote_ident(&self.h.valid_to),
-        );
+        let (v, vf, vt) = (self.version(), quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to));
         let touched = format!(
             "SELECT t.*, c.\"{CUT_AT}\" FROM {target} AS t JOIN (SELECT {}, min({v}) AS \"{CUT_AT}\" FROM {batch} GROUP BY {}) AS c ON {}",
             self.key_list(None),
@@ -251,30 +207,17 @@ impl Cols<'_> {
         );
         let (head, tail) = with_summary(&touched, columns, fp, self.materialized);
         let mut sql = Sql::new();
-        sql.push(&head)
-            .push(&format!(
-                "t.{vt} IS NULL OR t.{vt} >= t.\"{CUT_AT}\" OR t.{vf} >= t.\"{CUT_AT}\""
-            ))
-            .push(&tail);
+        sql.push(&head).push(&format!("t.{vt} IS NULL OR t.{vt} >= t.\"{CUT_AT}\" OR t.{vf} >= t.\"{CUT_AT}\"")).push(&tail);
         sql
     }
 
     /// A snapshot history's [`TAIL`]: the touched keys' rows holding or
     /// ending at the run's version `day` or after it, and the [`SUMMARY`].
     pub fn snapshot_tail(&self, target: &str, day: &Value, columns: &[String], fp: &str) -> Sql {
-        let (vf, vt) = (
-            quote_ident(&self.h.valid_from),
-            quote_ident(&self.h.valid_to),
-        );
-        let (head, tail) = with_summary(
-            &format!("SELECT t.* FROM {}", self.touched_from(target)),
-            columns,
-            fp,
-            self.materialized,
-        );
+        let (vf, vt) = (quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to));
+        let (head, tail) = with_summary(&format!("SELECT t.* FROM {}", self.touched_from(target)), columns, fp, self.materialized);
         let mut sql = Sql::new();
-        sql.push(&head)
-            .push(&format!("t.{vt} IS NULL OR t.{vt} >= "));
+        sql.push(&head).push(&format!("t.{vt} IS NULL OR t.{vt} >= "));
         sql.typed_param(day.clone(), "TIMESTAMP");
         sql.push(&format!(" OR t.{vf} >= "));
         sql.typed_param(day.clone(), "TIMESTAMP");
@@ -311,11 +254,7 @@ impl Cols<'_> {
         let changed = if self.tracked.is_empty() {
             "false".to_owned()
         } else {
-            self.tracked
-                .iter()
-                .map(|c| format!("lag({0}) {w} IS DISTINCT FROM {0}", quote_ident(c)))
-                .collect::<Vec<_>>()
-                .join(" OR ")
+            self.tracked.iter().map(|c| format!("lag({0}) {w} IS DISTINCT FROM {0}", quote_ident(c))).collect::<Vec<_>>().join(" OR ")
         };
         let names = self.names_list();
         format!(
@@ -333,22 +272,15 @@ impl Cols<'_> {
     /// whose row spans the day.
     pub fn snapshot_keys(&self, target: &str, log: &str, day: &Value, absent: bool) -> Sql {
         let batch = self.batch;
-        let (vf, vt) = (
-            quote_ident(&self.h.valid_from),
-            quote_ident(&self.h.valid_to),
-        );
+        let (vf, vt) = (quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to));
         let keys = self.key_list(None);
         let mut sql = Sql::new();
         sql.push(&format!("SELECT DISTINCT {keys} FROM (SELECT {keys} FROM {batch} UNION ALL SELECT {keys} FROM {target} WHERE {vf} = "));
         sql.typed_param(day.clone(), "TIMESTAMP");
-        sql.push(&format!(
-            " UNION ALL SELECT {keys} FROM {log} WHERE {vf} = "
-        ));
+        sql.push(&format!(" UNION ALL SELECT {keys} FROM {log} WHERE {vf} = "));
         sql.typed_param(day.clone(), "TIMESTAMP");
         if absent {
-            sql.push(&format!(
-                " UNION ALL SELECT {keys} FROM {target} WHERE {vf} < "
-            ));
+            sql.push(&format!(" UNION ALL SELECT {keys} FROM {target} WHERE {vf} < "));
             sql.typed_param(day.clone(), "TIMESTAMP");
             sql.push(&format!(" AND ({vt} IS NULL OR {vt} >= "));
             sql.typed_param(day.clone(), "TIMESTAMP");
@@ -360,10 +292,7 @@ impl Cols<'_> {
 
     /// A snapshot history's [`CUT`]: every touched key cut at the day.
     pub fn snapshot_cut(&self, rows: &str, day: &Value) -> Sql {
-        let (vf, vt) = (
-            quote_ident(&self.h.valid_from),
-            quote_ident(&self.h.valid_to),
-        );
+        let (vf, vt) = (quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to));
         let mut sql = Sql::new();
         sql.push(&format!("SELECT {}, c.\"{CUT_AT}\", CASE WHEN min(t.{vf}) < c.\"{CUT_AT}\" THEN min(t.{vf}) ELSE c.\"{CUT_AT}\" END AS \"{FROM}\" FROM (SELECT {}, ", self.key_list(Some("c")), self.key_list(Some("k"))));
         sql.typed_param(day.clone(), "TIMESTAMP");
@@ -390,10 +319,7 @@ impl Cols<'_> {
                 sql.push(&format!("CAST(NULL AS {})", c.ty));
             }
         }
-        sql.push(&format!(
-            ", true AS {}, 3 AS \"{ORIGIN}\"",
-            quote_ident(DELETED)
-        ));
+        sql.push(&format!(", true AS {}, 3 AS \"{ORIGIN}\"", quote_ident(DELETED)));
     }
 
     /// A snapshot history's [`ALL`]: the touched keys' entries from where
@@ -402,37 +328,15 @@ impl Cols<'_> {
     /// day for a touched key the batch lacks whose row spans the day, and
     /// at the next committed date `next` for a key of the batch that has no
     /// entry there (it was absent from that snapshot).
-    pub fn snapshot_all(
-        &self,
-        target: &str,
-        win: &str,
-        log: &str,
-        day: &Value,
-        absent: bool,
-        next: Option<&Value>,
-    ) -> Sql {
+    pub fn snapshot_all(&self, target: &str, win: &str, log: &str, day: &Value, absent: bool, next: Option<&Value>) -> Sql {
         let batch = self.batch;
-        let (vf, vt, del) = (
-            quote_ident(&self.h.valid_from),
-            quote_ident(&self.h.valid_to),
-            quote_ident(DELETED),
-        );
+        let (vf, vt, del) = (quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to), quote_ident(DELETED));
         let mut sql = Sql::new();
-        sql.push(&format!(
-            "SELECT {}, false AS {del}, 0 AS \"{ORIGIN}\" FROM {win} AS t WHERE t.{vf} <> ",
-            self.list(Some("t"))
-        ));
+        sql.push(&format!("SELECT {}, false AS {del}, 0 AS \"{ORIGIN}\" FROM {win} AS t WHERE t.{vf} <> ", self.list(Some("t"))));
         sql.typed_param(day.clone(), "TIMESTAMP");
-        sql.push(&format!(
-            " UNION ALL SELECT {}, l.{del}, 2 AS \"{ORIGIN}\" FROM {} AND l.{vf} <> ",
-            self.list(Some("l")),
-            self.window_from(log, "l", &self.h.valid_from)
-        ));
+        sql.push(&format!(" UNION ALL SELECT {}, l.{del}, 2 AS \"{ORIGIN}\" FROM {} AND l.{vf} <> ", self.list(Some("l")), self.window_from(log, "l", &self.h.valid_from)));
         sql.typed_param(day.clone(), "TIMESTAMP");
-        sql.push(&format!(
-            " UNION ALL SELECT {}, b.{del}, 1 AS \"{ORIGIN}\" FROM {batch} AS b",
-            self.list(Some("b"))
-        ));
+        sql.push(&format!(" UNION ALL SELECT {}, b.{del}, 1 AS \"{ORIGIN}\" FROM {batch} AS b", self.list(Some("b"))));
         if absent {
             sql.push(" UNION ALL SELECT ");
             self.tombstone(&mut sql, "c", day);
@@ -454,10 +358,7 @@ impl Cols<'_> {
                     keys_match("t", "k", &self.spec.key)
                 ));
                 sql.typed_param(next.clone(), "TIMESTAMP");
-                sql.push(&format!(
-                    ") AND NOT EXISTS (SELECT 1 FROM {log} AS l WHERE {} AND l.{vf} = ",
-                    keys_match("l", "k", &self.spec.key)
-                ));
+                sql.push(&format!(") AND NOT EXISTS (SELECT 1 FROM {log} AS l WHERE {} AND l.{vf} = ", keys_match("l", "k", &self.spec.key)));
                 sql.typed_param(next.clone(), "TIMESTAMP");
                 sql.push(")");
             }
@@ -480,15 +381,9 @@ impl Cols<'_> {
     /// the window, that version, whose row or tombstone ends the row before
     /// it as the table had it.
     pub fn well_formed(&self, after: &str, log: &str, tail: &str, fp: &str) -> String {
-        let (vf, vt) = (
-            quote_ident(&self.h.valid_from),
-            quote_ident(&self.h.valid_to),
-        );
+        let (vf, vt) = (quote_ident(&self.h.valid_from), quote_ident(&self.h.valid_to));
         let (v, del) = (self.version(), quote_ident(DELETED));
-        let tombs = format!(
-            "(SELECT {}, {v} AS \"__fixpoint_tv\" FROM {log} WHERE {del})",
-            self.key_list(None)
-        );
+        let tombs = format!("(SELECT {}, {v} AS \"__fixpoint_tv\" FROM {log} WHERE {del})", self.key_list(None));
         format!(
             "WITH a AS {m}({after}), \
              h AS (SELECT t.{v} AS v, t.{vf} AS vf, t.{vt} AS vt, lead(t.{vf}) OVER (PARTITION BY {} ORDER BY t.{vf}) AS nf, \
@@ -514,22 +409,9 @@ impl Cols<'_> {
 /// `columns`, and one summary row of all of them by the fingerprint's
 /// select list `fp`: one read of the touched rows (a materialized CTE).
 /// Returns the SQL before the filter and after it.
-fn with_summary(
-    touched: &str,
-    columns: &[String],
-    fp: &str,
-    materialized: &str,
-) -> (String, String) {
-    let cols = columns
-        .iter()
-        .map(|c| q("t", c))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let nulls = columns
-        .iter()
-        .map(|c| format!("NULL AS {}", quote_ident(c)))
-        .collect::<Vec<_>>()
-        .join(", ");
+fn with_summary(touched: &str, columns: &[String], fp: &str, materialized: &str) -> (String, String) {
+    let cols = columns.iter().map(|c| q("t", c)).collect::<Vec<_>>().join(", ");
+    let nulls = columns.iter().map(|c| format!("NULL AS {}", quote_ident(c))).collect::<Vec<_>>().join(", ");
     (
         format!("WITH t AS {materialized}({touched}) SELECT {cols}, false AS \"{SUMMARY}\", NULL AS \"{SUMMARY_ROWS}\", NULL AS \"{SUMMARY_SUM}\" FROM t WHERE ("),
         format!(") UNION ALL SELECT {nulls}, true, s.\"{FP_ROWS}\", s.\"{FP_SUM}\" FROM (SELECT {fp} FROM t) AS s"),

@@ -18,14 +18,10 @@ use crate::engine::{Column, Engine, Leases};
 use crate::error::{AuditResult, Error, FailPoint, Result};
 use crate::fingerprint::runkey::run_key;
 use crate::fingerprint::{Fingerprint, Method};
-use crate::job::date::RunDate;
 use crate::job::ident::{quote_ident, TableName};
 use crate::job::spec::{HistorySpec, Job, MergeSpec, OnTie};
 use crate::job::sql::{RunParams, Sql, Value};
-use crate::plans::history::sql::{
-    log_table, Cols, AFTER, ALL, BATCH, CUT, FROM, HAS_NEW, HAS_OLD, KEYS, LOG_GONE, MATCH, NEW,
-    NEW_PREFIX, ORIGIN, SAME, STAGE, START, SUMMARY, SUMMARY_ROWS, SUMMARY_SUM, TAIL, TAIL_ALL, TO,
-};
+use crate::plans::history::sql::{log_table, Cols, AFTER, ALL, BATCH, CUT, FROM, HAS_NEW, HAS_OLD, KEYS, LOG_GONE, MATCH, NEW, NEW_PREFIX, ORIGIN, SAME, STAGE, START, SUMMARY, SUMMARY_ROWS, SUMMARY_SUM, TAIL, TAIL_ALL, TO};
 use crate::plans::merge::refusals::{check_source, deleted_error};
 use crate::plans::merge::sql::{count, keys_match, q, DELETED};
 use crate::plans::merge::steps::{flagged_source, scan_stage};
@@ -34,12 +30,11 @@ use crate::run::ledger;
 use crate::run::protocol::{elapsed_ms, fence, in_transaction, RunOptions, Trace};
 use crate::run::report::{entry, skipped, RunReport};
 use crate::run::sqlerror::first_row;
+use crate::job::date::RunDate;
 
 /// The engine's leased plans (the run is leased: they exist).
 fn leases(engine: &mut dyn Engine) -> Result<&mut dyn Leases> {
-    engine
-        .leases()
-        .ok_or_else(|| Error::Internal("a leased history run on an engine without leases".into()))
+    engine.leases().ok_or_else(|| Error::Internal("a leased history run on an engine without leases".into()))
 }
 
 /// What a run changed in the table: rows removed, given a new end,
@@ -92,40 +87,20 @@ struct Run<'a> {
     stored_by: Option<String>,
 }
 
-pub(super) fn history_with(
-    job: &Job,
-    run_date: RunDate,
-    engine: &mut dyn Engine,
-    opts: &RunOptions,
-    run_input: &RunInput,
-    started: Instant,
-) -> Result<RunReport> {
+pub(super) fn history_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions, run_input: &RunInput, started: Instant) -> Result<RunReport> {
     let started_at = chrono::Utc::now().naive_utc();
-    let spec = job
-        .merge
-        .as_ref()
-        .ok_or_else(|| Error::Internal("history without keys".into()))?;
-    let h = job
-        .history
-        .as_ref()
-        .ok_or_else(|| Error::Internal("history without its columns".into()))?;
+    let spec = job.merge.as_ref().ok_or_else(|| Error::Internal("history without keys".into()))?;
+    let h = job.history.as_ref().ok_or_else(|| Error::Internal("history without its columns".into()))?;
     let mut trace = Trace::new();
     let params = run_input.params.clone();
     let described = describe_source(job, engine, &params)?;
     check_history_source(job, h, &described)?;
     let mut source_cols = described.clone();
     if h.snapshot {
-        source_cols.push(Column {
-            name: h.valid_from.clone(),
-            ty: "TIMESTAMP".into(),
-        });
+        source_cols.push(Column { name: h.valid_from.clone(), ty: "TIMESTAMP".into() });
     }
     check_source(job, spec, &source_cols)?;
-    let version_type = source_cols
-        .iter()
-        .find(|c| c.name == spec.version)
-        .map(|c| c.ty.clone())
-        .expect("checked");
+    let version_type = source_cols.iter().find(|c| c.name == spec.version).map(|c| c.ty.clone()).expect("checked");
     let target_cols = engine.table_columns(&job.target)?;
     let existing = match &target_cols {
         Some(t) => Some(check_target(job, h, t, &version_type)?),
@@ -133,43 +108,20 @@ pub(super) fn history_with(
     };
     let added = crate::run::schema::reconcile(engine, job, &described, existing.as_deref())?;
     let stored_by = match engine.leases() {
-        Some(leases) if !leases.replaces_rows() => Some(storage_partition(
-            job,
-            leases,
-            target_cols.is_some(),
-            &source_cols,
-        )?),
+        Some(leases) if !leases.replaces_rows() => Some(storage_partition(job, leases, target_cols.is_some(), &source_cols)?),
         _ => None,
     };
     trace.step("describe");
     let names: Vec<String> = source_cols.iter().map(|c| c.name.clone()).collect();
     let is_meta = |c: &String| job.metadata.contains(c);
-    let compared: Vec<String> = names
-        .iter()
-        .filter(|c| !spec.key.contains(c) && **c != spec.version && !is_meta(c))
-        .cloned()
-        .collect();
-    let tracked = if h.track.is_empty() {
-        compared.clone()
-    } else {
-        h.track.clone()
-    };
+    let compared: Vec<String> = names.iter().filter(|c| !spec.key.contains(c) && **c != spec.version && !is_meta(c)).cloned().collect();
+    let tracked = if h.track.is_empty() { compared.clone() } else { h.track.clone() };
     let meta: Vec<String> = names.iter().filter(|c| is_meta(c)).cloned().collect();
     let mut run = Run {
         job,
         spec,
         h,
-        cols: Cols {
-            spec,
-            h,
-            names,
-            compared,
-            tracked,
-            meta,
-            types: source_cols.clone(),
-            materialized: engine.dialect().materialized(),
-            batch: BATCH,
-        },
+        cols: Cols { spec, h, names, compared, tracked, meta, types: source_cols.clone(), materialized: engine.dialect().materialized(), batch: BATCH },
         run_date,
         opts,
         run_input,
@@ -192,10 +144,7 @@ pub(super) fn history_with(
         let result = run.run(engine, started_at);
         if result.is_err() {
             if let Err(e) = run.drop_temps(engine) {
-                eprintln!(
-                    "fixpoint: {}: could not drop the run's staged relations: {e}",
-                    job.name
-                );
+                eprintln!("fixpoint: {}: could not drop the run's staged relations: {e}", job.name);
             }
         }
         result?
@@ -203,10 +152,7 @@ pub(super) fn history_with(
         in_transaction(engine, |engine| run.run(engine, started_at))?
     };
     run.trace.step("commit");
-    Ok(RunReport {
-        elapsed_ms: elapsed_ms(started),
-        ..report
-    })
+    Ok(RunReport { elapsed_ms: elapsed_ms(started), ..report })
 }
 
 /// On an engine that rewrites whole partitions (Spark), the one column the
@@ -214,19 +160,9 @@ pub(super) fn history_with(
 /// the job's `partition` (the table is created so). A run rewrites the
 /// partitions holding the keys its batch touches, so a column of the key
 /// keeps that to the batch's keys' partitions.
-fn storage_partition(
-    job: &Job,
-    leases: &mut dyn Leases,
-    exists: bool,
-    source_cols: &[Column],
-) -> Result<String> {
+fn storage_partition(job: &Job, leases: &mut dyn Leases, exists: bool, source_cols: &[Column]) -> Result<String> {
     let engine = leases.name();
-    let first_key = job
-        .merge
-        .as_ref()
-        .and_then(|m| m.key.first())
-        .cloned()
-        .unwrap_or_default();
+    let first_key = job.merge.as_ref().and_then(|m| m.key.first()).cloned().unwrap_or_default();
     let p = if exists {
         match leases.partition_columns(&job.target)?.as_slice() {
             [p] => {
@@ -285,13 +221,7 @@ fn storage_partition(
 /// The tracked columns are the source's; the interval's columns are not.
 fn check_history_source(job: &Job, h: &HistorySpec, source_cols: &[Column]) -> Result<()> {
     let has = |name: &str| source_cols.iter().any(|c| c.name == name);
-    let list = || {
-        source_cols
-            .iter()
-            .map(|c| c.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let list = || source_cols.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ");
     if let Some(missing) = h.track.iter().find(|c| !has(c)) {
         return Err(job.spec_error(
             "track",
@@ -313,12 +243,7 @@ fn check_history_source(job: &Job, h: &HistorySpec, source_cols: &[Column]) -> R
 
 /// An existing target must be a history table: the interval's two columns,
 /// of the version's type. Returns its other columns (the source's).
-fn check_target(
-    job: &Job,
-    h: &HistorySpec,
-    target: &[Column],
-    version_type: &str,
-) -> Result<Vec<Column>> {
+fn check_target(job: &Job, h: &HistorySpec, target: &[Column], version_type: &str) -> Result<Vec<Column>> {
     let family = crate::run::schema::type_family;
     for c in [&h.valid_from, &h.valid_to] {
         match target.iter().find(|t| &t.name == c) {
@@ -343,36 +268,20 @@ fn check_target(
             Some(_) => {}
         }
     }
-    Ok(target
-        .iter()
-        .filter(|t| t.name != h.valid_from && t.name != h.valid_to)
-        .cloned()
-        .collect())
+    Ok(target.iter().filter(|t| t.name != h.valid_from && t.name != h.valid_to).cloned().collect())
 }
 
 impl Run<'_> {
-    fn run(
-        &mut self,
-        engine: &mut dyn Engine,
-        started_at: chrono::NaiveDateTime,
-    ) -> Result<RunReport> {
+    fn run(&mut self, engine: &mut dyn Engine, started_at: chrono::NaiveDateTime) -> Result<RunReport> {
         let started = Instant::now();
         fence(engine, self.job, "all", self.opts)?;
         ledger::ensure(engine)?;
         let last = self.last_entry(engine)?;
         self.prepare(engine)?;
-        self.target_cols = engine.table_columns(&self.job.target)?.ok_or_else(|| {
-            Error::Internal(format!(
-                "{} vanished after it was prepared",
-                self.job.target
-            ))
-        })?;
+        self.target_cols = engine.table_columns(&self.job.target)?.ok_or_else(|| Error::Internal(format!("{} vanished after it was prepared", self.job.target)))?;
         self.trace.step("prepare");
         let input = self.stage(engine)?;
-        let key = self
-            .run_input
-            .file_key(&self.job_hash, self.run_date)
-            .unwrap_or_else(|| run_key(&self.job_hash, self.run_date, &input));
+        let key = self.run_input.file_key(&self.job_hash, self.run_date).unwrap_or_else(|| run_key(&self.job_hash, self.run_date, &input));
         self.opts.run_key_known(self.job, self.run_date, &key);
         let batch_rows = self.dedup(engine)?;
         if let Some(hint) = engine.dialect().plan_key_lookups() {
@@ -386,32 +295,17 @@ impl Run<'_> {
         // run reads its rows by, and what the audits read (a run with a
         // version column reads its rows by the batch).
         if self.h.snapshot {
-            self.make(
-                engine,
-                KEYS,
-                &self
-                    .cols
-                    .snapshot_keys(&target, &log, &self.day(), self.h.absent_deletes),
-            )?;
+            self.make(engine, KEYS, &self.cols.snapshot_keys(&target, &log, &self.day(), self.h.absent_deletes))?;
         } else if !self.job.audits.is_empty() {
             self.make(engine, KEYS, &Sql::raw(self.cols.batch_keys()))?;
         }
         let fp = self.output_select(engine)?;
         let columns: Vec<String> = self.target_cols.iter().map(|c| c.name.clone()).collect();
-        let tail = if self.h.snapshot {
-            self.cols
-                .snapshot_tail(&target, &self.day(), &columns, &fp.select)
-        } else {
-            self.cols.tail(&target, &columns, &fp.select)
-        };
+        let tail = if self.h.snapshot { self.cols.snapshot_tail(&target, &self.day(), &columns, &fp.select) } else { self.cols.tail(&target, &columns, &fp.select) };
         let before = if self.leased {
             self.make(engine, TAIL_ALL, &tail)?;
             let before = self.summary(engine, TAIL_ALL)?;
-            self.make(
-                engine,
-                TAIL,
-                &Sql::raw(format!("SELECT * FROM {TAIL_ALL} WHERE NOT \"{SUMMARY}\"")),
-            )?;
+            self.make(engine, TAIL, &Sql::raw(format!("SELECT * FROM {TAIL_ALL} WHERE NOT \"{SUMMARY}\"")))?;
             before
         } else {
             engine.create_temp_table_as(TAIL, &tail)?;
@@ -422,39 +316,18 @@ impl Run<'_> {
             let now = fp.of(before.0, before.1);
             if now.rows == last.output_rows && now.checksum == last.output_checksum {
                 self.cleanup(engine)?;
-                return Ok(skipped(
-                    self.job,
-                    self.run_date,
-                    &key,
-                    &input,
-                    &now,
-                    started,
-                ));
+                return Ok(skipped(self.job, self.run_date, &key, &input, &now, started));
             }
         }
-        let cut = if self.h.snapshot {
-            self.cols.snapshot_cut(TAIL, &self.day())
-        } else {
-            Sql::raw(self.cols.cut(TAIL))
-        };
+        let cut = if self.h.snapshot { self.cols.snapshot_cut(TAIL, &self.day()) } else { Sql::raw(self.cols.cut(TAIL)) };
         self.make(engine, CUT, &cut)?;
         self.trace.step("cut");
         self.resolve(engine)?;
         self.opts.step(FailPoint::AfterGuards)?;
-        let Written {
-            deleted,
-            updated,
-            inserted,
-            kept,
-        } = if self.leased {
-            self.write_leased(engine)?
-        } else {
-            self.write(engine)?
-        };
+        let Written { deleted, updated, inserted, kept } = if self.leased { self.write_leased(engine)? } else { self.write(engine)? };
         // The touched keys' rows as written: those the run did not read,
         // as they were, and the tail as the run leaves it.
-        let (checks, (tail_rows, tail_sum), (after_rows, after_sum)) =
-            self.well_formed(engine, &fp)?;
+        let (checks, (tail_rows, tail_sum), (after_rows, after_sum)) = self.well_formed(engine, &fp)?;
         let rows = u64::try_from(i128::from(before.0) - tail_rows + after_rows)
             .map_err(|_| Error::Internal(format!("the touched keys of {} would hold fewer than no rows after the run; rolled back, nothing changed", self.job.target)))?;
         let output = fp.of(rows, before.1 - tail_sum + after_sum);
@@ -476,10 +349,7 @@ impl Run<'_> {
             // where a failure leaves everything as it was.
             self.opts.step(FailPoint::BeforeCommit)?;
         }
-        ledger::record(
-            engine,
-            &entry(self.job, &self.job_hash, &report, started_at),
-        )?;
+        ledger::record(engine, &entry(self.job, &self.job_hash, &report, started_at))?;
         self.trace.step("ledger");
         if !self.leased {
             self.opts.step(FailPoint::BeforeCommit)?;
@@ -494,14 +364,7 @@ impl Run<'_> {
         if self.opts.force || self.created_target {
             return Ok(None);
         }
-        let last = ledger::entries_of_existing(
-            engine,
-            Some(&self.job.name),
-            Some(self.run_date),
-            Some(1),
-        )?
-        .into_iter()
-        .next();
+        let last = ledger::entries_of_existing(engine, Some(&self.job.name), Some(self.run_date), Some(1))?.into_iter().next();
         self.trace.step("ledger lookup");
         Ok(last)
     }
@@ -512,93 +375,35 @@ impl Run<'_> {
     fn prepare(&mut self, engine: &mut dyn Engine) -> Result<()> {
         let (job, h) = (self.job, self.h);
         crate::run::schema::append(engine, &job.target, &self.added)?;
-        let cols: Vec<String> = self
-            .source_cols
-            .iter()
-            .map(|c| format!("{} {}", quote_ident(&c.name), c.ty))
-            .collect();
+        let cols: Vec<String> = self.source_cols.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
         if self.created_target {
-            engine.execute(&Sql::raw(format!(
-                "CREATE SCHEMA IF NOT EXISTS {}",
-                quote_ident(&job.target.schema)
-            )))?;
+            engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&job.target.schema))))?;
             // A snapshot history's version column is valid_from itself.
-            let interval: Vec<Column> = [&h.valid_from, &h.valid_to]
-                .into_iter()
-                .filter(|c| !h.snapshot || *c != &h.valid_from)
-                .map(|c| Column {
-                    name: c.clone(),
-                    ty: self.version_type.clone(),
-                })
-                .collect();
+            let interval: Vec<Column> =
+                [&h.valid_from, &h.valid_to].into_iter().filter(|c| !h.snapshot || *c != &h.valid_from).map(|c| Column { name: c.clone(), ty: self.version_type.clone() }).collect();
             if self.leased {
-                let columns: Vec<Column> =
-                    self.source_cols.iter().chain(&interval).cloned().collect();
+                let columns: Vec<Column> = self.source_cols.iter().chain(&interval).cloned().collect();
                 leases(engine)?.create_table(&job.target, &columns, self.stored_by.as_deref())?;
             } else {
-                let interval: Vec<String> = interval
-                    .iter()
-                    .map(|c| format!("{} {}", quote_ident(&c.name), c.ty))
-                    .collect();
-                engine.execute(&Sql::raw(format!(
-                    "CREATE TABLE {} ({}, {})",
-                    job.target.quoted(),
-                    cols.join(", "),
-                    interval.join(", ")
-                )))?;
+                let interval: Vec<String> = interval.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
+                engine.execute(&Sql::raw(format!("CREATE TABLE {} ({}, {})", job.target.quoted(), cols.join(", "), interval.join(", "))))?;
             }
         }
         match engine.table_columns(&self.log)? {
             None if self.leased => {
-                let columns: Vec<Column> = self
-                    .source_cols
-                    .iter()
-                    .cloned()
-                    .chain([Column {
-                        name: DELETED.into(),
-                        ty: "BOOLEAN".into(),
-                    }])
-                    .collect();
+                let columns: Vec<Column> = self.source_cols.iter().cloned().chain([Column { name: DELETED.into(), ty: "BOOLEAN".into() }]).collect();
                 leases(engine)?.create_table(&self.log, &columns, self.stored_by.as_deref())?;
             }
             None => {
-                engine.execute(&Sql::raw(format!(
-                    "CREATE TABLE {} ({}, {} BOOLEAN)",
-                    self.log.quoted(),
-                    cols.join(", "),
-                    quote_ident(DELETED)
-                )))?;
+                engine.execute(&Sql::raw(format!("CREATE TABLE {} ({}, {} BOOLEAN)", self.log.quoted(), cols.join(", "), quote_ident(DELETED))))?;
             }
             Some(log_cols) => {
-                let missing: Vec<Column> = self
-                    .source_cols
-                    .iter()
-                    .filter(|c| !log_cols.iter().any(|l| l.name == c.name))
-                    .cloned()
-                    .collect();
+                let missing: Vec<Column> = self.source_cols.iter().filter(|c| !log_cols.iter().any(|l| l.name == c.name)).cloned().collect();
                 crate::run::schema::append(engine, &self.log, &missing)?;
                 if self.created_target && self.leased {
-                    let names: Vec<String> = self
-                        .source_cols
-                        .iter()
-                        .map(|c| c.name.clone())
-                        .chain([DELETED.to_owned()])
-                        .collect();
-                    let none = format!(
-                        "SELECT {} FROM {} WHERE false",
-                        names
-                            .iter()
-                            .map(|c| quote_ident(c))
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                        self.log.quoted()
-                    );
-                    leases(engine)?.replace_rows(
-                        &self.log,
-                        &names,
-                        &Sql::raw("true"),
-                        &Sql::raw(none),
-                    )?;
+                    let names: Vec<String> = self.source_cols.iter().map(|c| c.name.clone()).chain([DELETED.to_owned()]).collect();
+                    let none = format!("SELECT {} FROM {} WHERE false", names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", "), self.log.quoted());
+                    leases(engine)?.replace_rows(&self.log, &names, &Sql::raw("true"), &Sql::raw(none))?;
                 } else if self.created_target {
                     engine.execute(&Sql::raw(format!("DELETE FROM {}", self.log.quoted())))?;
                 }
@@ -611,27 +416,11 @@ impl Run<'_> {
     ///    versions refused, the input fingerprint taken in the same scan.
     fn stage(&mut self, engine: &mut dyn Engine) -> Result<Fingerprint> {
         self.drop_temps(engine)?;
-        let sql = if self.h.snapshot {
-            self.snapshot_source()
-        } else {
-            flagged_source(self.job, self.spec, &self.params)
-        };
-        self.make(engine, STAGE, &sql)
-            .map_err(|e| deleted_error(self.job, self.spec, &self.described, e))?;
+        let sql = if self.h.snapshot { self.snapshot_source() } else { flagged_source(self.job, self.spec, &self.params) };
+        self.make(engine, STAGE, &sql).map_err(|e| deleted_error(self.job, self.spec, &self.described, e))?;
         self.trace.step("stage");
-        let input_cols: Vec<Column> = self
-            .described
-            .iter()
-            .filter(|c| !self.job.metadata.contains(&c.name))
-            .cloned()
-            .collect();
-        let input = scan_stage(
-            engine,
-            self.spec,
-            STAGE,
-            &self.cols.names_list(),
-            &input_cols,
-        )?;
+        let input_cols: Vec<Column> = self.described.iter().filter(|c| !self.job.metadata.contains(&c.name)).cloned().collect();
+        let input = scan_stage(engine, self.spec, STAGE, &self.cols.names_list(), &input_cols)?;
         self.trace.step("null check, input fp");
         Ok(input)
     }
@@ -649,15 +438,8 @@ impl Run<'_> {
             return Ok(groups);
         }
         self.cols.batch = BATCH;
-        self.make(
-            engine,
-            BATCH,
-            &Sql::raw(self.cols.first_per_version(STAGE, &[])),
-        )?;
-        let rows = count(
-            engine,
-            &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {BATCH}")),
-        )?;
+        self.make(engine, BATCH, &Sql::raw(self.cols.first_per_version(STAGE, &[])))?;
+        let rows = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {BATCH}")))?;
         if self.spec.on_tie == OnTie::Error {
             let tie = self.cols.tie("a", "b");
             if let Some(e) = self.tie_error(engine, STAGE, BATCH, &tie, "in the batch")? {
@@ -688,18 +470,10 @@ impl Run<'_> {
             // The next committed snapshot after this one: a key of this
             // batch it lacks was absent from it.
             let next = match self.h.absent_deletes {
-                true => ledger::next_committed_date(engine, &self.job.name, self.run_date)?
-                    .map(|d| Value::Timestamp(d.date().and_time(chrono::NaiveTime::MIN))),
+                true => ledger::next_committed_date(engine, &self.job.name, self.run_date)?.map(|d| Value::Timestamp(d.date().and_time(chrono::NaiveTime::MIN))),
                 false => None,
             };
-            self.cols.snapshot_all(
-                TAIL,
-                TAIL,
-                &self.log.quoted(),
-                &self.day(),
-                self.h.absent_deletes,
-                next.as_ref(),
-            )
+            self.cols.snapshot_all(TAIL, TAIL, &self.log.quoted(), &self.day(), self.h.absent_deletes, next.as_ref())
         } else {
             Sql::raw(self.cols.all(TAIL, &self.log.quoted()))
         };
@@ -710,41 +484,24 @@ impl Run<'_> {
         let (_, dups) = self.duplicates(engine, ALL)?;
         // A snapshot history's run owns its version: nothing recorded there is kept to tie with.
         if dups > 0 && self.spec.on_tie == OnTie::Error && !self.h.snapshot {
-            let tie = format!(
-                "{} AND a.\"{ORIGIN}\" <> 1 AND b.\"{ORIGIN}\" = 1",
-                self.cols.tie("a", "b")
-            );
-            if let Some(e) =
-                self.tie_error(engine, ALL, ALL, &tie, "between the batch and the history")?
-            {
+            let tie = format!("{} AND a.\"{ORIGIN}\" <> 1 AND b.\"{ORIGIN}\" = 1", self.cols.tie("a", "b"));
+            if let Some(e) = self.tie_error(engine, ALL, ALL, &tie, "between the batch and the history")? {
                 return Err(e);
             }
         }
         self.trace.step("ties");
         let resolved = match dups {
-            0 => format!(
-                "(SELECT {}, {} FROM {ALL}) AS r",
-                self.cols.names_list(),
-                quote_ident(DELETED)
-            ),
+            0 => format!("(SELECT {}, {} FROM {ALL}) AS r", self.cols.names_list(), quote_ident(DELETED)),
             _ => format!("({}) AS r", self.cols.first_per_version(ALL, &[])),
         };
-        self.make(
-            engine,
-            NEW,
-            &Sql::raw(self.cols.walk(&resolved, &self.version_type)),
-        )?;
+        self.make(engine, NEW, &Sql::raw(self.cols.walk(&resolved, &self.version_type)))?;
         self.trace.step("resolve");
         Ok(())
     }
 
     /// A row (or entry) `a` and a new one `n` alike in key and values.
     fn same(&self, a: &str, n: &str) -> String {
-        format!(
-            "{} AND {}",
-            keys_match(a, n, &self.spec.key),
-            self.alike(a, n)
-        )
+        format!("{} AND {}", keys_match(a, n, &self.spec.key), self.alike(a, n))
     }
 
     /// `a` and `n` alike in every column but the key (`true` when there is
@@ -762,23 +519,12 @@ impl Run<'_> {
 
     /// `alias`'s key columns and `col`, as a select list.
     fn key_and(&self, alias: &str, col: &str) -> String {
-        self.spec
-            .key
-            .iter()
-            .map(|k| q(alias, k))
-            .chain([q(alias, col)])
-            .collect::<Vec<_>>()
-            .join(", ")
+        self.spec.key.iter().map(|k| q(alias, k)).chain([q(alias, col)]).collect::<Vec<_>>().join(", ")
     }
 
     /// `a` and `b` alike in key and `col`.
     fn on(&self, a: &str, b: &str, col: &str) -> String {
-        format!(
-            "{} AND {} = {}",
-            keys_match(a, b, &self.spec.key),
-            q(a, col),
-            q(b, col)
-        )
+        format!("{} AND {} = {}", keys_match(a, b, &self.spec.key), q(a, col), q(b, col))
     }
 
     /// The plan of step 4: [`MATCH`], the window's rows matched with the
@@ -789,25 +535,8 @@ impl Run<'_> {
     fn plan_writes(&mut self, engine: &mut dyn Engine) -> Result<Planned> {
         let (vf, vt) = (&self.h.valid_from, &self.h.valid_to);
         let first_key = &self.spec.key[0];
-        let old_cols = self
-            .target_cols
-            .iter()
-            .map(|c| q("t", &c.name))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let new_cols = self
-            .cols
-            .names
-            .iter()
-            .map(|c| {
-                format!(
-                    "{} AS {}",
-                    q("n", c),
-                    quote_ident(&format!("{NEW_PREFIX}{c}"))
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
+        let old_cols = self.target_cols.iter().map(|c| q("t", &c.name)).collect::<Vec<_>>().join(", ");
+        let new_cols = self.cols.names.iter().map(|c| format!("{} AS {}", q("n", c), quote_ident(&format!("{NEW_PREFIX}{c}")))).collect::<Vec<_>>().join(", ");
         let alike = self.alike("t", "n");
         // Joined on equalities only (a FULL JOIN needs them on PostgreSQL);
         // the other columns decide SAME.
@@ -832,32 +561,17 @@ impl Run<'_> {
              count(*) FILTER (WHERE \"{HAS_NEW}\" AND NOT \"{SAME}\") AS \"inserts\" FROM {MATCH}"
         )))?;
         let row = counts.single("the history's plan")?;
-        let (retimed, kept, gone, inserts) = (
-            row.count("retimed")?,
-            row.count("kept")?,
-            row.count("gone")?,
-            row.count("inserts")?,
-        );
+        let (retimed, kept, gone, inserts) = (row.count("retimed")?, row.count("kept")?, row.count("gone")?, row.count("inserts")?);
         let del = quote_ident(DELETED);
         let version = &self.spec.version;
         let entry_kept = format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE NOT n.\"{START}\" AND n.{del} = l.{del} AND {})", self.same("l", "n"));
         let log_gone = self.made(
             engine,
             LOG_GONE,
-            &format!(
-                "SELECT {} FROM {} AND NOT {entry_kept}",
-                self.key_and("l", version),
-                self.cols.window_from(&self.log.quoted(), "l", version)
-            ),
+            &format!("SELECT {} FROM {} AND NOT {entry_kept}", self.key_and("l", version), self.cols.window_from(&self.log.quoted(), "l", version)),
         )?;
         self.trace.step("plan");
-        Ok(Planned {
-            retimed,
-            gone,
-            log_gone,
-            inserts,
-            kept,
-        })
+        Ok(Planned { retimed, gone, log_gone, inserts, kept })
     }
 
     /// In [`MATCH`] (alias `m`): a row of the window the run removes.
@@ -867,10 +581,7 @@ impl Run<'_> {
 
     /// In [`MATCH`] (alias `m`): a row of the window given a new end.
     fn retimed(&self, m: &str) -> String {
-        format!(
-            "{m}.\"{SAME}\" AND {} IS DISTINCT FROM {m}.\"{TO}\"",
-            q(m, &self.h.valid_to)
-        )
+        format!("{m}.\"{SAME}\" AND {} IS DISTINCT FROM {m}.\"{TO}\"", q(m, &self.h.valid_to))
     }
 
     /// In [`MATCH`] (alias `m`): a new row the run inserts.
@@ -883,18 +594,8 @@ impl Run<'_> {
     /// log's columns.
     fn new_entries(&self) -> String {
         let del = quote_ident(DELETED);
-        let values = self
-            .cols
-            .names
-            .iter()
-            .map(|c| q("n", c))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let in_log = format!(
-            "EXISTS (SELECT 1 FROM {} AS l WHERE l.{del} = n.{del} AND {})",
-            self.log.quoted(),
-            self.same("l", "n")
-        );
+        let values = self.cols.names.iter().map(|c| q("n", c)).collect::<Vec<_>>().join(", ");
+        let in_log = format!("EXISTS (SELECT 1 FROM {} AS l WHERE l.{del} = n.{del} AND {})", self.log.quoted(), self.same("l", "n"));
         format!("SELECT {values}, n.{del} FROM {NEW} AS n WHERE NOT n.\"{START}\" AND NOT {in_log}")
     }
 
@@ -907,25 +608,12 @@ impl Run<'_> {
         let (target, log) = (self.job.target.quoted(), self.log.quoted());
         let (vf, vt) = (&self.h.valid_from, &self.h.valid_to);
         let p = self.plan_writes(engine)?;
-        let deleted = if p.gone > 0 {
-            engine.execute(&Sql::raw(format!(
-                "DELETE FROM {target} AS t USING {MATCH} AS g WHERE {} AND {}",
-                Self::gone("g"),
-                self.on("t", "g", vf)
-            )))?
-        } else {
-            0
-        };
+        let deleted = if p.gone > 0 { engine.execute(&Sql::raw(format!("DELETE FROM {target} AS t USING {MATCH} AS g WHERE {} AND {}", Self::gone("g"), self.on("t", "g", vf))))? } else { 0 };
         if deleted != p.gone {
             return Err(self.not_one_row("removal from the table", deleted, p.gone));
         }
         let updated = if p.retimed > 0 {
-            engine.execute(&Sql::raw(format!(
-                "UPDATE {target} AS t SET {} = r.\"{TO}\" FROM {MATCH} AS r WHERE {} AND {}",
-                quote_ident(vt),
-                self.retimed("r"),
-                self.on("t", "r", vf)
-            )))?
+            engine.execute(&Sql::raw(format!("UPDATE {target} AS t SET {} = r.\"{TO}\" FROM {MATCH} AS r WHERE {} AND {}", quote_ident(vt), self.retimed("r"), self.on("t", "r", vf))))?
         } else {
             0
         };
@@ -934,66 +622,29 @@ impl Run<'_> {
         }
         self.opts.step(FailPoint::AfterDelete)?;
         let version = &self.spec.version;
-        let log_deleted = if p.log_gone > 0 {
-            engine.execute(&Sql::raw(format!(
-                "DELETE FROM {log} AS l USING {LOG_GONE} AS g WHERE {}",
-                self.on("l", "g", version)
-            )))?
-        } else {
-            0
-        };
+        let log_deleted = if p.log_gone > 0 { engine.execute(&Sql::raw(format!("DELETE FROM {log} AS l USING {LOG_GONE} AS g WHERE {}", self.on("l", "g", version))))? } else { 0 };
         if log_deleted != p.log_gone {
             return Err(self.not_one_row("removal from the log", log_deleted, p.log_gone));
         }
         self.trace.step("delete");
         let names = self.cols.names_list();
         let new = |c: &str| q("n", &format!("{NEW_PREFIX}{c}"));
-        let values = self
-            .cols
-            .names
-            .iter()
-            .map(|c| new(c))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let values = self.cols.names.iter().map(|c| new(c)).collect::<Vec<_>>().join(", ");
         // A snapshot history's version is valid_from itself.
         let insert = if self.h.snapshot {
-            format!(
-                "INSERT INTO {target} ({names}, {}) SELECT {values}, n.\"{TO}\"",
-                quote_ident(vt)
-            )
+            format!("INSERT INTO {target} ({names}, {}) SELECT {values}, n.\"{TO}\"", quote_ident(vt))
         } else {
-            format!(
-                "INSERT INTO {target} ({names}, {}, {}) SELECT {values}, {}, n.\"{TO}\"",
-                quote_ident(vf),
-                quote_ident(vt),
-                new(version)
-            )
+            format!("INSERT INTO {target} ({names}, {}, {}) SELECT {values}, {}, n.\"{TO}\"", quote_ident(vf), quote_ident(vt), new(version))
         };
-        let inserted = if p.inserts > 0 {
-            engine.execute(&Sql::raw(format!(
-                "{insert} FROM {MATCH} AS n WHERE {}",
-                Self::inserted("n")
-            )))?
-        } else {
-            0
-        };
+        let inserted = if p.inserts > 0 { engine.execute(&Sql::raw(format!("{insert} FROM {MATCH} AS n WHERE {}", Self::inserted("n"))))? } else { 0 };
         if inserted != p.inserts {
             return Err(Error::Internal(format!("the history's insert into {} wrote {inserted} rows where {} were planned; rolled back, nothing changed", self.job.target, p.inserts)));
         }
         self.opts.step(FailPoint::MidInsert)?;
-        engine.execute(&Sql::raw(format!(
-            "INSERT INTO {log} ({names}, {}) {}",
-            quote_ident(DELETED),
-            self.new_entries()
-        )))?;
+        engine.execute(&Sql::raw(format!("INSERT INTO {log} ({names}, {}) {}", quote_ident(DELETED), self.new_entries())))?;
         self.trace.step("insert");
         self.opts.step(FailPoint::AfterInsert)?;
-        Ok(Written {
-            deleted,
-            updated,
-            inserted,
-            kept: p.kept,
-        })
+        Ok(Written { deleted, updated, inserted, kept: p.kept })
     }
 
     /// 4, under a lease. The same plan as [`Run::write`]; the table's rows
@@ -1021,59 +672,27 @@ impl Run<'_> {
         if held != p.gone + p.retimed {
             return Err(self.not_one_row("removal from the table", held, p.gone + p.retimed));
         }
-        let log_dropped = format!(
-            "EXISTS (SELECT 1 FROM {LOG_GONE} AS g WHERE {})",
-            self.on("t", "g", &self.spec.version)
-        );
-        let log_held = count(
-            engine,
-            &Sql::raw(format!(
-                "SELECT count(*) AS \"n\" FROM {log} AS t WHERE {log_dropped}"
-            )),
-        )?;
+        let log_dropped = format!("EXISTS (SELECT 1 FROM {LOG_GONE} AS g WHERE {})", self.on("t", "g", &self.spec.version));
+        let log_held = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {log} AS t WHERE {log_dropped}")))?;
         if log_held != p.log_gone {
             return Err(self.not_one_row("removal from the log", log_held, p.log_gone));
         }
         if p.gone + p.retimed + p.inserts > 0 {
             let (columns, select) = self.written_rows(vt);
-            leases(engine)?.replace_rows(
-                &self.job.target,
-                &columns,
-                &Sql::raw(dropped),
-                &Sql::raw(select),
-            )?;
+            leases(engine)?.replace_rows(&self.job.target, &columns, &Sql::raw(dropped), &Sql::raw(select))?;
         }
         self.opts.step(FailPoint::AfterDelete)?;
         self.trace.step("table");
         self.opts.step(FailPoint::MidInsert)?;
         let entries = self.new_entries();
-        let new_entries = count(
-            engine,
-            &Sql::raw(format!("SELECT count(*) AS \"n\" FROM ({entries}) AS e")),
-        )?;
+        let new_entries = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM ({entries}) AS e")))?;
         if p.log_gone + new_entries > 0 {
-            let columns: Vec<String> = self
-                .cols
-                .names
-                .iter()
-                .cloned()
-                .chain([DELETED.to_owned()])
-                .collect();
-            leases(engine)?.replace_rows(
-                &self.log,
-                &columns,
-                &Sql::raw(log_dropped),
-                &Sql::raw(entries),
-            )?;
+            let columns: Vec<String> = self.cols.names.iter().cloned().chain([DELETED.to_owned()]).collect();
+            leases(engine)?.replace_rows(&self.log, &columns, &Sql::raw(log_dropped), &Sql::raw(entries))?;
         }
         self.trace.step("log");
         self.opts.step(FailPoint::AfterInsert)?;
-        Ok(Written {
-            deleted: p.gone,
-            updated: p.retimed,
-            inserted: p.inserts,
-            kept: p.kept,
-        })
+        Ok(Written { deleted: p.gone, updated: p.retimed, inserted: p.inserts, kept: p.kept })
     }
 
     /// [`Run::write_leased`] where each write lands as it is made.
@@ -1085,26 +704,12 @@ impl Run<'_> {
             return Err(self.not_one_row("removal from the table", held, p.gone + p.retimed));
         }
         let log = self.log.quoted();
-        let log_dropped = format!(
-            "EXISTS (SELECT 1 FROM {LOG_GONE} AS g WHERE {})",
-            self.on("t", "g", &self.spec.version)
-        );
-        let log_held = count(
-            engine,
-            &Sql::raw(format!(
-                "SELECT count(*) AS \"n\" FROM {log} AS t WHERE {log_dropped}"
-            )),
-        )?;
+        let log_dropped = format!("EXISTS (SELECT 1 FROM {LOG_GONE} AS g WHERE {})", self.on("t", "g", &self.spec.version));
+        let log_held = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {log} AS t WHERE {log_dropped}")))?;
         if log_held != p.log_gone {
             return Err(self.not_one_row("removal from the log", log_held, p.log_gone));
         }
-        let log_columns: Vec<String> = self
-            .cols
-            .names
-            .iter()
-            .cloned()
-            .chain([DELETED.to_owned()])
-            .collect();
+        let log_columns: Vec<String> = self.cols.names.iter().cloned().chain([DELETED.to_owned()]).collect();
         let del = quote_ident(DELETED);
         // A log entry (alias `t`) in the window, and one the new entries
         // hold as they are (hidden or starting a row).
@@ -1113,101 +718,41 @@ impl Run<'_> {
             keys_match("t", "c", &self.spec.key),
             quote_ident(&self.spec.version)
         );
-        let held_new = |start: &str| {
-            format!(
-                "EXISTS (SELECT 1 FROM {NEW} AS n WHERE {start}n.{del} = t.{del} AND {})",
-                self.same("t", "n")
-            )
-        };
+        let held_new = |start: &str| format!("EXISTS (SELECT 1 FROM {NEW} AS n WHERE {start}n.{del} = t.{del} AND {})", self.same("t", "n"));
         // 1. The log: the new hidden entries in, the entries a new one
         //    replaces at their version out.
         let entries = self.new_entries();
-        let new_entries = count(
-            engine,
-            &Sql::raw(format!("SELECT count(*) AS \"n\" FROM ({entries}) AS e")),
-        )?;
+        let new_entries = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM ({entries}) AS e")))?;
         let replaced = format!("{in_window} AND NOT {}", held_new(""));
-        let now_rows = format!(
-            "{in_window} AND {}",
-            held_new(&format!("n.\"{START}\" AND "))
-        );
-        let replaced_n = count(
-            engine,
-            &Sql::raw(format!(
-                "SELECT count(*) AS \"n\" FROM {log} AS t WHERE {replaced}"
-            )),
-        )?;
+        let now_rows = format!("{in_window} AND {}", held_new(&format!("n.\"{START}\" AND ")));
+        let replaced_n = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {log} AS t WHERE {replaced}")))?;
         if new_entries + replaced_n > 0 {
-            leases(engine)?.replace_rows(
-                &self.log,
-                &log_columns,
-                &Sql::raw(replaced),
-                &Sql::raw(entries),
-            )?;
+            leases(engine)?.replace_rows(&self.log, &log_columns, &Sql::raw(replaced), &Sql::raw(entries))?;
         }
         self.opts.step(FailPoint::AfterDelete)?;
         // 2. The table.
         if p.gone + p.retimed + p.inserts > 0 {
             let (columns, select) = self.written_rows(vt);
-            leases(engine)?.replace_rows(
-                &self.job.target,
-                &columns,
-                &Sql::raw(dropped),
-                &Sql::raw(select),
-            )?;
+            leases(engine)?.replace_rows(&self.job.target, &columns, &Sql::raw(dropped), &Sql::raw(select))?;
         }
         self.trace.step("table");
         self.opts.step(FailPoint::MidInsert)?;
         // 3. The log: the entries that now start rows out.
-        if count(
-            engine,
-            &Sql::raw(format!(
-                "SELECT count(*) AS \"n\" FROM {log} AS t WHERE {now_rows}"
-            )),
-        )? > 0
-        {
-            let none = format!(
-                "SELECT {} FROM {NEW} WHERE false",
-                log_columns
-                    .iter()
-                    .map(|c| quote_ident(c))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-            leases(engine)?.replace_rows(
-                &self.log,
-                &log_columns,
-                &Sql::raw(now_rows),
-                &Sql::raw(none),
-            )?;
+        if count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {log} AS t WHERE {now_rows}")))? > 0 {
+            let none = format!("SELECT {} FROM {NEW} WHERE false", log_columns.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", "));
+            leases(engine)?.replace_rows(&self.log, &log_columns, &Sql::raw(now_rows), &Sql::raw(none))?;
         }
         self.trace.step("log");
         self.opts.step(FailPoint::AfterInsert)?;
-        Ok(Written {
-            deleted: p.gone,
-            updated: p.retimed,
-            inserted: p.inserts,
-            kept: p.kept,
-        })
+        Ok(Written { deleted: p.gone, updated: p.retimed, inserted: p.inserts, kept: p.kept })
     }
 
     /// The condition (alias `t`) on the table's rows the run removes or
     /// gives a new end, and how many the table holds.
     fn dropped_rows(&self, engine: &mut dyn Engine) -> Result<(String, u64)> {
         let vf = &self.h.valid_from;
-        let dropped = format!(
-            "EXISTS (SELECT 1 FROM {MATCH} AS g WHERE ({} OR {}) AND {})",
-            Self::gone("g"),
-            self.retimed("g"),
-            self.on("t", "g", vf)
-        );
-        let held = count(
-            engine,
-            &Sql::raw(format!(
-                "SELECT count(*) AS \"n\" FROM {} AS t WHERE {dropped}",
-                self.job.target.quoted()
-            )),
-        )?;
+        let dropped = format!("EXISTS (SELECT 1 FROM {MATCH} AS g WHERE ({} OR {}) AND {})", Self::gone("g"), self.retimed("g"), self.on("t", "g", vf));
+        let held = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {} AS t WHERE {dropped}", self.job.target.quoted())))?;
         Ok((dropped, held))
     }
 
@@ -1254,37 +799,16 @@ impl Run<'_> {
     ///    the run (nothing is published). In the same query, the row count
     ///    and hash sum of [`TAIL`] as the run read it and as it leaves it.
     #[allow(clippy::type_complexity)]
-    fn well_formed(
-        &mut self,
-        engine: &mut dyn Engine,
-        fp: &FingerprintSelect,
-    ) -> Result<(AuditResult, (i128, i128), (i128, i128))> {
-        let rows = engine.query(&Sql::raw(self.cols.well_formed(
-            &self.after_select(),
-            &self.log.quoted(),
-            TAIL,
-            &fp.select,
-        )))?;
+    fn well_formed(&mut self, engine: &mut dyn Engine, fp: &FingerprintSelect) -> Result<(AuditResult, (i128, i128), (i128, i128))> {
+        let rows = engine.query(&Sql::raw(self.cols.well_formed(&self.after_select(), &self.log.quoted(), TAIL, &fp.select)))?;
         let row = rows.single("the history checks")?;
-        let tail = (
-            i128::from(row.count("tail_rows")?),
-            engine.dialect().read_sum(row.value("tail_sum")?)?,
-        );
-        let after = (
-            i128::from(row.count(FP_ROWS)?),
-            engine.dialect().read_sum(row.value(FP_SUM)?)?,
-        );
+        let tail = (i128::from(row.count("tail_rows")?), engine.dialect().read_sum(row.value("tail_sum")?)?);
+        let after = (i128::from(row.count(FP_ROWS)?), engine.dialect().read_sum(row.value(FP_SUM)?)?);
         let found = [
             ("empty", "an interval that ends where it starts or before"),
             ("moved", "a row whose version is not its valid_from"),
-            (
-                "overlaps",
-                "overlapping intervals (or an open row before another)",
-            ),
-            (
-                "unexplained_ends",
-                "an interval closed or followed by a gap without a tombstone",
-            ),
+            ("overlaps", "overlapping intervals (or an open row before another)"),
+            ("unexplained_ends", "an interval closed or followed by a gap without a tombstone"),
             ("tombstoned", "a row holding a deleted version"),
         ];
         let mut problems = Vec::new();
@@ -1300,40 +824,19 @@ impl Run<'_> {
         let detail = if problems.is_empty() {
             "every touched key's intervals are half-open, in order, without overlaps, with gaps only after a tombstone".to_owned()
         } else {
-            format!(
-                "the history of the touched keys would not be well-formed: {}",
-                problems.join("; ")
-            )
+            format!("the history of the touched keys would not be well-formed: {}", problems.join("; "))
         };
-        let result = AuditResult {
-            name: WELL_FORMED.into(),
-            severity: "error".into(),
-            passed: problems.is_empty(),
-            offending,
-            detail: detail.clone(),
-            sample: Vec::new(),
-        };
+        let result = AuditResult { name: WELL_FORMED.into(), severity: "error".into(), passed: problems.is_empty(), offending, detail: detail.clone(), sample: Vec::new() };
         if result.passed {
             return Ok((result, tail, after));
         }
-        Err(Error::AuditFailed {
-            audit: WELL_FORMED.into(),
-            detail,
-            sample: String::new(),
-            failed: 1,
-            results: vec![result],
-        })
+        Err(Error::AuditFailed { audit: WELL_FORMED.into(), detail, sample: String::new(), failed: 1, results: vec![result] })
     }
 
     /// The output fingerprint's select list: the target's columns but
     /// metadata.
     fn output_select(&self, engine: &mut dyn Engine) -> Result<FingerprintSelect> {
-        let cols: Vec<Column> = self
-            .target_cols
-            .iter()
-            .filter(|c| !self.job.metadata.contains(&c.name))
-            .cloned()
-            .collect();
+        let cols: Vec<Column> = self.target_cols.iter().filter(|c| !self.job.metadata.contains(&c.name)).cloned().collect();
         fingerprint_select(engine, Method::Native, "t", &cols)
     }
 
@@ -1346,13 +849,9 @@ impl Run<'_> {
         if tail != TAIL {
             return Ok(parts);
         }
-        let removed =
-            engine.execute(&Sql::raw(format!("DELETE FROM {TAIL} WHERE \"{SUMMARY}\"")))?;
+        let removed = engine.execute(&Sql::raw(format!("DELETE FROM {TAIL} WHERE \"{SUMMARY}\"")))?;
         if removed != 1 {
-            return Err(Error::Internal(format!(
-                "the touched keys' fingerprint of {} came in {removed} rows",
-                self.job.target
-            )));
+            return Err(Error::Internal(format!("the touched keys' fingerprint of {} came in {removed} rows", self.job.target)));
         }
         Ok(parts)
     }
@@ -1369,12 +868,7 @@ impl Run<'_> {
             .target_cols
             .iter()
             .map(|c| match &c.name == vt {
-                true => format!(
-                    "CASE WHEN {} THEN CAST(t.\"{TO}\" AS {}) ELSE t.{end} END AS {end}",
-                    self.retimed("t"),
-                    c.ty,
-                    end = quote_ident(vt)
-                ),
+                true => format!("CASE WHEN {} THEN CAST(t.\"{TO}\" AS {}) ELSE t.{end} END AS {end}", self.retimed("t"), c.ty, end = quote_ident(vt)),
                 false => q("t", &c.name),
             })
             .collect::<Vec<_>>()
@@ -1389,18 +883,11 @@ impl Run<'_> {
             return Ok(Vec::new());
         }
         // Every row of the touched keys, read back in the run's transaction.
-        let touched = format!(
-            "(SELECT t.* FROM {}) AS a",
-            self.cols.touched_from(&self.job.target.quoted())
-        );
+        let touched = format!("(SELECT t.* FROM {}) AS a", self.cols.touched_from(&self.job.target.quoted()));
         let from = |sql: &mut Sql| {
             sql.push(&touched);
         };
-        let scope = crate::run::audit::AuditScope {
-            from: &from,
-            previous_rows: None,
-            run_date: self.run_date.date(),
-        };
+        let scope = crate::run::audit::AuditScope { from: &from, previous_rows: None, run_date: self.run_date.date() };
         let results = crate::run::audit::audit(self.job, engine, &scope)?;
         self.trace.step("audits");
         Ok(results)
@@ -1409,42 +896,13 @@ impl Run<'_> {
     /// The refusal of two different upserts of a key at one version
     /// (`a` from `left` and `b` from `right`, joined on `tie`), with one
     /// pair; `None` when there is none.
-    fn tie_error(
-        &self,
-        engine: &mut dyn Engine,
-        left: &str,
-        right: &str,
-        tie: &str,
-        whence: &str,
-    ) -> Result<Option<Error>> {
-        let pairs = count(
-            engine,
-            &Sql::raw(format!(
-                "SELECT count(*) AS \"n\" FROM {left} AS a JOIN {right} AS b ON {tie}"
-            )),
-        )?;
+    fn tie_error(&self, engine: &mut dyn Engine, left: &str, right: &str, tie: &str, whence: &str) -> Result<Option<Error>> {
+        let pairs = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {left} AS a JOIN {right} AS b ON {tie}")))?;
         if pairs == 0 {
             return Ok(None);
         }
-        let order = self
-            .cols
-            .names
-            .iter()
-            .map(|c| q("a", c))
-            .chain(self.cols.names.iter().map(|c| q("b", c)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let pick = |alias: &str| {
-            format!(
-                "SELECT {} FROM {left} AS a JOIN {right} AS b ON {tie} ORDER BY {order} LIMIT 1",
-                self.cols
-                    .names
-                    .iter()
-                    .map(|c| q(alias, c))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        };
+        let order = self.cols.names.iter().map(|c| q("a", c)).chain(self.cols.names.iter().map(|c| q("b", c))).collect::<Vec<_>>().join(", ");
+        let pick = |alias: &str| format!("SELECT {} FROM {left} AS a JOIN {right} AS b ON {tie} ORDER BY {order} LIMIT 1", self.cols.names.iter().map(|c| q(alias, c)).collect::<Vec<_>>().join(", "));
         let one = first_row(engine, &Sql::raw(pick("a")))?;
         let other = first_row(engine, &Sql::raw(pick("b")))?;
         Ok(Some(Error::DataRefused {
@@ -1473,11 +931,7 @@ impl Run<'_> {
             None => sql.push("false"),
         };
         sql.push(&format!(" AS {} FROM ", quote_ident(DELETED)));
-        crate::engine::measure::Scope::Source {
-            template: self.job.source.template(),
-            params: &self.params,
-        }
-        .write_from(&mut sql, "s");
+        crate::engine::measure::Scope::Source { template: self.job.source.template(), params: &self.params }.write_from(&mut sql, "s");
         sql
     }
 
@@ -1493,9 +947,7 @@ impl Run<'_> {
     }
 
     fn drop_temps(&mut self, engine: &mut dyn Engine) -> Result<()> {
-        for t in [
-            AFTER, MATCH, LOG_GONE, NEW, ALL, CUT, TAIL, TAIL_ALL, KEYS, BATCH, STAGE,
-        ] {
+        for t in [AFTER, MATCH, LOG_GONE, NEW, ALL, CUT, TAIL, TAIL_ALL, KEYS, BATCH, STAGE] {
             match self.leased {
                 true => leases(engine)?.unstage(t)?,
                 false => {
@@ -1512,8 +964,7 @@ impl Run<'_> {
     /// table or its log, a copy of its rows as they are now
     /// ([`Leases::stage_copy`]), which the run's writes do not change.
     fn make(&self, engine: &mut dyn Engine, name: &str, sql: &Sql) -> Result<()> {
-        let read_after_writes =
-            [TAIL, CUT, NEW, MATCH].contains(&name) || (name == KEYS && self.h.snapshot);
+        let read_after_writes = [TAIL, CUT, NEW, MATCH].contains(&name) || (name == KEYS && self.h.snapshot);
         match (self.leased, read_after_writes) {
             (true, true) => leases(engine)?.stage_copy(name, sql),
             (true, false) => leases(engine)?.stage(name, sql),
@@ -1524,10 +975,7 @@ impl Run<'_> {
     /// [`Run::make`] of `select`; returns its rows.
     fn made(&self, engine: &mut dyn Engine, name: &str, select: &str) -> Result<u64> {
         self.make(engine, name, &Sql::raw(select.to_owned()))?;
-        count(
-            engine,
-            &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {name}")),
-        )
+        count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {name}")))
     }
 
     fn cleanup(&mut self, engine: &mut dyn Engine) -> Result<()> {

@@ -13,13 +13,8 @@ use crate::job::ident::quote_ident;
 use crate::job::spec::{Job, MergeSpec, OnTie};
 use crate::job::sql::{RunParams, Sql, Value};
 use crate::plans::lease::leased;
-use crate::plans::merge::refusals::{
-    check_source, cross_tie_error, deleted_error, duplicate_keys_error, moved_error, tie_error,
-};
-use crate::plans::merge::sql::{
-    batch_tie_cond, count, dedup_sql, dedup_tie_sql, keys_match, q, tombstone_table, BATCH_TIE,
-    DELETED,
-};
+use crate::plans::merge::refusals::{check_source, cross_tie_error, deleted_error, duplicate_keys_error, moved_error, tie_error};
+use crate::plans::merge::sql::{batch_tie_cond, count, dedup_sql, dedup_tie_sql, keys_match, q, tombstone_table, BATCH_TIE, DELETED};
 use crate::plans::merge::steps::{flagged_source, scan_stage, Classification, Classified};
 use crate::run::input::{describe_source, RunInput};
 use crate::run::ledger;
@@ -71,56 +66,28 @@ struct MergedScan {
 /// transactional merge (see the `merge` module): newest version per key,
 /// tombstone first at equal version, ties refused or ordered, older
 /// upserts never resurrect a deleted key.
-pub(crate) fn merge_with(
-    job: &Job,
-    run_date: RunDate,
-    engine: &mut dyn Leases,
-    opts: &RunOptions,
-    run_input: &RunInput,
-    started: Instant,
-) -> Result<RunReport> {
+pub(crate) fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Leases, opts: &RunOptions, run_input: &RunInput, started: Instant) -> Result<RunReport> {
     // Dependents first: each stage reads the one before.
     let staged = [MERGED, BATCH, DEDUP, STAGE];
     let result = merge_staged(job, run_date, engine, opts, run_input, started);
     for name in staged {
         if let Err(e) = engine.unstage(name) {
-            eprintln!(
-                "fixpoint: {}: could not drop the staged relation {name}: {e}",
-                job.name
-            );
+            eprintln!("fixpoint: {}: could not drop the staged relation {name}: {e}", job.name);
         }
     }
     result
 }
 
-fn merge_staged(
-    job: &Job,
-    run_date: RunDate,
-    engine: &mut dyn Leases,
-    opts: &RunOptions,
-    run_input: &RunInput,
-    started: Instant,
-) -> Result<RunReport> {
-    let spec = job
-        .merge
-        .as_ref()
-        .ok_or_else(|| Error::Internal("merge without merge keys".into()))?;
+fn merge_staged(job: &Job, run_date: RunDate, engine: &mut dyn Leases, opts: &RunOptions, run_input: &RunInput, started: Instant) -> Result<RunReport> {
+    let spec = job.merge.as_ref().ok_or_else(|| Error::Internal("merge without merge keys".into()))?;
     let params = run_input.params.clone();
     let source_cols = describe_source(job, engine, &params)?;
     check_source(job, spec, &source_cols)?;
     let names: Vec<String> = source_cols.iter().map(|c| c.name.clone()).collect();
     let is_meta = |c: &String| job.metadata.contains(c);
-    let compared: Vec<String> = names
-        .iter()
-        .filter(|c| !spec.key.contains(c) && **c != spec.version && !is_meta(c))
-        .cloned()
-        .collect();
+    let compared: Vec<String> = names.iter().filter(|c| !spec.key.contains(c) && **c != spec.version && !is_meta(c)).cloned().collect();
     let meta_cols: Vec<String> = names.iter().filter(|c| is_meta(c)).cloned().collect();
-    let input_cols: Vec<Column> = source_cols
-        .iter()
-        .filter(|c| !is_meta(&c.name))
-        .cloned()
-        .collect();
+    let input_cols: Vec<Column> = source_cols.iter().filter(|c| !is_meta(&c.name)).cloned().collect();
     let mut cow = Cow {
         job,
         spec,
@@ -138,18 +105,8 @@ fn merge_staged(
         batch: BATCH,
     };
     // The target is looked at under the lease (see replace_partition).
-    let report = leased(
-        engine,
-        job,
-        "all",
-        opts,
-        &[tombstone_table(&job.target)],
-        |engine| cow.run(engine),
-    )?;
-    Ok(RunReport {
-        elapsed_ms: elapsed_ms(started),
-        ..report
-    })
+    let report = leased(engine, job, "all", opts, &[tombstone_table(&job.target)], |engine| cow.run(engine))?;
+    Ok(RunReport { elapsed_ms: elapsed_ms(started), ..report })
 }
 
 /// One copy-on-write merge.
@@ -212,9 +169,7 @@ impl Cow<'_> {
         let (touched, ties) = self.touched(engine, target.prune.as_deref())?;
         self.refuse_batch_ties(engine, ties)?;
         match target.stored_by.clone() {
-            Some(stored_by) => {
-                self.run_partitions(engine, &target, &stored_by, &touched, input, has_tombs)
-            }
+            Some(stored_by) => self.run_partitions(engine, &target, &stored_by, &touched, input, has_tombs),
             None => self.run_rows(engine, &target, &touched, input, has_tombs),
         }
     }
@@ -227,15 +182,7 @@ impl Cow<'_> {
     /// merged rows gives the counts, the refusals, the partitions that keep
     /// rows and the output fingerprint. Only the keys the target holds in
     /// untouched partitions need a look of their own, before.
-    fn run_partitions(
-        &mut self,
-        engine: &mut dyn Leases,
-        target: &Target,
-        stored_by: &str,
-        touched: &Touched,
-        input: Fingerprint,
-        has_tombs: bool,
-    ) -> Result<RunReport> {
+    fn run_partitions(&mut self, engine: &mut dyn Leases, target: &Target, stored_by: &str, touched: &Touched, input: Fingerprint, has_tombs: bool) -> Result<RunReport> {
         let (job, spec) = (self.job, self.spec);
         self.refuse_moved(engine, target, touched)?;
         // The columns the table will have (nothing is created or altered
@@ -255,24 +202,9 @@ impl Cow<'_> {
         }
         if spec.on_tie == OnTie::Error && scan.ties > 0 {
             let on = Sql::raw(keys_match("t", "b", &spec.key));
-            return Err(cross_tie_error(
-                engine,
-                job,
-                spec,
-                self.batch,
-                &on,
-                &self.compared,
-                scan.ties,
-            )?);
+            return Err(cross_tie_error(engine, job, spec, self.batch, &on, &self.compared, scan.ties)?);
         }
-        let dedup_rows = if self.batch == DEDUP {
-            scan.keys
-        } else {
-            count(
-                engine,
-                &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {DEDUP}")),
-            )?
-        };
+        let dedup_rows = if self.batch == DEDUP { scan.keys } else { count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {DEDUP}")))? };
         let classified = scan.classified;
         self.opts.step(FailPoint::AfterGuards)?;
         let target_cols = self.prepare_target(engine, target)?;
@@ -295,12 +227,7 @@ impl Cow<'_> {
         self.record_tombstones(engine, has_tombs)?;
         let audits = if changes > 0 {
             self.opts.step(FailPoint::AfterDelete)?;
-            let audits = self.audit_merged(
-                engine,
-                &target.relation,
-                &target_cols,
-                &format!("NOT {RANKED_DEL}"),
-            )?;
+            let audits = self.audit_merged(engine, &target.relation, &target_cols, &format!("NOT {RANKED_DEL}"))?;
             self.opts.step(FailPoint::MidInsert)?;
             self.overwrite(engine, target, stored_by, &target_cols, touched, &scan.kept)?;
             audits
@@ -310,28 +237,13 @@ impl Cow<'_> {
         self.opts.step(FailPoint::AfterInsert)?;
         // Nothing changed or not, the batch's keys hold the merged rows
         // read: the output fingerprint.
-        self.record(
-            engine,
-            target,
-            input,
-            scan.output,
-            dedup_rows,
-            classified,
-            audits,
-        )
+        self.record(engine, target, input, scan.output, dedup_rows, classified, audits)
     }
 
     /// 5–9, rewriting the rows of the touched keys (an unpartitioned Delta
     /// table): each batch row classified against the target in one join,
     /// then the rewrite.
-    fn run_rows(
-        &mut self,
-        engine: &mut dyn Leases,
-        target: &Target,
-        touched: &Touched,
-        input: Fingerprint,
-        has_tombs: bool,
-    ) -> Result<RunReport> {
+    fn run_rows(&mut self, engine: &mut dyn Leases, target: &Target, touched: &Touched, input: Fingerprint, has_tombs: bool) -> Result<RunReport> {
         let classified = Classification {
             job: self.job,
             spec: self.spec,
@@ -344,18 +256,11 @@ impl Cow<'_> {
         }
         .run(engine, "", |_, _| Ok(()))?;
         self.trace.step("classify");
-        let dedup_rows = count(
-            engine,
-            &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {DEDUP}")),
-        )?;
+        let dedup_rows = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {DEDUP}")))?;
         self.opts.step(FailPoint::AfterGuards)?;
         let target_cols = self.prepare_target(engine, target)?;
         let changes = classified.inserts + classified.updates + classified.deletes;
-        let output_cols: Vec<Column> = target_cols
-            .iter()
-            .filter(|c| !self.job.metadata.contains(&c.name))
-            .cloned()
-            .collect();
+        let output_cols: Vec<Column> = target_cols.iter().filter(|c| !self.job.metadata.contains(&c.name)).cloned().collect();
         // Tombstones first (see run_partitions); with nothing to rewrite, a
         // tombstone of a key the target does not hold is still remembered:
         // an older version of that key arriving later must stay deleted.
@@ -368,24 +273,15 @@ impl Cow<'_> {
         };
         self.opts.step(FailPoint::AfterInsert)?;
         let output = self.output(engine, &output_cols)?;
-        self.record(
-            engine, target, input, output, dedup_rows, classified, audits,
-        )
+        self.record(engine, target, input, output, dedup_rows, classified, audits)
     }
 
     /// A batch key the target holds in a partition the batch does not
     /// touch is refused: the rewrite of the touched partitions would hold
     /// it a second time. The target's other partitions are read for the
     /// batch's keys only (Spark: a semi-join with the batch broadcast).
-    fn refuse_moved(
-        &mut self,
-        engine: &mut dyn Leases,
-        target: &Target,
-        touched: &Touched,
-    ) -> Result<()> {
-        let (Some(p), Some(_)) = (target.prune.as_deref(), &target.existing) else {
-            return Ok(());
-        };
+    fn refuse_moved(&mut self, engine: &mut dyn Leases, target: &Target, touched: &Touched) -> Result<()> {
+        let (Some(p), Some(_)) = (target.prune.as_deref(), &target.existing) else { return Ok(()) };
         let mut sql = Sql::new();
         sql.push(&format!(
             "SELECT count(*) AS \"n\" FROM {} AS t WHERE NOT {} AND EXISTS (SELECT 1 FROM {} AS b WHERE {})",
@@ -398,16 +294,7 @@ impl Cow<'_> {
         let moved = count(engine, &sql)?;
         self.trace.step("keys in untouched partitions");
         if moved > 0 {
-            return Err(moved_error(
-                engine,
-                self.job,
-                self.spec,
-                p,
-                self.batch,
-                &touched.in_scope,
-                &touched.sql.params,
-                moved,
-            )?);
+            return Err(moved_error(engine, self.job, self.spec, p, self.batch, &touched.in_scope, &touched.sql.params, moved)?);
         }
         Ok(())
     }
@@ -419,10 +306,7 @@ impl Cow<'_> {
         let existing = engine.table_columns(&job.target)?;
         let added = crate::run::schema::reconcile(engine, job, source_cols, existing.as_deref())?;
         let has = |cols: &[Column], name: &str| cols.iter().any(|c| c.name == name);
-        let prune = job
-            .partition
-            .clone()
-            .filter(|p| has(source_cols, p) && existing.as_ref().is_none_or(|t| has(t, p)));
+        let prune = job.partition.clone().filter(|p| has(source_cols, p) && existing.as_ref().is_none_or(|t| has(t, p)));
         // How the target is stored: the partitions a rewrite replaces whole.
         let stored_by = match &existing {
             Some(_) => engine.partition_columns(&job.target)?,
@@ -453,11 +337,7 @@ impl Cow<'_> {
         // Pruned by a column the table is not partitioned by: fine where the
         // engine rewrites by rows (the pruning then only narrows the rows a
         // batch key is matched against).
-        if let Some(p) = prune.as_deref().filter(|p| {
-            stored_by
-                .as_deref()
-                .map_or(!engine.replaces_rows(), |s| s != *p)
-        }) {
+        if let Some(p) = prune.as_deref().filter(|p| stored_by.as_deref().map_or(!engine.replaces_rows(), |s| s != *p)) {
             return Err(Error::Schema {
                 message: format!("{} is not stored partitioned by {p}: on {} a merge rewrites the partitions it touches, and this table has none", job.target, engine.name()),
                 hint: Some(format!("recreate {} with PARTITIONED BY ({p}), or remove `partition` from the job to rewrite the whole table", job.target)),
@@ -466,21 +346,11 @@ impl Cow<'_> {
         let relation = match &existing {
             Some(_) => job.target.quoted(),
             None => {
-                let cols = source_cols
-                    .iter()
-                    .map(|c| format!("CAST(NULL AS {}) AS {}", c.ty, quote_ident(&c.name)))
-                    .collect::<Vec<_>>()
-                    .join(", ");
+                let cols = source_cols.iter().map(|c| format!("CAST(NULL AS {}) AS {}", c.ty, quote_ident(&c.name))).collect::<Vec<_>>().join(", ");
                 format!("(SELECT {cols} WHERE false)")
             }
         };
-        Ok(Target {
-            existing,
-            added,
-            prune,
-            stored_by,
-            relation,
-        })
+        Ok(Target { existing, added, prune, stored_by, relation })
     }
 
     /// 1. The source, read once, with its tombstone flag; NULL keys and
@@ -489,15 +359,8 @@ impl Cow<'_> {
         let (job, spec) = (self.job, self.spec);
         let sql = flagged_source(job, spec, &self.params);
         // Materialized by the scan below, which reads every row.
-        engine
-            .stage_on_read(STAGE, &sql)
-            .map_err(|e| deleted_error(job, spec, &self.source_cols, e))?;
-        let source_list = self
-            .names
-            .iter()
-            .map(|c| quote_ident(c))
-            .collect::<Vec<_>>()
-            .join(", ");
+        engine.stage_on_read(STAGE, &sql).map_err(|e| deleted_error(job, spec, &self.source_cols, e))?;
+        let source_list = self.names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
         let input = scan_stage(engine, spec, STAGE, &source_list, &self.input_cols)?;
         self.trace.step("stage, input fp");
         Ok(input)
@@ -512,21 +375,9 @@ impl Cow<'_> {
     ///    rows.
     fn dedup(&mut self, engine: &mut dyn Leases) -> Result<()> {
         let sql = if self.checks_batch_ties() {
-            dedup_tie_sql(
-                self.spec,
-                &self.names,
-                &self.compared,
-                &self.meta_cols,
-                STAGE,
-            )
+            dedup_tie_sql(self.spec, &self.names, &self.compared, &self.meta_cols, STAGE)
         } else {
-            dedup_sql(
-                self.spec,
-                &self.names,
-                &self.compared,
-                &self.meta_cols,
-                STAGE,
-            )
+            dedup_sql(self.spec, &self.names, &self.compared, &self.meta_cols, STAGE)
         };
         engine.stage_on_read(DEDUP, &Sql::raw(sql))?;
         Ok(())
@@ -546,26 +397,12 @@ impl Cow<'_> {
         }
         let ties = match counted {
             Some(n) => n,
-            None => count(
-                engine,
-                &Sql::raw(format!(
-                    "SELECT count(*) AS \"n\" FROM {DEDUP} WHERE {}",
-                    quote_ident(BATCH_TIE)
-                )),
-            )?,
+            None => count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {DEDUP} WHERE {}", quote_ident(BATCH_TIE))))?,
         };
         self.trace.step("dedup, ties");
         if ties > 0 {
             let tie_cond = batch_tie_cond(self.spec, &self.compared);
-            return Err(tie_error(
-                engine,
-                self.spec,
-                &self.names,
-                STAGE,
-                DEDUP,
-                &tie_cond,
-                ties,
-            )?);
+            return Err(tie_error(engine, self.spec, &self.names, STAGE, DEDUP, &tie_cond, ties)?);
         }
         Ok(())
     }
@@ -585,18 +422,8 @@ impl Cow<'_> {
         let tomb = tombstone_table(&self.job.target);
         let has_tombs = engine.table_columns(&tomb)?.is_some();
         if has_tombs {
-            let (version, del) = (
-                quote_ident(&spec.version),
-                format!("b.{}", quote_ident(DELETED)),
-            );
-            let cols = self
-                .names
-                .iter()
-                .map(String::as_str)
-                .chain([DELETED])
-                .map(|c| q("b", c))
-                .collect::<Vec<_>>()
-                .join(", ");
+            let (version, del) = (quote_ident(&spec.version), format!("b.{}", quote_ident(DELETED)));
+            let cols = self.names.iter().map(String::as_str).chain([DELETED]).map(|c| q("b", c)).collect::<Vec<_>>().join(", ");
             engine.stage_copy(BATCH, &Sql::raw(format!(
                 "SELECT {cols} FROM {DEDUP} AS b WHERE NOT EXISTS (SELECT 1 FROM {} AS d WHERE {} AND (d.{version} > b.{version} OR (d.{version} = b.{version} AND NOT {del})))",
                 tomb.quoted(),
@@ -613,36 +440,15 @@ impl Cow<'_> {
 
     /// 4. The partitions the batch touches, bound as values; read off the
     ///    dedup itself (no stored tombstone), also its keys' ties, counted.
-    fn touched(
-        &mut self,
-        engine: &mut dyn Leases,
-        prune: Option<&str>,
-    ) -> Result<(Touched, Option<u64>)> {
+    fn touched(&mut self, engine: &mut dyn Leases, prune: Option<&str>) -> Result<(Touched, Option<u64>)> {
         let batch = self.batch;
-        let Some(p) = prune else {
-            return Ok((
-                Touched {
-                    values: Vec::new(),
-                    sql: Sql::new(),
-                    in_scope: "true".into(),
-                },
-                None,
-            ));
-        };
-        let ty = self
-            .source_cols
-            .iter()
-            .find(|c| c.name == p)
-            .map(|c| c.ty.clone())
-            .unwrap_or_default();
+        let Some(p) = prune else { return Ok((Touched { values: Vec::new(), sql: Sql::new(), in_scope: "true".into() }, None)) };
+        let ty = self.source_cols.iter().find(|c| c.name == p).map(|c| c.ty.clone()).unwrap_or_default();
         let (mut values, mut touches_null) = (Vec::new(), false);
         let pc = quote_ident(p);
         let mut ties = (batch == DEDUP && self.checks_batch_ties()).then_some(0u64);
         let sql = match ties {
-            Some(_) => format!(
-                "SELECT {pc}, count(CASE WHEN {} THEN 1 END) AS \"n\" FROM {batch} GROUP BY {pc}",
-                quote_ident(BATCH_TIE)
-            ),
+            Some(_) => format!("SELECT {pc}, count(CASE WHEN {} THEN 1 END) AS \"n\" FROM {batch} GROUP BY {pc}", quote_ident(BATCH_TIE)),
             None => format!("SELECT DISTINCT {pc} FROM {batch}"),
         };
         for r in engine.query(&Sql::raw(sql))?.rows {
@@ -651,9 +457,7 @@ impl Cow<'_> {
                 v => values.push(v.clone()),
             }
             if let Some(n) = ties.as_mut() {
-                *n += r[1].as_u64().ok_or_else(|| {
-                    Error::Internal(format!("a count of ties came back as {:?}", r[1]))
-                })?;
+                *n += r[1].as_u64().ok_or_else(|| Error::Internal(format!("a count of ties came back as {:?}", r[1])))?;
             }
         }
         let mut sql = Sql::new();
@@ -673,14 +477,7 @@ impl Cow<'_> {
         }
         sql.push(")");
         let in_scope = format!("coalesce({}, false)", sql.text);
-        Ok((
-            Touched {
-                values,
-                sql,
-                in_scope,
-            },
-            ties,
-        ))
+        Ok((Touched { values, sql, in_scope }, ties))
     }
 
     /// The target, created now when missing (partitioned by the job's
@@ -688,10 +485,7 @@ impl Cow<'_> {
     fn prepare_target(&mut self, engine: &mut dyn Leases, target: &Target) -> Result<Vec<Column>> {
         let job = self.job;
         if target.existing.is_none() {
-            engine.execute(&Sql::raw(format!(
-                "CREATE SCHEMA IF NOT EXISTS {}",
-                quote_ident(&job.target.schema)
-            )))?;
+            engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&job.target.schema))))?;
             engine.create_table(&job.target, &self.source_cols, target.prune.as_deref())?;
         }
         crate::run::schema::append(engine, &job.target, &target.added)?;
@@ -701,57 +495,20 @@ impl Cow<'_> {
     /// The touched partitions written over with the merged rows in one
     /// statement; a touched partition left without rows (`kept` lists
     /// those that keep some) is dropped after.
-    fn overwrite(
-        &mut self,
-        engine: &mut dyn Leases,
-        target: &Target,
-        stored_by: &str,
-        target_cols: &[Column],
-        touched: &Touched,
-        kept: &[Value],
-    ) -> Result<()> {
+    fn overwrite(&mut self, engine: &mut dyn Leases, target: &Target, stored_by: &str, target_cols: &[Column], touched: &Touched, kept: &[Value]) -> Result<()> {
         // A rewrite of the whole table replaces the partitions its rows
         // fall in: those it leaves empty are dropped after.
         let pc = quote_ident(stored_by);
         let whole_table_partitions: Vec<Value> = match (&target.prune, &target.existing) {
-            (None, Some(_)) => engine
-                .query(&Sql::raw(format!(
-                    "SELECT DISTINCT {pc} FROM {}",
-                    self.job.target.quoted()
-                )))?
-                .rows
-                .into_iter()
-                .map(|mut r| r.remove(0))
-                .collect(),
+            (None, Some(_)) => engine.query(&Sql::raw(format!("SELECT DISTINCT {pc} FROM {}", self.job.target.quoted())))?.rows.into_iter().map(|mut r| r.remove(0)).collect(),
             _ => Vec::new(),
         };
         let out_names: Vec<String> = target_cols.iter().map(|c| c.name.clone()).collect();
-        let out_list = out_names
-            .iter()
-            .map(|c| quote_ident(c))
-            .collect::<Vec<_>>()
-            .join(", ");
-        engine.overwrite_partitions(
-            &self.job.target,
-            &out_names,
-            &Sql::raw(format!(
-                "SELECT {out_list} FROM {MERGED} WHERE NOT {RANKED_DEL}"
-            )),
-        )?;
-        let ty = target_cols
-            .iter()
-            .find(|c| c.name == stored_by)
-            .map(|c| c.ty.clone())
-            .unwrap_or_default();
-        let replaced = if target.prune.is_some() {
-            &touched.values
-        } else {
-            &whole_table_partitions
-        };
-        for v in replaced
-            .iter()
-            .filter(|v| !matches!(v, Value::Null) && !kept.contains(v))
-        {
+        let out_list = out_names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
+        engine.overwrite_partitions(&self.job.target, &out_names, &Sql::raw(format!("SELECT {out_list} FROM {MERGED} WHERE NOT {RANKED_DEL}")))?;
+        let ty = target_cols.iter().find(|c| c.name == stored_by).map(|c| c.ty.clone()).unwrap_or_default();
+        let replaced = if target.prune.is_some() { &touched.values } else { &whole_table_partitions };
+        for v in replaced.iter().filter(|v| !matches!(v, Value::Null) && !kept.contains(v)) {
             engine.drop_partition_value(&self.job.target, stored_by, v, &ty)?;
         }
         self.trace.step("overwrite");
@@ -767,36 +524,12 @@ impl Cow<'_> {
     /// hold once written, since a batch key the target holds outside them
     /// is refused before) with their values cast to the table's types, as
     /// stored.
-    fn scan_merged(
-        &mut self,
-        engine: &mut dyn Leases,
-        stored_by: &str,
-        output_cols: &[Column],
-    ) -> Result<MergedScan> {
+    fn scan_merged(&mut self, engine: &mut dyn Leases, stored_by: &str, output_cols: &[Column]) -> Result<MergedScan> {
         let (hash, kind, signature) = row_hash(engine, Method::Native, "m", output_cols)?;
-        let fp = FingerprintSelect {
-            select: String::new(),
-            kind,
-            signature,
-        };
+        let fp = FingerprintSelect { select: String::new(), kind, signature };
         let out = format!("m.{TOUCHED} AND NOT m.{RANKED_DEL}");
-        let sum = if output_cols.is_empty() {
-            "0".to_owned()
-        } else {
-            format!("sum(CASE WHEN {out} THEN {hash} END)")
-        };
-        let cast = output_cols
-            .iter()
-            .map(|c| {
-                format!(
-                    "CAST({} AS {}) AS {}",
-                    quote_ident(&c.name),
-                    c.ty,
-                    quote_ident(&c.name)
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
+        let sum = if output_cols.is_empty() { "0".to_owned() } else { format!("sum(CASE WHEN {out} THEN {hash} END)") };
+        let cast = output_cols.iter().map(|c| format!("CAST({} AS {}) AS {}", quote_ident(&c.name), c.ty, quote_ident(&c.name))).collect::<Vec<_>>().join(", ");
         let sep = if cast.is_empty() { "" } else { ", " };
         let part = quote_ident(stored_by);
         let won = format!("m.{RANKED_SRC} = 1");
@@ -812,32 +545,15 @@ impl Cow<'_> {
              FROM (SELECT {part} AS \"__fixpoint_part\"{sep}{cast}, {TOUCHED}, {RANKED_DEL}, {RANKED_SRC}, {RANKED_HELD}, {RANKED_TIE} FROM {MERGED}) AS m \
              GROUP BY m.\"__fixpoint_part\""
         )))?;
-        let mut scan = MergedScan {
-            kept: Vec::new(),
-            output: fp.of(0, 0),
-            classified: Classified {
-                inserts: 0,
-                updates: 0,
-                deletes: 0,
-            },
-            duplicated: 0,
-            ties: 0,
-            keys: 0,
-        };
+        let mut scan = MergedScan { kept: Vec::new(), output: fp.of(0, 0), classified: Classified { inserts: 0, updates: 0, deletes: 0 }, duplicated: 0, ties: 0, keys: 0 };
         let (mut n, mut total) = (0u64, 0i128);
-        let c = |v: &Value| {
-            v.as_u64().ok_or_else(|| {
-                Error::Internal(format!("a count of merged rows came back as {v:?}"))
-            })
-        };
+        let c = |v: &Value| v.as_u64().ok_or_else(|| Error::Internal(format!("a count of merged rows came back as {v:?}")));
         for r in &rows.rows {
             if c(&r[3])? > 0 {
                 scan.kept.push(r[0].clone());
             }
             n += c(&r[1])?;
-            total = total
-                .checked_add(engine.dialect().read_sum(&r[2])?)
-                .ok_or_else(|| Error::Internal("the output fingerprint's sum overflowed".into()))?;
+            total = total.checked_add(engine.dialect().read_sum(&r[2])?).ok_or_else(|| Error::Internal("the output fingerprint's sum overflowed".into()))?;
             scan.classified.inserts += c(&r[4])?;
             scan.classified.updates += c(&r[5])?;
             scan.classified.deletes += c(&r[6])?;
@@ -853,43 +569,20 @@ impl Cow<'_> {
     /// one step): the rows of the touched keys (in the touched partitions
     /// when pruned) replaced with their merged rows; the storage holding no
     /// touched key is left alone.
-    fn rewrite_rows(
-        &mut self,
-        engine: &mut dyn Leases,
-        target: &Target,
-        target_cols: &[Column],
-        touched: &Touched,
-    ) -> Result<Vec<AuditResult>> {
+    fn rewrite_rows(&mut self, engine: &mut dyn Leases, target: &Target, target_cols: &[Column], touched: &Touched) -> Result<Vec<AuditResult>> {
         let batch = self.batch;
-        let in_scope = format!(
-            "({}) AND EXISTS (SELECT 1 FROM {batch} AS b WHERE {})",
-            touched.in_scope,
-            keys_match("t", "b", &self.spec.key)
-        );
-        let keys = Touched {
-            values: touched.values.clone(),
-            sql: touched.sql.clone(),
-            in_scope,
-        };
+        let in_scope = format!("({}) AND EXISTS (SELECT 1 FROM {batch} AS b WHERE {})", touched.in_scope, keys_match("t", "b", &self.spec.key));
+        let keys = Touched { values: touched.values.clone(), sql: touched.sql.clone(), in_scope };
         engine.stage(MERGED, &self.merged_sql(target_cols, target, &keys))?;
         self.trace.step("merged");
         let audits = self.audit_merged(engine, &target.relation, target_cols, "true")?;
         self.opts.step(FailPoint::MidInsert)?;
         let out_names: Vec<String> = target_cols.iter().map(|c| c.name.clone()).collect();
-        let out_list = out_names
-            .iter()
-            .map(|c| quote_ident(c))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let out_list = out_names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
         let mut dropped = Sql::new();
         dropped.push(&keys.in_scope);
         dropped.params.extend(keys.sql.params.iter().cloned());
-        engine.replace_rows(
-            &self.job.target,
-            &out_names,
-            &dropped,
-            &Sql::raw(format!("SELECT {out_list} FROM {MERGED}")),
-        )?;
+        engine.replace_rows(&self.job.target, &out_names, &dropped, &Sql::raw(format!("SELECT {out_list} FROM {MERGED}")))?;
         self.trace.step("overwrite");
         Ok(audits)
     }
@@ -909,55 +602,20 @@ impl Cow<'_> {
         // A tombstone stored already (a forced rerun re-applies its own) is
         // not stored twice.
         let new = if has_tombs {
-            format!(
-                "{del} AND NOT EXISTS (SELECT 1 FROM {} AS d WHERE {} AND d.{v} = b.{v})",
-                tomb.quoted(),
-                keys_match("d", "b", &spec.key),
-                v = quote_ident(&spec.version)
-            )
+            format!("{del} AND NOT EXISTS (SELECT 1 FROM {} AS d WHERE {} AND d.{v} = b.{v})", tomb.quoted(), keys_match("d", "b", &spec.key), v = quote_ident(&spec.version))
         } else {
             del
         };
-        if count(
-            engine,
-            &Sql::raw(format!(
-                "SELECT count(*) AS \"n\" FROM {batch} AS b WHERE {new}"
-            )),
-        )? == 0
-        {
+        if count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {batch} AS b WHERE {new}")))? == 0 {
             return Ok(());
         }
         if !has_tombs {
-            let ty = |k: &String| {
-                self.source_cols
-                    .iter()
-                    .find(|c| &c.name == k)
-                    .expect("described")
-                    .ty
-                    .clone()
-            };
-            let cols: Vec<Column> = spec
-                .key
-                .iter()
-                .chain([&spec.version])
-                .map(|k| Column {
-                    name: k.clone(),
-                    ty: ty(k),
-                })
-                .collect();
+            let ty = |k: &String| self.source_cols.iter().find(|c| &c.name == k).expect("described").ty.clone();
+            let cols: Vec<Column> = spec.key.iter().chain([&spec.version]).map(|k| Column { name: k.clone(), ty: ty(k) }).collect();
             engine.create_table(&tomb, &cols, None)?;
         }
-        let kv = spec
-            .key
-            .iter()
-            .chain([&spec.version])
-            .map(|k| quote_ident(k))
-            .collect::<Vec<_>>()
-            .join(", ");
-        engine.execute(&Sql::raw(format!(
-            "INSERT INTO {} ({kv}) SELECT {kv} FROM {batch} AS b WHERE {new}",
-            tomb.quoted()
-        )))?;
+        let kv = spec.key.iter().chain([&spec.version]).map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
+        engine.execute(&Sql::raw(format!("INSERT INTO {} ({kv}) SELECT {kv} FROM {batch} AS b WHERE {new}", tomb.quoted())))?;
         Ok(())
     }
 
@@ -974,61 +632,19 @@ impl Cow<'_> {
     /// "error"`: the target's row ranks first, the batch's right after).
     fn ranked_sql(&self, cols: &[Column], target: &Target, touched: &Touched) -> Sql {
         let (spec, batch) = (self.spec, self.batch);
-        let (version, del) = (
-            quote_ident(&spec.version),
-            format!("b.{}", quote_ident(DELETED)),
-        );
-        let key_list = spec
-            .key
-            .iter()
-            .map(|k| quote_ident(k))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let (version, del) = (quote_ident(&spec.version), format!("b.{}", quote_ident(DELETED)));
+        let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
         let tie_break = match spec.on_tie {
-            OnTie::Deterministic => self
-                .compared
-                .iter()
-                .map(|c| format!(", {} ASC NULLS FIRST", quote_ident(c)))
-                .collect::<String>(),
+            OnTie::Deterministic => self.compared.iter().map(|c| format!(", {} ASC NULLS FIRST", quote_ident(c))).collect::<String>(),
             OnTie::Error => String::new(),
         };
-        let out_list = cols
-            .iter()
-            .map(|c| quote_ident(&c.name))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let out_list = cols.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", ");
         let null = |c: &Column| format!("CAST(NULL AS {}) AS {}", c.ty, quote_ident(&c.name));
-        let from_batch = cols
-            .iter()
-            .map(|c| {
-                if self.names.contains(&c.name) {
-                    format!("b.{}", quote_ident(&c.name))
-                } else {
-                    null(c)
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
-        let held = |name: &str| {
-            target
-                .existing
-                .as_ref()
-                .is_none_or(|e| e.iter().any(|c| c.name == name))
-        };
-        let from_target = cols
-            .iter()
-            .map(|c| {
-                if held(&c.name) {
-                    q("t", &c.name)
-                } else {
-                    null(c)
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
+        let from_batch = cols.iter().map(|c| if self.names.contains(&c.name) { format!("b.{}", quote_ident(&c.name)) } else { null(c) }).collect::<Vec<_>>().join(", ");
+        let held = |name: &str| target.existing.as_ref().is_none_or(|e| e.iter().any(|c| c.name == name));
+        let from_target = cols.iter().map(|c| if held(&c.name) { q("t", &c.name) } else { null(c) }).collect::<Vec<_>>().join(", ");
         let order = format!("PARTITION BY {key_list} ORDER BY {version} DESC, {RANKED_DEL} DESC{tie_break}, {RANKED_SRC} ASC");
-        let all =
-            format!("OVER ({order} ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)");
+        let all = format!("OVER ({order} ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)");
         let next = |e: &str| format!("lead({e}) OVER ({order})");
         let tie = match spec.on_tie {
             OnTie::Error if !self.compared.is_empty() => format!(
@@ -1058,17 +674,10 @@ impl Cow<'_> {
     /// The touched partitions as they will be, with the table's columns:
     /// the winners of [`Cow::ranked_sql`], tombstones dropped.
     fn merged_sql(&self, target_cols: &[Column], target: &Target, touched: &Touched) -> Sql {
-        let out_list = target_cols
-            .iter()
-            .map(|c| quote_ident(&c.name))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let out_list = target_cols.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", ");
         let ranked = self.ranked_sql(target_cols, target, touched);
         let mut sql = Sql::new();
-        sql.push(&format!(
-            "SELECT {out_list} FROM ({}) AS \"__fixpoint_ranked\" WHERE NOT {RANKED_DEL}",
-            ranked.text
-        ));
+        sql.push(&format!("SELECT {out_list} FROM ({}) AS \"__fixpoint_ranked\" WHERE NOT {RANKED_DEL}", ranked.text));
         sql.params = ranked.params;
         sql
     }
@@ -1082,13 +691,7 @@ impl Cow<'_> {
     /// The touched keys as they will be published, audited before anything
     /// is overwritten (against their rows before).
     /// `filter` keeps the merged rows the table will hold.
-    fn audit_merged(
-        &mut self,
-        engine: &mut dyn Leases,
-        target_rel: &str,
-        target_cols: &[Column],
-        filter: &str,
-    ) -> Result<Vec<AuditResult>> {
+    fn audit_merged(&mut self, engine: &mut dyn Leases, target_rel: &str, target_cols: &[Column], filter: &str) -> Result<Vec<AuditResult>> {
         if self.job.audits.is_empty() {
             return Ok(Vec::new());
         }
@@ -1097,20 +700,9 @@ impl Cow<'_> {
         self.touched_keys(target_rel, &mut before);
         let previous = count(engine, &before)?;
         // The table's columns only (not the merged rows' flags).
-        let merged = format!(
-            "(SELECT {} FROM {MERGED} WHERE {filter})",
-            target_cols
-                .iter()
-                .map(|c| quote_ident(&c.name))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
+        let merged = format!("(SELECT {} FROM {MERGED} WHERE {filter})", target_cols.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", "));
         let from = |sql: &mut Sql| self.touched_keys(&merged, sql);
-        let scope = crate::run::audit::AuditScope {
-            from: &from,
-            previous_rows: Some(previous),
-            run_date: self.run_date.date(),
-        };
+        let scope = crate::run::audit::AuditScope { from: &from, previous_rows: Some(previous), run_date: self.run_date.date() };
         crate::run::audit::audit(self.job, engine, &scope)
     }
 
@@ -1121,11 +713,7 @@ impl Cow<'_> {
         }
         let target = self.job.target.quoted();
         let from = |sql: &mut Sql| self.touched_keys(&target, sql);
-        let scope = crate::run::audit::AuditScope {
-            from: &from,
-            previous_rows: None,
-            run_date: self.run_date.date(),
-        };
+        let scope = crate::run::audit::AuditScope { from: &from, previous_rows: None, run_date: self.run_date.date() };
         crate::run::audit::audit(self.job, engine, &scope)
     }
 
@@ -1134,12 +722,7 @@ impl Cow<'_> {
         let batch = self.batch;
         let fp = fingerprint_select(engine, Method::Native, "t", output_cols)?;
         let mut sql = Sql::new();
-        sql.push(&format!(
-            "SELECT {} FROM {} AS t JOIN {batch} AS b ON {}",
-            fp.select,
-            self.job.target.quoted(),
-            keys_match("t", "b", &self.spec.key)
-        ));
+        sql.push(&format!("SELECT {} FROM {} AS t JOIN {batch} AS b ON {}", fp.select, self.job.target.quoted(), keys_match("t", "b", &self.spec.key)));
         let output = fp.read(&engine.query(&sql)?.single("the output scan")?, engine)?;
         self.trace.step("output fp");
         Ok(output)
@@ -1147,22 +730,10 @@ impl Cow<'_> {
 
     /// 9. The report, and its ledger row.
     #[allow(clippy::too_many_arguments)]
-    fn record(
-        &mut self,
-        engine: &mut dyn Leases,
-        target: &Target,
-        input: Fingerprint,
-        output: Fingerprint,
-        dedup_rows: u64,
-        c: Classified,
-        audits: Vec<AuditResult>,
-    ) -> Result<RunReport> {
+    fn record(&mut self, engine: &mut dyn Leases, target: &Target, input: Fingerprint, output: Fingerprint, dedup_rows: u64, c: Classified, audits: Vec<AuditResult>) -> Result<RunReport> {
         let job = self.job;
         let job_hash = job.definition_hash();
-        let key = self
-            .run_input
-            .file_key(&job_hash, self.run_date)
-            .unwrap_or_else(|| run_key(&job_hash, self.run_date, &input));
+        let key = self.run_input.file_key(&job_hash, self.run_date).unwrap_or_else(|| run_key(&job_hash, self.run_date, &input));
         self.opts.run_key_known(self.job, self.run_date, &key);
         let mut report = RunReport::new(job, self.run_date, key, "committed", &input, &output);
         report.audits = audits;
@@ -1173,11 +744,7 @@ impl Cow<'_> {
         report.rows_unchanged = dedup_rows - c.inserts - c.updates - c.deletes;
         report.duplicates_collapsed = input.rows - dedup_rows;
         report.created_target = target.existing.is_none();
-        report.method = if target.prune.is_some() {
-            "copy-on-write of touched partitions".into()
-        } else {
-            "copy-on-write of the table".into()
-        };
+        report.method = if target.prune.is_some() { "copy-on-write of touched partitions".into() } else { "copy-on-write of the table".into() };
         self.opts.step(FailPoint::BeforeCommit)?;
         ledger::record(engine, &entry(job, &job_hash, &report, self.started_at))?;
         self.trace.step("ledger row");

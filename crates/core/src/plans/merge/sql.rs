@@ -1,5 +1,6 @@
 //! The SQL pieces of the merge plans: key and tie conditions, the dedup.
 
+
 use crate::engine::{query_count, statement_context, Engine};
 use crate::error::Result;
 use crate::job::ident::{quote_ident, TableName};
@@ -17,10 +18,7 @@ pub fn q(alias: &str, col: &str) -> String {
 
 /// `a`'s key columns equal `b`'s.
 pub fn keys_match(a: &str, b: &str, keys: &[String]) -> String {
-    keys.iter()
-        .map(|k| format!("{} = {}", q(a, k), q(b, k)))
-        .collect::<Vec<_>>()
-        .join(" AND ")
+    keys.iter().map(|k| format!("{} = {}", q(a, k), q(b, k))).collect::<Vec<_>>().join(" AND ")
 }
 
 /// `a` sorts strictly before `b` over `cols` (ascending, NULLs first).
@@ -31,9 +29,7 @@ pub fn sorts_before(a: &str, b: &str, cols: &[String]) -> String {
     let mut s = String::from("CASE");
     for c in cols {
         let (x, y) = (q(a, c), q(b, c));
-        s.push_str(&format!(
-            " WHEN {x} IS DISTINCT FROM {y} THEN ({x} IS NULL OR ({y} IS NOT NULL AND {x} < {y}))"
-        ));
+        s.push_str(&format!(" WHEN {x} IS DISTINCT FROM {y} THEN ({x} IS NULL OR ({y} IS NOT NULL AND {x} < {y}))"));
     }
     s.push_str(" ELSE false END");
     s
@@ -44,10 +40,7 @@ pub fn rows_differ(a: &str, b: &str, cols: &[String]) -> String {
     if cols.is_empty() {
         return "false".into();
     }
-    cols.iter()
-        .map(|c| format!("{} IS DISTINCT FROM {}", q(a, c), q(b, c)))
-        .collect::<Vec<_>>()
-        .join(" OR ")
+    cols.iter().map(|c| format!("{} IS DISTINCT FROM {}", q(a, c), q(b, c))).collect::<Vec<_>>().join(" OR ")
 }
 
 /// A tie in the batch: a source row `s` of the kept row `b`'s key at its
@@ -65,10 +58,7 @@ pub fn batch_tie_cond(spec: &MergeSpec, compared: &[String]) -> String {
 
 /// Where the tombstones of `target` are remembered.
 pub fn tombstone_table(target: &TableName) -> TableName {
-    TableName {
-        schema: ledger::SCHEMA.into(),
-        table: format!("tombstones__{}__{}", target.schema, target.table),
-    }
+    TableName { schema: ledger::SCHEMA.into(), table: format!("tombstones__{}__{}", target.schema, target.table) }
 }
 
 /// The count of a query `SELECT count(…) AS "n" FROM …`.
@@ -79,36 +69,15 @@ pub fn count(engine: &mut dyn Engine, sql: &Sql) -> Result<u64> {
 /// One row per key of `stage`: the newest version, a tombstone first at
 /// equal version, then the values' total order (`compared`, then the
 /// metadata columns, ascending, NULLs first).
-pub fn dedup_sql(
-    spec: &MergeSpec,
-    names: &[String],
-    compared: &[String],
-    meta_cols: &[String],
-    stage: &str,
-) -> String {
+pub fn dedup_sql(spec: &MergeSpec, names: &[String], compared: &[String], meta_cols: &[String], stage: &str) -> String {
     let version = quote_ident(&spec.version);
-    let key_list = spec
-        .key
-        .iter()
-        .map(|k| quote_ident(k))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
     let order = std::iter::once(format!("{version} DESC"))
         .chain([format!("{} DESC", quote_ident(DELETED))])
-        .chain(
-            compared
-                .iter()
-                .chain(meta_cols.iter())
-                .map(|c| format!("{} ASC NULLS FIRST", quote_ident(c))),
-        )
+        .chain(compared.iter().chain(meta_cols.iter()).map(|c| format!("{} ASC NULLS FIRST", quote_ident(c))))
         .collect::<Vec<_>>()
         .join(", ");
-    let all = names
-        .iter()
-        .map(|c| quote_ident(c))
-        .chain([quote_ident(DELETED)])
-        .collect::<Vec<_>>()
-        .join(", ");
+    let all = names.iter().map(|c| quote_ident(c)).chain([quote_ident(DELETED)]).collect::<Vec<_>>().join(", ");
     format!("SELECT {all} FROM (SELECT *, row_number() OVER (PARTITION BY {key_list} ORDER BY {order}) AS \"__fixpoint_rank\" FROM {stage}) AS r WHERE \"__fixpoint_rank\" = 1")
 }
 
@@ -122,52 +91,22 @@ pub const BATCH_TIE: &str = "__fixpoint_batch_tie";
 /// to each other and a key has a tie at its kept (upsert) row's version
 /// exactly when two neighbouring upserts at that version differ. One sort
 /// of the batch, and no join of the batch with itself.
-pub fn dedup_tie_sql(
-    spec: &MergeSpec,
-    names: &[String],
-    compared: &[String],
-    meta_cols: &[String],
-    stage: &str,
-) -> String {
+pub fn dedup_tie_sql(spec: &MergeSpec, names: &[String], compared: &[String], meta_cols: &[String], stage: &str) -> String {
     let (version, del) = (quote_ident(&spec.version), quote_ident(DELETED));
-    let key_list = spec
-        .key
-        .iter()
-        .map(|k| quote_ident(k))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let key_list = spec.key.iter().map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
     let order = std::iter::once(format!("{version} DESC"))
         .chain([format!("{del} DESC")])
-        .chain(
-            compared
-                .iter()
-                .chain(meta_cols.iter())
-                .map(|c| format!("{} ASC NULLS FIRST", quote_ident(c))),
-        )
+        .chain(compared.iter().chain(meta_cols.iter()).map(|c| format!("{} ASC NULLS FIRST", quote_ident(c))))
         .collect::<Vec<_>>()
         .join(", ");
     let window = format!("OVER (PARTITION BY {key_list} ORDER BY {order})");
     let differ = if compared.is_empty() {
         "false".to_owned()
     } else {
-        compared
-            .iter()
-            .map(|c| {
-                format!(
-                    "lead({c}) {window} IS DISTINCT FROM {c}",
-                    c = quote_ident(c)
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(" OR ")
+        compared.iter().map(|c| format!("lead({c}) {window} IS DISTINCT FROM {c}", c = quote_ident(c))).collect::<Vec<_>>().join(" OR ")
     };
     let pair = format!("NOT {del} AND lead({version}) {window} = {version} AND NOT lead({del}) {window} AND ({differ})");
-    let all = names
-        .iter()
-        .map(|c| quote_ident(c))
-        .chain([del.clone()])
-        .collect::<Vec<_>>()
-        .join(", ");
+    let all = names.iter().map(|c| quote_ident(c)).chain([del.clone()]).collect::<Vec<_>>().join(", ");
     let tie = quote_ident(BATCH_TIE);
     format!(
         "SELECT {all}, coalesce(NOT {del} AND \"__fixpoint_pair_version\" = {version}, false) AS {tie} FROM (\
@@ -181,26 +120,14 @@ pub fn dedup_tie_sql(
 /// but the key, and but `kept`, a column the UPDATE's condition only lets
 /// through when the target holds the batch's value), the INSERT's column
 /// list and its values.
-pub fn merge_actions(
-    spec: &MergeSpec,
-    names: &[String],
-    kept: Option<&str>,
-) -> (String, String, String) {
+pub fn merge_actions(spec: &MergeSpec, names: &[String], kept: Option<&str>) -> (String, String, String) {
     let set = names
         .iter()
         .filter(|c| !spec.key.contains(c) && Some(c.as_str()) != kept)
         .map(|c| format!("{} = b.{}", quote_ident(c), quote_ident(c)))
         .collect::<Vec<_>>()
         .join(", ");
-    let col_list = names
-        .iter()
-        .map(|c| quote_ident(c))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let values = names
-        .iter()
-        .map(|c| q("b", c))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let col_list = names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
+    let values = names.iter().map(|c| q("b", c)).collect::<Vec<_>>().join(", ");
     (set, col_list, values)
 }

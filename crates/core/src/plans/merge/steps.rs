@@ -1,19 +1,17 @@
 //! Steps the merge plans share: the transactional plan, the leased one and
 //! an engine's accelerated plans (which call them from their own crate).
 
-use crate::engine::measure::{fingerprint_select, Scope};
 use crate::engine::{Column, Engine};
 use crate::error::Result;
+use crate::engine::measure::{fingerprint_select, Scope};
 use crate::fingerprint::{Fingerprint, Method};
 use crate::job::ident::{quote_ident, TableName};
-use crate::job::spec::OnTie;
 use crate::job::spec::{Job, MergeSpec};
+use crate::job::spec::OnTie;
 use crate::job::sql::{RunParams, Sql, Value};
-use crate::plans::merge::refusals::refuse_nulls;
 use crate::plans::merge::refusals::{cross_tie_error, duplicate_keys_error, moved_error};
-use crate::plans::merge::sql::{
-    count, keys_match, q, rows_differ, sorts_before, tombstone_table, DELETED,
-};
+use crate::plans::merge::refusals::refuse_nulls;
+use crate::plans::merge::sql::{count, keys_match, q, rows_differ, sorts_before, tombstone_table, DELETED};
 
 /// The deduplicated batch, one row a key (a temporary table).
 pub const BATCH: &str = "\"__fixpoint_batch\"";
@@ -30,29 +28,14 @@ pub fn flagged_source(job: &Job, spec: &MergeSpec, params: &RunParams) -> Sql {
         None => sql.push("false"),
     };
     sql.push(&format!(" AS {} FROM ", quote_ident(DELETED)));
-    Scope::Source {
-        template: job.source.template(),
-        params,
-    }
-    .write_from(&mut sql, "s");
+    Scope::Source { template: job.source.template(), params }.write_from(&mut sql, "s");
     sql
 }
 
 /// One scan of the staged source `stage`: NULL keys and versions refused
 /// (with a sample row), and the input fingerprint over `input_cols`.
-pub fn scan_stage(
-    engine: &mut dyn Engine,
-    spec: &MergeSpec,
-    stage: &str,
-    source_list: &str,
-    input_cols: &[Column],
-) -> Result<Fingerprint> {
-    let null_key = spec
-        .key
-        .iter()
-        .map(|k| format!("{} IS NULL", quote_ident(k)))
-        .collect::<Vec<_>>()
-        .join(" OR ");
+pub fn scan_stage(engine: &mut dyn Engine, spec: &MergeSpec, stage: &str, source_list: &str, input_cols: &[Column]) -> Result<Fingerprint> {
+    let null_key = spec.key.iter().map(|k| format!("{} IS NULL", quote_ident(k))).collect::<Vec<_>>().join(" OR ");
     let version = quote_ident(&spec.version);
     let fp = fingerprint_select(engine, Method::Native, "s", input_cols)?;
     let rows = engine.query(&Sql::raw(format!(
@@ -60,14 +43,7 @@ pub fn scan_stage(
         fp.select
     )))?;
     let row = rows.single("the stage scan")?;
-    refuse_nulls(
-        engine,
-        spec,
-        stage,
-        source_list,
-        row.count("null_keys")?,
-        row.count("null_versions")?,
-    )?;
+    refuse_nulls(engine, spec, stage, source_list, row.count("null_keys")?, row.count("null_versions")?)?;
     fp.read(&row, engine)
 }
 
@@ -75,12 +51,7 @@ pub fn scan_stage(
 /// once did), and drops from the batch the rows a tombstone already beats
 /// (an older or equal version of a deleted key). Returns the table and how
 /// many rows were dropped.
-pub fn drop_beaten(
-    engine: &mut dyn Engine,
-    job: &Job,
-    spec: &MergeSpec,
-    source_cols: &[Column],
-) -> Result<(TableName, u64)> {
+pub fn drop_beaten(engine: &mut dyn Engine, job: &Job, spec: &MergeSpec, source_cols: &[Column]) -> Result<(TableName, u64)> {
     let tomb = tombstone_table(&job.target);
     if spec.deleted.is_none() && engine.table_columns(&tomb)?.is_none() {
         return Ok((tomb, 0));
@@ -90,23 +61,9 @@ pub fn drop_beaten(
         .key
         .iter()
         .chain([&spec.version])
-        .map(|k| {
-            format!(
-                "{} {}",
-                quote_ident(k),
-                source_cols
-                    .iter()
-                    .find(|c| &c.name == k)
-                    .expect("described")
-                    .ty
-            )
-        })
+        .map(|k| format!("{} {}", quote_ident(k), source_cols.iter().find(|c| &c.name == k).expect("described").ty))
         .collect();
-    engine.execute(&Sql::raw(format!(
-        "CREATE TABLE IF NOT EXISTS {} ({})",
-        tomb.quoted(),
-        cols.join(", ")
-    )))?;
+    engine.execute(&Sql::raw(format!("CREATE TABLE IF NOT EXISTS {} ({})", tomb.quoted(), cols.join(", "))))?;
     let beaten = engine.execute(&Sql::raw(format!(
         "DELETE FROM {BATCH} AS b WHERE EXISTS (SELECT 1 FROM {} AS d WHERE {} AND b.{version} <= d.{version})",
         tomb.quoted(),
@@ -118,13 +75,7 @@ pub fn drop_beaten(
 /// `t.<p> IN (…)`: the partitions the batch touches, bound as values so the
 /// engine can skip the others (a subquery past [`MAX_PRUNE_LIST`]).
 pub fn touched_partitions(engine: &mut dyn Engine, p: &str, ty: &str) -> Result<Sql> {
-    let parts = engine
-        .query(&Sql::raw(format!(
-            "SELECT DISTINCT {} FROM {BATCH} WHERE {} IS NOT NULL ORDER BY 1",
-            quote_ident(p),
-            quote_ident(p)
-        )))?
-        .rows;
+    let parts = engine.query(&Sql::raw(format!("SELECT DISTINCT {} FROM {BATCH} WHERE {} IS NOT NULL ORDER BY 1", quote_ident(p), quote_ident(p))))?.rows;
     let mut sql = Sql::new();
     sql.push(&q("t", p));
     if parts.is_empty() {
@@ -156,11 +107,7 @@ pub fn touched_rows(job: &Job, spec: &MergeSpec, sql: &mut Sql) {
 /// How many rows the touched keys have before the merge, when an audit
 /// compares row counts.
 pub fn rows_before(engine: &mut dyn Engine, job: &Job, spec: &MergeSpec) -> Result<Option<u64>> {
-    if !job
-        .audits
-        .iter()
-        .any(|a| matches!(a.kind, crate::job::audit::AuditKind::RowCountChange { .. }))
-    {
+    if !job.audits.iter().any(|a| matches!(a.kind, crate::job::audit::AuditKind::RowCountChange { .. })) {
         return Ok(None);
     }
     let mut sql = Sql::new();
@@ -171,11 +118,7 @@ pub fn rows_before(engine: &mut dyn Engine, job: &Job, spec: &MergeSpec) -> Resu
 
 /// Replaces the remembered tombstones of the batch's deleted keys with the
 /// batch's.
-pub fn remember_tombstones(
-    engine: &mut dyn Engine,
-    spec: &MergeSpec,
-    tomb: &TableName,
-) -> Result<()> {
+pub fn remember_tombstones(engine: &mut dyn Engine, spec: &MergeSpec, tomb: &TableName) -> Result<()> {
     if spec.deleted.is_none() {
         return Ok(());
     }
@@ -185,19 +128,11 @@ pub fn remember_tombstones(
         tomb.quoted(),
         keys_match("d", "b", &spec.key)
     )))?;
-    let kv = spec
-        .key
-        .iter()
-        .chain([&spec.version])
-        .map(|k| quote_ident(k))
-        .collect::<Vec<_>>()
-        .join(", ");
-    engine.execute(&Sql::raw(format!(
-        "INSERT INTO {} ({kv}) SELECT {kv} FROM {BATCH} WHERE {del}",
-        tomb.quoted()
-    )))?;
+    let kv = spec.key.iter().chain([&spec.version]).map(|k| quote_ident(k)).collect::<Vec<_>>().join(", ");
+    engine.execute(&Sql::raw(format!("INSERT INTO {} ({kv}) SELECT {kv} FROM {BATCH} WHERE {del}", tomb.quoted())))?;
     Ok(())
 }
+
 
 /// How a batch row `b` stands against the target's row `t` of its key
 /// (`t`'s first key column NULL: none), as SQL conditions.
@@ -220,16 +155,10 @@ impl Conditions {
     pub fn of(spec: &MergeSpec, compared: &[String]) -> Conditions {
         let version = quote_ident(&spec.version);
         let del = format!("b.{}", quote_ident(DELETED));
-        let newer = format!(
-            "(b.{version} > t.{version}{})",
-            match spec.on_tie {
-                OnTie::Deterministic => format!(
-                    " OR (b.{version} = t.{version} AND {})",
-                    sorts_before("b", "t", compared)
-                ),
-                OnTie::Error => String::new(),
-            }
-        );
+        let newer = format!("(b.{version} > t.{version}{})", match spec.on_tie {
+            OnTie::Deterministic => format!(" OR (b.{version} = t.{version} AND {})", sorts_before("b", "t", compared)),
+            OnTie::Error => String::new(),
+        });
         let first_key = q("t", &spec.key[0]);
         let matched = format!("{first_key} IS NOT NULL");
         Conditions {
@@ -281,12 +210,7 @@ pub struct Classification<'a> {
 
 impl Classification<'_> {
     /// Runs it; `read` takes what `extra` selected from its row.
-    pub fn run(
-        &self,
-        engine: &mut dyn Engine,
-        extra: &str,
-        read: impl FnOnce(&mut dyn Engine, &crate::engine::Row<'_>) -> Result<()>,
-    ) -> Result<Classified> {
+    pub fn run(&self, engine: &mut dyn Engine, extra: &str, read: impl FnOnce(&mut dyn Engine, &crate::engine::Row<'_>) -> Result<()>) -> Result<Classified> {
         let (job, spec, batch) = (self.job, self.spec, self.batch);
         let version = quote_ident(&spec.version);
         let del = format!("b.{}", quote_ident(DELETED));
@@ -319,35 +243,14 @@ impl Classification<'_> {
         let moved = row.count("moved")?;
         if moved > 0 {
             let p = self.prune.expect("moved only counted when pruning");
-            return Err(moved_error(
-                engine,
-                job,
-                spec,
-                p,
-                batch,
-                self.in_scope,
-                self.params,
-                moved,
-            )?);
+            return Err(moved_error(engine, job, spec, p, batch, self.in_scope, self.params, moved)?);
         }
         let cross_ties = row.count("cross_ties")?;
         if spec.on_tie == OnTie::Error && cross_ties > 0 {
             let on = Sql::raw(keys_match("t", "b", &spec.key));
-            return Err(cross_tie_error(
-                engine,
-                job,
-                spec,
-                batch,
-                &on,
-                self.compared,
-                cross_ties,
-            )?);
+            return Err(cross_tie_error(engine, job, spec, batch, &on, self.compared, cross_ties)?);
         }
-        let classified = Classified {
-            inserts: row.count("inserts")?,
-            updates: row.count("updates")?,
-            deletes: row.count("deletes")?,
-        };
+        let classified = Classified { inserts: row.count("inserts")?, updates: row.count("updates")?, deletes: row.count("deletes")? };
         read(engine, &row)?;
         Ok(classified)
     }

@@ -25,12 +25,9 @@ use crate::job::ident::quote_ident;
 use crate::job::spec::{Job, MergeSpec, OnTie};
 use crate::job::sql::{RunParams, Sql};
 use crate::plans::merge::refusals::{check_source, deleted_error, tie_error};
-use crate::plans::merge::sql::{
-    batch_tie_cond, count, dedup_sql, keys_match, merge_actions, q, DELETED,
-};
+use crate::plans::merge::sql::{batch_tie_cond, count, dedup_sql, keys_match, merge_actions, q, DELETED};
 use crate::plans::merge::steps::{
-    drop_beaten, flagged_source, remember_tombstones, rows_before, scan_stage, touched_partitions,
-    touched_rows, Classification, Classified, Conditions, BATCH,
+    drop_beaten, flagged_source, remember_tombstones, rows_before, scan_stage, touched_partitions, touched_rows, Classification, Classified, Conditions, BATCH,
 };
 use crate::run::input::{describe_source, RunInput};
 use crate::run::ledger;
@@ -78,28 +75,14 @@ impl Plan<'_> {
     /// The target's columns the output fingerprint hashes (all but the
     /// metadata).
     fn output_cols(&self, target_cols: &[Column]) -> Vec<Column> {
-        target_cols
-            .iter()
-            .filter(|c| !self.job.metadata.contains(&c.name))
-            .cloned()
-            .collect()
+        target_cols.iter().filter(|c| !self.job.metadata.contains(&c.name)).cloned().collect()
     }
 }
 
-pub(super) fn merge_with(
-    job: &Job,
-    run_date: RunDate,
-    engine: &mut dyn Engine,
-    opts: &RunOptions,
-    run_input: &RunInput,
-    started: Instant,
-) -> Result<RunReport> {
+pub(super) fn merge_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions, run_input: &RunInput, started: Instant) -> Result<RunReport> {
     let started_at = chrono::Utc::now().naive_utc();
     let mut trace = Trace::new();
-    let spec: &MergeSpec = job
-        .merge
-        .as_ref()
-        .ok_or_else(|| Error::Internal("merge without merge keys".into()))?;
+    let spec: &MergeSpec = job.merge.as_ref().ok_or_else(|| Error::Internal("merge without merge keys".into()))?;
     let params = run_input.params.clone();
     let source_cols = describe_source(job, engine, &params)?;
     check_source(job, spec, &source_cols)?;
@@ -107,23 +90,12 @@ pub(super) fn merge_with(
     let added = crate::run::schema::reconcile(engine, job, &source_cols, target_cols.as_deref())?;
     trace.step("describe");
     let has = |cols: &[Column], name: &str| cols.iter().any(|c| c.name == name);
-    let prune = job
-        .partition
-        .as_deref()
-        .filter(|p| has(&source_cols, p) && target_cols.as_ref().is_none_or(|t| has(t, p)));
+    let prune = job.partition.as_deref().filter(|p| has(&source_cols, p) && target_cols.as_ref().is_none_or(|t| has(t, p)));
     let names: Vec<String> = source_cols.iter().map(|c| c.name.clone()).collect();
     let is_meta = |c: &String| job.metadata.contains(c);
-    let compared: Vec<String> = names
-        .iter()
-        .filter(|c| !spec.key.contains(c) && **c != spec.version && !is_meta(c))
-        .cloned()
-        .collect();
+    let compared: Vec<String> = names.iter().filter(|c| !spec.key.contains(c) && **c != spec.version && !is_meta(c)).cloned().collect();
     let meta_cols: Vec<String> = names.iter().filter(|c| is_meta(c)).cloned().collect();
-    let input_cols: Vec<Column> = source_cols
-        .iter()
-        .filter(|c| !is_meta(&c.name))
-        .cloned()
-        .collect();
+    let input_cols: Vec<Column> = source_cols.iter().filter(|c| !is_meta(&c.name)).cloned().collect();
     let plan = Plan {
         job,
         spec,
@@ -149,10 +121,7 @@ pub(super) fn merge_with(
             report
         }
     };
-    Ok(RunReport {
-        elapsed_ms: elapsed_ms(started),
-        ..report
-    })
+    Ok(RunReport { elapsed_ms: elapsed_ms(started), ..report })
 }
 
 /// Takes the run's lock, makes sure of the ledger, adds the source's new
@@ -164,20 +133,9 @@ fn prepare(engine: &mut dyn Engine, plan: &Plan<'_>) -> Result<Vec<Column>> {
     ledger::ensure(engine)?;
     crate::run::schema::append(engine, &job.target, plan.added)?;
     if plan.created_target {
-        engine.execute(&Sql::raw(format!(
-            "CREATE SCHEMA IF NOT EXISTS {}",
-            quote_ident(&job.target.schema)
-        )))?;
-        let cols: Vec<String> = plan
-            .source_cols
-            .iter()
-            .map(|c| format!("{} {}", quote_ident(&c.name), c.ty))
-            .collect();
-        engine.execute(&Sql::raw(format!(
-            "CREATE TABLE {} ({})",
-            job.target.quoted(),
-            cols.join(", ")
-        )))?;
+        engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&job.target.schema))))?;
+        let cols: Vec<String> = plan.source_cols.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
+        engine.execute(&Sql::raw(format!("CREATE TABLE {} ({})", job.target.quoted(), cols.join(", "))))?;
     }
     Ok(engine.table_columns(&job.target)?.unwrap_or_default())
 }
@@ -185,14 +143,8 @@ fn prepare(engine: &mut dyn Engine, plan: &Plan<'_>) -> Result<Vec<Column>> {
 /// The merge by the engine's accelerator, in a transaction of its own:
 /// `None` when there is none or it declined (rolled back; the reason
 /// traced), and the portable plan runs.
-fn accelerated(
-    engine: &mut dyn Engine,
-    plan: &Plan<'_>,
-    trace: &mut Trace,
-) -> Result<Option<RunReport>> {
-    let Some(acc) = engine.accelerator() else {
-        return Ok(None);
-    };
+fn accelerated(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut Trace) -> Result<Option<RunReport>> {
+    let Some(acc) = engine.accelerator() else { return Ok(None) };
     acc.begin()?;
     match accelerated_run(acc, plan, trace) {
         Ok(Accelerated::Done(report)) => {
@@ -215,20 +167,10 @@ fn accelerated(
 
 /// Prepares the target, asks the accelerator, publishes what it did and
 /// gives it the last word before COMMIT.
-fn accelerated_run(
-    acc: &mut dyn Accelerator,
-    plan: &Plan<'_>,
-    trace: &mut Trace,
-) -> Result<Accelerated<RunReport>> {
+fn accelerated_run(acc: &mut dyn Accelerator, plan: &Plan<'_>, trace: &mut Trace) -> Result<Accelerated<RunReport>> {
     let target_cols = prepare(acc, plan)?;
     trace.step("prepare");
-    let merged = match acc.merge(
-        &plan.request(&target_cols),
-        &mut Steps {
-            opts: plan.opts,
-            trace,
-        },
-    )? {
+    let merged = match acc.merge(&plan.request(&target_cols), &mut Steps { opts: plan.opts, trace })? {
         Accelerated::Done(merged) => merged,
         Accelerated::Declined(why) => return Ok(Accelerated::Declined(why)),
     };
@@ -243,31 +185,19 @@ fn accelerated_run(
 
 /// Audits the touched keys as they will be published, writes the report
 /// and the ledger row, and stops at the last fail point before COMMIT.
-fn publish(
-    engine: &mut dyn Engine,
-    plan: &Plan<'_>,
-    m: Merged,
-    trace: &mut Trace,
-) -> Result<RunReport> {
+fn publish(engine: &mut dyn Engine, plan: &Plan<'_>, m: Merged, trace: &mut Trace) -> Result<RunReport> {
     let job = plan.job;
     let audits = if job.audits.is_empty() {
         Vec::new()
     } else {
         let touched = |sql: &mut Sql| touched_rows(job, plan.spec, sql);
-        let scope = crate::run::audit::AuditScope {
-            from: &touched,
-            previous_rows: m.rows_before,
-            run_date: plan.run_date.date(),
-        };
+        let scope = crate::run::audit::AuditScope { from: &touched, previous_rows: m.rows_before, run_date: plan.run_date.date() };
         let results = crate::run::audit::audit(job, engine, &scope)?;
         trace.step("audits");
         results
     };
     let job_hash = job.definition_hash();
-    let key = plan
-        .run_input
-        .file_key(&job_hash, plan.run_date)
-        .unwrap_or_else(|| run_key(&job_hash, plan.run_date, &m.input));
+    let key = plan.run_input.file_key(&job_hash, plan.run_date).unwrap_or_else(|| run_key(&job_hash, plan.run_date, &m.input));
     plan.opts.run_key_known(job, plan.run_date, &key);
     let mut report = RunReport::new(job, plan.run_date, key, "committed", &m.input, &m.output);
     report.audits = audits;
@@ -308,24 +238,9 @@ fn portable(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut Trace) -> Resu
     plan.opts.step(FailPoint::AfterInsert)?;
     let output = output(engine, plan, &scope, &output_cols, by_construction)?;
     trace.step("output fp");
-    let Classified {
-        inserts,
-        updates,
-        deletes,
-        ..
-    } = class;
+    let Classified { inserts, updates, deletes, .. } = class;
     let duplicates_collapsed = input.rows - batch_rows;
-    let merged = Merged {
-        input,
-        output,
-        inserts,
-        updates,
-        deletes,
-        batch_rows,
-        duplicates_collapsed,
-        rows_before,
-        method: "merge",
-    };
+    let merged = Merged { input, output, inserts, updates, deletes, batch_rows, duplicates_collapsed, rows_before, method: "merge" };
     let report = publish(engine, plan, merged, trace)?;
     engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {STAGE}")))?;
     engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {BATCH}")))?;
@@ -340,16 +255,9 @@ fn stage(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut Trace) -> Result<
     engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {STAGE}")))?;
     engine.execute(&Sql::raw(format!("DROP TABLE IF EXISTS {BATCH}")))?;
     let sql = flagged_source(job, spec, plan.params);
-    engine
-        .create_temp_table_as(STAGE, &sql)
-        .map_err(|e| deleted_error(job, spec, plan.source_cols, e))?;
+    engine.create_temp_table_as(STAGE, &sql).map_err(|e| deleted_error(job, spec, plan.source_cols, e))?;
     trace.step("stage");
-    let source_list = plan
-        .names
-        .iter()
-        .map(|c| quote_ident(c))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let source_list = plan.names.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ");
     let input = scan_stage(engine, spec, STAGE, &source_list, plan.input_cols)?;
     trace.step("null check, input fp");
     Ok(input)
@@ -361,35 +269,15 @@ fn stage(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut Trace) -> Result<
 ///    from the kept one) refused. Returns the batch's rows.
 fn dedup(engine: &mut dyn Engine, plan: &Plan<'_>, trace: &mut Trace) -> Result<u64> {
     let spec = plan.spec;
-    engine.create_temp_table_as(
-        BATCH,
-        &Sql::raw(dedup_sql(
-            spec,
-            plan.names,
-            plan.compared,
-            plan.meta_cols,
-            STAGE,
-        )),
-    )?;
-    let batch_rows = count(
-        engine,
-        &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {BATCH}")),
-    )?;
+    engine.create_temp_table_as(BATCH, &Sql::raw(dedup_sql(spec, plan.names, plan.compared, plan.meta_cols, STAGE)))?;
+    let batch_rows = count(engine, &Sql::raw(format!("SELECT count(*) AS \"n\" FROM {BATCH}")))?;
     trace.step("dedup");
     if spec.on_tie == OnTie::Error {
         let tie_cond = batch_tie_cond(spec, plan.compared);
-        let keys = spec
-            .key
-            .iter()
-            .map(|k| q("b", k))
-            .chain(["true".to_owned()])
-            .collect::<Vec<_>>()
-            .join(", ");
+        let keys = spec.key.iter().map(|k| q("b", k)).chain(["true".to_owned()]).collect::<Vec<_>>().join(", ");
         let ties = count(engine, &Sql::raw(format!("SELECT count(DISTINCT ({keys})) AS \"n\" FROM {STAGE} AS s JOIN {BATCH} AS b ON {tie_cond}")))?;
         if ties > 0 {
-            return Err(tie_error(
-                engine, spec, plan.names, STAGE, BATCH, &tie_cond, ties,
-            )?);
+            return Err(tie_error(engine, spec, plan.names, STAGE, BATCH, &tie_cond, ties)?);
         }
         trace.step("batch ties");
     }
@@ -411,27 +299,15 @@ impl Pruned {
     fn of(engine: &mut dyn Engine, plan: &Plan<'_>, target_cols: &[Column]) -> Result<Pruned> {
         let mut touched = Sql::new();
         if let Some(p) = plan.prune {
-            let ty = &target_cols
-                .iter()
-                .find(|c| c.name == p)
-                .expect("checked")
-                .ty;
+            let ty = &target_cols.iter().find(|c| c.name == p).expect("checked").ty;
             touched = touched_partitions(engine, p, ty)?;
         }
-        let in_scope = if plan.prune.is_some() {
-            format!("coalesce({}, false)", touched.text)
-        } else {
-            "true".to_owned()
-        };
+        let in_scope = if plan.prune.is_some() { format!("coalesce({}, false)", touched.text) } else { "true".to_owned() };
         let mut on = Sql::raw(keys_match("t", "b", &plan.spec.key));
         if plan.prune.is_some() {
             on.push(" AND ").append(&touched);
         }
-        Ok(Pruned {
-            touched,
-            in_scope,
-            on,
-        })
+        Ok(Pruned { touched, in_scope, on })
     }
 }
 
@@ -439,23 +315,12 @@ impl Pruned {
 ///    against the target, refusals with the rows involved; the same join
 ///    fingerprints the batch's keys as they will be written when the
 ///    target's columns are the source's.
-fn classify(
-    engine: &mut dyn Engine,
-    plan: &Plan<'_>,
-    scope: &Pruned,
-    output_cols: &[Column],
-) -> Result<(Classified, Option<(u64, i128)>)> {
+fn classify(engine: &mut dyn Engine, plan: &Plan<'_>, scope: &Pruned, output_cols: &[Column]) -> Result<(Classified, Option<(u64, i128)>)> {
     let c = Conditions::of(plan.spec, plan.compared);
     let by_construction = output_cols == plan.input_cols;
     let extra = if by_construction {
-        let hb = engine
-            .dialect()
-            .native_row_hash("b", output_cols)
-            .unwrap_or_else(|| "0".into());
-        let ht = engine
-            .dialect()
-            .native_row_hash("t", output_cols)
-            .unwrap_or_else(|| "0".into());
+        let hb = engine.dialect().native_row_hash("b", output_cols).unwrap_or_else(|| "0".into());
+        let ht = engine.dialect().native_row_hash("t", output_cols).unwrap_or_else(|| "0".into());
         let (ins, upd, del, matched) = (&c.is_insert, &c.is_update, &c.is_delete, &c.matched);
         format!(
             ", count(*) FILTER (WHERE {ins} OR {upd} OR ({matched} AND NOT ({del}))) AS \"out_rows\", \
@@ -478,10 +343,7 @@ fn classify(
     let mut output = None;
     let classified = classification.run(engine, &extra, |engine, row| {
         if by_construction {
-            output = Some((
-                row.count("out_rows")?,
-                engine.dialect().read_sum(row.value("out_sum")?)?,
-            ));
+            output = Some((row.count("out_rows")?, engine.dialect().read_sum(row.value("out_sum")?)?));
         }
         Ok(())
     })?;
@@ -489,39 +351,19 @@ fn classify(
 }
 
 /// 5. One MERGE, pruned; it must change what the classification planned.
-fn write(
-    engine: &mut dyn Engine,
-    plan: &Plan<'_>,
-    scope: &Pruned,
-    class: &Classified,
-) -> Result<()> {
+fn write(engine: &mut dyn Engine, plan: &Plan<'_>, scope: &Pruned, class: &Classified) -> Result<()> {
     let (spec, version) = (plan.spec, quote_ident(&plan.spec.version));
     let del = format!("b.{}", quote_ident(DELETED));
     let (set, col_list, values) = merge_actions(spec, plan.names, None);
     let mut sql = Sql::new();
-    sql.push(&format!(
-        "MERGE INTO {} AS t USING {BATCH} AS b ON (",
-        plan.job.target.quoted()
-    ))
-    .append(&scope.on);
-    sql.push(&format!(
-        ") WHEN MATCHED AND {del} AND b.{version} >= t.{version} THEN DELETE "
-    ));
+    sql.push(&format!("MERGE INTO {} AS t USING {BATCH} AS b ON (", plan.job.target.quoted())).append(&scope.on);
+    sql.push(&format!(") WHEN MATCHED AND {del} AND b.{version} >= t.{version} THEN DELETE "));
     if !set.is_empty() {
-        sql.push(&format!(
-            "WHEN MATCHED AND NOT {del} AND {} THEN UPDATE SET {set} ",
-            Conditions::of(spec, plan.compared).newer
-        ));
+        sql.push(&format!("WHEN MATCHED AND NOT {del} AND {} THEN UPDATE SET {set} ", Conditions::of(spec, plan.compared).newer));
     }
-    sql.push(&format!(
-        "WHEN NOT MATCHED AND NOT {del} THEN INSERT ({col_list}) VALUES ({values})"
-    ));
+    sql.push(&format!("WHEN NOT MATCHED AND NOT {del} THEN INSERT ({col_list}) VALUES ({values})"));
     let planned = class.inserts + class.updates + class.deletes;
-    let changed = if planned > 0 {
-        engine.execute(&sql)?
-    } else {
-        0
-    };
+    let changed = if planned > 0 { engine.execute(&sql)? } else { 0 };
     plan.opts.step(FailPoint::AfterDelete)?;
     plan.opts.step(FailPoint::MidInsert)?;
     if changed != planned {
@@ -535,24 +377,13 @@ fn write(
 
 /// 6. The output: the batch's keys as the target now holds them (taken by
 ///    the classification when the target's columns are the source's).
-fn output(
-    engine: &mut dyn Engine,
-    plan: &Plan<'_>,
-    scope: &Pruned,
-    output_cols: &[Column],
-    by_construction: Option<(u64, i128)>,
-) -> Result<Fingerprint> {
+fn output(engine: &mut dyn Engine, plan: &Plan<'_>, scope: &Pruned, output_cols: &[Column], by_construction: Option<(u64, i128)>) -> Result<Fingerprint> {
     let fp = fingerprint_select(engine, Method::Native, "t", output_cols)?;
     if let Some((rows, sum)) = by_construction {
         return Ok(fp.of(rows, sum));
     }
     // The batch holds one row per key, so a join is a semi-join.
     let mut sql = Sql::new();
-    sql.push(&format!(
-        "SELECT {} FROM {} AS t JOIN {BATCH} AS b ON ",
-        fp.select,
-        plan.job.target.quoted()
-    ))
-    .append(&scope.on);
+    sql.push(&format!("SELECT {} FROM {} AS t JOIN {BATCH} AS b ON ", fp.select, plan.job.target.quoted())).append(&scope.on);
     fp.read(&engine.query(&sql)?.single("the output scan")?, engine)
 }

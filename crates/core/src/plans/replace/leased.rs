@@ -14,58 +14,27 @@ use crate::job::ident::quote_ident;
 use crate::job::spec::Job;
 use crate::job::sql::{RunParam, RunParams, Sql, Value};
 use crate::plans::lease::leased;
-use crate::plans::steps::{
-    check_day_rows, check_source_columns, fingerprinted, guard_scan, signature_of,
-};
+use crate::plans::steps::{check_day_rows, check_source_columns, fingerprinted, guard_scan, signature_of};
 use crate::run::input::{describe_source, RunInput};
 use crate::run::ledger;
 use crate::run::protocol::{elapsed_ms, RunOptions, Trace};
 use crate::run::report::{entry, skipped, RunReport};
 
-pub(crate) fn replace_partition_with(
-    job: &Job,
-    run_date: RunDate,
-    engine: &mut dyn Leases,
-    opts: &RunOptions,
-    run_input: &RunInput,
-    started: Instant,
-) -> Result<RunReport> {
-    let partition = job
-        .partition
-        .as_deref()
-        .ok_or_else(|| Error::Internal("replace_partition without partition".into()))?;
+pub(crate) fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Leases, opts: &RunOptions, run_input: &RunInput, started: Instant) -> Result<RunReport> {
+    let partition = job.partition.as_deref().ok_or_else(|| Error::Internal("replace_partition without partition".into()))?;
     let params = run_input.params.clone();
     let source = describe_source(job, engine, &params)?;
     check_source_columns(job, &source, partition)?;
-    let mut day = Overwrite {
-        job,
-        run_date,
-        opts,
-        run_input,
-        partition,
-        params,
-        source,
-        trace: Trace::new(),
-        started_at: chrono::Utc::now().naive_utc(),
-        ruled_out: None,
-    };
+    let mut day = Overwrite { job, run_date, opts, run_input, partition, params, source, trace: Trace::new(), started_at: chrono::Utc::now().naive_utc(), ruled_out: None };
     // A retry over an unchanged day is found before the lease is taken:
     // finding it writes nothing, so it needs none.
     if let Some(report) = day.skip_before_lease(engine, started)? {
-        return Ok(RunReport {
-            elapsed_ms: elapsed_ms(started),
-            ..report
-        });
+        return Ok(RunReport { elapsed_ms: elapsed_ms(started), ..report });
     }
     // The target is looked at under the lease: a run that waited for
     // another sees what that one left (a table it created, say).
-    let report = leased(engine, job, &run_date.to_string(), opts, &[], |engine| {
-        day.run(engine, started)
-    })?;
-    Ok(RunReport {
-        elapsed_ms: elapsed_ms(started),
-        ..report
-    })
+    let report = leased(engine, job, &run_date.to_string(), opts, &[], |engine| day.run(engine, started))?;
+    Ok(RunReport { elapsed_ms: elapsed_ms(started), ..report })
 }
 
 /// One run of `replace_partition` under a lease.
@@ -114,25 +83,13 @@ impl Overwrite<'_> {
         //    before anything is written.
         let input = self.guard(engine, &shape)?;
         let job_hash = self.job.definition_hash();
-        let key = self
-            .run_input
-            .file_key(&job_hash, self.run_date)
-            .unwrap_or_else(|| run_key(&job_hash, self.run_date, &input));
+        let key = self.run_input.file_key(&job_hash, self.run_date).unwrap_or_else(|| run_key(&job_hash, self.run_date, &input));
         self.params.run_key = key.clone();
         self.opts.run_key_known(self.job, self.run_date, &key);
         // 2. A retry over the same input, the day still as recorded:
         //    nothing to do.
         let rows_before = match self.rows_before(engine, &shape, &key)? {
-            Before::Unchanged(now) => {
-                return Ok(skipped(
-                    self.job,
-                    self.run_date,
-                    &key,
-                    &input,
-                    &now,
-                    started,
-                ))
-            }
+            Before::Unchanged(now) => return Ok(skipped(self.job, self.run_date, &key, &input, &now, started)),
             Before::Rows(rows) => rows,
         };
         let audits = self.audit(engine, rows_before)?;
@@ -153,10 +110,7 @@ impl Overwrite<'_> {
         // The data is committed already; a failure here leaves the run's
         // output without its ledger row (the next run rewrites and records).
         self.opts.step(FailPoint::BeforeCommit)?;
-        ledger::record(
-            engine,
-            &entry(self.job, &job_hash, &report, self.started_at),
-        )?;
+        ledger::record(engine, &entry(self.job, &job_hash, &report, self.started_at))?;
         self.trace.step("ledger row");
         Ok(report)
     }
@@ -170,11 +124,7 @@ impl Overwrite<'_> {
     /// changed, the target's columns drifted, or the input or the day
     /// differs. Only reads: a run that waits for the lease meanwhile, or
     /// writes after it, finds the day as this check did or rewrites it.
-    fn skip_before_lease(
-        &mut self,
-        engine: &mut dyn Leases,
-        started: Instant,
-    ) -> Result<Option<RunReport>> {
+    fn skip_before_lease(&mut self, engine: &mut dyn Leases, started: Instant) -> Result<Option<RunReport>> {
         if self.opts.force {
             return Ok(None);
         }
@@ -185,18 +135,8 @@ impl Overwrite<'_> {
         let job_hash = self.job.definition_hash();
         // Any failure to read the ledger (none yet, one of an older
         // fixpoint) declines: the run under the lease reads it properly.
-        let Ok(entries) =
-            ledger::entries_of_existing(engine, Some(&self.job.name), Some(self.run_date), Some(1))
-        else {
-            return Ok(None);
-        };
-        let Some(last) = entries
-            .into_iter()
-            .next()
-            .filter(|l| l.job_hash == job_hash)
-        else {
-            return Ok(None);
-        };
+        let Ok(entries) = ledger::entries_of_existing(engine, Some(&self.job.name), Some(self.run_date), Some(1)) else { return Ok(None) };
+        let Some(last) = entries.into_iter().next().filter(|l| l.job_hash == job_hash) else { return Ok(None) };
         let shape = self.shape(engine)?;
         if shape.target.is_none() || !shape.added.is_empty() {
             return Ok(None);
@@ -204,62 +144,24 @@ impl Overwrite<'_> {
         let fp = fingerprint_select(engine, Method::Native, "s", &shape.input)?;
         let day_fp = fingerprint_select(engine, Method::Native, "fp", &shape.output)?;
         let mut sql = Sql::new();
-        sql.push("SELECT g.*, d.")
-            .ident(FP_ROWS)
-            .push(" AS \"day_rows\", d.")
-            .ident(FP_SUM)
-            .push(" AS \"day_sum\" FROM (");
-        sql.append(&guard_scan(
-            self.job,
-            &self.params,
-            self.partition,
-            self.run_date.date(),
-            &fp.select,
-        ));
-        sql.push(") AS g CROSS JOIN (SELECT ")
-            .push(&day_fp.select)
-            .push(" FROM ");
+        sql.push("SELECT g.*, d.").ident(FP_ROWS).push(" AS \"day_rows\", d.").ident(FP_SUM).push(" AS \"day_sum\" FROM (");
+        sql.append(&guard_scan(self.job, &self.params, self.partition, self.run_date.date(), &fp.select));
+        sql.push(") AS g CROSS JOIN (SELECT ").push(&day_fp.select).push(" FROM ");
         self.scope().write_from(&mut sql, "fp");
         sql.push(") AS d");
         let rows = engine.query(&sql)?;
         let row = rows.single("the guard scan")?;
         let input = fp.read(&row, engine)?;
-        check_day_rows(
-            engine,
-            self.job,
-            &self.params,
-            self.partition,
-            self.run_date,
-            input.rows,
-            row.count("outside")?,
-        )?;
-        let key = self
-            .run_input
-            .file_key(&job_hash, self.run_date)
-            .unwrap_or_else(|| run_key(&job_hash, self.run_date, &input));
-        let now = day_fp.of(
-            row.count("day_rows")?,
-            engine.dialect().read_sum(row.value("day_sum")?)?,
-        );
-        self.trace
-            .step("guards, input fp, day fp, before the lease");
-        if last.run_key != key
-            || last.fingerprint_kind != now.kind
-            || last.output_rows != now.rows
-            || last.output_checksum != now.checksum
-        {
+        check_day_rows(engine, self.job, &self.params, self.partition, self.run_date, input.rows, row.count("outside")?)?;
+        let key = self.run_input.file_key(&job_hash, self.run_date).unwrap_or_else(|| run_key(&job_hash, self.run_date, &input));
+        let now = day_fp.of(row.count("day_rows")?, engine.dialect().read_sum(row.value("day_sum")?)?);
+        self.trace.step("guards, input fp, day fp, before the lease");
+        if last.run_key != key || last.fingerprint_kind != now.kind || last.output_rows != now.rows || last.output_checksum != now.checksum {
             self.ruled_out = Some((last.run_key, last.finished_at));
             return Ok(None);
         }
         self.opts.run_key_known(self.job, self.run_date, &key);
-        Ok(Some(skipped(
-            self.job,
-            self.run_date,
-            &key,
-            &input,
-            &now,
-            started,
-        )))
+        Ok(Some(skipped(self.job, self.run_date, &key, &input, &now, started)))
     }
 
     /// The day written in one job that reads the source once, the rows
@@ -279,19 +181,9 @@ impl Overwrite<'_> {
     /// the day, of this job, other than the one the check before the lease
     /// ruled out (a run that waited while another recorded the same input
     /// finds its output).
-    fn run_observed(
-        &mut self,
-        engine: &mut dyn Leases,
-        shape: &Shape,
-    ) -> Result<Option<RunReport>> {
+    fn run_observed(&mut self, engine: &mut dyn Leases, shape: &Shape) -> Result<Option<RunReport>> {
         let (job, partition, run_date) = (self.job, self.partition, self.run_date);
-        let Some(target) = shape
-            .target
-            .as_ref()
-            .filter(|_| shape.added.is_empty() && !shape.by_rows)
-        else {
-            return Ok(None);
-        };
+        let Some(target) = shape.target.as_ref().filter(|_| shape.added.is_empty() && !shape.by_rows) else { return Ok(None) };
         if job.min_rows.is_some_and(|m| m > 1) || engine.observed_writes().is_none() {
             return Ok(None);
         }
@@ -302,17 +194,8 @@ impl Overwrite<'_> {
         if file_key.is_none() && job.source.template().uses_any(&[RunParam::RunKey]) {
             return Ok(None);
         }
-        let last = if self.opts.force {
-            None
-        } else {
-            ledger::entries_of_existing(engine, Some(&job.name), Some(run_date), Some(1))?
-                .into_iter()
-                .next()
-        };
-        if last.is_some_and(|l| {
-            l.job_hash == job_hash
-                && self.ruled_out.as_ref() != Some(&(l.run_key.clone(), l.finished_at))
-        }) {
+        let last = if self.opts.force { None } else { ledger::entries_of_existing(engine, Some(&job.name), Some(run_date), Some(1))?.into_iter().next() };
+        if last.is_some_and(|l| l.job_hash == job_hash && self.ruled_out.as_ref() != Some(&(l.run_key.clone(), l.finished_at))) {
             return Ok(None);
         }
         let mut count = Sql::new();
@@ -329,50 +212,32 @@ impl Overwrite<'_> {
         self.opts.step(FailPoint::AfterDelete)?;
         self.opts.step(FailPoint::MidInsert)?;
         let select = self.select_in_table_order(target);
-        let writes = engine
-            .observed_writes()
-            .ok_or_else(|| Error::Internal("observed writes went away".into()))?;
-        let observed =
-            match writes.overwrite_observed(&job.target, &select, &shape.input, &shape.output) {
-                Ok(o) => o,
-                Err(e @ Error::Database { .. }) => {
-                    // A row outside the day failed it: refused as the guard
-                    // scan refuses, naming a row.
-                    let mut outside = Sql::new();
-                    outside.push("SELECT count(*) AS \"outside\" FROM ");
-                    Scope::Source {
-                        template: job.source.template(),
-                        params: &self.params,
-                    }
-                    .write_from(&mut outside, "s");
-                    outside
-                        .push(" WHERE s.")
-                        .ident(partition)
-                        .push(" IS DISTINCT FROM ")
-                        .typed_param(Value::Date(run_date.date()), "DATE");
-                    let n = query_count(engine, &outside, "outside", "the rows outside the day")?;
-                    check_day_rows(engine, job, &self.params, partition, run_date, u64::MAX, n)?;
-                    return Err(e);
-                }
-                Err(e) => return Err(e),
-            };
+        let writes = engine.observed_writes().ok_or_else(|| Error::Internal("observed writes went away".into()))?;
+        let observed = match writes.overwrite_observed(&job.target, &select, &shape.input, &shape.output) {
+            Ok(o) => o,
+            Err(e @ Error::Database { .. }) => {
+                // A row outside the day failed it: refused as the guard
+                // scan refuses, naming a row.
+                let mut outside = Sql::new();
+                outside.push("SELECT count(*) AS \"outside\" FROM ");
+                Scope::Source { template: job.source.template(), params: &self.params }.write_from(&mut outside, "s");
+                outside.push(" WHERE s.").ident(partition).push(" IS DISTINCT FROM ").typed_param(Value::Date(run_date.date()), "DATE");
+                let n = query_count(engine, &outside, "outside", "the rows outside the day")?;
+                check_day_rows(engine, job, &self.params, partition, run_date, u64::MAX, n)?;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         if observed.rows == 0 {
             // Nothing was written: refused below `min_rows`, else the day
             // is emptied, as a run over an empty day does.
             check_day_rows(engine, job, &self.params, partition, run_date, 0, 0)?;
-            engine.drop_partition_value(
-                &job.target,
-                partition,
-                &Value::Date(run_date.date()),
-                "DATE",
-            )?;
+            engine.drop_partition_value(&job.target, partition, &Value::Date(run_date.date()), "DATE")?;
         }
         self.trace.step("overwrite, observed");
         self.opts.step(FailPoint::AfterInsert)?;
-        let input = fingerprint_select(engine, Method::Native, "s", &shape.input)?
-            .of(observed.rows, observed.input_sum);
-        let output = fingerprint_select(engine, Method::Native, "fp", &shape.output)?
-            .of(observed.rows, observed.output_sum);
+        let input = fingerprint_select(engine, Method::Native, "s", &shape.input)?.of(observed.rows, observed.input_sum);
+        let output = fingerprint_select(engine, Method::Native, "fp", &shape.output)?.of(observed.rows, observed.output_sum);
         let key = file_key.unwrap_or_else(|| run_key(&job_hash, run_date, &input));
         self.params.run_key = key.clone();
         self.opts.run_key_known(job, run_date, &key);
@@ -404,10 +269,7 @@ impl Overwrite<'_> {
             } else if c.name != partition {
                 sql.push("s.").ident(&c.name);
             } else {
-                sql.push("CASE WHEN s.")
-                    .ident(partition)
-                    .push(" IS DISTINCT FROM ")
-                    .typed_param(Value::Date(self.run_date.date()), "DATE");
+                sql.push("CASE WHEN s.").ident(partition).push(" IS DISTINCT FROM ").typed_param(Value::Date(self.run_date.date()), "DATE");
                 sql.push(" THEN raise_error(").param(Value::Text(format!(
                     "fixpoint: a source row of job {} is not in the run's partition {partition} = {}; nothing was overwritten",
                     job.name, self.run_date
@@ -417,20 +279,13 @@ impl Overwrite<'_> {
             sql.push(" AS ").ident(&c.name);
         }
         sql.push(" FROM ");
-        Scope::Source {
-            template: job.source.template(),
-            params: &self.params,
-        }
-        .write_from(&mut sql, "s");
+        Scope::Source { template: job.source.template(), params: &self.params }.write_from(&mut sql, "s");
         sql
     }
 
     /// The day's rows in the target.
     fn scope(&self) -> Scope<'_> {
-        Scope::Table {
-            table: &self.job.target,
-            filter: Some(Filter::DateEquals(self.partition, self.run_date.date())),
-        }
+        Scope::Table { table: &self.job.target, filter: Some(Filter::DateEquals(self.partition, self.run_date.date())) }
     }
 
     /// The target's columns, schema drift reconciled; refused when it is not
@@ -457,41 +312,19 @@ impl Overwrite<'_> {
             cols
         });
         let input = fingerprinted(&self.source, &job.metadata);
-        let output = target
-            .as_deref()
-            .map_or_else(|| input.clone(), |cols| fingerprinted(cols, &job.metadata));
+        let output = target.as_deref().map_or_else(|| input.clone(), |cols| fingerprinted(cols, &job.metadata));
         self.trace.step("describe");
-        Ok(Shape {
-            target,
-            added,
-            input,
-            output,
-            by_rows,
-        })
+        Ok(Shape { target, added, input, output, by_rows })
     }
 
     /// The guard scan: the input fingerprint, no row outside the day, at
     /// least `min_rows`.
     fn guard(&mut self, engine: &mut dyn Leases, shape: &Shape) -> Result<Fingerprint> {
         let fp = fingerprint_select(engine, Method::Native, "s", &shape.input)?;
-        let rows = engine.query(&guard_scan(
-            self.job,
-            &self.params,
-            self.partition,
-            self.run_date.date(),
-            &fp.select,
-        ))?;
+        let rows = engine.query(&guard_scan(self.job, &self.params, self.partition, self.run_date.date(), &fp.select))?;
         let row = rows.single("the guard scan")?;
         let input = fp.read(&row, engine)?;
-        check_day_rows(
-            engine,
-            self.job,
-            &self.params,
-            self.partition,
-            self.run_date,
-            input.rows,
-            row.count("outside")?,
-        )?;
+        check_day_rows(engine, self.job, &self.params, self.partition, self.run_date, input.rows, row.count("outside")?)?;
         self.trace.step("guards, input fp");
         Ok(input)
     }
@@ -504,20 +337,11 @@ impl Overwrite<'_> {
         if shape.target.is_none() {
             return Ok(Before::Rows(None));
         }
-        let last = if self.opts.force {
-            None
-        } else {
-            ledger::entries_of_existing(engine, Some(&self.job.name), Some(self.run_date), Some(1))?
-                .into_iter()
-                .next()
-        };
+        let last = if self.opts.force { None } else { ledger::entries_of_existing(engine, Some(&self.job.name), Some(self.run_date), Some(1))?.into_iter().next() };
         let rows = match last.filter(|l| l.run_key == key) {
             Some(last) => {
                 let now = fingerprint(engine, Method::Native, &self.scope(), &shape.output)?;
-                if last.fingerprint_kind == now.kind
-                    && last.output_rows == now.rows
-                    && last.output_checksum == now.checksum
-                {
+                if last.fingerprint_kind == now.kind && last.output_rows == now.rows && last.output_checksum == now.checksum {
                     return Ok(Before::Unchanged(now));
                 }
                 now.rows
@@ -535,29 +359,17 @@ impl Overwrite<'_> {
 
     /// Audits of the day as it will be published: the source's rows, before
     /// anything is written (a blocking failure then changes nothing).
-    fn audit(
-        &mut self,
-        engine: &mut dyn Leases,
-        rows_before: Option<u64>,
-    ) -> Result<Vec<AuditResult>> {
+    fn audit(&mut self, engine: &mut dyn Leases, rows_before: Option<u64>) -> Result<Vec<AuditResult>> {
         if self.job.audits.is_empty() {
             return Ok(Vec::new());
         }
         let (job, params) = (self.job, &self.params);
         let from = |sql: &mut Sql| {
             sql.push("(SELECT * FROM ");
-            Scope::Source {
-                template: job.source.template(),
-                params,
-            }
-            .write_from(sql, "s");
+            Scope::Source { template: job.source.template(), params }.write_from(sql, "s");
             sql.push(") AS a");
         };
-        let scope = crate::run::audit::AuditScope {
-            from: &from,
-            previous_rows: rows_before,
-            run_date: self.run_date.date(),
-        };
+        let scope = crate::run::audit::AuditScope { from: &from, previous_rows: rows_before, run_date: self.run_date.date() };
         crate::run::audit::audit(job, engine, &scope)
     }
 
@@ -567,10 +379,7 @@ impl Overwrite<'_> {
     fn write(&mut self, engine: &mut dyn Leases, shape: &Shape, input_rows: u64) -> Result<()> {
         let (job, partition) = (self.job, self.partition);
         if shape.target.is_none() {
-            engine.execute(&Sql::raw(format!(
-                "CREATE SCHEMA IF NOT EXISTS {}",
-                quote_ident(&job.target.schema)
-            )))?;
+            engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&job.target.schema))))?;
             engine.create_table(&job.target, &self.source, Some(partition))?;
         }
         crate::run::schema::append(engine, &job.target, &shape.added)?;
@@ -583,11 +392,7 @@ impl Overwrite<'_> {
             // The day's rows out, the new ones in, one step; rows of other
             // days stay (a NULL day too: `=` is not true for it).
             let mut dropped = Sql::new();
-            dropped
-                .push("t.")
-                .ident(partition)
-                .push(" = ")
-                .typed_param(day, "DATE");
+            dropped.push("t.").ident(partition).push(" = ").typed_param(day, "DATE");
             let names: Vec<String> = self.source.iter().map(|c| c.name.clone()).collect();
             engine.replace_rows(&job.target, &names, &dropped, &self.guarded_select())?;
         } else if input_rows == 0 {
@@ -614,10 +419,7 @@ impl Overwrite<'_> {
                 sql.push("s.").ident(&c.name);
                 continue;
             }
-            sql.push("CASE WHEN s.")
-                .ident(partition)
-                .push(" IS DISTINCT FROM ")
-                .typed_param(Value::Date(self.run_date.date()), "DATE");
+            sql.push("CASE WHEN s.").ident(partition).push(" IS DISTINCT FROM ").typed_param(Value::Date(self.run_date.date()), "DATE");
             sql.push(" THEN raise_error(").param(Value::Text(format!(
                 "fixpoint: a source row of job {} is not in the run's partition {partition} = {} (the source changed during the run); nothing was overwritten",
                 job.name, self.run_date
@@ -625,11 +427,7 @@ impl Overwrite<'_> {
             sql.push(") ELSE s.").ident(partition).push(" END");
         }
         sql.push(" FROM ");
-        Scope::Source {
-            template: job.source.template(),
-            params: &self.params,
-        }
-        .write_from(&mut sql, "s");
+        Scope::Source { template: job.source.template(), params: &self.params }.write_from(&mut sql, "s");
         sql
     }
 
@@ -637,26 +435,14 @@ impl Overwrite<'_> {
     /// recorded) and, in the same scan, over the source's columns in the
     /// source's order, which must be the input's: a source that changed
     /// between the guard scan and the overwrite is refused (no ledger row).
-    fn output(
-        &mut self,
-        engine: &mut dyn Leases,
-        shape: &Shape,
-        input: &Fingerprint,
-    ) -> Result<Fingerprint> {
+    fn output(&mut self, engine: &mut dyn Leases, shape: &Shape, input: &Fingerprint) -> Result<Fingerprint> {
         let (job, partition, run_date) = (self.job, self.partition, self.run_date);
         let fp = fingerprint_select(engine, Method::Native, "fp", &shape.output)?;
-        let check = !shape.input.is_empty()
-            && shape
-                .input
-                .iter()
-                .all(|c| shape.output.iter().any(|o| o.name == c.name));
+        let check = !shape.input.is_empty() && shape.input.iter().all(|c| shape.output.iter().any(|o| o.name == c.name));
         let mut sql = Sql::new();
         sql.push("SELECT ").push(&fp.select);
         if check {
-            let hash = engine
-                .dialect()
-                .native_row_hash("fp", &shape.input)
-                .unwrap_or_else(|| "0".into());
+            let hash = engine.dialect().native_row_hash("fp", &shape.input).unwrap_or_else(|| "0".into());
             sql.push(&format!(", sum({hash}) AS \"as_input\""));
         }
         sql.push(" FROM ");
@@ -665,12 +451,7 @@ impl Overwrite<'_> {
         let row = rows.single("the output scan")?;
         let output = fp.read(&row, engine)?;
         let as_input = match check {
-            true => Some(Fingerprint::from_sum(
-                &input.kind,
-                &signature_of(&shape.input),
-                output.rows,
-                engine.dialect().read_sum(row.value("as_input")?)?,
-            )),
+            true => Some(Fingerprint::from_sum(&input.kind, &signature_of(&shape.input), output.rows, engine.dialect().read_sum(row.value("as_input")?)?)),
             false => None,
         };
         self.trace.step("output fp");

@@ -17,21 +17,12 @@ use crate::run::protocol::RunOptions;
 use crate::run::report::{no_files_report, RunReport};
 
 /// Runs `job` for `run_date` with the plan the engine can carry.
-pub(crate) fn replace_partition(
-    job: &Job,
-    run_date: RunDate,
-    engine: &mut dyn Engine,
-    opts: &RunOptions,
-) -> Result<RunReport> {
+pub(crate) fn replace_partition(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions) -> Result<RunReport> {
     let started = Instant::now();
     let report = with_input(job, run_date, engine, |engine, input| {
         match engine.leases() {
-            Some(leases) => {
-                leased::replace_partition_with(job, run_date, leases, opts, input, started)
-            }
-            None => {
-                transactional::replace_partition_with(job, run_date, engine, opts, input, started)
-            }
+            Some(leases) => leased::replace_partition_with(job, run_date, leases, opts, input, started),
+            None => transactional::replace_partition_with(job, run_date, engine, opts, input, started),
         }
     })?;
     Ok(report.unwrap_or_else(|| no_files_report(job, run_date, started)))

@@ -4,27 +4,20 @@
 
 use std::time::Instant;
 
-use crate::engine::measure::{
-    fingerprint, fingerprint_kind, fingerprint_select, Filter, FingerprintSelect, Scope, FP_ROWS,
-    FP_SUM,
-};
-use crate::engine::{
-    partition_exchange, query_count, Accelerated, Column, DayInsert, DayPartition, Engine,
-};
+use crate::engine::{partition_exchange, query_count, Accelerated, Column, DayInsert, DayPartition, Engine};
 use crate::error::{Error, FailPoint, Result};
+use crate::engine::measure::{fingerprint, fingerprint_kind, fingerprint_select, Filter, FingerprintSelect, Scope, FP_ROWS, FP_SUM};
 use crate::fingerprint::runkey::run_key;
 use crate::fingerprint::{Fingerprint, Method};
 use crate::job::date::RunDate;
 use crate::job::ident::{quote_ident, TableName};
 use crate::job::spec::{Job, Swap};
 use crate::job::sql::{RunParam, RunParams, Sql, Value};
-use crate::plans::steps::{
-    check_day_rows, check_day_rows_by, check_source_columns, fingerprinted, guard_scan,
-};
-use crate::run::input::{describe_source, RunInput};
 use crate::run::ledger;
+use crate::run::input::{describe_source, RunInput};
 use crate::run::protocol::{elapsed_ms, fence, in_transaction, RunOptions, Steps, Trace};
 use crate::run::report::{entry, skipped, RunReport};
+use crate::plans::steps::{check_day_rows, check_day_rows_by, check_source_columns, fingerprinted, guard_scan};
 
 /// The columns a run works with, read before its transaction.
 struct Shape {
@@ -78,32 +71,12 @@ struct Day<'a> {
     trace: Trace,
 }
 
-pub(super) fn replace_partition_with(
-    job: &Job,
-    run_date: RunDate,
-    engine: &mut dyn Engine,
-    opts: &RunOptions,
-    run_input: &RunInput,
-    started: Instant,
-) -> Result<RunReport> {
+pub(super) fn replace_partition_with(job: &Job, run_date: RunDate, engine: &mut dyn Engine, opts: &RunOptions, run_input: &RunInput, started: Instant) -> Result<RunReport> {
     let started_at = chrono::Utc::now().naive_utc();
-    let partition = job
-        .partition
-        .as_deref()
-        .ok_or_else(|| Error::Internal("replace_partition without partition".into()))?;
+    let partition = job.partition.as_deref().ok_or_else(|| Error::Internal("replace_partition without partition".into()))?;
     let mut trace = Trace::new();
     let shape = describe(job, engine, &run_input.params, partition, &mut trace)?;
-    let mut day = Day {
-        job,
-        run_date,
-        opts,
-        run_input,
-        partition,
-        shape,
-        params: run_input.params.clone(),
-        job_hash: job.definition_hash(),
-        trace,
-    };
+    let mut day = Day { job, run_date, opts, run_input, partition, shape, params: run_input.params.clone(), job_hash: job.definition_hash(), trace };
     let report = in_transaction(engine, |engine| day.run(engine, started, started_at));
     if report.is_ok() {
         day.trace.step("commit");
@@ -116,13 +89,7 @@ pub(super) fn replace_partition_with(
 
 /// 1. The source described and checked against the target; schema drift
 ///    refused (naming the columns) or the new columns to add.
-fn describe(
-    job: &Job,
-    engine: &mut dyn Engine,
-    params: &RunParams,
-    partition: &str,
-    trace: &mut Trace,
-) -> Result<Shape> {
+fn describe(job: &Job, engine: &mut dyn Engine, params: &RunParams, partition: &str, trace: &mut Trace) -> Result<Shape> {
     let source = describe_source(job, engine, params)?;
     trace.step("describe source");
     check_source_columns(job, &source, partition)?;
@@ -138,30 +105,18 @@ fn describe(
         Some(cols) => fingerprinted(cols, &job.metadata),
         None => input.clone(),
     };
-    Ok(Shape {
-        source,
-        target,
-        added,
-        input,
-        output,
-    })
+    Ok(Shape { source, target, added, input, output })
 }
 
 impl Day<'_> {
     /// The run in its transaction: the steps in order.
-    fn run(
-        &mut self,
-        engine: &mut dyn Engine,
-        started: Instant,
-        started_at: chrono::NaiveDateTime,
-    ) -> Result<RunReport> {
+    fn run(&mut self, engine: &mut dyn Engine, started: Instant, started_at: chrono::NaiveDateTime) -> Result<RunReport> {
         fence(engine, self.job, &self.run_date.to_string(), self.opts)?;
         ledger::ensure(engine)?;
         self.trace.step("begin, ledger");
         let last = self.last_entry(engine)?;
         let layout = self.layout(engine)?;
-        let exchange =
-            self.job.swap == Swap::Exchange && matches!(layout, DayPartition::Swappable { .. });
+        let exchange = self.job.swap == Swap::Exchange && matches!(layout, DayPartition::Swappable { .. });
 
         // 2. A file source's run key is known from its files: a retry over
         //    the same files, with the partition as recorded, reads no row.
@@ -170,56 +125,26 @@ impl Day<'_> {
             self.opts.run_key_known(self.job, self.run_date, key);
             self.params.run_key = key.clone();
             if let Some(last) = &last {
-                if let Some(now) = unchanged(
-                    engine,
-                    &layout,
-                    &self.scope(),
-                    &self.shape.output,
-                    last,
-                    key,
-                )? {
+                if let Some(now) = unchanged(engine, &layout, &self.scope(), &self.shape.output, last, key)? {
                     self.trace.step("target fp");
-                    let input = Fingerprint {
-                        kind: last.fingerprint_kind.clone(),
-                        rows: last.input_rows,
-                        checksum: last.input_checksum.clone(),
-                    };
+                    let input = Fingerprint { kind: last.fingerprint_kind.clone(), rows: last.input_rows, checksum: last.input_checksum.clone() };
                     return Ok(skipped(self.job, self.run_date, key, &input, &now, started));
                 }
             }
         }
 
         // 3. The guards, before anything is deleted.
-        let mut guarded = self.guard(
-            engine,
-            last.is_some() && file_key.is_none(),
-            file_key.is_none(),
-        )?;
+        let mut guarded = self.guard(engine, last.is_some() && file_key.is_none(), file_key.is_none())?;
 
         // 4. A retry over the same input, with the target still holding the
         //    recorded output, has nothing to do.
         if let (Some(input), None) = (&guarded.input, &file_key) {
             self.params.run_key = run_key(&self.job_hash, self.run_date, input);
-            self.opts
-                .run_key_known(self.job, self.run_date, &self.params.run_key);
+            self.opts.run_key_known(self.job, self.run_date, &self.params.run_key);
             if let Some(last) = last.as_ref().filter(|l| l.fingerprint_kind == input.kind) {
-                if let Some(now) = unchanged(
-                    engine,
-                    &layout,
-                    &self.scope(),
-                    &self.shape.output,
-                    last,
-                    &self.params.run_key,
-                )? {
+                if let Some(now) = unchanged(engine, &layout, &self.scope(), &self.shape.output, last, &self.params.run_key)? {
                     self.trace.step("target fp");
-                    return Ok(skipped(
-                        self.job,
-                        self.run_date,
-                        &self.params.run_key,
-                        input,
-                        &now,
-                        started,
-                    ));
+                    return Ok(skipped(self.job, self.run_date, &self.params.run_key, input, &now, started));
                 }
             }
         }
@@ -228,9 +153,7 @@ impl Day<'_> {
         // 5. The target created or given the source's new columns; the day written.
         let created_target = self.prepare_target(engine)?;
         let written = match &layout {
-            DayPartition::Swappable { existing } if exchange => {
-                self.swap_in(engine, existing.as_ref(), &mut guarded)?
-            }
+            DayPartition::Swappable { existing } if exchange => self.swap_in(engine, existing.as_ref(), &mut guarded)?,
             _ => self.delete_insert(engine, &layout, &mut guarded)?,
         };
 
@@ -249,10 +172,7 @@ impl Day<'_> {
         report.input_files = self.run_input.files.clone();
         report.method = written.method.into();
         report.method_note = self.method_note(&layout, exchange);
-        ledger::record(
-            engine,
-            &entry(self.job, &self.job_hash, &report, started_at),
-        )?;
+        ledger::record(engine, &entry(self.job, &self.job_hash, &report, started_at))?;
         self.opts.step(FailPoint::BeforeCommit)?;
         self.trace.step("ledger row");
         Ok(report)
@@ -260,19 +180,14 @@ impl Day<'_> {
 
     /// The day's rows in the target.
     fn scope(&self) -> Scope<'_> {
-        Scope::Table {
-            table: &self.job.target,
-            filter: Some(Filter::DateEquals(self.partition, self.run_date.date())),
-        }
+        Scope::Table { table: &self.job.target, filter: Some(Filter::DateEquals(self.partition, self.run_date.date())) }
     }
 
     /// The ledger's last entry for this job and date (none with `--force`,
     /// or before the target exists).
     fn last_entry(&mut self, engine: &mut dyn Engine) -> Result<Option<ledger::Entry>> {
         let last = if !self.opts.force && self.shape.target.is_some() {
-            ledger::entries_of_existing(engine, Some(&self.job.name), Some(self.run_date), Some(1))?
-                .into_iter()
-                .next()
+            ledger::entries_of_existing(engine, Some(&self.job.name), Some(self.run_date), Some(1))?.into_iter().next()
         } else {
             None
         };
@@ -288,9 +203,7 @@ impl Day<'_> {
     /// an empty day; deleted rows it still sees (MVCC).
     fn layout(&mut self, engine: &mut dyn Engine) -> Result<DayPartition> {
         let layout = match (&self.shape.target, engine.partition_exchange()) {
-            (Some(_), Some(x)) => {
-                x.day_partition(&self.job.target, self.partition, self.run_date.date())?
-            }
+            (Some(_), Some(x)) => x.day_partition(&self.job.target, self.partition, self.run_date.date())?,
             _ => DayPartition::NotPartitioned,
         };
         self.trace.step("layout");
@@ -309,44 +222,25 @@ impl Day<'_> {
     /// both back: no scan of its own.
     fn guard(&mut self, engine: &mut dyn Engine, for_skip: bool, for_key: bool) -> Result<Guarded> {
         let (job, partition, shape) = (self.job, self.partition, &self.shape);
-        let needed_before = for_skip
-            || (for_key && job.source.template().uses_any(&[RunParam::RunKey]))
-            || shape.output != shape.input;
-        let is_date = |cols: &[Column]| {
-            cols.iter()
-                .any(|c| c.name == partition && c.ty.eq_ignore_ascii_case("DATE"))
-        };
+        let needed_before = for_skip || (for_key && job.source.template().uses_any(&[RunParam::RunKey])) || shape.output != shape.input;
+        let is_date = |cols: &[Column]| cols.iter().any(|c| c.name == partition && c.ty.eq_ignore_ascii_case("DATE"));
         let tappable = !matches!(self.opts.fault, Some((FailPoint::MidInsert, _)))
             && is_date(&shape.source)
             && shape.target.as_deref().is_none_or(is_date)
             && engine.accelerator().is_some();
         // Where the insert cannot be tapped, an engine may still rather
         // hash the source in the guard scan than the day after writing.
-        let before_writing =
-            needed_before || (!tappable && engine.dialect().fingerprint_before_writing());
+        let before_writing = needed_before || (!tappable && engine.dialect().fingerprint_before_writing());
         let deferred = !needed_before && tappable;
         let fp = if before_writing {
             fingerprint_select(engine, Method::Native, "s", &shape.input)?
         } else {
             // Only the count: the fingerprint is taken of the day as written.
             let kind = fingerprint_kind(engine, Method::Native)?;
-            FingerprintSelect {
-                select: format!(
-                    "count(*) AS {}, 0 AS {}",
-                    quote_ident(FP_ROWS),
-                    quote_ident(FP_SUM)
-                ),
-                kind,
-                signature: Vec::new(),
-            }
+            FingerprintSelect { select: format!("count(*) AS {}, 0 AS {}", quote_ident(FP_ROWS), quote_ident(FP_SUM)), kind, signature: Vec::new() }
         };
         if deferred {
-            return Ok(Guarded {
-                fp,
-                deferred,
-                rows: 0,
-                input: None,
-            });
+            return Ok(Guarded { fp, deferred, rows: 0, input: None });
         }
         self.scan(engine, fp, before_writing)
     }
@@ -354,48 +248,20 @@ impl Day<'_> {
     /// The guard scan: one scan of the source counting its rows and those
     /// outside the day (and summing the input fingerprint when `fp` does,
     /// kept when `keep_input`), refused as [`Day::check_rows`] says.
-    fn scan(
-        &mut self,
-        engine: &mut dyn Engine,
-        fp: FingerprintSelect,
-        keep_input: bool,
-    ) -> Result<Guarded> {
-        let sql = guard_scan(
-            self.job,
-            &self.params,
-            self.partition,
-            self.run_date.date(),
-            &fp.select,
-        );
+    fn scan(&mut self, engine: &mut dyn Engine, fp: FingerprintSelect, keep_input: bool) -> Result<Guarded> {
+        let sql = guard_scan(self.job, &self.params, self.partition, self.run_date.date(), &fp.select);
         let rows = engine.query(&sql)?;
         let row = rows.single("the guard scan")?;
-        let (input_rows, sum, outside) = (
-            row.count(FP_ROWS)?,
-            engine.dialect().read_sum(row.value(FP_SUM)?)?,
-            row.count("outside")?,
-        );
+        let (input_rows, sum, outside) = (row.count(FP_ROWS)?, engine.dialect().read_sum(row.value(FP_SUM)?)?, row.count("outside")?);
         self.check_rows(engine, input_rows, outside)?;
         self.trace.step("guards");
         let input = keep_input.then(|| fp.of(input_rows, sum));
-        Ok(Guarded {
-            fp,
-            deferred: false,
-            rows: input_rows,
-            input,
-        })
+        Ok(Guarded { fp, deferred: false, rows: input_rows, input })
     }
 
     /// The guards on the counts: no row outside the day, at least `min_rows`.
     fn check_rows(&self, engine: &mut dyn Engine, rows: u64, outside: u64) -> Result<()> {
-        check_day_rows(
-            engine,
-            self.job,
-            &self.params,
-            self.partition,
-            self.run_date,
-            rows,
-            outside,
-        )
+        check_day_rows(engine, self.job, &self.params, self.partition, self.run_date, rows, outside)
     }
 
     /// Creates the target from the source's columns when missing, or adds
@@ -405,44 +271,19 @@ impl Day<'_> {
         if self.shape.target.is_some() {
             return Ok(false);
         }
-        engine.execute(&Sql::raw(format!(
-            "CREATE SCHEMA IF NOT EXISTS {}",
-            quote_ident(&self.job.target.schema)
-        )))?;
-        let cols: Vec<String> = self
-            .shape
-            .source
-            .iter()
-            .map(|c| format!("{} {}", quote_ident(&c.name), c.ty))
-            .collect();
-        engine.execute(&Sql::raw(format!(
-            "CREATE TABLE {} ({})",
-            self.job.target.quoted(),
-            cols.join(", ")
-        )))?;
+        engine.execute(&Sql::raw(format!("CREATE SCHEMA IF NOT EXISTS {}", quote_ident(&self.job.target.schema))))?;
+        let cols: Vec<String> = self.shape.source.iter().map(|c| format!("{} {}", quote_ident(&c.name), c.ty)).collect();
+        engine.execute(&Sql::raw(format!("CREATE TABLE {} ({})", self.job.target.quoted(), cols.join(", "))))?;
         Ok(true)
     }
 
     /// `INSERT INTO into … SELECT` of the source's rows (the first `limit`).
     fn insert(&self, into: &TableName, limit: Option<u64>) -> Sql {
-        insert_sql(
-            self.job,
-            &self.shape,
-            &self.params,
-            self.partition,
-            into,
-            limit,
-            None,
-        )
+        insert_sql(self.job, &self.shape, &self.params, self.partition, into, limit, None)
     }
 
     /// A test's fault in the middle of the insert: half the rows written.
-    fn half_insert_fault(
-        &self,
-        engine: &mut dyn Engine,
-        into: &TableName,
-        rows: u64,
-    ) -> Result<()> {
+    fn half_insert_fault(&self, engine: &mut dyn Engine, into: &TableName, rows: u64) -> Result<()> {
         if matches!(self.opts.fault, Some((FailPoint::MidInsert, _))) {
             engine.execute(&self.insert(into, Some(rows / 2)))?;
             self.opts.step(FailPoint::MidInsert)?;
@@ -455,12 +296,7 @@ impl Day<'_> {
     ///     detached and the new one attached, in this transaction. Where the
     ///     guards wait for the insert, they ride on it as in 5b (the day's
     ///     table refuses a row of another day: its CHECK).
-    fn swap_in(
-        &mut self,
-        engine: &mut dyn Engine,
-        existing: Option<&TableName>,
-        guarded: &mut Guarded,
-    ) -> Result<Written> {
+    fn swap_in(&mut self, engine: &mut dyn Engine, existing: Option<&TableName>, guarded: &mut Guarded) -> Result<Written> {
         let (job, partition, day) = (self.job, self.partition, self.run_date.date());
         let staged = partition_exchange(engine)?.create_day_table(&job.target, partition, day)?;
         self.half_insert_fault(engine, &staged, guarded.rows)?;
@@ -476,22 +312,13 @@ impl Day<'_> {
         let output = match (tapped, &guarded.input) {
             (Some(output), _) => output,
             (None, Some(input)) if self.shape.output == self.shape.input => input.clone(),
-            _ => fingerprint(
-                engine,
-                Method::Native,
-                &Scope::Table {
-                    table: &staged,
-                    filter: None,
-                },
-                &self.shape.output,
-            )?,
+            _ => fingerprint(engine, Method::Native, &Scope::Table { table: &staged, filter: None }, &self.shape.output)?,
         };
         self.trace.step("output fp");
         let (rows_deleted, name) = match existing {
             Some(old) => {
                 let mut sql = Sql::new();
-                sql.push("SELECT count(*) AS \"n\" FROM ")
-                    .push(&old.quoted());
+                sql.push("SELECT count(*) AS \"n\" FROM ").push(&old.quoted());
                 let n = query_count(engine, &sql, "n", "the day's old partition")?;
                 partition_exchange(engine)?.drop_partition(&job.target, old)?;
                 (n, old.table.clone())
@@ -501,45 +328,24 @@ impl Day<'_> {
         self.opts.step(FailPoint::AfterDelete)?;
         partition_exchange(engine)?.attach_day(&job.target, &staged, partition, day, &name)?;
         self.trace.step("swap");
-        Ok(Written {
-            rows_deleted,
-            rows_inserted,
-            method: "partition exchange",
-            output: Some(output),
-        })
+        Ok(Written { rows_deleted, rows_inserted, method: "partition exchange", output: Some(output) })
     }
 
     /// 5b. The day's rows deleted, the source's inserted (tapped, when the
     ///     guards ride on the insert: they are checked on its figures).
-    fn delete_insert(
-        &mut self,
-        engine: &mut dyn Engine,
-        layout: &DayPartition,
-        guarded: &mut Guarded,
-    ) -> Result<Written> {
+    fn delete_insert(&mut self, engine: &mut dyn Engine, layout: &DayPartition, guarded: &mut Guarded) -> Result<Written> {
         let (job, partition, day) = (self.job, self.partition, self.run_date.date());
         // `swap = "delete_insert"` on a target partitioned by day with no
         // partition for this day yet: the insert needs one. Created empty,
         // in this transaction (a reader with an older snapshot saw no rows
         // of the day, and sees none).
         if let DayPartition::Swappable { existing: None } = layout {
-            let empty =
-                partition_exchange(engine)?.create_day_table(&job.target, partition, day)?;
-            partition_exchange(engine)?.attach_day(
-                &job.target,
-                &empty,
-                partition,
-                day,
-                &day_partition_name(&job.target.table, self.run_date),
-            )?;
+            let empty = partition_exchange(engine)?.create_day_table(&job.target, partition, day)?;
+            partition_exchange(engine)?.attach_day(&job.target, &empty, partition, day, &day_partition_name(&job.target.table, self.run_date))?;
             self.trace.step("day partition");
         }
         let mut sql = Sql::new();
-        sql.push("DELETE FROM ")
-            .push(&job.target.quoted())
-            .push(" WHERE ")
-            .ident(partition)
-            .push(" = ");
+        sql.push("DELETE FROM ").push(&job.target.quoted()).push(" WHERE ").ident(partition).push(" = ");
         sql.typed_param(Value::Date(day), "DATE");
         let rows_deleted = engine.execute(&sql)?;
         self.trace.step("delete");
@@ -553,12 +359,7 @@ impl Day<'_> {
             (inserted, None, "delete+insert")
         };
         self.opts.step(FailPoint::AfterInsert)?;
-        Ok(Written {
-            rows_deleted,
-            rows_inserted,
-            method,
-            output,
-        })
+        Ok(Written { rows_deleted, rows_inserted, method, output })
     }
 
     /// The insert into `into` (the target, or an exchange's day table) of
@@ -567,42 +368,22 @@ impl Day<'_> {
     /// the guard scan and then the plain insert. `copies`: the engine may
     /// copy a file source's files straight in (not into a day table, whose
     /// CHECK would refuse a row of another day before the guards name it).
-    fn insert_deferred(
-        &mut self,
-        engine: &mut dyn Engine,
-        guarded: &mut Guarded,
-        into: &TableName,
-        copies: bool,
-    ) -> Result<(u64, Option<Fingerprint>, &'static str)> {
+    fn insert_deferred(&mut self, engine: &mut dyn Engine, guarded: &mut Guarded, into: &TableName, copies: bool) -> Result<(u64, Option<Fingerprint>, &'static str)> {
         let (job, shape, params, partition) = (self.job, &self.shape, &self.params, self.partition);
         let scan_fp = fingerprint_select(engine, Method::Native, "s", &shape.input)?;
-        let scan = guard_scan(
-            job,
-            params,
-            partition,
-            self.run_date.date(),
-            &scan_fp.select,
-        );
+        let scan = guard_scan(job, params, partition, self.run_date.date(), &scan_fp.select);
         let run_date = self.run_date;
-        let refuse = |query: &mut dyn FnMut(&Sql) -> Result<crate::engine::Rows>,
-                      rows: u64,
-                      outside: u64| {
+        let refuse = |query: &mut dyn FnMut(&Sql) -> Result<crate::engine::Rows>, rows: u64, outside: u64| {
             check_day_rows_by(query, job, params, partition, run_date, rows, outside)
         };
         let tapped = match engine.accelerator() {
             Some(acc) => {
-                let insert =
-                    |tap: &Sql| insert_sql(job, shape, params, partition, into, None, Some(tap));
+                let insert = |tap: &Sql| insert_sql(job, shape, params, partition, into, None, Some(tap));
                 let day = DayInsert {
                     partition: format!("s.{}", quote_ident(partition)),
                     column: partition,
                     target: into,
-                    files_as_is: copies
-                        && job.source.reads_files_as_they_are()
-                        && shape
-                            .target
-                            .as_deref()
-                            .is_none_or(|t| same_types(&shape.source, t)),
+                    files_as_is: copies && job.source.reads_files_as_they_are() && shape.target.as_deref().is_none_or(|t| same_types(&shape.source, t)),
                     alias: "s",
                     hashed: &shape.input,
                     day: self.run_date.date(),
@@ -610,35 +391,15 @@ impl Day<'_> {
                     guard_scan: &scan,
                     refuse: &refuse,
                 };
-                acc.insert_day(
-                    &day,
-                    &mut Steps {
-                        opts: self.opts,
-                        trace: &mut self.trace,
-                    },
-                )?
+                acc.insert_day(&day, &mut Steps { opts: self.opts, trace: &mut self.trace })?
             }
             None => Accelerated::Declined("no accelerator"),
         };
         match tapped {
             Accelerated::Done(t) => {
                 self.check_rows(engine, t.inserted, t.outside)?;
-                let signature: Vec<String> = self
-                    .shape
-                    .output
-                    .iter()
-                    .map(|c| format!("{} {}", c.name, c.ty))
-                    .collect();
-                Ok((
-                    t.inserted,
-                    Some(Fingerprint::from_sum(
-                        &guarded.fp.kind,
-                        &signature,
-                        t.inserted,
-                        t.sum,
-                    )),
-                    t.method,
-                ))
+                let signature: Vec<String> = self.shape.output.iter().map(|c| format!("{} {}", c.name, c.ty)).collect();
+                Ok((t.inserted, Some(Fingerprint::from_sum(&guarded.fp.kind, &signature, t.inserted, t.sum)), t.method))
             }
             Accelerated::Declined(why) => {
                 self.trace.step(&format!("insert not tapped ({why})"));
@@ -665,17 +426,8 @@ impl Day<'_> {
     /// (same names, types, order), that scan (same transaction, same
     /// snapshot) is the output's fingerprint; otherwise the day is scanned
     /// as written. The counts must agree, or the run rolls back.
-    fn fingerprints(
-        &mut self,
-        engine: &mut dyn Engine,
-        guarded: &Guarded,
-        written: &Written,
-    ) -> Result<(Fingerprint, Fingerprint)> {
-        let input_rows = if guarded.deferred {
-            written.rows_inserted
-        } else {
-            guarded.rows
-        };
+    fn fingerprints(&mut self, engine: &mut dyn Engine, guarded: &Guarded, written: &Written) -> Result<(Fingerprint, Fingerprint)> {
+        let input_rows = if guarded.deferred { written.rows_inserted } else { guarded.rows };
         let output = match (&guarded.input, &written.output) {
             (_, Some(known)) => known.clone(),
             (Some(input), None) if self.shape.output == self.shape.input => input.clone(),
@@ -694,11 +446,7 @@ impl Day<'_> {
 
     /// The audits of the day as it will be published (inside the
     /// transaction: a blocking failure rolls everything back).
-    fn audit(
-        &mut self,
-        engine: &mut dyn Engine,
-        rows_deleted: u64,
-    ) -> Result<Vec<crate::error::AuditResult>> {
+    fn audit(&mut self, engine: &mut dyn Engine, rows_deleted: u64) -> Result<Vec<crate::error::AuditResult>> {
         if self.job.audits.is_empty() {
             return Ok(Vec::new());
         }
@@ -707,15 +455,8 @@ impl Day<'_> {
         } else {
             // A new day: compare with the day before.
             let mut sql = Sql::new();
-            sql.push("SELECT count(*) AS \"n\" FROM ")
-                .push(&self.job.target.quoted())
-                .push(" WHERE ")
-                .ident(self.partition)
-                .push(" = ");
-            sql.typed_param(
-                Value::Date(self.run_date.date() - chrono::Duration::days(1)),
-                "DATE",
-            );
+            sql.push("SELECT count(*) AS \"n\" FROM ").push(&self.job.target.quoted()).push(" WHERE ").ident(self.partition).push(" = ");
+            sql.typed_param(Value::Date(self.run_date.date() - chrono::Duration::days(1)), "DATE");
             query_count(engine, &sql, "n", "the day before's rows")?
         };
         let day = self.scope();
@@ -724,11 +465,7 @@ impl Day<'_> {
             day.write_from(sql, "s");
             sql.push(") AS a");
         };
-        let scope = crate::run::audit::AuditScope {
-            from: &from,
-            previous_rows: Some(previous),
-            run_date: self.run_date.date(),
-        };
+        let scope = crate::run::audit::AuditScope { from: &from, previous_rows: Some(previous), run_date: self.run_date.date() };
         let results = crate::run::audit::audit(self.job, engine, &scope)?;
         self.trace.step("audits");
         Ok(results)
@@ -767,23 +504,13 @@ fn unchanged(
     // parent: a lock on the parent held from here would make two runs of
     // different days deadlock at their swaps.
     let now = match layout {
-        DayPartition::Swappable { existing: Some(p) } => fingerprint(
-            engine,
-            Method::Native,
-            &Scope::Table {
-                table: p,
-                filter: None,
-            },
-            output_cols,
-        )?,
+        DayPartition::Swappable { existing: Some(p) } => fingerprint(engine, Method::Native, &Scope::Table { table: p, filter: None }, output_cols)?,
         DayPartition::Swappable { existing: None } => {
             fingerprint_select(engine, Method::Native, "fp", output_cols)?.of(0, 0)
         }
         _ => fingerprint(engine, Method::Native, scope, output_cols)?,
     };
-    let same = now.kind == last.fingerprint_kind
-        && now.rows == last.output_rows
-        && now.checksum == last.output_checksum;
+    let same = now.kind == last.fingerprint_kind && now.rows == last.output_rows && now.checksum == last.output_checksum;
     Ok(same.then_some(now))
 }
 
@@ -800,34 +527,15 @@ fn day_partition_name(table: &str, day: RunDate) -> String {
 
 /// Whether each of `source`'s columns is in `target` with the same type.
 fn same_types(source: &[Column], target: &[Column]) -> bool {
-    source
-        .iter()
-        .all(|s| target.iter().any(|t| t.name == s.name && t.ty == s.ty))
+    source.iter().all(|s| target.iter().any(|t| t.name == s.name && t.ty == s.ty))
 }
 
 /// `INSERT INTO into … SELECT` of the source's rows (the first `limit`),
 /// the partition column taken from `tap` when the insert is tapped.
-fn insert_sql(
-    job: &Job,
-    shape: &Shape,
-    params: &RunParams,
-    partition: &str,
-    into: &TableName,
-    limit: Option<u64>,
-    tap: Option<&Sql>,
-) -> Sql {
-    let col_list = shape
-        .source
-        .iter()
-        .map(|c| quote_ident(&c.name))
-        .collect::<Vec<_>>()
-        .join(", ");
+fn insert_sql(job: &Job, shape: &Shape, params: &RunParams, partition: &str, into: &TableName, limit: Option<u64>, tap: Option<&Sql>) -> Sql {
+    let col_list = shape.source.iter().map(|c| quote_ident(&c.name)).collect::<Vec<_>>().join(", ");
     let mut sql = Sql::new();
-    sql.push("INSERT INTO ")
-        .push(&into.quoted())
-        .push(" (")
-        .push(&col_list)
-        .push(") SELECT ");
+    sql.push("INSERT INTO ").push(&into.quoted()).push(" (").push(&col_list).push(") SELECT ");
     for (i, c) in shape.source.iter().enumerate() {
         if i > 0 {
             sql.push(", ");
@@ -843,14 +551,9 @@ fn insert_sql(
         }
     }
     sql.push(" FROM ");
-    Scope::Source {
-        template: job.source.template(),
-        params: params,
-    }
-    .write_from(&mut sql, "s");
+    Scope::Source { template: job.source.template(), params: params }.write_from(&mut sql, "s");
     if let Some(n) = limit {
-        sql.push(" LIMIT ")
-            .typed_param(Value::Int(n as i64), "BIGINT");
+        sql.push(" LIMIT ").typed_param(Value::Int(n as i64), "BIGINT");
     }
     sql
 }
