@@ -190,3 +190,28 @@ fn a_source_row_committed_during_a_run_is_in_neither_its_fingerprint_nor_its_wri
     assert_eq!(next.outcome, "committed");
     assert_eq!(count(&mut db, day), 5);
 }
+
+/// fixpoint's sessions keep their temporary tables in memory (`temp_buffers`
+/// raised to 256 MB, a higher value given in the URL kept) and analyze each
+/// from a small sample, restoring the session's statistics target.
+#[test]
+fn temporary_tables_analyzed_from_a_sample_and_the_session_settings_kept() {
+    let Some(pg) = PgUnderTest::get() else { return };
+    let db = pg.fresh_pg();
+    let url = db.url().to_owned();
+    let mut conn = Postgres::connect(&url).unwrap();
+    let setting = |conn: &mut Postgres, name: &str| rows(conn, &format!("SELECT current_setting('{name}')"))[0][0].trim_matches('"').to_owned();
+    assert_eq!(setting(&mut conn, "temp_buffers"), "256MB");
+    let target = setting(&mut conn, "default_statistics_target");
+    let query = fixpoint_core::Sql::raw("SELECT i AS k, i % 7 AS g FROM generate_series(1, 5000) AS s(i)".to_owned());
+    assert_eq!(conn.create_temp_table_as("\"t_sample\"", &query).unwrap(), 5000);
+    // Analyzed: the row count, and statistics of both columns, the
+    // distinct values of `g` found exactly.
+    assert_eq!(count(&mut conn, "SELECT CAST(reltuples AS BIGINT) FROM pg_class WHERE relname = 't_sample' AND relpersistence = 't'"), 5000);
+    assert_eq!(rows(&mut conn, "SELECT attname, CAST(n_distinct AS TEXT) FROM pg_stats WHERE tablename = 't_sample' ORDER BY attname"), [["\"g\"", "\"7\""], ["\"k\"", "\"-1\""]]);
+    assert_eq!(setting(&mut conn, "default_statistics_target"), target, "the session's target is restored");
+    // A session whose URL asks for more keeps it.
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let mut more = Postgres::connect(&format!("{url}{sep}options=-c%20temp_buffers%3D512MB")).unwrap();
+    assert_eq!(setting(&mut more, "temp_buffers"), "512MB");
+}
